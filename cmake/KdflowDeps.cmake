@@ -1,0 +1,71 @@
+# Finds kdflow's dependencies: Debian packages through the usual config/pkg-config files, and the
+# PyPI wheels (LibTorch, oneDNN with the TBB runtime, oneTBB) in the virtual environment that
+# scripts/setup.sh created. The venv is found without flags: -DKD_VENV, $KDFLOW_DEPS/venv, the path
+# setup.sh recorded in .kdflow-venv, or ~/.cache/kdflow/venv.
+
+set(KD_VENV "" CACHE PATH "Python venv holding torch, onednn-devel-cpu-tbb and tbb-devel")
+if(NOT KD_VENV)
+  if(DEFINED ENV{KDFLOW_DEPS} AND EXISTS "$ENV{KDFLOW_DEPS}/venv")
+    set(KD_VENV "$ENV{KDFLOW_DEPS}/venv")
+  elseif(EXISTS "${CMAKE_SOURCE_DIR}/.kdflow-venv")
+    file(STRINGS "${CMAKE_SOURCE_DIR}/.kdflow-venv" KD_VENV LIMIT_COUNT 1)
+  elseif(EXISTS "$ENV{HOME}/.cache/kdflow/venv")
+    set(KD_VENV "$ENV{HOME}/.cache/kdflow/venv")
+  endif()
+  set(KD_VENV "${KD_VENV}" CACHE PATH "" FORCE)
+endif()
+if(NOT KD_VENV OR NOT EXISTS "${KD_VENV}")
+  message(FATAL_ERROR "kdflow: no dependency venv found; run scripts/setup.sh first (or pass -DKD_VENV=...)")
+endif()
+file(GLOB KD_SITE_PACKAGES LIST_DIRECTORIES true "${KD_VENV}/lib/python3*/site-packages")
+list(GET KD_SITE_PACKAGES 0 KD_SITE_PACKAGES)
+list(PREPEND CMAKE_PREFIX_PATH "${KD_VENV}" "${KD_SITE_PACKAGES}/torch/share/cmake")
+message(STATUS "kdflow: dependency venv ${KD_VENV}")
+
+find_package(Threads REQUIRED)
+find_package(TBB 2021 REQUIRED CONFIG)
+find_package(dnnl 3 REQUIRED CONFIG)
+find_package(PkgConfig REQUIRED)
+pkg_check_modules(HWLOC REQUIRED IMPORTED_TARGET hwloc>=2)
+find_package(CLI11 REQUIRED CONFIG)
+find_package(fmt REQUIRED CONFIG)
+find_package(spdlog REQUIRED CONFIG)
+find_package(nlohmann_json 3 REQUIRED CONFIG)
+pkg_check_modules(TOMLPP REQUIRED IMPORTED_TARGET tomlplusplus>=3)
+if(KD_BUILD_TESTS)
+  find_package(GTest REQUIRED CONFIG)
+endif()
+if(KD_BUILD_BENCH)
+  find_package(benchmark REQUIRED CONFIG)
+endif()
+
+# The wheels' shared libraries live in the venv: give every binary an RPATH to them so that
+# `kdflow` runs without LD_LIBRARY_PATH. Old-style RPATH (not RUNPATH) because libdnnl carries no
+# RUNPATH of its own and finds libtbb, libimf and libintlc only through the executable's RPATH.
+add_link_options(-Wl,--disable-new-dtags)
+set(KD_VENV_LIBDIR "${KD_VENV}/lib")
+set(CMAKE_BUILD_RPATH "${KD_VENV_LIBDIR}")
+set(CMAKE_INSTALL_RPATH "${KD_VENV_LIBDIR}")
+
+if(KD_WITH_TORCH)
+  # A CUDA LibTorch wants the CUDA toolkit at configure time; /usr/local/cuda is the usual place.
+  if(NOT CMAKE_CUDA_COMPILER AND EXISTS /usr/local/cuda/bin/nvcc)
+    set(CMAKE_CUDA_COMPILER /usr/local/cuda/bin/nvcc)
+    list(APPEND CMAKE_PREFIX_PATH /usr/local/cuda)
+  endif()
+  # Without this, Torch's CUDA config tries to run a program on a GPU to find its architecture.
+  if(NOT DEFINED ENV{TORCH_CUDA_ARCH_LIST} AND NOT TORCH_CUDA_ARCH_LIST)
+    set(TORCH_CUDA_ARCH_LIST "8.0;9.0")
+  endif()
+  find_package(Torch REQUIRED CONFIG)
+  set(KD_TORCH_LIBDIR "${KD_SITE_PACKAGES}/torch/lib")
+  list(APPEND CMAKE_BUILD_RPATH "${KD_TORCH_LIBDIR}")
+  list(APPEND CMAKE_INSTALL_RPATH "${KD_TORCH_LIBDIR}")
+  if(TARGET CUDA::cudart)
+    set(KD_HAVE_CUDA ON)
+  else()
+    find_package(CUDAToolkit QUIET)
+    set(KD_HAVE_CUDA ${CUDAToolkit_FOUND})
+  endif()
+  message(STATUS "kdflow: LibTorch ${Torch_VERSION}, CUDA paths ${KD_HAVE_CUDA}")
+endif()

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Configures and builds one CMake preset (release by default) after making sure the dependencies
+# are installed. Usage: scripts/build.sh [preset]. Quiet when nothing changed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+preset=${1:-release}
+bash scripts/setup.sh
+if [ ! -f "build/$preset/build.ninja" ]; then
+  cmake --preset "$preset" >/dev/null
+fi
+jobs=${KD_JOBS:-$(nproc)}
+cmake --build --preset "$preset" -j "$jobs"

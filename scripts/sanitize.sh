@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# ASan+UBSan over the torch-free libraries and their tests, and TSan over the concurrent core (the
+# tests labelled `tsan`: ring and pipeline). Usage: scripts/sanitize.sh [asan|tsan]...
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1}
+for preset in "${@:-asan tsan}"; do
+  for p in $preset; do
+    bash scripts/build.sh "$p"
+    ctest --preset "$p" -j "$(nproc)" --timeout 1800
+  done
+done

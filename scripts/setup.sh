@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Installs everything kdflow needs on Debian 12 (as root, or with sudo): Debian packages, and a
+# Python virtual environment (Debian's /usr/bin/python3) holding the PyPI LibTorch, oneDNN (TBB
+# runtime) and oneTBB. Idempotent: a second run checks and returns in seconds.
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")/.." && pwd)
+deps=${KDFLOW_DEPS:-$HOME/.cache/kdflow}
+venv=$deps/venv
+stamp_version=4   # bump when the package lists below change
+
+apt_packages=(
+  build-essential cmake ninja-build pkg-config git ca-certificates
+  python3 python3-venv python3-pip
+  libhwloc-dev hwloc
+  libonnx-dev libprotobuf-dev protobuf-compiler
+  libcli11-dev libspdlog-dev libfmt-dev libtomlplusplus-dev nlohmann-json3-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  libboost-dev libreaderwriterqueue-dev relacy-dev
+  libturbojpeg0-dev libpng-dev
+  dataset-fashion-mnist gnuplot-nox
+)
+# oneDNN 3.2 built for the TBB CPU runtime needs oneTBB 2021.x and the Intel compiler runtime
+# (libimf, libintlc) it was built with; both come from PyPI so that the
+# process holds exactly one libtbb. torch 2.11.0 matches the lent GPU machines (CUDA 13.0).
+pip_packages=(
+  torch==2.11.0
+  onednn-devel-cpu-tbb==2023.2.0 onednn-cpu-tbb==2023.2.0
+  tbb-devel==2021.13.1 tbb==2021.13.1 intel-cmplr-lib-rt==2023.2.0
+  numpy onnx onnxruntime
+)
+
+sudo_=""
+[ "$(id -u)" -eq 0 ] || sudo_=sudo
+
+missing=()
+for p in "${apt_packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing Debian packages: ${missing[*]}"
+  $sudo_ apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo_ apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+stamp=$venv/.kdflow-setup-$stamp_version
+if [ ! -f "$stamp" ]; then
+  echo "setup: creating $venv with ${pip_packages[*]}"
+  mkdir -p "$deps"
+  /usr/bin/python3 -m venv "$venv"
+  "$venv/bin/python" -m pip install -q --upgrade pip
+  "$venv/bin/python" -m pip install -q "${pip_packages[@]}"
+  touch "$stamp"
+fi
+
+# CMake reads this file to find the venv (so a plain `cmake -S . -B build` needs no flags).
+printf '%s\n' "$venv" > "$here/.kdflow-venv"
+echo "setup: ok (venv $venv)"

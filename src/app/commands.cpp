@@ -1,0 +1,109 @@
+// Registers every subcommand of DESIGN.md. Each one's action is set by its callback, so run() only
+// calls what the user chose; subcommands whose issue is not built yet say so and exit 2.
+#include "commands.hpp"
+
+#include "kdflow/affinity/versions.hpp"
+#include "kdflow/core/config.hpp"
+#include "kdflow/core/error.hpp"
+#include "kdflow/cpu_teacher/versions.hpp"
+#include "kdflow/gpu_student/versions.hpp"
+
+#include <fmt/format.h>
+
+namespace kdflow::app {
+namespace {
+
+constexpr const char* kNotBuilt = " (not built yet)";
+
+[[noreturn]] void not_built(const std::string& command) {
+  throw NotBuiltError(fmt::format("'{}' is not built yet in this version of kdflow", command));
+}
+
+int print_versions() {
+  VersionLines lines = core_versions();
+  for (auto more : {student::student_versions(), teacher::teacher_versions(),
+                    affinity::affinity_versions()})
+    lines.insert(lines.end(), more.begin(), more.end());
+  for (const auto& [name, text] : lines) fmt::print("{:<9} {}\n", name + ":", text);
+  return kExitOk;
+}
+
+Config resolve_config(const std::string& file, const std::vector<std::string>& sets) {
+  Config config;
+  if (!file.empty()) config.merge_file(file);
+  for (const auto& s : sets) config.set(s);
+  return config;
+}
+
+} // namespace
+
+Commands::Commands(CLI::App& app) : app_(app) {
+  app.add_flag("--version", version_, "print the versions of kdflow and every library it loaded");
+  app.require_subcommand(0, 1);
+  app.fallthrough(false);
+
+  auto* train = app.add_subcommand("train", std::string("train a student by distillation") + kNotBuilt);
+  train->add_option("--config", train_.config, "TOML configuration file")->check(CLI::ExistingFile);
+  train->add_option("--set", train_.sets, "override one key: section.key=value (repeatable)");
+  train->add_option("--out", train_.out, "run folder (config.toml, metrics.jsonl, checkpoints/)")->capture_default_str();
+  train->add_option("--resume", train_.resume, "continue from a checkpoint: auto or a path");
+  train->add_option("--cores", train_.cores, "core plan JSON written by kdflow tune-cores");
+  train->callback([this] {
+    action_ = [this] {
+      (void)resolve_config(train_.config, train_.sets); // bad keys and values fail here, exit 2
+      not_built("kdflow train");
+      return kExitOk;
+    };
+  });
+
+  auto* teacher = app.add_subcommand("teacher", "inspect, run and benchmark an ONNX teacher on oneDNN");
+  teacher->require_subcommand(1);
+  auto* info = teacher->add_subcommand("info", std::string("the graph after kdflow's passes") + kNotBuilt);
+  info->add_option("--model", teacher_.model, "ONNX model")->required();
+  info->callback([this] { action_ = [] { not_built("kdflow teacher info"); return kExitOk; }; });
+  auto* infer = teacher->add_subcommand("infer", std::string("run the teacher on a .npy batch") + kNotBuilt);
+  infer->add_option("--model", teacher_.model, "ONNX model")->required();
+  infer->add_option("--input", teacher_.input, "input .npy (float32, C order)")->required();
+  infer->add_option("--output", teacher_.output, "output .npy")->required();
+  infer->add_option("--threads", teacher_.threads, "threads (0: the teacher's share of the plan)");
+  infer->add_option("--precision", teacher_.precision, "fp32 or bf16")->check(CLI::IsMember({"fp32", "bf16"}));
+  infer->callback([this] { action_ = [] { not_built("kdflow teacher infer"); return kExitOk; }; });
+  auto* tbench = teacher->add_subcommand("bench", std::string("teacher throughput against the FMA peak") + kNotBuilt);
+  tbench->add_option("--model", teacher_.model, "ONNX model")->required();
+  tbench->add_option("--batch", teacher_.batch, "batch size");
+  tbench->add_option("--threads", teacher_.threads, "threads");
+  tbench->add_option("--precision", teacher_.precision, "fp32 or bf16")->check(CLI::IsMember({"fp32", "bf16"}));
+  tbench->add_option("--seconds", teacher_.seconds, "measuring time");
+  tbench->add_option("--json", teacher_.json, "write the result as JSON here");
+  tbench->callback([this] { action_ = [] { not_built("kdflow teacher bench"); return kExitOk; }; });
+
+  auto* cores = app.add_subcommand("cores", std::string("show the topology and the core plan") + kNotBuilt);
+  cores->add_option("--synthetic", cores_.synthetic, "plan for a synthetic hwloc topology, e.g. \"pack:2 core:8 pu:2\"");
+  cores->add_flag("--json", cores_.json, "print JSON instead of a table");
+  cores->callback([this] { action_ = [] { not_built("kdflow cores"); return kExitOk; }; });
+
+  auto* tune = app.add_subcommand("tune-cores", std::string("find the fastest core plan") + kNotBuilt);
+  tune->add_option("--config", tune_.config, "TOML configuration file")->check(CLI::ExistingFile);
+  tune->add_option("--budget-s", tune_.budget_s, "time budget in seconds");
+  tune->add_option("--out", tune_.out, "plan JSON to write")->required();
+  tune->callback([this] { action_ = [] { not_built("kdflow tune-cores"); return kExitOk; }; });
+
+  auto* overlap = app.add_subcommand("bench-overlap", std::string("CPU-vs-GPU overlap benchmark") + kNotBuilt);
+  overlap->add_option("--config", overlap_.config, "TOML configuration file")->check(CLI::ExistingFile);
+  overlap->add_option("--steps", overlap_.steps, "steps per mode");
+  overlap->add_option("--json", overlap_.json, "write every figure as JSON here")->required();
+  overlap->add_option("--trace", overlap_.trace, "Chrome/Perfetto trace file");
+  overlap->add_option("--plot", overlap_.plot, "bar chart PNG");
+  overlap->callback([this] { action_ = [] { not_built("kdflow bench-overlap"); return kExitOk; }; });
+}
+
+int Commands::run() {
+  if (version_) return print_versions();
+  if (!action_) {
+    fmt::print(stderr, "{}", app_.help());
+    return kExitBadInput;
+  }
+  return action_();
+}
+
+} // namespace kdflow::app

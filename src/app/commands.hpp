@@ -1,0 +1,56 @@
+// The subcommands of DESIGN.md, registered on a CLI11 app; run() executes the one the user chose.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+namespace kdflow::app {
+
+class Commands {
+public:
+  explicit Commands(CLI::App& app);
+  // Runs the parsed subcommand and returns the exit code; throws what the subcommand throws.
+  int run();
+
+private:
+  struct TrainArgs {
+    std::string config;
+    std::vector<std::string> sets;
+    std::string out = "runs/latest";
+    std::string resume;
+    std::string cores;
+  };
+  struct TeacherArgs {
+    std::string model, input, output, json;
+    int threads = 0;
+    int batch = 64;
+    double seconds = 5.0;
+    std::string precision = "fp32";
+  };
+  struct CoresArgs {
+    std::string synthetic;
+    bool json = false;
+  };
+  struct TuneArgs {
+    std::string config, out;
+    double budget_s = 300;
+  };
+  struct OverlapArgs {
+    std::string config, json, trace, plot;
+    int steps = 200;
+  };
+
+  CLI::App& app_;
+  bool version_ = false;
+  TrainArgs train_;
+  TeacherArgs teacher_;
+  CoresArgs cores_;
+  TuneArgs tune_;
+  OverlapArgs overlap_;
+  std::function<int()> action_;
+};
+
+} // namespace kdflow::app

@@ -1,0 +1,36 @@
+// The kdflow executable: parses the command line, runs one subcommand, and maps what it throws to the
+// exit codes of DESIGN.md in one place.
+#include "commands.hpp"
+
+#include "kdflow/core/error.hpp"
+
+#include <cstdio>
+#include <exception>
+#include <system_error>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+int main(int argc, char** argv) {
+  using namespace kdflow;
+  CLI::App app{"kdflow: knowledge distillation with the teacher on CPU cores, overlapped with the "
+               "student on the GPU",
+               "kdflow"};
+  app::Commands commands(app);
+  try {
+    app.parse(argc, argv);
+    return commands.run();
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);
+    return code == 0 ? kExitOk : kExitBadInput;
+  } catch (const InputError& e) {
+    fmt::print(stderr, "kdflow: {}\n", e.what());
+    return kExitBadInput;
+  } catch (const Interrupted& e) {
+    fmt::print(stderr, "kdflow: interrupted: {}\n", e.what());
+    return kExitInterrupted;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "kdflow: error: {}\n", e.what());
+    return kExitFailure;
+  }
+}

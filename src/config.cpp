@@ -1,0 +1,230 @@
+// Config: applies defaults, TOML files and --set overrides through one schema, so that every source
+// is checked the same way and the resolved file always lists every key.
+#include "kdflow/core/config.hpp"
+
+#include "kdflow/core/error.hpp"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <toml++/toml.h>
+
+namespace kdflow {
+namespace {
+
+const ConfigKey* find_key(std::string_view name) {
+  const auto& schema = config_schema();
+  const auto it = std::find_if(schema.begin(), schema.end(),
+                               [&](const ConfigKey& k) { return k.name == name; });
+  return it == schema.end() ? nullptr : &*it;
+}
+
+const char* type_name(ConfigType type) {
+  switch (type) {
+  case ConfigType::boolean: return "a boolean";
+  case ConfigType::integer: return "an integer";
+  case ConfigType::real: return "a number";
+  case ConfigType::string: return "a string";
+  }
+  return "?";
+}
+
+std::string show(const ConfigValue& v) {
+  return std::visit(
+      [](const auto& x) -> std::string {
+        using X = std::decay_t<decltype(x)>;
+        if constexpr (std::is_same_v<X, bool>) return x ? "true" : "false";
+        else if constexpr (std::is_same_v<X, std::string>) return x;
+        else return fmt::format("{}", x);
+      },
+      v);
+}
+
+std::string toml_quote(const std::string& s) {
+  std::string out = "\"";
+  for (const char c : s) {
+    switch (c) {
+    case '"': out += "\\\""; break;
+    case '\\': out += "\\\\"; break;
+    case '\n': out += "\\n"; break;
+    case '\t': out += "\\t"; break;
+    default:
+      if (static_cast<unsigned char>(c) < 0x20) out += fmt::format("\\u{:04x}", int(c));
+      else out += c;
+    }
+  }
+  return out + "\"";
+}
+
+// Shortest round-trip text of a double that TOML reads back as a float (never "4", always "4.0").
+std::string toml_real(double v) {
+  std::string text = fmt::format("{}", v);
+  if (text.find_first_of(".eEn") == std::string::npos) text += ".0";
+  return text;
+}
+
+// Parses the text of a --set value as the key's type; nullopt when it does not read as one.
+std::optional<ConfigValue> parse_text(const ConfigKey& key, std::string_view text) {
+  switch (key.type) {
+  case ConfigType::boolean:
+    if (text == "true") return ConfigValue{true};
+    if (text == "false") return ConfigValue{false};
+    return std::nullopt;
+  case ConfigType::integer: {
+    std::int64_t v = 0;
+    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+    if (ec != std::errc{} || end != text.data() + text.size()) return std::nullopt;
+    return ConfigValue{v};
+  }
+  case ConfigType::real: {
+    double v = 0;
+    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+    if (ec != std::errc{} || end != text.data() + text.size() || !std::isfinite(v))
+      return std::nullopt;
+    return ConfigValue{v};
+  }
+  case ConfigType::string:
+    if (text.size() >= 2 && (text.front() == '"' || text.front() == '\'') &&
+        text.back() == text.front())
+      text = text.substr(1, text.size() - 2);
+    return ConfigValue{std::string(text)};
+  }
+  return std::nullopt;
+}
+
+std::optional<ConfigValue> from_node(const ConfigKey& key, const toml::node& node) {
+  switch (key.type) {
+  case ConfigType::boolean:
+    if (auto v = node.value_exact<bool>()) return ConfigValue{*v};
+    return std::nullopt;
+  case ConfigType::integer:
+    if (auto v = node.value_exact<std::int64_t>()) return ConfigValue{*v};
+    return std::nullopt;
+  case ConfigType::real:
+    if (auto v = node.value_exact<double>()) return ConfigValue{*v};
+    if (auto v = node.value_exact<std::int64_t>()) return ConfigValue{static_cast<double>(*v)};
+    return std::nullopt;
+  case ConfigType::string:
+    if (auto v = node.value_exact<std::string>()) return ConfigValue{*v};
+    return std::nullopt;
+  }
+  return std::nullopt;
+}
+
+} // namespace
+
+Config::Config() {
+  for (const auto& key : config_schema()) values_.emplace(key.name, key.default_value);
+}
+
+void Config::assign(const ConfigKey& key, ConfigValue value, const std::string& origin) {
+  if (!key.choices.empty()) {
+    const auto& s = std::get<std::string>(value);
+    if (std::find(key.choices.begin(), key.choices.end(), s) == key.choices.end())
+      throw InputError(fmt::format("{}: key '{}' = '{}' is not one of: {}", origin, key.name, s,
+                                   fmt::join(key.choices, ", ")));
+  }
+  if (key.type == ConfigType::integer || key.type == ConfigType::real) {
+    const double v = key.type == ConfigType::integer
+                         ? static_cast<double>(std::get<std::int64_t>(value))
+                         : std::get<double>(value);
+    if (v < key.min || v > key.max)
+      throw InputError(fmt::format("{}: key '{}' = {} is outside [{}, {}]", origin, key.name,
+                                   show(value), key.min, key.max));
+  }
+  values_[key.name] = std::move(value);
+}
+
+void Config::merge_toml(std::string_view text, const std::string& origin) {
+  toml::table root;
+  try {
+    root = toml::parse(text, origin);
+  } catch (const toml::parse_error& e) {
+    throw InputError(fmt::format("{}:{}:{}: TOML syntax error: {}", origin, e.source().begin.line,
+                                 e.source().begin.column, e.description()));
+  }
+  for (const auto& [section, node] : root) {
+    const auto* table = node.as_table();
+    if (table == nullptr)
+      throw InputError(fmt::format("{}: unknown key '{}' (keys live in sections, e.g. [train])",
+                                   origin, section.str()));
+    for (const auto& [leaf, value] : *table) {
+      const std::string name = fmt::format("{}.{}", section.str(), leaf.str());
+      const ConfigKey* key = find_key(name);
+      if (key == nullptr) throw InputError(fmt::format("{}: unknown key '{}'", origin, name));
+      auto parsed = from_node(*key, value);
+      if (!parsed)
+        throw InputError(fmt::format("{}: key '{}' must be {}", origin, name, type_name(key->type)));
+      assign(*key, std::move(*parsed), origin);
+    }
+  }
+}
+
+void Config::merge_file(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw InputError(fmt::format("{}: cannot read the config file", path.string()));
+  std::ostringstream text;
+  text << in.rdbuf();
+  merge_toml(text.str(), path.string());
+}
+
+void Config::set(std::string_view assignment) {
+  const auto eq = assignment.find('=');
+  if (eq == std::string_view::npos || eq == 0)
+    throw InputError(fmt::format("--set '{}': expected section.key=value", assignment));
+  const std::string_view name = assignment.substr(0, eq);
+  const ConfigKey* key = find_key(name);
+  if (key == nullptr) throw InputError(fmt::format("--set: unknown key '{}'", name));
+  auto parsed = parse_text(*key, assignment.substr(eq + 1));
+  if (!parsed)
+    throw InputError(fmt::format("--set: key '{}' must be {}, got '{}'", name,
+                                 type_name(key->type), assignment.substr(eq + 1)));
+  assign(*key, std::move(*parsed), "--set");
+}
+
+const ConfigValue& Config::value_of(std::string_view key, ConfigType type) const {
+  const ConfigKey* k = find_key(key);
+  // Asking for a key the schema lacks, or with the wrong type, is a bug in kdflow, not user input.
+  if (k == nullptr || k->type != type)
+    throw std::logic_error(fmt::format("config key '{}' read as {}", key, type_name(type)));
+  return values_.find(key)->second;
+}
+
+bool Config::get_bool(std::string_view key) const {
+  return std::get<bool>(value_of(key, ConfigType::boolean));
+}
+std::int64_t Config::get_int(std::string_view key) const {
+  return std::get<std::int64_t>(value_of(key, ConfigType::integer));
+}
+double Config::get_double(std::string_view key) const {
+  return std::get<double>(value_of(key, ConfigType::real));
+}
+const std::string& Config::get_string(std::string_view key) const {
+  return std::get<std::string>(value_of(key, ConfigType::string));
+}
+
+std::string Config::to_toml() const {
+  std::string out = "# kdflow resolved configuration: every key, defaults written out.\n";
+  std::string section;
+  for (const auto& key : config_schema()) {
+    const auto dot = key.name.find('.');
+    const std::string sec = key.name.substr(0, dot);
+    if (sec != section) {
+      section = sec;
+      out += fmt::format("\n[{}]\n", section);
+    }
+    const ConfigValue& v = values_.find(key.name)->second;
+    std::string text;
+    if (key.type == ConfigType::string) text = toml_quote(std::get<std::string>(v));
+    else if (key.type == ConfigType::real) text = toml_real(std::get<double>(v));
+    else text = show(v);
+    out += fmt::format("# {}\n{} = {}\n", key.doc, key.name.substr(dot + 1), text);
+  }
+  return out;
+}
+
+} // namespace kdflow

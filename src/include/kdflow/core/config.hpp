@@ -1,0 +1,61 @@
+// The run's configuration: a fixed schema of `section.key` entries, each with a type, a default and a
+// rule. Sources apply in order (defaults, then a TOML file, then --set overrides); an unknown key or a
+// bad value is an InputError naming the key and where it came from. No torch or oneDNN here.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+namespace kdflow {
+
+using ConfigValue = std::variant<bool, std::int64_t, double, std::string>;
+
+enum class ConfigType { boolean, integer, real, string };
+
+// One entry of the schema. `choices` (strings) or [min, max] (numbers) constrain the value.
+struct ConfigKey {
+  std::string name; // "section.key"
+  ConfigType type;
+  ConfigValue default_value;
+  std::string doc; // one line, written above the key in the resolved config.toml
+  std::vector<std::string> choices = {};
+  double min = -1e300;
+  double max = 1e300;
+};
+
+// Every key kdflow knows, in the order the resolved file lists them.
+const std::vector<ConfigKey>& config_schema();
+
+class Config {
+public:
+  // All keys at their defaults.
+  Config();
+
+  // Applies a TOML file on top of the current values; `path` names the file in errors.
+  void merge_file(const std::filesystem::path& path);
+  // Applies TOML text (for tests and embedded defaults); `origin` names it in errors.
+  void merge_toml(std::string_view text, const std::string& origin);
+  // Applies one `section.key=value` override (the --set syntax). Strings may be quoted or bare.
+  void set(std::string_view assignment);
+
+  [[nodiscard]] bool get_bool(std::string_view key) const;
+  [[nodiscard]] std::int64_t get_int(std::string_view key) const;
+  [[nodiscard]] double get_double(std::string_view key) const;
+  [[nodiscard]] const std::string& get_string(std::string_view key) const;
+
+  // The resolved configuration as TOML, every key written out with its doc comment.
+  [[nodiscard]] std::string to_toml() const;
+
+private:
+  const ConfigValue& value_of(std::string_view key, ConfigType type) const;
+  void assign(const ConfigKey& key, ConfigValue value, const std::string& origin);
+
+  std::map<std::string, ConfigValue, std::less<>> values_;
+};
+
+} // namespace kdflow

@@ -1,0 +1,39 @@
+// Error types shared by every module. `main` catches these once and maps them to the exit codes of
+// DESIGN.md: InputError -> 2 (one line naming the file, key or node), Interrupted -> 130, others -> 1.
+#pragma once
+
+#include <source_location>
+#include <stdexcept>
+#include <string>
+
+namespace kdflow {
+
+// Bad usage or bad input: the message is one line that names the file, key or node.
+class InputError : public std::runtime_error {
+public:
+  using std::runtime_error::runtime_error;
+};
+
+// A subcommand that is declared by DESIGN.md but not built yet (exit 2: the user asked for it).
+class NotBuiltError : public InputError {
+public:
+  using InputError::InputError;
+};
+
+// The run was interrupted (SIGINT/SIGTERM) after its state was saved.
+class Interrupted : public std::runtime_error {
+public:
+  using std::runtime_error::runtime_error;
+};
+
+// Throws std::system_error for errno `err` with what was being done and where.
+[[noreturn]] void throw_errno(int err, const std::string& doing,
+                              std::source_location where = std::source_location::current());
+
+// Exit codes (DESIGN.md).
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitFailure = 1;
+inline constexpr int kExitBadInput = 2;
+inline constexpr int kExitInterrupted = 130;
+
+} // namespace kdflow
