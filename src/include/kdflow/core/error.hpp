@@ -26,6 +26,18 @@ public:
   using std::runtime_error::runtime_error;
 };
 
+// A pipeline stage (loader, teacher, student, ...) failed; carries the stage's name to the consumer,
+// with the original exception nested (std::rethrow_if_nested reaches it).
+class StageError : public std::runtime_error {
+public:
+  StageError(std::string stage, const std::string& what)
+      : std::runtime_error("stage '" + stage + "' failed: " + what), stage_(std::move(stage)) {}
+  [[nodiscard]] const std::string& stage() const { return stage_; }
+
+private:
+  std::string stage_;
+};
+
 // Throws std::system_error for errno `err` with what was being done and where.
 [[noreturn]] void throw_errno(int err, const std::string& doing,
                               std::source_location where = std::source_location::current());

@@ -1,0 +1,142 @@
+// The slot ring: a bounded, lock-free hand-off of batches from loaders to teacher replicas to the
+// student, in one slab of (page-locked) host memory. Batch b lives in slot b % slots; each stage
+// waits for "its" batch number, so several loaders and replicas may finish out of order while the
+// student still receives batch k+1 after batch k. See slot_protocol.hpp for the state word.
+#pragma once
+
+#include "kdflow/core/host_memory.hpp"
+#include "kdflow/core/slot_layout.hpp"
+#include "kdflow/core/slot_protocol.hpp"
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+
+namespace kdflow {
+
+using slot_protocol::SlotState;
+
+// A claimed slot: valid from the acquire that returned it until the publish/release that hands it on.
+class Slot {
+public:
+  Slot(std::uint64_t batch, std::uint32_t index, std::byte* base, const SlotLayout* layout)
+      : batch_(batch), index_(index), base_(base), layout_(layout) {}
+
+  [[nodiscard]] std::uint64_t batch() const { return batch_; }
+  [[nodiscard]] std::uint32_t index() const { return index_; }
+  [[nodiscard]] std::byte* data() const { return base_; }
+  [[nodiscard]] SlotHeader& header() const { return *reinterpret_cast<SlotHeader*>(base_); }
+  // Region `i` of the layout as T (hot paths keep the index; name lookups are for set-up).
+  template <typename T>
+  [[nodiscard]] std::span<T> region(std::size_t i) const {
+    const Region& r = layout_->regions()[i];
+    return {reinterpret_cast<T*>(base_ + r.offset), r.bytes / sizeof(T)};
+  }
+
+private:
+  std::uint64_t batch_;
+  std::uint32_t index_;
+  std::byte* base_;
+  const SlotLayout* layout_;
+};
+
+enum class RingStage { loader = 0, teacher = 1, student = 2 };
+inline constexpr int kRingStages = 3;
+
+struct RingStats {
+  std::array<std::uint32_t, slot_protocol::kStates> occupancy{}; // slots in each state now
+  struct Stage {
+    std::uint64_t acquisitions = 0; // slots this stage claimed
+    std::uint64_t waits = 0;        // claims that had to wait
+    std::uint64_t wait_ns = 0;      // time spent waiting in those claims
+  };
+  std::array<Stage, kRingStages> stages{};
+};
+
+class SlotRing {
+public:
+  // `memory` must hold slots * layout.slot_bytes().
+  SlotRing(SlotLayout layout, std::uint32_t slots, HostMemory memory);
+  // The ring is shared by reference between stage threads; it never moves.
+  SlotRing(const SlotRing&) = delete;
+  SlotRing& operator=(const SlotRing&) = delete;
+
+  // Loader: waits until batch's slot is free for it, claims it (free -> filling) and writes the
+  // header's batch number. nullopt once the ring is closed.
+  [[nodiscard]] std::optional<Slot> acquire_free(std::uint64_t batch);
+  // Teacher replica: waits for filled, claims it (filled -> teaching). nullopt once closed.
+  [[nodiscard]] std::optional<Slot> acquire_filled(std::uint64_t batch);
+  // Student: waits for ready, claims it (ready -> in_flight). After close() it still hands out the
+  // batches that are ready (drain), then nullopt; after fail() it throws the stage's StageError.
+  [[nodiscard]] std::optional<Slot> acquire_ready(std::uint64_t batch);
+
+  // Hands a claimed slot on: filling -> filled (to the teacher), teaching -> ready, or
+  // filling -> ready when no teacher runs (kd.alpha = 0).
+  void publish(const Slot& slot, SlotState from, SlotState to);
+  // in_flight -> free for batch + slots. Call only when nothing reads the slot any more: on a CUDA
+  // student, after the copy's event completed; on a CPU student, after the step.
+  void release(const Slot& slot);
+
+  // Batch numbers for a stage's next claim, for stages whose workers take batches in turn.
+  [[nodiscard]] std::uint64_t take_ticket(RingStage stage) {
+    return tickets_[static_cast<int>(stage)].next.fetch_add(1, std::memory_order_relaxed);
+  }
+
+  // Wakes every waiter; producers stop, the student drains what is ready. Idempotent.
+  void close();
+  // Records the first failure (with its stage's name) and closes the ring.
+  void fail(const std::string& stage, std::exception_ptr error);
+  [[nodiscard]] bool closed() const { return closed_.load(std::memory_order_acquire); }
+  // Throws the recorded StageError, if any.
+  void rethrow_if_failed() const;
+
+  [[nodiscard]] RingStats stats() const;
+  [[nodiscard]] std::uint32_t slots() const { return slots_; }
+  [[nodiscard]] const SlotLayout& layout() const { return layout_; }
+  [[nodiscard]] MemoryKind memory_kind() const { return memory_.kind(); }
+  [[nodiscard]] std::byte* slab() const { return memory_.data(); }
+
+private:
+  std::optional<Slot> acquire(std::uint64_t batch, SlotState from, SlotState to, RingStage stage);
+
+  // Each slot's word and each stage's counters on their own cache line: the stages run on
+  // different cores, and sharing a line would make every hand-off a coherency miss for all.
+  struct alignas(64) Word {
+    std::atomic<std::uint32_t> value;
+    // Threads parked (or about to park) on `value`: a hand-off pays for a futex wake only when
+    // someone sleeps, which is rare while every stage keeps up.
+    std::atomic<std::uint32_t> sleepers{0};
+  };
+  // Moves the word forward by `delta` (its value must have been `expect`, closed bit aside) and
+  // wakes the sleepers, if any.
+  void advance(Word& word, std::uint32_t delta, std::uint32_t expect);
+
+  struct alignas(64) StageCounters {
+    std::atomic<std::uint64_t> acquisitions{0};
+    std::atomic<std::uint64_t> waits{0};
+    std::atomic<std::uint64_t> wait_ns{0};
+  };
+  struct alignas(64) Ticket {
+    std::atomic<std::uint64_t> next{0};
+  };
+
+  SlotLayout layout_;
+  std::uint32_t slots_;
+  HostMemory memory_;
+  std::unique_ptr<Word[]> words_;
+  std::array<StageCounters, kRingStages> counters_;
+  std::array<Ticket, kRingStages> tickets_;
+  std::atomic<bool> closed_{false};
+  std::atomic<bool> failed_{false};
+  mutable std::mutex failure_mutex_; // cold path only: first failure wins
+  std::string failed_stage_;
+  std::exception_ptr failure_;
+};
+
+} // namespace kdflow

@@ -1,0 +1,310 @@
+// Slot ring: layout, the state machine one step at a time, drain and shutdown, failures that carry
+// their stage's name, and a multi-producer stress test with random delays and payload checksums in
+// every stage (>= 10 million hand-offs by default; KDFLOW_RING_HANDOFFS changes it).
+#include "kdflow/core/error.hpp"
+#include "kdflow/core/slot_ring.hpp"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <future>
+#include <random>
+#include <thread>
+#include <vector>
+
+namespace kdflow {
+namespace {
+
+using namespace std::chrono_literals;
+
+SlotLayout test_layout(std::int64_t batch = 4, std::int64_t values = 16) {
+  return SlotLayout({{"inputs", DType::u8, {batch, values}},
+                     {"labels", DType::i64, {batch}},
+                     {"logits", DType::f32, {batch, 10}}});
+}
+
+SlotRing make_ring(std::uint32_t slots, SlotLayout layout = test_layout()) {
+  const std::size_t bytes = std::size_t{slots} * layout.slot_bytes();
+  return SlotRing(std::move(layout), slots, allocate_locked(bytes));
+}
+
+TEST(SlotLayout, RegionsAreAlignedAndDisjoint) {
+  const SlotLayout layout({{"inputs", DType::f32, {3, 1, 5, 7}},
+                           {"labels", DType::i64, {3}},
+                           {"logits", DType::f32, {3, 10}}},
+                          128);
+  std::size_t end = sizeof(SlotHeader);
+  for (const auto& r : layout.regions()) {
+    EXPECT_EQ(r.offset % 128, 0u) << r.spec.name;
+    EXPECT_GE(r.offset, end) << r.spec.name;
+    end = r.offset + r.bytes;
+  }
+  EXPECT_EQ(layout.region("inputs").bytes, 3u * 5 * 7 * 4);
+  EXPECT_EQ(layout.region("labels").bytes, 24u);
+  EXPECT_LE(end, layout.slot_bytes());
+  EXPECT_EQ(layout.slot_bytes() % SlotLayout::kSlotAlignment, 0u);
+  EXPECT_THROW(SlotLayout({{"a", DType::u8, {1}}, {"a", DType::u8, {1}}}), InputError);
+  EXPECT_THROW(SlotLayout({{"a", DType::u8, {0}}}), InputError);
+  EXPECT_THROW(SlotLayout({{"a", DType::u8, {1}}}, 48), InputError);
+  EXPECT_THROW((void)layout.index_of("features"), std::out_of_range);
+}
+
+TEST(HostMemory, LockedSlabIsUsableAndReportsItsKind) {
+  HostMemory m = allocate_locked(10000);
+  ASSERT_NE(m.data(), nullptr);
+  EXPECT_EQ(m.size() % 4096, 0u);
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(m.data()) % 4096, 0u);
+  EXPECT_NE(m.kind(), MemoryKind::cuda_pinned);
+  std::memset(m.data(), 0xab, m.size());
+  bool placed = false;
+  HostMemory n = allocate_locked(4096, [&](void* p, std::size_t bytes) {
+    placed = p != nullptr && bytes == 4096;
+  });
+  EXPECT_TRUE(placed);
+  HostMemory moved = std::move(n);
+  EXPECT_EQ(n.data(), nullptr);
+  EXPECT_NE(moved.data(), nullptr);
+}
+
+TEST(SlotRing, StatesAdvanceInOrderAndSlotsComeBack) {
+  SlotRing ring = make_ring(2);
+  const auto inputs = ring.layout().index_of("inputs");
+  for (std::uint64_t batch = 0; batch < 6; ++batch) {
+    auto s = ring.acquire_free(batch);
+    ASSERT_TRUE(s);
+    EXPECT_EQ(s->index(), batch % 2);
+    EXPECT_EQ(s->header().batch, batch);
+    s->region<std::uint8_t>(inputs)[0] = static_cast<std::uint8_t>(batch);
+    ring.publish(*s, SlotState::filling, SlotState::filled);
+    auto t = ring.acquire_filled(batch);
+    ASSERT_TRUE(t);
+    EXPECT_EQ(t->data(), s->data());
+    ring.publish(*t, SlotState::teaching, SlotState::ready);
+    EXPECT_EQ(ring.stats().occupancy[static_cast<int>(SlotState::ready)], 1u);
+    auto r = ring.acquire_ready(batch);
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->region<std::uint8_t>(inputs)[0], batch);
+    ring.release(*r);
+  }
+  const RingStats st = ring.stats();
+  EXPECT_EQ(st.occupancy[static_cast<int>(SlotState::free)], 2u);
+  for (const auto& stage : st.stages) EXPECT_EQ(stage.acquisitions, 6u);
+  EXPECT_EQ(st.stages[0].waits, 0u);
+}
+
+TEST(SlotRing, NoTeacherPathGoesStraightToReady) {
+  SlotRing ring = make_ring(2);
+  auto s = ring.acquire_free(0);
+  ring.publish(*s, SlotState::filling, SlotState::ready);
+  auto r = ring.acquire_ready(0);
+  ASSERT_TRUE(r);
+  ring.release(*r);
+}
+
+TEST(SlotRing, BoundedAProducerAheadWaitsForTheRelease) {
+  SlotRing ring = make_ring(2);
+  for (std::uint64_t b = 0; b < 2; ++b) {
+    auto s = ring.acquire_free(b);
+    ring.publish(*s, SlotState::filling, SlotState::ready);
+  }
+  // Batch 2 needs slot 0, which batch 0 holds until the student releases it.
+  auto third = std::async(std::launch::async, [&] { return ring.acquire_free(2).has_value(); });
+  EXPECT_EQ(third.wait_for(50ms), std::future_status::timeout);
+  auto r = ring.acquire_ready(0);
+  ring.release(*r);
+  ASSERT_EQ(third.wait_for(10s), std::future_status::ready);
+  EXPECT_TRUE(third.get());
+  EXPECT_GE(ring.stats().stages[0].waits, 1u);
+}
+
+TEST(SlotRing, CloseDrainsReadyBatchesThenStops) {
+  SlotRing ring = make_ring(4);
+  for (std::uint64_t b = 0; b < 3; ++b) {
+    auto s = ring.acquire_free(b);
+    ring.publish(*s, SlotState::filling, b < 2 ? SlotState::ready : SlotState::filled);
+  }
+  ring.close();
+  EXPECT_FALSE(ring.acquire_free(3)); // producers stop at once
+  EXPECT_FALSE(ring.acquire_filled(2));
+  for (std::uint64_t b = 0; b < 2; ++b) {
+    auto r = ring.acquire_ready(b); // the student drains what was finished
+    ASSERT_TRUE(r) << b;
+    ring.release(*r);
+  }
+  EXPECT_FALSE(ring.acquire_ready(2)); // batch 2 never became ready
+}
+
+TEST(SlotRing, CloseWakesEveryBlockedThread) {
+  SlotRing ring = make_ring(2);
+  for (std::uint64_t b = 0; b < 2; ++b) {
+    auto s = ring.acquire_free(b);
+    ring.publish(*s, SlotState::filling, SlotState::filled);
+  }
+  std::vector<std::future<bool>> blocked;
+  blocked.push_back(std::async(std::launch::async, [&] { return ring.acquire_free(2).has_value(); }));
+  blocked.push_back(std::async(std::launch::async, [&] { return ring.acquire_free(3).has_value(); }));
+  blocked.push_back(std::async(std::launch::async, [&] { return ring.acquire_filled(5).has_value(); }));
+  blocked.push_back(std::async(std::launch::async, [&] { return ring.acquire_ready(0).has_value(); }));
+  for (auto& f : blocked) EXPECT_EQ(f.wait_for(30ms), std::future_status::timeout);
+  ring.close();
+  for (auto& f : blocked) {
+    ASSERT_EQ(f.wait_for(10s), std::future_status::ready);
+    EXPECT_FALSE(f.get());
+  }
+  ring.close(); // idempotent
+}
+
+TEST(SlotRing, AProducerExceptionReachesTheStudentWithItsStage) {
+  SlotRing ring = make_ring(2);
+  std::thread teacher([&] {
+    try {
+      auto s = ring.acquire_filled(0);
+      if (s) throw std::runtime_error("node 'conv3': NaN in output");
+    } catch (...) {
+      ring.fail("teacher", std::current_exception());
+    }
+  });
+  auto s = ring.acquire_free(0);
+  ring.publish(*s, SlotState::filling, SlotState::filled);
+  try {
+    (void)ring.acquire_ready(0);
+    FAIL() << "no StageError";
+  } catch (const StageError& e) {
+    EXPECT_EQ(e.stage(), "teacher");
+    EXPECT_NE(std::string(e.what()).find("conv3"), std::string::npos) << e.what();
+    try {
+      std::rethrow_if_nested(e);
+      FAIL() << "no nested exception";
+    } catch (const std::runtime_error& inner) {
+      EXPECT_NE(std::string(inner.what()).find("NaN"), std::string::npos);
+    }
+  }
+  teacher.join();
+  EXPECT_FALSE(ring.acquire_free(1)); // failing closes the ring
+  ring.fail("loader", nullptr);      // the first failure wins
+  EXPECT_THROW(ring.rethrow_if_failed(), StageError);
+  try {
+    ring.rethrow_if_failed();
+  } catch (const StageError& e) {
+    EXPECT_EQ(e.stage(), "teacher");
+  }
+}
+
+// --- stress ------------------------------------------------------------------------------------
+
+std::uint64_t mix(std::uint64_t x) { // splitmix64: payload bytes that depend on the batch number
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// Occasionally stalls: a few pauses, a yield, or (rarely) a real sleep, so that every stage is
+// sometimes the slow one and threads park and wake in every state.
+class Jitter {
+public:
+  explicit Jitter(std::uint64_t seed) : rng_(seed) {}
+  void operator()() {
+    const std::uint32_t r = rng_() & 1023;
+    if (r < 8) std::this_thread::yield();
+    else if (r == 8) std::this_thread::sleep_for(std::chrono::microseconds(rng_() % 50));
+    else if (r < 64)
+      for (std::uint32_t i = 0; i < (r & 31); ++i) std::atomic_signal_fence(std::memory_order_seq_cst);
+  }
+
+private:
+  std::minstd_rand rng_;
+};
+
+std::uint64_t handoff_target() {
+  if (const char* env = std::getenv("KDFLOW_RING_HANDOFFS")) return std::strtoull(env, nullptr, 10);
+  return 10'000'000;
+}
+
+TEST(SlotRingStress, EveryBatchArrivesOnceInOrderIntact) {
+  constexpr int kLoaders = 2;
+  constexpr int kTeachers = 2;
+  constexpr std::int64_t kValues = 24;
+  // Three hand-offs per batch: loader -> teacher -> student -> (release) loader.
+  const std::uint64_t batches = (handoff_target() + 2) / 3;
+  SlotRing ring = make_ring(4, SlotLayout({{"inputs", DType::u8, {1, kValues}},
+                                           {"ids", DType::i64, {1}},
+                                           {"logits", DType::i64, {1}}}));
+  const auto in_idx = ring.layout().index_of("inputs");
+  const auto id_idx = ring.layout().index_of("ids");
+  const auto out_idx = ring.layout().index_of("logits");
+  const std::uint64_t seed = std::random_device{}();
+
+  std::vector<std::thread> threads;
+  for (int l = 0; l < kLoaders; ++l)
+    threads.emplace_back([&, l] {
+      Jitter jitter(seed + l);
+      for (;;) {
+        const std::uint64_t b = ring.take_ticket(RingStage::loader);
+        if (b >= batches) return;
+        auto s = ring.acquire_free(b);
+        if (!s) return;
+        jitter();
+        auto in = s->region<std::uint8_t>(in_idx);
+        for (std::int64_t i = 0; i < kValues; ++i) in[i] = static_cast<std::uint8_t>(mix(b * 64 + i));
+        s->region<std::int64_t>(id_idx)[0] = static_cast<std::int64_t>(b);
+        ring.publish(*s, SlotState::filling, SlotState::filled);
+      }
+    });
+  for (int t = 0; t < kTeachers; ++t)
+    threads.emplace_back([&, t] {
+      Jitter jitter(seed + 100 + t);
+      for (;;) {
+        const std::uint64_t b = ring.take_ticket(RingStage::teacher);
+        if (b >= batches) return;
+        auto s = ring.acquire_filled(b);
+        if (!s) return;
+        jitter();
+        std::int64_t sum = 0;
+        for (const auto v : s->region<std::uint8_t>(in_idx)) sum = sum * 31 + v;
+        s->region<std::int64_t>(out_idx)[0] = sum;
+        ring.publish(*s, SlotState::teaching, SlotState::ready);
+      }
+    });
+
+  std::uint64_t received = 0, bad_payload = 0, bad_order = 0;
+  Jitter jitter(seed + 200);
+  for (std::uint64_t b = 0; b < batches; ++b) {
+    auto s = ring.acquire_ready(b);
+    ASSERT_TRUE(s) << "batch " << b << " never arrived";
+    jitter();
+    if (s->header().batch != b || s->region<std::int64_t>(id_idx)[0] != static_cast<std::int64_t>(b))
+      ++bad_order;
+    std::int64_t sum = 0;
+    auto in = s->region<std::uint8_t>(in_idx);
+    for (std::int64_t i = 0; i < kValues; ++i) {
+      if (in[i] != static_cast<std::uint8_t>(mix(b * 64 + i))) ++bad_payload;
+      sum = sum * 31 + in[i];
+    }
+    if (s->region<std::int64_t>(out_idx)[0] != sum) ++bad_payload;
+    ++received;
+    ring.release(*s);
+  }
+  ring.close();
+  for (auto& t : threads) t.join();
+
+  EXPECT_EQ(received, batches);
+  EXPECT_EQ(bad_order, 0u);
+  EXPECT_EQ(bad_payload, 0u);
+  const RingStats st = ring.stats();
+  EXPECT_EQ(st.stages[0].acquisitions, batches);
+  EXPECT_EQ(st.stages[1].acquisitions, batches);
+  EXPECT_EQ(st.stages[2].acquisitions, batches);
+  EXPECT_EQ(st.occupancy[static_cast<int>(SlotState::free)], 4u);
+  std::printf("stress: %llu batches, %llu hand-offs; waits loader %llu teacher %llu student %llu\n",
+              static_cast<unsigned long long>(batches), static_cast<unsigned long long>(3 * batches),
+              static_cast<unsigned long long>(st.stages[0].waits),
+              static_cast<unsigned long long>(st.stages[1].waits),
+              static_cast<unsigned long long>(st.stages[2].waits));
+}
+
+} // namespace
+} // namespace kdflow
