@@ -61,6 +61,16 @@ int cuda_device_count() {
   return torch::cuda::is_available() ? static_cast<int>(torch::cuda::device_count()) : 0;
 }
 
+std::string cuda_pci_bus_id([[maybe_unused]] int device) {
+#ifdef KD_HAVE_CUDA
+  if (device < cuda_device_count()) {
+    char id[32] = {};
+    if (cudaDeviceGetPCIBusId(id, sizeof(id), device) == cudaSuccess) return id;
+  }
+#endif
+  return {};
+}
+
 VersionLines student_versions() {
   VersionLines lines;
   lines.emplace_back("LibTorch", torch_runtime_version());

@@ -37,6 +37,12 @@ const std::vector<ConfigKey>& config_schema() {
        "batches in flight between loaders, teacher and student", {}, 2, 4096},
       {"cores.plan", T::string, std::string("auto"),
        "core allocation: auto (from the topology) or a JSON plan file from kdflow tune-cores"},
+      {"cores.loader_cores", T::integer, std::int64_t{0},
+       "cores for the loader pool with cores.plan = auto (0: a quarter of the rest, at least 1)", {},
+       0, 4096},
+      {"cores.teacher_threads", T::integer, std::int64_t{0},
+       "threads per teacher replica with cores.plan = auto (0: replicas of at most 8 cores)", {}, 0,
+       4096},
   };
   return schema;
 }

@@ -2,6 +2,7 @@
 // calls what the user chose; subcommands whose issue is not built yet say so and exit 2.
 #include "commands.hpp"
 
+#include "kdflow/affinity/plan.hpp"
 #include "kdflow/affinity/versions.hpp"
 #include "kdflow/core/config.hpp"
 #include "kdflow/core/error.hpp"
@@ -77,10 +78,13 @@ Commands::Commands(CLI::App& app) : app_(app) {
   tbench->add_option("--json", teacher_.json, "write the result as JSON here");
   tbench->callback([this] { action_ = [] { not_built("kdflow teacher bench"); return kExitOk; }; });
 
-  auto* cores = app.add_subcommand("cores", std::string("show the topology and the core plan") + kNotBuilt);
-  cores->add_option("--synthetic", cores_.synthetic, "plan for a synthetic hwloc topology, e.g. \"pack:2 core:8 pu:2\"");
+  auto* cores = app.add_subcommand("cores", "show the topology and the core plan");
+  cores->add_option("--synthetic", cores_.synthetic, "plan for a synthetic hwloc topology, e.g. \"pack:2 numa:1 core:8 pu:2\"");
+  cores->add_option("--gpu-numa", cores_.gpu_numa, "with --synthetic: describe a GPU attached to this NUMA node");
   cores->add_flag("--json", cores_.json, "print JSON instead of a table");
-  cores->callback([this] { action_ = [] { not_built("kdflow cores"); return kExitOk; }; });
+  cores->add_option("--config", cores_.config, "TOML configuration file (cores.* and kd.alpha)")->check(CLI::ExistingFile);
+  cores->add_option("--set", cores_.sets, "override one key: section.key=value (repeatable)");
+  cores->callback([this] { action_ = [this] { return show_cores(); }; });
 
   auto* tune = app.add_subcommand("tune-cores", std::string("find the fastest core plan") + kNotBuilt);
   tune->add_option("--config", tune_.config, "TOML configuration file")->check(CLI::ExistingFile);
@@ -95,6 +99,44 @@ Commands::Commands(CLI::App& app) : app_(app) {
   overlap->add_option("--trace", overlap_.trace, "Chrome/Perfetto trace file");
   overlap->add_option("--plot", overlap_.plot, "bar chart PNG");
   overlap->callback([this] { action_ = [] { not_built("kdflow bench-overlap"); return kExitOk; }; });
+}
+
+int Commands::show_cores() {
+  const Config config = resolve_config(cores_.config, cores_.sets);
+  const bool synthetic = !cores_.synthetic.empty();
+  const affinity::Topology topology =
+      synthetic ? affinity::Topology::synthetic(cores_.synthetic) : affinity::Topology::load();
+  std::optional<affinity::CpuList> gpu_local;
+  nlohmann::json gpus = nlohmann::json::array();
+  if (synthetic && cores_.gpu_numa >= 0) {
+    if (cores_.gpu_numa >= topology.numa_nodes())
+      throw InputError(fmt::format("--gpu-numa {}: the topology has {} NUMA node(s)", cores_.gpu_numa,
+                                   topology.numa_nodes()));
+    gpu_local = topology.numa_cpus(cores_.gpu_numa);
+    gpus.push_back({{"name", "described GPU"}, {"local_cpus", *gpu_local}});
+  } else if (!synthetic) {
+    for (int d = 0; d < student::cuda_device_count(); ++d) {
+      const std::string bus = student::cuda_pci_bus_id(d);
+      auto local = topology.pci_local_cpus(bus);
+      // hwloc may not see the GPU's locality (no PCI info in a container): all allowed CPUs.
+      if (!local) local = topology.allowed_cpus();
+      if (d == 0) gpu_local = local;
+      gpus.push_back({{"name", fmt::format("cuda:{} {}", d, bus)}, {"local_cpus", *local}});
+    }
+  }
+  const affinity::Plan plan = affinity::plan_from_config(config, topology, gpu_local);
+  if (cores_.json) {
+    nlohmann::json topo = affinity::to_json(topology);
+    topo["gpus"] = gpus;
+    fmt::print("{}\n", nlohmann::json{{"topology", topo}, {"plan", affinity::to_json(plan)}}.dump(2));
+    return kExitOk;
+  }
+  fmt::print("{}", affinity::format_plan(plan, topology));
+  for (const auto& g : gpus)
+    fmt::print("gpu: {} local CPUs {}\n", g["name"].get<std::string>(),
+               affinity::format_cpus(g["local_cpus"].get<affinity::CpuList>()));
+  if (gpus.empty()) fmt::print("gpu: none\n");
+  return kExitOk;
 }
 
 int Commands::run() {

@@ -16,6 +16,8 @@ public:
   int run();
 
 private:
+  int show_cores();
+
   struct TrainArgs {
     std::string config;
     std::vector<std::string> sets;
@@ -33,6 +35,9 @@ private:
   struct CoresArgs {
     std::string synthetic;
     bool json = false;
+    int gpu_numa = -1;
+    std::string config;
+    std::vector<std::string> sets;
   };
   struct TuneArgs {
     std::string config, out;

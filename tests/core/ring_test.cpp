@@ -263,9 +263,9 @@ TEST(SlotRingStress, EveryBatchArrivesOnceInOrderIntact) {
         auto s = ring.acquire_filled(b);
         if (!s) return;
         jitter();
-        std::int64_t sum = 0;
+        std::uint64_t sum = 0;
         for (const auto v : s->region<std::uint8_t>(in_idx)) sum = sum * 31 + v;
-        s->region<std::int64_t>(out_idx)[0] = sum;
+        s->region<std::uint64_t>(out_idx)[0] = sum;
         ring.publish(*s, SlotState::teaching, SlotState::ready);
       }
     });
@@ -278,13 +278,13 @@ TEST(SlotRingStress, EveryBatchArrivesOnceInOrderIntact) {
     jitter();
     if (s->header().batch != b || s->region<std::int64_t>(id_idx)[0] != static_cast<std::int64_t>(b))
       ++bad_order;
-    std::int64_t sum = 0;
+    std::uint64_t sum = 0;
     auto in = s->region<std::uint8_t>(in_idx);
     for (std::int64_t i = 0; i < kValues; ++i) {
       if (in[i] != static_cast<std::uint8_t>(mix(b * 64 + i))) ++bad_payload;
       sum = sum * 31 + in[i];
     }
-    if (s->region<std::int64_t>(out_idx)[0] != sum) ++bad_payload;
+    if (s->region<std::uint64_t>(out_idx)[0] != sum) ++bad_payload;
     ++received;
     ring.release(*s);
   }

@@ -3,6 +3,8 @@
 
 #include "kdflow/core/versions.hpp"
 
+#include <string>
+
 namespace kdflow::student {
 
 // LibTorch (its version file beside the loaded library, whether it has CUDA), the CUDA runtime and
@@ -11,5 +13,8 @@ VersionLines student_versions();
 
 // Number of CUDA devices usable by LibTorch (0 without a GPU or driver).
 int cuda_device_count();
+
+// PCI bus id ("0000:17:00.0") of CUDA device `device`, or empty without one.
+std::string cuda_pci_bus_id(int device);
 
 } // namespace kdflow::student

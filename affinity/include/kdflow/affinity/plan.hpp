@@ -1,0 +1,60 @@
+// A core plan: disjoint CPU sets for kdflow's roles. It comes from a rule that reads the topology
+// (cores.plan = "auto", optionally with counts), or from a JSON file (kdflow tune-cores writes one);
+// either way it is validated against the topology before anything is pinned.
+#pragma once
+
+#include "kdflow/affinity/topology.hpp"
+#include "kdflow/core/config.hpp"
+
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace kdflow::affinity {
+
+struct Plan {
+  CpuList student;              // one CPU near the GPU; its SMT siblings stay idle
+  CpuList copy;                 // the device-copy thread; shares the student's core
+  CpuList loader;               // the loader pool
+  std::vector<CpuList> teacher; // one CPU set per teacher replica (one thread per CPU)
+  CpuList spare;                // unused: SMT siblings and what no role needs
+  std::string source;           // how it was made: "auto", or the file it came from
+};
+
+struct PlanRequest {
+  int loader_cores = 0;     // 0: auto (a quarter of the cores left after the student, at least 1)
+  int teacher_threads = 0;  // threads per replica; 0: auto (replicas of at most 8 cores)
+  bool teacher_runs = true; // false when kd.alpha = 0: no teacher cores are planned
+  std::optional<CpuList> gpu_local; // CPUs near the student's GPU, when there is one
+};
+
+// The rule: the student on the first physical core near the GPU (copy beside it), loaders next on
+// the student's NUMA node, teacher replicas on the remaining physical cores, each replica inside
+// one NUMA node and L3; SMT siblings are spare. On 2 cores the loaders share the student's core;
+// on 1 core every role shares it.
+Plan plan_auto(const Topology& topology, const PlanRequest& request);
+
+// Reads {"student": [..], "copy": [..], "loader": [..], "teacher": [[..], ..]} (also accepted
+// nested under "plan", as tune-cores writes it). Errors name the file and key, InputError.
+Plan read_plan_file(const std::filesystem::path& path);
+
+// Throws InputError naming the role and CPUs when the plan is impossible here: a CPU not allowed to
+// this process, roles that overlap (only copy, and on machines of fewer than 3 cores the loaders,
+// may share the student's CPUs), or no CPUs for a role that runs. Fills `spare`.
+void validate(Plan& plan, const Topology& topology, bool teacher_runs);
+
+// The plan a run's configuration asks for: cores.plan = "auto" (with cores.loader_cores and
+// cores.teacher_threads) or a plan file; the teacher is planned only when kd.alpha > 0.
+Plan plan_from_config(const Config& config, const Topology& topology,
+                      const std::optional<CpuList>& gpu_local);
+
+nlohmann::json to_json(const Plan& plan);
+nlohmann::json to_json(const Topology& topology);
+
+// A human-readable table of the plan.
+std::string format_plan(const Plan& plan, const Topology& topology);
+
+} // namespace kdflow::affinity

@@ -1,0 +1,63 @@
+// Thread and memory binding through hwloc; thread names through pthread_setname_np.
+#include "kdflow/affinity/pinning.hpp"
+
+#include "hwloc_handle.hpp"
+#include "kdflow/core/error.hpp"
+
+#include <pthread.h>
+#include <sched.h>
+
+#include <cerrno>
+
+#include <fmt/format.h>
+
+namespace kdflow::affinity {
+
+void pin_this_thread(const Topology& topology, const CpuList& cpus, const std::string& name) {
+  // Linux limits thread names to 15 characters; longer ones would fail with ERANGE.
+  pthread_setname_np(pthread_self(), name.substr(0, 15).c_str());
+  const Bitmap set = bitmap_of(cpus);
+  if (hwloc_set_cpubind(topology.handle().topo, set.get(), HWLOC_CPUBIND_THREAD) != 0)
+    throw_errno(errno, fmt::format("binding thread '{}' to CPUs {}", name, format_cpus(cpus)));
+}
+
+CpuList current_thread_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (pthread_getaffinity_np(pthread_self(), sizeof(set), &set) != 0) return {};
+  CpuList out;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &set)) out.push_back(c);
+  return out;
+}
+
+PlaceMemory bind_to_numa_of(const Topology& topology, const CpuList& near_cpus) {
+  return [&topology, near_cpus](void* data, std::size_t bytes) {
+    const Bitmap cpus = bitmap_of(near_cpus);
+    // hwloc maps the CPU set to the NUMA node(s) local to it (HWLOC_MEMBIND_BYNODESET not set).
+    if (hwloc_set_area_membind(topology.handle().topo, data, bytes, cpus.get(),
+                               HWLOC_MEMBIND_BIND, HWLOC_MEMBIND_MIGRATE) != 0 &&
+        errno != ENOSYS && errno != EXDEV)
+      throw_errno(errno, fmt::format("binding the slot ring to the NUMA node of CPUs {}",
+                                     format_cpus(near_cpus)));
+  };
+}
+
+PinnedArena::PinnedArena(const Topology& topology, CpuList cpus, std::string role, int first_index)
+    : topology_(topology), cpus_(std::move(cpus)), role_(std::move(role)), first_index_(first_index),
+      // No slot reserved for an outside thread: the pool is exactly its CPUs' worth of workers.
+      arena_(static_cast<int>(cpus_.size()), 0), observer_(arena_, *this) {
+  if (cpus_.empty()) throw InputError(fmt::format("core plan: role '{}' has no CPU", role_));
+  observer_.observe(true);
+}
+
+PinnedArena::~PinnedArena() { observer_.observe(false); }
+
+void PinnedArena::Observer::on_scheduler_entry(bool is_worker) {
+  // A thread that calls execute() keeps its own name and binding; only pool workers are pinned.
+  if (!is_worker) return;
+  const int slot = oneapi::tbb::this_task_arena::current_thread_index();
+  pin_this_thread(owner_.topology_, owner_.cpus_, fmt::format("kd-{}-{}", owner_.role_, owner_.first_index_ + slot));
+}
+
+} // namespace kdflow::affinity

@@ -1,0 +1,255 @@
+// Core plans: the automatic rule, plan files, validation and printing.
+#include "kdflow/affinity/plan.hpp"
+
+#include "kdflow/core/error.hpp"
+
+#include <algorithm>
+#include <fstream>
+#include <map>
+#include <set>
+
+#include <fmt/format.h>
+
+namespace kdflow::affinity {
+namespace {
+
+constexpr int kMaxReplicaThreads = 8; // beyond this a replica's oneDNN scaling flattens on CNNs
+
+// Splits `n` cores into `parts` near-equal runs.
+std::vector<int> balanced_sizes(int n, int parts) {
+  std::vector<int> sizes(static_cast<std::size_t>(parts), n / parts);
+  for (int i = 0; i < n % parts; ++i) ++sizes[static_cast<std::size_t>(i)];
+  return sizes;
+}
+
+CpuList sorted(CpuList v) {
+  std::sort(v.begin(), v.end());
+  return v;
+}
+
+} // namespace
+
+Plan plan_auto(const Topology& topology, const PlanRequest& request) {
+  const auto& cores = topology.cores();
+  if (cores.empty()) throw InputError("cores: this process is allowed no CPU");
+  Plan plan;
+  plan.source = "auto";
+
+  // The student: the first core whose first PU is near the GPU, else the first core.
+  const Core* student = &cores.front();
+  if (request.gpu_local)
+    for (const auto& c : cores)
+      if (std::find(request.gpu_local->begin(), request.gpu_local->end(), c.pus[0]) !=
+          request.gpu_local->end()) {
+        student = &c;
+        break;
+      }
+  plan.student = {student->pus[0]};
+  plan.copy = plan.student;
+
+  // The other cores, those on the student's NUMA node first (loaders write into the ring's slab,
+  // which lives there).
+  std::vector<const Core*> rest;
+  for (const auto& c : cores)
+    if (&c != student) rest.push_back(&c);
+  std::stable_sort(rest.begin(), rest.end(), [&](const Core* a, const Core* b) {
+    return (a->numa != student->numa) < (b->numa != student->numa);
+  });
+  const int r = static_cast<int>(rest.size());
+
+  std::vector<const Core*> teacher_cores;
+  if (r == 0) { // one core: everything shares it
+    plan.loader = plan.student;
+    if (request.teacher_runs) plan.teacher = {plan.student};
+  } else if (!request.teacher_runs) {
+    for (const Core* c : rest) plan.loader.push_back(c->pus[0]);
+  } else if (r == 1) { // two cores: the teacher gets a whole core, loaders share the student's
+    plan.loader = plan.student;
+    teacher_cores = rest;
+  } else {
+    int nl = request.loader_cores > 0 ? request.loader_cores : std::max(1, r / 4);
+    if (nl >= r)
+      throw InputError(fmt::format("cores: {} loader cores leave none of the {} remaining cores "
+                                   "for the teacher", nl, r));
+    for (int i = 0; i < nl; ++i) plan.loader.push_back(rest[static_cast<std::size_t>(i)]->pus[0]);
+    teacher_cores.assign(rest.begin() + nl, rest.end());
+  }
+
+  // Teacher replicas: group by (NUMA node, L3) so a replica's threads share a cache and memory.
+  std::map<std::pair<int, int>, std::vector<const Core*>> groups;
+  for (const Core* c : teacher_cores) groups[{c->numa, c->l3}].push_back(c);
+  for (auto& [key, group] : groups) {
+    const int n = static_cast<int>(group.size());
+    std::vector<int> sizes;
+    if (request.teacher_threads > 0) {
+      const int t = std::min(request.teacher_threads, n);
+      sizes.assign(static_cast<std::size_t>(n / t), t);
+    } else {
+      sizes = balanced_sizes(n, (n + kMaxReplicaThreads - 1) / kMaxReplicaThreads);
+    }
+    std::size_t next = 0;
+    for (const int size : sizes) {
+      CpuList replica;
+      for (int i = 0; i < size; ++i) replica.push_back(group[next++]->pus[0]);
+      plan.teacher.push_back(replica);
+    }
+  }
+  validate(plan, topology, request.teacher_runs);
+  return plan;
+}
+
+void validate(Plan& plan, const Topology& topology, bool teacher_runs) {
+  const CpuList allowed = topology.allowed_cpus();
+  const std::set<int> allowed_set(allowed.begin(), allowed.end());
+  std::vector<std::pair<std::string, CpuList>> roles = {
+      {"student", plan.student}, {"copy", plan.copy}, {"loader", plan.loader}};
+  for (std::size_t i = 0; i < plan.teacher.size(); ++i)
+    roles.emplace_back(fmt::format("teacher[{}]", i), plan.teacher[i]);
+
+  for (const auto& [role, cpus] : roles) {
+    CpuList bad;
+    for (const int c : cpus)
+      if (!allowed_set.count(c)) bad.push_back(c);
+    if (!bad.empty())
+      throw InputError(fmt::format("core plan: role '{}' uses CPUs {} not allowed to this process "
+                                   "(allowed: {})", role, format_cpus(sorted(bad)),
+                                   format_cpus(allowed)));
+    if (std::set<int>(cpus.begin(), cpus.end()).size() != cpus.size())
+      throw InputError(fmt::format("core plan: role '{}' lists a CPU twice ({})", role,
+                                   format_cpus(sorted(cpus))));
+  }
+  if (plan.student.empty()) throw InputError("core plan: role 'student' has no CPU");
+  if (plan.loader.empty()) throw InputError("core plan: role 'loader' has no CPU");
+  if (teacher_runs && plan.teacher.empty()) throw InputError("core plan: role 'teacher' has no CPU");
+  for (std::size_t i = 0; i < plan.teacher.size(); ++i)
+    if (plan.teacher[i].empty())
+      throw InputError(fmt::format("core plan: role 'teacher[{}]' has no CPU", i));
+
+  // Overlaps: copy may share the student's CPUs; loaders may too on machines of under 3 cores.
+  const bool small = topology.cores().size() < 3;
+  const auto may_share = [&](const std::string& a, const std::string& b) {
+    const auto pair_is = [&](const char* x, const char* y) {
+      return (a == x && b == y) || (a == y && b == x);
+    };
+    return pair_is("copy", "student") || (small && (pair_is("loader", "student") ||
+                                                    pair_is("loader", "copy"))) ||
+           (topology.cores().size() < 2); // one core: everything shares it
+  };
+  for (std::size_t i = 0; i < roles.size(); ++i)
+    for (std::size_t j = i + 1; j < roles.size(); ++j) {
+      CpuList both;
+      for (const int c : roles[i].second)
+        if (std::find(roles[j].second.begin(), roles[j].second.end(), c) != roles[j].second.end())
+          both.push_back(c);
+      if (!both.empty() && !may_share(roles[i].first, roles[j].first))
+        throw InputError(fmt::format("core plan: roles '{}' and '{}' overlap on CPUs {}",
+                                     roles[i].first, roles[j].first, format_cpus(sorted(both))));
+    }
+
+  std::set<int> used;
+  for (const auto& [role, cpus] : roles) used.insert(cpus.begin(), cpus.end());
+  plan.spare.clear();
+  for (const int c : allowed)
+    if (!used.count(c)) plan.spare.push_back(c);
+}
+
+Plan read_plan_file(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  if (!in) throw InputError(fmt::format("{}: cannot read the core plan file", path.string()));
+  nlohmann::json doc;
+  try {
+    doc = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::parse_error& e) {
+    throw InputError(fmt::format("{}: not valid JSON (byte {})", path.string(), e.byte));
+  }
+  const nlohmann::json& j = doc.contains("plan") ? doc["plan"] : doc;
+  if (!j.is_object()) throw InputError(fmt::format("{}: key 'plan' must be an object", path.string()));
+  const auto cpu_list = [&](const nlohmann::json& v, const std::string& key) {
+    if (!v.is_array())
+      throw InputError(fmt::format("{}: key '{}' must be a list of CPU numbers", path.string(), key));
+    CpuList out;
+    for (const auto& c : v) {
+      if (!c.is_number_integer() || c.get<int>() < 0)
+        throw InputError(fmt::format("{}: key '{}' holds {}, not a CPU number", path.string(), key,
+                                     c.dump()));
+      out.push_back(c.get<int>());
+    }
+    return out;
+  };
+  Plan plan;
+  plan.source = path.string();
+  for (const auto& [key, value] : j.items()) {
+    if (key == "student") plan.student = cpu_list(value, key);
+    else if (key == "copy") plan.copy = cpu_list(value, key);
+    else if (key == "loader") plan.loader = cpu_list(value, key);
+    else if (key == "spare") (void)cpu_list(value, key); // recomputed by validate()
+    else if (key == "source") continue;                  // informational, as to_json writes it
+    else if (key == "teacher") {
+      if (!value.is_array())
+        throw InputError(fmt::format("{}: key 'teacher' must be a list of CPU lists", path.string()));
+      for (std::size_t i = 0; i < value.size(); ++i)
+        plan.teacher.push_back(cpu_list(value[i], fmt::format("teacher[{}]", i)));
+    } else {
+      throw InputError(fmt::format("{}: unknown key '{}' in the core plan", path.string(), key));
+    }
+  }
+  if (plan.copy.empty()) plan.copy = plan.student;
+  return plan;
+}
+
+Plan plan_from_config(const Config& config, const Topology& topology,
+                      const std::optional<CpuList>& gpu_local) {
+  const bool teacher_runs = config.get_double("kd.alpha") > 0;
+  const std::string& source = config.get_string("cores.plan");
+  if (source != "auto") {
+    Plan plan = read_plan_file(source);
+    validate(plan, topology, teacher_runs);
+    return plan;
+  }
+  PlanRequest request;
+  request.loader_cores = static_cast<int>(config.get_int("cores.loader_cores"));
+  request.teacher_threads = static_cast<int>(config.get_int("cores.teacher_threads"));
+  request.teacher_runs = teacher_runs;
+  request.gpu_local = gpu_local;
+  return plan_auto(topology, request);
+}
+
+nlohmann::json to_json(const Plan& plan) {
+  return {{"student", plan.student}, {"copy", plan.copy},   {"loader", plan.loader},
+          {"teacher", plan.teacher}, {"spare", plan.spare}, {"source", plan.source}};
+}
+
+nlohmann::json to_json(const Topology& topology) {
+  nlohmann::json cores = nlohmann::json::array();
+  for (const auto& c : topology.cores())
+    cores.push_back({{"core", c.index}, {"pus", c.pus}, {"numa", c.numa}, {"l3", c.l3},
+                     {"package", c.package}});
+  return {{"description", topology.description()},
+          {"packages", topology.packages()},
+          {"numa_nodes", topology.numa_nodes()},
+          {"cores", cores.size()},
+          {"pus", topology.allowed_cpus().size()},
+          {"allowed_cpus", topology.allowed_cpus()},
+          {"core_list", cores}};
+}
+
+std::string format_plan(const Plan& plan, const Topology& topology) {
+  std::string out = fmt::format("topology: {} | {} package(s), {} NUMA node(s), {} core(s), {} "
+                                "PU(s), allowed CPUs {}\n",
+                                topology.description(), topology.packages(), topology.numa_nodes(),
+                                topology.cores().size(), topology.allowed_cpus().size(),
+                                format_cpus(topology.allowed_cpus()));
+  out += fmt::format("plan ({}):\n  {:<12} {:>7}  {}\n", plan.source, "role", "threads", "CPUs");
+  const auto row = [&](const std::string& role, const CpuList& cpus) {
+    out += fmt::format("  {:<12} {:>7}  {}\n", role, cpus.size(), format_cpus(sorted(cpus)));
+  };
+  row("student", plan.student);
+  row("copy", plan.copy);
+  row("loader", plan.loader);
+  for (std::size_t i = 0; i < plan.teacher.size(); ++i)
+    row(fmt::format("teacher[{}]", i), plan.teacher[i]);
+  out += fmt::format("  {:<12} {:>7}  {}\n", "spare", "-", plan.spare.empty() ? "none" : format_cpus(plan.spare));
+  return out;
+}
+
+} // namespace kdflow::affinity

@@ -1,0 +1,168 @@
+// Core plans on synthetic topologies (independent of this machine): disjoint, inside the allowed
+// set, physical cores before SMT siblings, replicas inside one NUMA node, the student near a
+// described GPU; and bad plan files rejected with the role named.
+#include "kdflow/affinity/plan.hpp"
+#include "kdflow/core/error.hpp"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+
+namespace kdflow::affinity {
+namespace {
+
+struct Case {
+  std::string desc;
+  int gpu_numa; // -1: no GPU described
+};
+
+void PrintTo(const Case& c, std::ostream* os) { *os << c.desc << " gpu_numa=" << c.gpu_numa; }
+
+class AutoPlan : public ::testing::TestWithParam<Case> {};
+
+TEST_P(AutoPlan, HoldsItsProperties) {
+  const Topology topo = Topology::synthetic(GetParam().desc);
+  PlanRequest req;
+  if (GetParam().gpu_numa >= 0) req.gpu_local = topo.numa_cpus(GetParam().gpu_numa);
+  const Plan plan = plan_auto(topo, req);
+
+  std::map<int, const Core*> core_of;
+  for (const auto& c : topo.cores())
+    for (const int pu : c.pus) core_of[pu] = &c;
+  const CpuList allowed = topo.allowed_cpus();
+  const std::set<int> allowed_set(allowed.begin(), allowed.end());
+  const bool small = topo.cores().size() < 3;
+
+  // Every CPU is allowed; teacher replicas and the loader pool are disjoint from everything else.
+  std::map<int, std::string> owner;
+  const auto claim = [&](const CpuList& cpus, const std::string& role, bool may_share_student) {
+    for (const int c : cpus) {
+      EXPECT_TRUE(allowed_set.count(c)) << role << " CPU " << c;
+      if (owner.count(c) && !(may_share_student && owner[c] == "student")) {
+        ADD_FAILURE() << role << " overlaps " << owner[c] << " on CPU " << c;
+      }
+      owner.emplace(c, role);
+    }
+  };
+  ASSERT_EQ(plan.student.size(), 1u);
+  claim(plan.student, "student", false);
+  EXPECT_EQ(plan.copy, plan.student);
+  claim(plan.loader, "loader", small);
+  ASSERT_FALSE(plan.teacher.empty());
+  for (std::size_t i = 0; i < plan.teacher.size(); ++i)
+    claim(plan.teacher[i], "teacher" + std::to_string(i), topo.cores().size() == 1);
+
+  // Physical cores first: no two roles' CPUs on one core while whole cores are spare, and never an
+  // SMT sibling in use while a physical core is unused.
+  std::set<const Core*> used_cores;
+  int siblings_used = 0;
+  for (const auto& [cpu, role] : owner) {
+    used_cores.insert(core_of[cpu]);
+    if (core_of[cpu]->pus[0] != cpu) ++siblings_used;
+  }
+  if (used_cores.size() < topo.cores().size()) {
+    EXPECT_EQ(siblings_used, 0);
+  }
+
+  // A replica's threads share one NUMA node and one L3; no replica has more threads than CPUs.
+  for (const auto& replica : plan.teacher) {
+    std::set<int> numas, l3s;
+    for (const int c : replica) {
+      numas.insert(core_of[c]->numa);
+      l3s.insert(core_of[c]->l3);
+    }
+    EXPECT_EQ(numas.size(), 1u);
+    EXPECT_EQ(l3s.size(), 1u);
+    EXPECT_LE(replica.size(), 8u);
+  }
+  // The student near the described GPU.
+  if (req.gpu_local) {
+    EXPECT_EQ(core_of[plan.student[0]]->numa, GetParam().gpu_numa);
+  }
+  // Everything allowed is either used or spare.
+  EXPECT_EQ(owner.size() + plan.spare.size(), allowed.size());
+}
+
+INSTANTIATE_TEST_SUITE_P(Synthetic, AutoPlan,
+                         ::testing::Values(Case{"pack:1 core:2 pu:1", -1},
+                                           Case{"pack:2 numa:2 core:8 pu:2", -1},
+                                           Case{"pack:2 numa:2 core:8 pu:2", 2},
+                                           Case{"pack:1 l3:4 core:16 pu:1", -1},
+                                           Case{"pack:1 core:1 pu:1", -1},
+                                           Case{"pack:1 core:16 pu:2", 0}));
+
+TEST(AutoPlan, CountsFromTheRequestAreHonoured) {
+  const Topology topo = Topology::synthetic("pack:1 core:16 pu:2");
+  PlanRequest req;
+  req.loader_cores = 3;
+  req.teacher_threads = 4;
+  const Plan plan = plan_auto(topo, req);
+  EXPECT_EQ(plan.loader.size(), 3u);
+  ASSERT_EQ(plan.teacher.size(), 3u); // 12 cores left: 3 replicas of 4
+  for (const auto& r : plan.teacher) EXPECT_EQ(r.size(), 4u);
+  req.loader_cores = 15;
+  EXPECT_THROW(plan_auto(topo, req), InputError);
+}
+
+TEST(AutoPlan, NoTeacherMeansNoTeacherCores) {
+  const Topology topo = Topology::synthetic("pack:1 core:4 pu:1");
+  PlanRequest req;
+  req.teacher_runs = false;
+  const Plan plan = plan_auto(topo, req);
+  EXPECT_TRUE(plan.teacher.empty());
+  EXPECT_EQ(plan.loader.size(), 3u);
+}
+
+std::string expect_plan_error(const std::string& json, const std::string& desc = "pack:1 core:4 pu:1") {
+  const auto path = std::filesystem::temp_directory_path() / "kdflow_plan_test.json";
+  std::ofstream(path) << json;
+  const Topology topo = Topology::synthetic(desc);
+  try {
+    Plan plan = read_plan_file(path);
+    validate(plan, topo, true);
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "no InputError for " << json;
+  return {};
+}
+
+TEST(PlanFile, BadPlansNameTheRole) {
+  EXPECT_NE(expect_plan_error(R"({"student":[0],"loader":[1],"teacher":[[1,2]]})").find("'loader' and 'teacher[0]' overlap"), std::string::npos);
+  EXPECT_NE(expect_plan_error(R"({"student":[0],"loader":[1],"teacher":[[2,9]]})").find("'teacher[0]' uses CPUs 9"), std::string::npos);
+  EXPECT_NE(expect_plan_error(R"({"student":[0],"loader":[],"teacher":[[2]]})").find("'loader' has no CPU"), std::string::npos);
+  EXPECT_NE(expect_plan_error(R"({"student":[0],"loader":[1]})").find("'teacher' has no CPU"), std::string::npos);
+  EXPECT_NE(expect_plan_error(R"({"student":[0],"loader":[1],"teacher":[[2]],"gpu":[3]})").find("unknown key 'gpu'"), std::string::npos);
+  EXPECT_NE(expect_plan_error(R"({"student":[0],"loader":["a"],"teacher":[[2]]})").find("key 'loader'"), std::string::npos);
+  EXPECT_NE(expect_plan_error(R"({"student":[0], )").find("not valid JSON"), std::string::npos);
+}
+
+TEST(PlanFile, AValidFileRoundTrips) {
+  const auto path = std::filesystem::temp_directory_path() / "kdflow_plan_ok.json";
+  const Topology topo = Topology::synthetic("pack:1 core:4 pu:2");
+  PlanRequest req;
+  Plan a = plan_auto(topo, req);
+  std::ofstream(path) << nlohmann::json{{"plan", to_json(a)}, {"measured", 1.0}}.dump();
+  Plan b = read_plan_file(path);
+  validate(b, topo, true);
+  EXPECT_EQ(a.student, b.student);
+  EXPECT_EQ(a.loader, b.loader);
+  EXPECT_EQ(a.teacher, b.teacher);
+  EXPECT_EQ(a.spare, b.spare);
+}
+
+TEST(Topology, BadSyntheticDescriptionIsInputError) {
+  EXPECT_THROW(Topology::synthetic("pack:two"), InputError);
+}
+
+TEST(Topology, ThisMachineHasItsAllowedCpus) {
+  const Topology topo = Topology::load();
+  EXPECT_FALSE(topo.cores().empty());
+  EXPECT_EQ(format_cpus({0, 1, 2, 5, 7, 8}), "0-2,5,7-8");
+}
+
+} // namespace
+} // namespace kdflow::affinity
