@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <functional>
 #include <string_view>
+#include <utility>
 
 namespace kdflow {
 
@@ -33,6 +34,12 @@ public:
   [[nodiscard]] std::byte* data() const { return static_cast<std::byte*>(data_); }
   [[nodiscard]] std::size_t size() const { return bytes_; }
   [[nodiscard]] MemoryKind kind() const { return kind_; }
+
+  // Gives up ownership without freeing (the caller has re-wrapped the same memory).
+  void* release() noexcept {
+    bytes_ = 0;
+    return std::exchange(data_, nullptr);
+  }
 
 private:
   void reset() noexcept;
