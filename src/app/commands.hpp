@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "teacher_commands.hpp"
+
 #include <CLI/CLI.hpp>
 
 namespace kdflow::app {
@@ -24,13 +26,6 @@ private:
     std::string out = "runs/latest";
     std::string resume;
     std::string cores;
-  };
-  struct TeacherArgs {
-    std::string model, input, output, json;
-    int threads = 0;
-    int batch = 64;
-    double seconds = 5.0;
-    std::string precision = "fp32";
   };
   struct CoresArgs {
     std::string synthetic;

@@ -1,0 +1,75 @@
+// The teacher's execution plan on oneDNN: built once at load for one batch size (primitives chosen
+// with format_tag::any, weights reordered once, a user-mode scratchpad), then run many times by
+// replicas. A Teacher is immutable and shared; each Replica owns its intermediate buffers, its
+// scratchpad and its stream, so replicas run concurrently from different threads. Parallelism
+// stays inside the TBB arena the calling thread runs in (oneDNN's TBB runtime).
+#pragma once
+
+#include "kdflow/cpu_teacher/graph.hpp"
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace kdflow::teacher {
+
+enum class Precision { fp32, bf16 };
+
+Precision parse_precision(const std::string& text); // "fp32" | "bf16", InputError otherwise
+const char* precision_name(Precision p);
+// Whether this CPU runs bf16 natively (AVX512_BF16 or AMX); bf16 elsewhere is emulated and slow.
+bool has_native_bf16();
+
+struct TeacherOptions {
+  std::int64_t batch = 64;
+  Precision precision = Precision::fp32;
+  std::vector<std::string> features;      // intermediate values to return besides the logits
+  std::optional<Shape> sample_shape;      // checked against the model's input
+};
+
+class Replica;
+
+class Teacher {
+public:
+  static std::shared_ptr<const Teacher> load(const std::string& path, const TeacherOptions& options);
+  ~Teacher();
+
+  [[nodiscard]] const Graph& graph() const;
+  [[nodiscard]] Precision precision() const;
+  [[nodiscard]] std::int64_t batch() const;
+  [[nodiscard]] Shape input_shape() const;              // [batch, sample...]
+  [[nodiscard]] std::vector<std::string> output_names() const; // graph outputs, then features
+  [[nodiscard]] Shape output_shape(std::size_t k) const;
+  [[nodiscard]] std::size_t steps() const;               // primitives and kernels per batch
+  [[nodiscard]] std::size_t reorders() const;            // of which layout/type conversions
+
+  struct Plan;
+  [[nodiscard]] const Plan& plan() const { return *plan_; }
+
+private:
+  Teacher() = default;
+  std::unique_ptr<Plan> plan_;
+};
+
+class Replica {
+public:
+  explicit Replica(std::shared_ptr<const Teacher> teacher);
+  ~Replica();
+  Replica(const Replica&) = delete;
+  Replica& operator=(const Replica&) = delete;
+
+  // One batch: `input` is plain row-major float32 of input_shape(); outputs[k] receives output k
+  // (plain float32 of output_shape(k)), e.g. straight into a ring slot. Allocates nothing.
+  void run(const float* input, std::span<float* const> outputs);
+
+  [[nodiscard]] const Teacher& teacher() const { return *teacher_; }
+
+private:
+  struct State;
+  std::shared_ptr<const Teacher> teacher_;
+  std::unique_ptr<State> state_;
+};
+
+} // namespace kdflow::teacher

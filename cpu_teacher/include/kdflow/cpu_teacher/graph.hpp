@@ -1,0 +1,108 @@
+// The teacher's graph as kdflow holds it: ONNX nodes in topological order, constants (initializers
+// and folded values) with their data, and a static shape for every value at the batch size chosen
+// at load. No oneDNN and no protobuf here.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace kdflow::teacher {
+
+using Shape = std::vector<std::int64_t>;
+
+std::int64_t numel(const Shape& shape);
+std::string format_shape(const Shape& shape);
+
+enum class ElemType { f32, i64 };
+
+// A constant tensor (weights, folded shape arithmetic). Exactly one of f / i holds the data.
+struct Tensor {
+  ElemType type = ElemType::f32;
+  Shape shape;
+  std::vector<float> f;
+  std::vector<std::int64_t> i;
+
+  static Tensor floats(Shape shape, std::vector<float> data);
+  static Tensor ints(Shape shape, std::vector<std::int64_t> data);
+  [[nodiscard]] std::int64_t size() const { return numel(shape); }
+  // Value k as a double / int64, whatever the element type.
+  [[nodiscard]] double at(std::int64_t k) const;
+  [[nodiscard]] std::int64_t int_at(std::int64_t k) const;
+  [[nodiscard]] std::vector<std::int64_t> as_ints() const;
+};
+
+struct Attribute {
+  enum class Kind { none, i, f, s, ints, floats, tensor } kind = Kind::none;
+  std::int64_t i = 0;
+  float f = 0;
+  std::string s;
+  std::vector<std::int64_t> ints;
+  std::vector<float> floats;
+  std::optional<Tensor> t;
+};
+
+// An elementwise activation fused after a convolution or matrix product (oneDNN eltwise post-op),
+// or the residual sum (oneDNN sum post-op, `sum_input` accumulated in place).
+struct PostOp {
+  enum class Kind { eltwise, sum } kind = Kind::eltwise;
+  std::string op; // ONNX op type of the fused activation ("Relu", "Clip", ...)
+  float alpha = 0, beta = 0;
+  std::string sum_input;
+  std::string fused_node; // the node it came from, for `teacher info`
+};
+
+struct Node {
+  std::string op;
+  std::string name;
+  std::vector<std::string> inputs; // "" for an omitted optional input
+  std::vector<std::string> outputs;
+  std::map<std::string, Attribute> attrs;
+  std::vector<PostOp> post_ops;
+
+  [[nodiscard]] bool has(const std::string& attr) const { return attrs.count(attr) != 0; }
+  [[nodiscard]] std::int64_t int_attr(const std::string& attr, std::int64_t fallback) const;
+  [[nodiscard]] float float_attr(const std::string& attr, float fallback) const;
+  [[nodiscard]] std::string string_attr(const std::string& attr, const std::string& fallback) const;
+  [[nodiscard]] std::vector<std::int64_t> ints_attr(const std::string& attr,
+                                                    std::vector<std::int64_t> fallback = {}) const;
+  // "Conv 'resnet.layer1.0.conv1'" for error messages.
+  [[nodiscard]] std::string describe() const;
+};
+
+struct Graph {
+  std::string file;
+  std::int64_t opset = 0;
+  std::int64_t batch = 0;
+  std::string input;  // the one non-constant graph input
+  Shape input_shape;  // with the batch dimension set
+  std::vector<std::string> outputs;
+  std::vector<Node> nodes; // topological order
+  std::map<std::string, Tensor> constants;
+  std::map<std::string, Shape> shapes; // every value's static shape
+  std::map<std::string, ElemType> types;
+
+  [[nodiscard]] bool is_constant(const std::string& value) const {
+    return constants.count(value) != 0;
+  }
+  [[nodiscard]] const Shape& shape(const std::string& value) const;
+  // Nodes that read `value` (indices into nodes), and whether a graph output is `value`.
+  [[nodiscard]] std::vector<std::size_t> consumers(const std::string& value) const;
+  [[nodiscard]] bool is_output(const std::string& value) const;
+};
+
+struct LoadOptions {
+  std::int64_t batch = 64;
+  std::optional<Shape> sample_shape; // when set, the model's input must take samples of this shape
+  bool run_passes = true;            // false: the graph as imported (constant folding only)
+};
+
+// Reads an ONNX file (external data beside it included), checks it with the ONNX checker, and
+// returns its graph with shapes for `batch`, constant subgraphs folded and kdflow's passes applied.
+// Bad input (unreadable or corrupt file, unsupported opset or op, input rank/shape mismatch) is an
+// InputError naming the file, node and op.
+Graph load_onnx(const std::string& path, const LoadOptions& options);
+
+} // namespace kdflow::teacher

@@ -1,0 +1,76 @@
+// .npy reading and writing (format versions 1.0 to 3.0 read, 1.0 written).
+#include "kdflow/cpu_teacher/npy.hpp"
+
+#include "kdflow/core/error.hpp"
+
+#include <cstring>
+#include <fstream>
+#include <regex>
+
+#include <fmt/format.h>
+
+namespace kdflow::teacher {
+
+NpyArray read_npy(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw InputError(fmt::format("{}: cannot read the .npy file", path));
+  char magic[8] = {};
+  in.read(magic, 8);
+  if (!in || std::memcmp(magic, "\x93NUMPY", 6) != 0) throw InputError(fmt::format("{}: not a .npy file (bad magic)", path));
+  std::uint32_t header_len = 0;
+  if (magic[6] == 1) {
+    std::uint16_t h = 0;
+    in.read(reinterpret_cast<char*>(&h), 2);
+    header_len = h;
+  } else {
+    in.read(reinterpret_cast<char*>(&header_len), 4);
+  }
+  std::string header(header_len, '\0');
+  in.read(header.data(), header_len);
+  if (!in) throw InputError(fmt::format("{}: truncated .npy header", path));
+  std::smatch m;
+  if (!std::regex_search(header, m, std::regex(R"('descr'\s*:\s*'([^']+)')")))
+    throw InputError(fmt::format("{}: .npy header has no descr", path));
+  const std::string descr = m[1];
+  if (descr != "<f4" && descr != "<f8")
+    throw InputError(fmt::format("{}: element type '{}' is not float32 ('<f4') or float64", path, descr));
+  if (std::regex_search(header, m, std::regex(R"('fortran_order'\s*:\s*True)")))
+    throw InputError(fmt::format("{}: Fortran-ordered arrays are not supported (save with C order)", path));
+  if (!std::regex_search(header, m, std::regex(R"('shape'\s*:\s*\(([^)]*)\))")))
+    throw InputError(fmt::format("{}: .npy header has no shape", path));
+  NpyArray a;
+  const std::string dims = m[1];
+  const std::regex number(R"(\d+)");
+  for (std::sregex_iterator it(dims.begin(), dims.end(), number), end; it != end; ++it)
+    a.shape.push_back(std::stoll(it->str()));
+  const auto n = static_cast<std::size_t>(numel(a.shape));
+  a.data.resize(n);
+  if (descr == "<f4") {
+    in.read(reinterpret_cast<char*>(a.data.data()), static_cast<std::streamsize>(n * 4));
+  } else {
+    std::vector<double> d(n);
+    in.read(reinterpret_cast<char*>(d.data()), static_cast<std::streamsize>(n * 8));
+    for (std::size_t k = 0; k < n; ++k) a.data[k] = static_cast<float>(d[k]);
+  }
+  if (!in) throw InputError(fmt::format("{}: truncated: shape {} needs more data", path, format_shape(a.shape)));
+  return a;
+}
+
+void write_npy(const std::string& path, const Shape& shape, const float* data) {
+  std::string dims;
+  for (const auto d : shape) dims += std::to_string(d) + ",";
+  if (shape.size() > 1) dims.pop_back();
+  std::string header = fmt::format("{{'descr': '<f4', 'fortran_order': False, 'shape': ({}), }}", dims);
+  const std::size_t total = 10 + header.size() + 1;
+  header += std::string((64 - total % 64) % 64, ' ') + "\n";
+  std::ofstream out(path, std::ios::binary);
+  if (!out) throw InputError(fmt::format("{}: cannot write", path));
+  out.write("\x93NUMPY\x01\x00", 8);
+  const auto len = static_cast<std::uint16_t>(header.size());
+  out.write(reinterpret_cast<const char*>(&len), 2);
+  out.write(header.data(), static_cast<std::streamsize>(header.size()));
+  out.write(reinterpret_cast<const char*>(data), static_cast<std::streamsize>(numel(shape) * 4));
+  if (!out) throw std::runtime_error(path + ": write failed");
+}
+
+} // namespace kdflow::teacher

@@ -1,0 +1,241 @@
+// Graph passes: each rewrites the node list in place and preserves the values every remaining node
+// and graph output reads.
+#include "kdflow/cpu_teacher/passes.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include <fmt/format.h>
+
+namespace kdflow::teacher {
+namespace {
+
+bool is_activation(const std::string& op) {
+  return op == "Relu" || op == "LeakyRelu" || op == "Clip" || op == "Sigmoid" ||
+         op == "HardSigmoid" || op == "HardSwish";
+}
+
+// A matrix product the engine runs as one oneDNN primitive with post-ops.
+bool takes_post_ops(const Graph& g, const Node& n) {
+  if (n.op == "Conv") return true;
+  return (n.op == "Gemm" || n.op == "MatMul") && g.is_constant(n.inputs[1]);
+}
+
+void rename_uses(Graph& g, const std::string& from, const std::string& to) {
+  for (auto& n : g.nodes) {
+    for (auto& in : n.inputs)
+      if (in == from) in = to;
+    for (auto& p : n.post_ops)
+      if (p.sum_input == from) p.sum_input = to;
+  }
+}
+
+// The node producing `value`, or -1.
+int producer(const Graph& g, const std::string& value) {
+  for (std::size_t i = 0; i < g.nodes.size(); ++i)
+    for (const auto& o : g.nodes[i].outputs)
+      if (o == value) return static_cast<int>(i);
+  return -1;
+}
+
+// Identity / Dropout / shape-preserving Flatten and Reshape: readers use the input directly.
+bool remove_noops(Graph& g) {
+  for (std::size_t i = 0; i < g.nodes.size(); ++i) {
+    const Node& n = g.nodes[i];
+    const bool noop = n.op == "Identity" || n.op == "Dropout" ||
+                      ((n.op == "Flatten" || n.op == "Reshape") && g.shape(n.inputs[0]) == g.shape(n.outputs[0]));
+    if (!noop || g.is_output(n.outputs[0]) || g.is_constant(n.inputs[0])) continue;
+    const std::string in = n.inputs[0], out = n.outputs[0];
+    g.nodes.erase(g.nodes.begin() + static_cast<std::ptrdiff_t>(i));
+    rename_uses(g, out, in);
+    return true;
+  }
+  return false;
+}
+
+bool fold_batchnorm(Graph& g) {
+  for (std::size_t i = 0; i < g.nodes.size(); ++i) {
+    Node& bn = g.nodes[i];
+    if (bn.op != "BatchNormalization") continue;
+    bool constant_params = true;
+    for (std::size_t k = 1; k < 5; ++k) constant_params = constant_params && g.is_constant(bn.inputs[k]);
+    if (!constant_params) continue; // the engine names it as unsupported
+    const auto& scale = g.constants.at(bn.inputs[1]).f;
+    const auto& shift = g.constants.at(bn.inputs[2]).f;
+    const auto& mean = g.constants.at(bn.inputs[3]).f;
+    const auto& var = g.constants.at(bn.inputs[4]).f;
+    const float eps = bn.float_attr("epsilon", 1e-5f);
+    const std::size_t channels = scale.size();
+    std::vector<float> a(channels), b(channels);
+    for (std::size_t c = 0; c < channels; ++c) {
+      a[c] = scale[c] / std::sqrt(var[c] + eps);
+      b[c] = shift[c] - mean[c] * a[c];
+    }
+    const int p = producer(g, bn.inputs[0]);
+    const bool foldable = p >= 0 && g.nodes[p].op == "Conv" && g.nodes[p].post_ops.empty() &&
+                          g.consumers(bn.inputs[0]).size() == 1 && !g.is_output(bn.inputs[0]) &&
+                          g.is_constant(g.nodes[p].inputs[1]);
+    if (foldable) {
+      Node& conv = g.nodes[static_cast<std::size_t>(p)];
+      Tensor w = g.constants.at(conv.inputs[1]);
+      const std::int64_t per_oc = w.size() / w.shape[0];
+      for (std::int64_t oc = 0; oc < w.shape[0]; ++oc)
+        for (std::int64_t k = 0; k < per_oc; ++k) w.f[static_cast<std::size_t>(oc * per_oc + k)] *= a[static_cast<std::size_t>(oc)];
+      std::vector<float> bias(channels, 0.f);
+      if (conv.inputs.size() > 2 && !conv.inputs[2].empty()) bias = g.constants.at(conv.inputs[2]).f;
+      for (std::size_t c = 0; c < channels; ++c) bias[c] = bias[c] * a[c] + b[c];
+      const std::string wname = conv.name + ".folded_weight", bname = conv.name + ".folded_bias";
+      g.constants[wname] = std::move(w);
+      g.constants[bname] = Tensor::floats({static_cast<std::int64_t>(channels)}, bias);
+      g.shapes[wname] = g.constants[wname].shape;
+      g.shapes[bname] = {static_cast<std::int64_t>(channels)};
+      conv.inputs.resize(3);
+      conv.inputs[1] = wname;
+      conv.inputs[2] = bname;
+      conv.outputs[0] = bn.outputs[0];
+      g.nodes.erase(g.nodes.begin() + static_cast<std::ptrdiff_t>(i));
+      return true;
+    }
+    // Alone: a depthwise 1x1 convolution computes x * a + b per channel in one primitive.
+    if (g.shape(bn.inputs[0]).size() != 4) continue;
+    const std::string wname = bn.name + ".as_conv_weight", bname = bn.name + ".as_conv_bias";
+    const auto ch = static_cast<std::int64_t>(channels);
+    g.constants[wname] = Tensor::floats({ch, 1, 1, 1}, a);
+    g.constants[bname] = Tensor::floats({ch}, b);
+    g.shapes[wname] = {ch, 1, 1, 1};
+    g.shapes[bname] = {ch};
+    Node conv;
+    conv.op = "Conv";
+    conv.name = bn.name;
+    conv.inputs = {bn.inputs[0], wname, bname};
+    conv.outputs = {bn.outputs[0]};
+    const auto ints = [](std::vector<std::int64_t> v) {
+      Attribute at;
+      at.kind = Attribute::Kind::ints;
+      at.ints = std::move(v);
+      return at;
+    };
+    conv.attrs["kernel_shape"] = ints({1, 1});
+    conv.attrs["strides"] = ints({1, 1});
+    conv.attrs["dilations"] = ints({1, 1});
+    conv.attrs["pads"] = ints({0, 0, 0, 0});
+    Attribute group;
+    group.kind = Attribute::Kind::i;
+    group.i = ch;
+    conv.attrs["group"] = group;
+    g.nodes[i] = std::move(conv);
+    return true;
+  }
+  return false;
+}
+
+// Conv/Gemm -> activation (sole reader) becomes one node with an eltwise post-op.
+bool fuse_activation(Graph& g) {
+  for (std::size_t i = 0; i < g.nodes.size(); ++i) {
+    const Node& act = g.nodes[i];
+    if (!is_activation(act.op)) continue;
+    const int p = producer(g, act.inputs[0]);
+    if (p < 0 || !takes_post_ops(g, g.nodes[p]) || g.consumers(act.inputs[0]).size() != 1 ||
+        g.is_output(act.inputs[0]))
+      continue;
+    PostOp post;
+    post.kind = PostOp::Kind::eltwise;
+    post.op = act.op;
+    post.alpha = act.op == "Clip" ? act.float_attr("min", 0) : act.float_attr("alpha", 0);
+    post.beta = act.op == "Clip" ? act.float_attr("max", 0) : act.float_attr("beta", 0);
+    post.fused_node = act.name;
+    Node& target = g.nodes[static_cast<std::size_t>(p)];
+    target.post_ops.push_back(post);
+    target.outputs[0] = act.outputs[0];
+    g.nodes.erase(g.nodes.begin() + static_cast<std::ptrdiff_t>(i));
+    return true;
+  }
+  return false;
+}
+
+// Add(conv_out, other) -> conv accumulates into other's buffer (sum post-op), when other is dead
+// after the conv runs and shapes match exactly.
+bool fuse_residual(Graph& g) {
+  for (std::size_t i = 0; i < g.nodes.size(); ++i) {
+    const Node& add = g.nodes[i];
+    if (add.op != "Add" || add.inputs.size() != 2) continue;
+    for (int side = 0; side < 2; ++side) {
+      const std::string& mine = add.inputs[static_cast<std::size_t>(side)];
+      const std::string& other = add.inputs[static_cast<std::size_t>(1 - side)];
+      const int p = producer(g, mine);
+      if (p < 0 || g.nodes[p].op != "Conv" || g.consumers(mine).size() != 1 || g.is_output(mine)) continue;
+      if (g.is_constant(other) || other == g.input || g.is_output(other)) continue;
+      if (g.shape(other) != g.shape(mine)) continue;
+      const int q = producer(g, other);
+      if (q < 0 || q >= p) continue; // other must be ready before the conv writes over it
+      bool dead = true;             // no reader of other may run after the conv
+      for (const auto reader : g.consumers(other))
+        if (reader != i && static_cast<int>(reader) > p) dead = false;
+      for (const auto& n : g.nodes)
+        for (const auto& post : n.post_ops)
+          if (post.sum_input == other) dead = false;
+      if (!dead) continue;
+      PostOp post;
+      post.kind = PostOp::Kind::sum;
+      post.op = "Add";
+      post.sum_input = other;
+      post.fused_node = add.name;
+      Node& conv = g.nodes[static_cast<std::size_t>(p)];
+      conv.post_ops.push_back(post);
+      conv.outputs[0] = add.outputs[0];
+      g.nodes.erase(g.nodes.begin() + static_cast<std::ptrdiff_t>(i));
+      return true;
+    }
+  }
+  return false;
+}
+
+} // namespace
+
+void run_passes(Graph& g) {
+  while (remove_noops(g)) {}
+  while (fold_batchnorm(g)) {}
+  bool changed = true;
+  while (changed) {
+    changed = false;
+    while (fuse_residual(g)) changed = true;
+    while (fuse_activation(g)) changed = true;
+  }
+}
+
+GraphSummary summarize(const Graph& g) {
+  GraphSummary s;
+  s.nodes = g.nodes.size();
+  std::vector<std::string> counted;
+  for (const auto& n : g.nodes) {
+    s.fused_post_ops += n.post_ops.size();
+    for (const auto& in : n.inputs)
+      if (!in.empty() && g.is_constant(in) && std::find(counted.begin(), counted.end(), in) == counted.end()) {
+        counted.push_back(in);
+        s.parameters += g.constants.at(in).size();
+      }
+    const Shape& out = g.shape(n.outputs[0]);
+    if (n.op == "Conv") {
+      const Shape& w = g.shape(n.inputs[1]);
+      s.flops_per_sample += 2.0 * static_cast<double>(numel(out) / out[0]) * static_cast<double>(w[1] * w[2] * w[3]);
+    } else if (n.op == "Gemm" || n.op == "MatMul") {
+      const Shape& a = g.shape(n.inputs[0]);
+      const std::int64_t k = n.op == "Gemm" && n.int_attr("transA", 0) ? a[0] : a.back();
+      s.flops_per_sample += 2.0 * static_cast<double>(numel(out)) * static_cast<double>(k) / static_cast<double>(g.batch);
+    }
+  }
+  return s;
+}
+
+std::string describe_graph(const Graph& g) {
+  std::string out;
+  for (const auto& n : g.nodes) {
+    std::string post;
+    for (const auto& p : n.post_ops)
+      post += p.kind == PostOp::Kind::sum ? fmt::format(" +sum({})", p.sum_input) : fmt::format(" +{}", p.op);
+    out += fmt::format("  {:<18} {:<40} -> {}{}\n", n.op, n.name.substr(0, 40), format_shape(g.shape(n.outputs[0])), post);
+  }
+  return out;
+}
+
+} // namespace kdflow::teacher

@@ -1,0 +1,116 @@
+#!/usr/bin/env python3
+"""Exports test teachers with PyTorch's own ONNX exporter and records PyTorch's outputs on fresh
+random inputs, for kdflow's teacher tests (run with the kdflow venv's python: it has torch,
+torchvision and onnx).
+
+usage: make_teacher_fixtures.py OUT_DIR [--seed N] [--only NAME...]
+
+Writes OUT_DIR/<name>.onnx, <name>.input.npy, <name>.output.npy and manifest.json. Inputs are fresh
+random data every run unless --seed is given.
+"""
+import argparse
+import json
+import os
+import sys
+import warnings
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import torchvision
+
+warnings.filterwarnings("ignore")
+
+
+class Mlp(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(28 * 28, 64)
+        self.fc2 = nn.Linear(64, 10)
+
+    def forward(self, x):
+        return self.fc2(F.relu(self.fc1(torch.flatten(x, 1))))
+
+
+class OpZoo(nn.Module):
+    """Exercises ops and attribute variants the torchvision models do not: BatchNorm kept unfolded,
+    ceil_mode and count_include_pad pooling, LeakyReLU/Hardswish/Hardsigmoid/Sigmoid/ReLU6, dilated
+    and grouped convs, concat, residual adds, broadcasting binary ops and x.view(x.size(0), -1)."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1 = nn.Conv2d(3, 16, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(16)
+        self.c2 = nn.Conv2d(16, 16, 3, padding=2, dilation=2, groups=4)
+        self.bn2 = nn.BatchNorm2d(16)
+        self.dw = nn.Conv2d(16, 16, 3, stride=2, padding=2, groups=16)
+        self.c3 = nn.Conv2d(32, 24, 1)
+        self.scale = nn.Parameter(torch.randn(1, 24, 1, 1))
+        self.fc = nn.Linear(24 * 5 * 5, 10)
+        for bn in (self.bn1, self.bn2):  # non-trivial running statistics
+            bn.running_mean.uniform_(-0.5, 0.5)
+            bn.running_var.uniform_(0.5, 2.0)
+            bn.weight.data.uniform_(0.5, 1.5)
+            bn.bias.data.uniform_(-0.2, 0.2)
+
+    def forward(self, x):
+        a = F.leaky_relu(self.bn1(self.c1(x)), 0.1)
+        b = self.bn2(self.c2(a))
+        b = F.hardswish(b + a)                                   # residual, then activation
+        b = F.max_pool2d(b, 3, stride=2, padding=1, ceil_mode=True)
+        d = torch.sigmoid(self.dw(a))
+        d = F.avg_pool2d(d, 1)
+        cat = torch.cat([b, F.relu6(d)], dim=1)
+        c = F.hardsigmoid(self.c3(cat)) * self.scale - 0.25      # broadcasting Mul and Sub
+        c = F.avg_pool2d(c, 3, stride=2, padding=1, count_include_pad=False)
+        c = c / 2.0
+        return self.fc(c.view(c.size(0), -1))
+
+
+def models():
+    tv = torchvision.models
+    return {
+        # name: (constructor, sample shape, opset, fold constants)
+        "mlp_opset13": (Mlp, (1, 28, 28), 13, True),
+        "opzoo_opset11": (OpZoo, (3, 16, 16), 11, False),
+        "opzoo_opset17": (OpZoo, (3, 16, 16), 17, False),
+        "resnet18_opset17": (lambda: tv.resnet18(num_classes=10), (3, 32, 32), 17, True),
+        "mobilenet_v2_opset13": (lambda: tv.mobilenet_v2(num_classes=10), (3, 32, 32), 13, True),
+        "resnet18_bnkept_opset11": (lambda: tv.resnet18(num_classes=10), (3, 32, 32), 11, False),
+    }
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--only", nargs="*")
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")
+    torch.manual_seed(seed)
+    manifest = {"seed": seed, "batch": args.batch, "models": []}
+    for name, (ctor, sample, opset, fold) in models().items():
+        if args.only and name not in args.only:
+            continue
+        model = ctor().eval()
+        x = torch.randn(args.batch, *sample)
+        with torch.no_grad():
+            y = model(x)
+        path = os.path.join(args.out, name + ".onnx")
+        torch.onnx.export(model, x, path, opset_version=opset, dynamo=False,
+                          do_constant_folding=fold, input_names=["input"], output_names=["logits"],
+                          dynamic_axes={"input": {0: "batch"}, "logits": {0: "batch"}})
+        np.save(os.path.join(args.out, name + ".input.npy"), x.numpy().astype(np.float32))
+        np.save(os.path.join(args.out, name + ".output.npy"), y.numpy().astype(np.float32))
+        manifest["models"].append({"name": name, "sample": list(sample), "opset": opset})
+    with open(os.path.join(args.out, "manifest.json"), "w") as f:
+        json.dump(manifest, f, indent=2)
+    print(f"fixtures: {len(manifest['models'])} models, seed {seed}, in {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

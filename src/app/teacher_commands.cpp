@@ -1,0 +1,161 @@
+// Teacher subcommands. The teacher runs inside a pinned arena of --threads physical cores, as it
+// does inside a training run.
+#include "teacher_commands.hpp"
+
+#include "kdflow/affinity/pinning.hpp"
+#include "kdflow/affinity/topology.hpp"
+#include "kdflow/core/error.hpp"
+#include "kdflow/cpu_teacher/engine.hpp"
+#include "kdflow/cpu_teacher/npy.hpp"
+#include "kdflow/cpu_teacher/passes.hpp"
+#include "kdflow/cpu_teacher/peak.hpp"
+#include "kdflow/cpu_teacher/versions.hpp"
+
+#include <oneapi/tbb/global_control.h>
+
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <random>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+namespace kdflow::app {
+namespace {
+
+// The first `threads` physical cores this process may use (0: all of them).
+affinity::CpuList teacher_cpus(const affinity::Topology& topo, int threads) {
+  affinity::CpuList cpus;
+  for (const auto& core : topo.cores()) cpus.push_back(core.pus[0]);
+  if (threads < 0) throw InputError(fmt::format("--threads {} must be positive", threads));
+  if (threads > static_cast<int>(cpus.size()))
+    throw InputError(fmt::format("--threads {}: this process may use {} physical cores", threads, cpus.size()));
+  if (threads > 0) cpus.resize(static_cast<std::size_t>(threads));
+  return cpus;
+}
+
+std::shared_ptr<const teacher::Teacher> load(const TeacherArgs& args, std::int64_t batch) {
+  teacher::TeacherOptions opts;
+  opts.batch = batch;
+  opts.precision = teacher::parse_precision(args.precision);
+  opts.features = args.features;
+  return teacher::Teacher::load(args.model, opts);
+}
+
+} // namespace
+
+int teacher_info(const TeacherArgs& args) {
+  const auto t = load(args, args.batch);
+  const auto& g = t->graph();
+  const auto s = teacher::summarize(g);
+  fmt::print("model:      {} (opset {})\n", g.file, g.opset);
+  fmt::print("input:      {} {}\n", g.input, teacher::format_shape(g.input_shape));
+  for (std::size_t k = 0; k < t->output_names().size(); ++k)
+    fmt::print("output:     {} {}\n", t->output_names()[k], teacher::format_shape(t->output_shape(k)));
+  fmt::print("nodes:      {} after passes ({} fused post-ops)\n", s.nodes, s.fused_post_ops);
+  fmt::print("parameters: {}\n", s.parameters);
+  fmt::print("FLOPs:      {:.3f} M per sample\n", s.flops_per_sample / 1e6);
+  fmt::print("plan:       {} steps at batch {} ({} reorders), precision {}\n", t->steps(), t->batch(), t->reorders(),
+             teacher::precision_name(t->precision()));
+  fmt::print("graph after passes:\n{}", teacher::describe_graph(g));
+  return 0;
+}
+
+int teacher_infer(const TeacherArgs& args) {
+  const teacher::NpyArray x = teacher::read_npy(args.input);
+  if (x.shape.size() < 2) throw InputError(fmt::format("{}: needs a batch dimension, has shape {}", args.input, teacher::format_shape(x.shape)));
+  teacher::TeacherOptions opts;
+  opts.batch = x.shape[0];
+  opts.precision = teacher::parse_precision(args.precision);
+  opts.sample_shape = teacher::Shape(x.shape.begin() + 1, x.shape.end());
+  opts.features = args.features;
+  const auto t = teacher::Teacher::load(args.model, opts);
+  const affinity::Topology topo = affinity::Topology::load();
+  const auto cpus = teacher_cpus(topo, args.threads);
+  oneapi::tbb::global_control parallelism(oneapi::tbb::global_control::max_allowed_parallelism, cpus.size() + 1);
+  affinity::PinnedArena arena(topo, cpus, "teacher");
+  std::vector<std::vector<float>> outs;
+  std::vector<float*> ptrs;
+  for (std::size_t k = 0; k < t->output_names().size(); ++k) outs.emplace_back(static_cast<std::size_t>(teacher::numel(t->output_shape(k))));
+  for (auto& o : outs) ptrs.push_back(o.data());
+  teacher::Replica replica(t);
+  arena.arena().execute([&] { replica.run(x.data.data(), ptrs); });
+  teacher::write_npy(args.output, t->output_shape(0), outs[0].data());
+  for (std::size_t k = 1; k < outs.size(); ++k) {
+    std::string path = args.output;
+    const auto dot = path.rfind(".npy");
+    path = (dot == std::string::npos ? path : path.substr(0, dot)) + "." + t->output_names()[k] + ".npy";
+    teacher::write_npy(path, t->output_shape(k), outs[k].data());
+  }
+  return 0;
+}
+
+int teacher_bench(const TeacherArgs& args) {
+  if (args.batch < 1) throw InputError(fmt::format("--batch {} must be at least 1", args.batch));
+  if (args.seconds <= 0) throw InputError(fmt::format("--seconds {} must be positive", args.seconds));
+  const auto t = load(args, args.batch);
+  const affinity::Topology topo = affinity::Topology::load();
+  const auto cpus = teacher_cpus(topo, args.threads);
+  oneapi::tbb::global_control parallelism(oneapi::tbb::global_control::max_allowed_parallelism, cpus.size() + 1);
+  affinity::PinnedArena arena(topo, cpus, "teacher");
+
+  std::vector<float> input(static_cast<std::size_t>(teacher::numel(t->input_shape())));
+  std::mt19937 rng(1);
+  std::normal_distribution<float> dist;
+  for (auto& v : input) v = dist(rng);
+  std::vector<std::vector<float>> outs;
+  std::vector<float*> ptrs;
+  for (std::size_t k = 0; k < t->output_names().size(); ++k) outs.emplace_back(static_cast<std::size_t>(teacher::numel(t->output_shape(k))));
+  for (auto& o : outs) ptrs.push_back(o.data());
+  teacher::Replica replica(t);
+
+  std::vector<double> times;
+  teacher::PeakResult peak;
+  arena.arena().execute([&] {
+    for (int i = 0; i < 3; ++i) replica.run(input.data(), ptrs); // warm-up: JIT, caches, pages
+    const auto start = std::chrono::steady_clock::now();
+    while (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() < args.seconds || times.size() < 5) {
+      const auto t0 = std::chrono::steady_clock::now();
+      replica.run(input.data(), ptrs);
+      times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+    peak = teacher::measure_fma_peak(std::min(2.0, std::max(0.5, args.seconds / 4)));
+  });
+  std::sort(times.begin(), times.end());
+  const double median = times[times.size() / 2];
+  const auto summary = teacher::summarize(t->graph());
+  const double images = static_cast<double>(args.batch) / median;
+  const double gflops = images * summary.flops_per_sample / 1e9;
+  const auto info = teacher::onednn_info();
+  const nlohmann::json result = {
+      {"model", args.model},
+      {"images_per_s", images},
+      {"gflops_per_s", gflops},
+      {"peak_gflops_per_s", peak.gflops_per_s},
+      {"peak_fraction", peak.gflops_per_s > 0 ? gflops / peak.gflops_per_s : 0.0},
+      {"peak_isa", peak.isa},
+      {"isa", info.isa},
+      {"precision", args.precision},
+      {"native_bf16", teacher::has_native_bf16()},
+      {"batch", args.batch},
+      {"threads", cpus.size()},
+      {"cpus", cpus},
+      {"median_batch_ms", median * 1e3},
+      {"batches_timed", times.size()},
+      {"flops_per_sample", summary.flops_per_sample},
+      {"onednn", info.version + " " + info.cpu_runtime},
+  };
+  fmt::print("{}: {:.1f} images/s, {:.1f} GFLOP/s = {:.0f}% of the {:.1f} GFLOP/s FMA peak ({} {}, batch {}, {} thread(s), "
+             "median of {} batches {:.2f} ms)\n",
+             args.model, images, gflops, 100 * result["peak_fraction"].get<double>(), peak.gflops_per_s, args.precision, info.isa,
+             args.batch, cpus.size(), times.size(), median * 1e3);
+  if (!args.json.empty()) {
+    std::ofstream out(args.json);
+    if (!out) throw InputError(fmt::format("{}: cannot write", args.json));
+    out << result.dump(2) << "\n";
+  }
+  return 0;
+}
+
+} // namespace kdflow::app

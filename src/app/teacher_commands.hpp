@@ -1,0 +1,22 @@
+// `kdflow teacher info|infer|bench`: the oneDNN teacher on its own.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace kdflow::app {
+
+struct TeacherArgs {
+  std::string model, input, output, json;
+  int threads = 0; // 0: every allowed physical core
+  int batch = 64;
+  double seconds = 5.0;
+  std::string precision = "fp32";
+  std::vector<std::string> features;
+};
+
+int teacher_info(const TeacherArgs& args);
+int teacher_infer(const TeacherArgs& args);
+int teacher_bench(const TeacherArgs& args);
+
+} // namespace kdflow::app
