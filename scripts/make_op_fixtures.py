@@ -1,0 +1,170 @@
+#!/usr/bin/env python3
+"""Writes one small ONNX model per supported op and edge case (onnx.helper, no exporter), plus a
+few models that must be rejected, for kdflow's op-level teacher tests. Run with the kdflow venv's
+python (it has onnx and numpy).
+
+usage: make_op_fixtures.py OUT_DIR
+
+Each model takes one float input "x" whose first dimension is the batch; constants are
+initializers with fresh random values every run. manifest.json lists {name, input shape} for the
+models kdflow must run, and {name, error} for those it must refuse with that text in the message.
+"""
+import json
+import os
+import sys
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+rng = np.random.default_rng(int.from_bytes(os.urandom(4), "little"))
+
+
+def const(name, arr):
+    return numpy_helper.from_array(np.asarray(arr), name)
+
+
+def rand(*shape):
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+def model(nodes, x_shape, inits=(), opset=17, out="y", out_shape=None):
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N"] + list(x_shape[1:]))
+    y = helper.make_tensor_value_info(out, TensorProto.FLOAT, out_shape)
+    g = helper.make_graph(nodes, "g", [x], [y], initializer=list(inits))
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+    m.ir_version = 8
+    # Give the output its inferred type and shape, as exporters write it (the checker wants one).
+    inferred = onnx.shape_inference.infer_shapes(m)
+    for vi in list(inferred.graph.value_info) + list(inferred.graph.output):
+        if vi.name == out and vi.type.tensor_type.HasField("shape"):
+            m.graph.output[0].CopyFrom(vi)
+    return m
+
+
+def node(op, inputs, outputs=("y",), **attrs):
+    return helper.make_node(op, list(inputs), list(outputs), name=f"{op.lower()}_node", **attrs)
+
+
+def cases():
+    c = {}
+    X = (2, 4, 9, 11)
+    # Conv: groups, depthwise, strides, dilations, pads, auto_pad, no bias
+    c["conv_basic"] = model([node("Conv", ["x", "w", "b"], pads=[1, 1, 1, 1])], X, [const("w", rand(6, 4, 3, 3)), const("b", rand(6))])
+    c["conv_groups_stride_dil"] = model([node("Conv", ["x", "w"], group=2, strides=[2, 1], dilations=[2, 2], pads=[2, 1, 0, 3])], X, [const("w", rand(6, 2, 3, 3))])
+    c["conv_depthwise"] = model([node("Conv", ["x", "w", "b"], group=4, pads=[1, 1, 1, 1], strides=[2, 2])], X, [const("w", rand(4, 1, 3, 3)), const("b", rand(4))])
+    c["conv_same_upper"] = model([node("Conv", ["x", "w"], auto_pad="SAME_UPPER", strides=[2, 2])], X, [const("w", rand(5, 4, 4, 4))])
+    c["conv_same_lower"] = model([node("Conv", ["x", "w"], auto_pad="SAME_LOWER", strides=[2, 3])], X, [const("w", rand(5, 4, 2, 3))])
+    c["conv_valid"] = model([node("Conv", ["x", "w"], auto_pad="VALID", kernel_shape=[3, 5])], X, [const("w", rand(3, 4, 3, 5))])
+    c["batchnorm_alone"] = model([node("BatchNormalization", ["x", "s", "bb", "m", "v"], epsilon=1e-3)], X,
+                                 [const("s", rand(4)), const("bb", rand(4)), const("m", rand(4)), const("v", np.abs(rand(4)) + 0.5)])
+    c["conv_bn_relu"] = model([node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("BatchNormalization", ["c", "s", "bb", "m", "v"], ["d"], name="bn"),
+                               helper.make_node("Relu", ["d"], ["y"], name="relu")], X,
+                              [const("w", rand(6, 4, 3, 3)), const("s", rand(6)), const("bb", rand(6)), const("m", rand(6)), const("v", np.abs(rand(6)) + 0.5)])
+    # Activations, alone and fused after a conv
+    for op, attrs, opset in [("Relu", {}, 17), ("LeakyRelu", {"alpha": 0.2}, 17), ("Sigmoid", {}, 17),
+                             ("HardSigmoid", {"alpha": 0.3, "beta": 0.4}, 17), ("HardSwish", {}, 17)]:
+        c[f"{op.lower()}_alone"] = model([node(op, ["x"], **attrs)], X, opset=opset)
+        c[f"conv_{op.lower()}"] = model([node("Conv", ["x", "w"], ["c"]), helper.make_node(op, ["c"], ["y"], name="act", **attrs)], X, [const("w", rand(3, 4, 1, 1))], opset=opset)
+    c["clip_inputs"] = model([node("Clip", ["x", "lo", "hi"])], X, [const("lo", np.float32(-0.5)), const("hi", np.float32(0.7))], opset=11)
+    c["clip_max_only"] = model([node("Clip", ["x", "", "hi"])], X, [const("hi", np.float32(6.0))], opset=13)
+    c["conv_clip_relu6"] = model([node("Conv", ["x", "w"], ["c"]), helper.make_node("Clip", ["c", "lo", "hi"], ["y"], name="clip")], X,
+                                 [const("w", rand(3, 4, 1, 1)), const("lo", np.float32(0)), const("hi", np.float32(6))])
+    # Binary ops with broadcasting (second operand, first operand, both computed)
+    for op in ["Add", "Sub", "Mul", "Div"]:
+        c[f"{op.lower()}_bcast_channel"] = model([node(op, ["x", "k"])], X, [const("k", rand(1, 4, 1, 1) + (3 if op == "Div" else 0))])
+        c[f"{op.lower()}_bcast_first"] = model([node(op, ["k", "x"])], X, [const("k", rand(4, 1, 11) + 2)])
+        c[f"{op.lower()}_two_computed"] = model([helper.make_node("Relu", ["x"], ["r"], name="r"), node(op, ["x", "r"] if op != "Div" else ["r", "x"])], X)
+    c["conv_residual_add_relu"] = model([node("Relu", ["x"], ["a"]), helper.make_node("Conv", ["a", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+                                         helper.make_node("Add", ["c", "a"], ["s"], name="add"), helper.make_node("Relu", ["s"], ["y"], name="relu2")], X,
+                                        [const("w", rand(4, 4, 3, 3))])
+    # Pooling
+    c["maxpool_pads"] = model([node("MaxPool", ["x"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])], X)
+    c["maxpool_ceil"] = model([node("MaxPool", ["x"], kernel_shape=[3, 2], strides=[2, 2], ceil_mode=1)], X)
+    c["maxpool_dilated"] = model([node("MaxPool", ["x"], kernel_shape=[2, 2], dilations=[2, 2])], X)
+    c["avgpool_exclude_ceil"] = model([node("AveragePool", ["x"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1], ceil_mode=1)], X)
+    c["avgpool_include_pad"] = model([node("AveragePool", ["x"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1], count_include_pad=1)], X)
+    c["avgpool_same_upper"] = model([node("AveragePool", ["x"], kernel_shape=[2, 2], strides=[2, 2], auto_pad="SAME_UPPER")], X)
+    c["global_avgpool"] = model([node("GlobalAveragePool", ["x"])], X)
+    c["reducemean_keep"] = model([node("ReduceMean", ["x"], axes=[2, 3], keepdims=1)], X, opset=13)
+    c["reducemean_drop"] = model([node("ReduceMean", ["x"], axes=[-1, -2], keepdims=0)], X, opset=13)
+    # Shape ops
+    c["flatten_gemm"] = model([node("Flatten", ["x"], ["f"], axis=1), helper.make_node("Gemm", ["f", "w", "b"], ["y"], name="gemm", transB=1)], X,
+                              [const("w", rand(7, 4 * 9 * 11)), const("b", rand(7))])
+    c["gemm_alpha_beta"] = model([node("Flatten", ["x"], ["f"]), helper.make_node("Gemm", ["f", "w", "b"], ["y"], name="gemm", alpha=0.5, beta=2.0)], X,
+                                 [const("w", rand(4 * 9 * 11, 5)), const("b", rand(1, 5))])
+    c["gemm_relu"] = model([node("Flatten", ["x"], ["f"]), helper.make_node("Gemm", ["f", "w"], ["g"], name="gemm", transB=1), helper.make_node("Relu", ["g"], ["y"], name="relu")], X,
+                           [const("w", rand(6, 4 * 9 * 11))])
+    c["matmul_const"] = model([node("Flatten", ["x"], ["f"]), helper.make_node("MatMul", ["f", "w"], ["y"], name="mm")], X, [const("w", rand(4 * 9 * 11, 3))])
+    c["matmul_batched"] = model([node("Transpose", ["x"], ["t"], perm=[0, 1, 3, 2]), helper.make_node("MatMul", ["x", "t"], ["y"], name="mm")], X)
+    c["reshape_shape_subgraph"] = model([
+        node("Shape", ["x"], ["s"]), helper.make_node("Gather", ["s", "zero"], ["n"], name="gather", axis=0),
+        helper.make_node("Unsqueeze", ["n", "ax0"], ["nu"], name="unsq"), helper.make_node("Concat", ["nu", "minus1"], ["shape"], name="cat", axis=0),
+        helper.make_node("Reshape", ["x", "shape"], ["y"], name="reshape")], X,
+        [const("zero", np.array(0, np.int64)), const("ax0", np.array([0], np.int64)), const("minus1", np.array([-1], np.int64))], opset=13,
+        out_shape=["N", 4 * 9 * 11])
+    c["reshape_zero_copy"] = model([node("Reshape", ["x", "shape"])], X, [const("shape", np.array([0, 4, -1], np.int64))])
+    c["transpose"] = model([node("Transpose", ["x"], perm=[0, 2, 3, 1])], X)
+    c["concat_axis1"] = model([node("Relu", ["x"], ["r"]), helper.make_node("Concat", ["x", "r", "k"], ["y"], name="cat", axis=1)], X, [const("k", rand(2, 3, 9, 11))])
+    c["split_attr_opset11"] = model([node("Split", ["x"], ["a", "b"], axis=1, split=[1, 3]), helper.make_node("Sub", ["b", "a"], ["y"], name="sub")], X, opset=11)
+    c["split_input_opset13"] = model([node("Split", ["x", "sp"], ["a", "b"], axis=3), helper.make_node("Concat", ["b", "a"], ["y"], name="cat", axis=3)], X,
+                                     [const("sp", np.array([5, 6], np.int64))], opset=13)
+    c["slice_steps"] = model([node("Slice", ["x", "st", "en", "ax", "sp"])], X,
+                             [const("st", np.array([1, 0], np.int64)), const("en", np.array([8, 100], np.int64)), const("ax", np.array([2, 3], np.int64)), const("sp", np.array([2, 3], np.int64))])
+    c["slice_negative_step"] = model([node("Slice", ["x", "st", "en", "ax", "sp"])], X,
+                                     [const("st", np.array([-1], np.int64)), const("en", np.array([-100], np.int64)), const("ax", np.array([3], np.int64)), const("sp", np.array([-1], np.int64))])
+    for mode in ["constant", "reflect", "edge"]:
+        inputs = ["x", "p", "v"] if mode == "constant" else ["x", "p"]
+        inits = [const("p", np.array([0, 0, 1, 2, 0, 0, 2, 1], np.int64))] + ([const("v", np.float32(0.25))] if mode == "constant" else [])
+        c[f"pad_{mode}"] = model([node("Pad", inputs, mode=mode)], X, inits, opset=13)
+    c["softmax_opset11"] = model([node("Flatten", ["x"], ["f"]), helper.make_node("Softmax", ["f"], ["y"], name="sm", axis=1)], X, opset=11)
+    c["softmax_opset13_axis"] = model([node("Softmax", ["x"], axis=1)], X, opset=13)
+    c["identity_dropout"] = model([node("Identity", ["x"], ["i"]), helper.make_node("Dropout", ["i"], ["d"], name="drop"), helper.make_node("Relu", ["d"], ["y"], name="relu")], X, opset=13)
+    c["constant_cast_squeeze"] = model([
+        helper.make_node("Constant", [], ["k"], name="const", value=numpy_helper.from_array(rand(1, 4, 1, 1), "k")),
+        helper.make_node("Cast", ["k"], ["kc"], name="cast", to=1),
+        helper.make_node("Squeeze", ["kc", "sq"], ["ks"], name="squeeze"),
+        helper.make_node("Unsqueeze", ["ks", "usq"], ["ku"], name="unsqueeze"),
+        node("Mul", ["x", "ku"])], X, [const("sq", np.array([0, 2, 3], np.int64)), const("usq", np.array([1, 2], np.int64))], opset=13)
+    return c
+
+
+def rejects(out):
+    X = (2, 4, 9, 11)
+    bad = {}
+    bad["unsupported_op"] = (model([node("Erf", ["x"])], X), "Erf")
+    bad["opset_too_old"] = (model([node("Relu", ["x"])], X, opset=9), "opset 9")
+    bad["opset_too_new"] = (model([node("Relu", ["x"])], X, opset=18), "opset 18")
+    bad["two_inputs"] = (None, "more than one input")
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])
+    x2 = helper.make_tensor_value_info("x2", TensorProto.FLOAT, ["N", 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])
+    g = helper.make_graph([helper.make_node("Add", ["x", "x2"], ["y"], name="add")], "g", [x, x2], [y])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    m.ir_version = 8
+    bad["two_inputs"] = (m, "more than one input")
+    bad["bad_broadcast"] = (model([node("Add", ["x", "k"])], X, [const("k", rand(3, 1, 1))], out_shape=["N", 4, 9, 11]), "do not broadcast")
+    return bad
+
+
+def main():
+    out = sys.argv[1]
+    os.makedirs(out, exist_ok=True)
+    manifest = {"models": [], "rejects": []}
+    for name, m in cases().items():
+        try:
+            onnx.checker.check_model(m)
+        except Exception as e:
+            raise SystemExit(f"{name}: {e}")
+        onnx.save(m, os.path.join(out, name + ".onnx"))
+        manifest["models"].append({"name": name, "input": [2, 4, 9, 11]})
+    for name, (m, err) in rejects(out).items():
+        onnx.save(m, os.path.join(out, name + ".onnx"))
+        manifest["rejects"].append({"name": name, "error": err})
+    with open(os.path.join(out, "manifest.json"), "w") as f:
+        json.dump(manifest, f, indent=2)
+    print(f"op fixtures: {len(manifest['models'])} models, {len(manifest['rejects'])} rejects, in {out}")
+
+
+if __name__ == "__main__":
+    main()
