@@ -197,9 +197,56 @@ Plan read_plan_file(const std::filesystem::path& path) {
   return plan;
 }
 
+CpuList parse_cpus(const std::string& text, const std::string& key) {
+  CpuList out;
+  std::size_t pos = 0;
+  const auto bad = [&] { return InputError(fmt::format("{} = '{}': not a CPU list like \"0-3,8\"", key, text)); };
+  while (pos < text.size()) {
+    const std::size_t comma = std::min(text.find(',', pos), text.size());
+    const std::string part = text.substr(pos, comma - pos);
+    const std::size_t dash = part.find('-');
+    try {
+      std::size_t used = 0;
+      const int lo = std::stoi(part.substr(0, dash), &used);
+      if (used != (dash == std::string::npos ? part.size() : dash) || lo < 0) throw bad();
+      int hi = lo;
+      if (dash != std::string::npos) {
+        hi = std::stoi(part.substr(dash + 1), &used);
+        if (used != part.size() - dash - 1 || hi < lo) throw bad();
+      }
+      for (int c = lo; c <= hi; ++c) out.push_back(c);
+    } catch (const std::logic_error&) {
+      throw bad();
+    }
+    pos = comma + 1;
+  }
+  if (out.empty()) throw bad();
+  return out;
+}
+
 Plan plan_from_config(const Config& config, const Topology& topology,
                       const std::optional<CpuList>& gpu_local) {
   const bool teacher_runs = config.get_double("kd.alpha") > 0;
+  const std::string& student = config.get_string("cores.student_cpus");
+  const std::string& loader = config.get_string("cores.loader_cpus");
+  const std::string& teacher = config.get_string("cores.teacher_cpus");
+  if (!student.empty() || !loader.empty() || !teacher.empty()) {
+    Plan plan;
+    plan.source = "config CPU lists";
+    if (student.empty()) throw InputError("cores.student_cpus: empty while other cores.*_cpus are set");
+    if (loader.empty()) throw InputError("cores.loader_cpus: empty while other cores.*_cpus are set");
+    plan.student = parse_cpus(student, "cores.student_cpus");
+    plan.copy = plan.student;
+    plan.loader = parse_cpus(loader, "cores.loader_cpus");
+    std::size_t pos = 0;
+    while (!teacher.empty() && pos <= teacher.size()) {
+      const std::size_t semi = std::min(teacher.find(';', pos), teacher.size());
+      plan.teacher.push_back(parse_cpus(teacher.substr(pos, semi - pos), "cores.teacher_cpus"));
+      pos = semi + 1;
+    }
+    validate(plan, topology, teacher_runs);
+    return plan;
+  }
   const std::string& source = config.get_string("cores.plan");
   if (source != "auto") {
     Plan plan = read_plan_file(source);

@@ -158,6 +158,11 @@ def main():
             raise SystemExit(f"{name}: {e}")
         onnx.save(m, os.path.join(out, name + ".onnx"))
         manifest["models"].append({"name": name, "input": [2, 4, 9, 11]})
+    # The same conv with its weights stored as external data beside the model.
+    m = cases()["conv_basic"]
+    onnx.save(m, os.path.join(out, "conv_external_data.onnx"), save_as_external_data=True,
+              all_tensors_to_one_file=True, location="conv_external_data.bin", size_threshold=0)
+    manifest["models"].append({"name": "conv_external_data", "input": [2, 4, 9, 11]})
     for name, (m, err) in rejects(out).items():
         onnx.save(m, os.path.join(out, name + ".onnx"))
         manifest["rejects"].append({"name": name, "error": err})

@@ -7,6 +7,7 @@
 #include "kdflow/core/config.hpp"
 #include "kdflow/core/error.hpp"
 #include "kdflow/cpu_teacher/versions.hpp"
+#include "kdflow/gpu_student/pinned_host.hpp"
 #include "kdflow/gpu_student/versions.hpp"
 
 #include <fmt/format.h>
@@ -25,6 +26,9 @@ int print_versions() {
   for (auto more : {student::student_versions(), teacher::teacher_versions(),
                     affinity::affinity_versions()})
     lines.insert(lines.end(), more.begin(), more.end());
+  // What kind of memory a slot ring would get here (pinned for the GPU, mlocked, or pageable).
+  const HostMemory probe = student::allocate_pinned_for_device(1 << 20);
+  lines.emplace_back("ring", fmt::format("{} host memory", memory_kind_name(probe.kind())));
   for (const auto& [name, text] : lines) fmt::print("{:<9} {}\n", name + ":", text);
   return kExitOk;
 }

@@ -154,6 +154,30 @@ TEST(PlanFile, AValidFileRoundTrips) {
   EXPECT_EQ(a.spare, b.spare);
 }
 
+TEST(PlanFromConfig, ExplicitCpuListsAndCounts) {
+  const Topology topo = Topology::synthetic("pack:1 core:8 pu:1");
+  Config c;
+  c.set("cores.student_cpus=0");
+  c.set("cores.loader_cpus=1-2");
+  c.set("cores.teacher_cpus=3-5;6,7");
+  Plan p = plan_from_config(c, topo, std::nullopt);
+  EXPECT_EQ(p.loader, (CpuList{1, 2}));
+  ASSERT_EQ(p.teacher.size(), 2u);
+  EXPECT_EQ(p.teacher[1], (CpuList{6, 7}));
+  c.set("cores.teacher_cpus=2-5");
+  EXPECT_THROW(plan_from_config(c, topo, std::nullopt), InputError); // overlaps the loaders
+  c.set("cores.teacher_cpus=3-x");
+  EXPECT_THROW(plan_from_config(c, topo, std::nullopt), InputError);
+  Config counts;
+  counts.set("cores.loader_cores=2");
+  counts.set("cores.teacher_threads=5");
+  p = plan_from_config(counts, topo, std::nullopt);
+  EXPECT_EQ(p.loader.size(), 2u);
+  ASSERT_EQ(p.teacher.size(), 1u);
+  EXPECT_EQ(p.teacher[0].size(), 5u);
+  EXPECT_EQ(parse_cpus("0-2,5", "k"), (CpuList{0, 1, 2, 5}));
+}
+
 TEST(Topology, BadSyntheticDescriptionIsInputError) {
   EXPECT_THROW(Topology::synthetic("pack:two"), InputError);
 }

@@ -46,8 +46,12 @@ Plan read_plan_file(const std::filesystem::path& path);
 // may share the student's CPUs), or no CPUs for a role that runs. Fills `spare`.
 void validate(Plan& plan, const Topology& topology, bool teacher_runs);
 
-// The plan a run's configuration asks for: cores.plan = "auto" (with cores.loader_cores and
-// cores.teacher_threads) or a plan file; the teacher is planned only when kd.alpha > 0.
+// Parses "0-3,8" (InputError naming `key` otherwise).
+CpuList parse_cpus(const std::string& text, const std::string& key);
+
+// The plan a run's configuration asks for: explicit CPU lists (cores.student_cpus, loader_cpus,
+// teacher_cpus), else cores.plan = "auto" (with cores.loader_cores and cores.teacher_threads) or a
+// plan file; the teacher is planned only when kd.alpha > 0.
 Plan plan_from_config(const Config& config, const Topology& topology,
                       const std::optional<CpuList>& gpu_local);
 
