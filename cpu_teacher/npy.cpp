@@ -5,7 +5,6 @@
 
 #include <cstring>
 #include <fstream>
-#include <regex>
 
 #include <fmt/format.h>
 
@@ -28,21 +27,35 @@ NpyArray read_npy(const std::string& path) {
   std::string header(header_len, '\0');
   in.read(header.data(), header_len);
   if (!in) throw InputError(fmt::format("{}: truncated .npy header", path));
-  std::smatch m;
-  if (!std::regex_search(header, m, std::regex(R"('descr'\s*:\s*'([^']+)')")))
-    throw InputError(fmt::format("{}: .npy header has no descr", path));
-  const std::string descr = m[1];
+  // The header is a Python dict literal: {'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }
+  const auto value_after = [&](const std::string& key) -> std::string {
+    const auto k = header.find("'" + key + "'");
+    if (k == std::string::npos) throw InputError(fmt::format("{}: .npy header has no {}", path, key));
+    const auto colon = header.find(':', k);
+    return colon == std::string::npos ? std::string() : header.substr(colon + 1);
+  };
+  std::string descr = value_after("descr");
+  const auto q0 = descr.find('\''), q1 = descr.find('\'', q0 + 1);
+  if (q0 == std::string::npos || q1 == std::string::npos) throw InputError(fmt::format("{}: .npy header has a bad descr", path));
+  descr = descr.substr(q0 + 1, q1 - q0 - 1);
   if (descr != "<f4" && descr != "<f8")
     throw InputError(fmt::format("{}: element type '{}' is not float32 ('<f4') or float64", path, descr));
-  if (std::regex_search(header, m, std::regex(R"('fortran_order'\s*:\s*True)")))
+  const std::string order = value_after("fortran_order");
+  if (order.substr(order.find_first_not_of(' '), 4) == "True")
     throw InputError(fmt::format("{}: Fortran-ordered arrays are not supported (save with C order)", path));
-  if (!std::regex_search(header, m, std::regex(R"('shape'\s*:\s*\(([^)]*)\))")))
-    throw InputError(fmt::format("{}: .npy header has no shape", path));
+  const std::string shape = value_after("shape");
+  const auto open = shape.find('('), close = shape.find(')');
+  if (open == std::string::npos || close == std::string::npos) throw InputError(fmt::format("{}: .npy header has a bad shape", path));
   NpyArray a;
-  const std::string dims = m[1];
-  const std::regex number(R"(\d+)");
-  for (std::sregex_iterator it(dims.begin(), dims.end(), number), end; it != end; ++it)
-    a.shape.push_back(std::stoll(it->str()));
+  std::int64_t dim = -1;
+  for (const char ch : shape.substr(open + 1, close - open - 1)) {
+    if (ch >= '0' && ch <= '9') dim = (dim < 0 ? 0 : dim) * 10 + (ch - '0');
+    else if (dim >= 0) {
+      a.shape.push_back(dim);
+      dim = -1;
+    }
+  }
+  if (dim >= 0) a.shape.push_back(dim);
   const auto n = static_cast<std::size_t>(numel(a.shape));
   a.data.resize(n);
   if (descr == "<f4") {

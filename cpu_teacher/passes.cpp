@@ -38,6 +38,13 @@ int producer(const Graph& g, const std::string& value) {
   return -1;
 }
 
+// Node `target` takes over node `fused` as a post-op: it now writes fused's output, and fused goes.
+void absorb(Graph& g, std::size_t target, PostOp post, std::size_t fused) {
+  g.nodes[target].post_ops.push_back(std::move(post));
+  g.nodes[target].outputs[0] = g.nodes[fused].outputs[0];
+  g.nodes.erase(g.nodes.begin() + static_cast<std::ptrdiff_t>(fused));
+}
+
 // Identity / Dropout / shape-preserving Flatten and Reshape: readers use the input directly.
 bool remove_noops(Graph& g) {
   for (std::size_t i = 0; i < g.nodes.size(); ++i) {
@@ -144,10 +151,7 @@ bool fuse_activation(Graph& g) {
     post.alpha = act.op == "Clip" ? act.float_attr("min", 0) : act.float_attr("alpha", 0);
     post.beta = act.op == "Clip" ? act.float_attr("max", 0) : act.float_attr("beta", 0);
     post.fused_node = act.name;
-    Node& target = g.nodes[static_cast<std::size_t>(p)];
-    target.post_ops.push_back(post);
-    target.outputs[0] = act.outputs[0];
-    g.nodes.erase(g.nodes.begin() + static_cast<std::ptrdiff_t>(i));
+    absorb(g, static_cast<std::size_t>(p), std::move(post), i);
     return true;
   }
   return false;
@@ -180,10 +184,7 @@ bool fuse_residual(Graph& g) {
       post.op = "Add";
       post.sum_input = other;
       post.fused_node = add.name;
-      Node& conv = g.nodes[static_cast<std::size_t>(p)];
-      conv.post_ops.push_back(post);
-      conv.outputs[0] = add.outputs[0];
-      g.nodes.erase(g.nodes.begin() + static_cast<std::ptrdiff_t>(i));
+      absorb(g, static_cast<std::size_t>(p), std::move(post), i);
       return true;
     }
   }

@@ -6,7 +6,6 @@
 
 #include <filesystem>
 #include <fstream>
-#include <regex>
 #include <string>
 
 #include <ATen/Context.h>
@@ -28,15 +27,17 @@ std::string torch_runtime_version() {
     return "unknown (dladdr failed)";
   const std::filesystem::path lib = std::filesystem::canonical(info.dli_fname);
   std::ifstream in(lib.parent_path().parent_path() / "version.py");
-  const std::regex version_re(R"(^__version__\s*=\s*'([^']+)')");
-  const std::regex cuda_re(R"(^cuda\s*(?::[^=]*)?=\s*'([^']+)')");
+  // Lines like `__version__ = '2.11.0+cu130'` and `cuda: Optional[str] = '13.0'`.
+  const auto quoted = [](const std::string& line) {
+    const auto a = line.find('\''), b = line.find('\'', a + 1);
+    return a == std::string::npos || b == std::string::npos ? std::string() : line.substr(a + 1, b - a - 1);
+  };
   std::string version = "unknown";
   std::string cuda = "no CUDA";
   std::string text;
-  std::smatch m;
   while (std::getline(in, text)) {
-    if (std::regex_search(text, m, version_re)) version = m[1].str();
-    if (std::regex_search(text, m, cuda_re)) cuda = "built for CUDA " + m[1].str();
+    if (text.rfind("__version__", 0) == 0 && !quoted(text).empty()) version = quoted(text);
+    if (text.rfind("cuda", 0) == 0 && !quoted(text).empty()) cuda = "built for CUDA " + quoted(text);
   }
   return fmt::format("{}, {} ({})", version, cuda, lib.parent_path().string());
 }
