@@ -34,6 +34,7 @@ find_package(nlohmann_json 3 REQUIRED CONFIG)
 pkg_check_modules(TOMLPP REQUIRED IMPORTED_TARGET tomlplusplus>=3)
 # Imported targets are directory-scoped: found here so every directory links them alike.
 find_package(Protobuf REQUIRED)
+find_package(ZLIB REQUIRED)
 find_package(ONNX REQUIRED CONFIG)
 if(KD_BUILD_TESTS)
   find_package(GTest REQUIRED CONFIG)

@@ -17,7 +17,7 @@ apt_packages=(
   libcli11-dev libspdlog-dev libfmt-dev libtomlplusplus-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libboost-dev libreaderwriterqueue-dev relacy-dev
-  libturbojpeg0-dev libpng-dev
+  libturbojpeg0-dev libpng-dev zlib1g-dev
   dataset-fashion-mnist gnuplot-nox
 )
 # oneDNN 3.2 built for the TBB CPU runtime needs oneTBB 2021.x and the Intel compiler runtime

@@ -1,0 +1,93 @@
+// The loader stage: which samples make batch b (a seeded permutation per epoch, sharded by rank),
+// how each is augmented (random crop with padding, horizontal flip, normalization), and workers
+// that write batches straight into ring slots. A batch's bytes depend only on (seed, epoch, sample
+// index): never on the number of loader threads or their timing.
+#pragma once
+
+#include "kdflow/core/dataset.hpp"
+#include "kdflow/core/slot_ring.hpp"
+
+#include <oneapi/tbb/task_arena.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace kdflow {
+
+struct SamplerConfig {
+  std::size_t batch_size = 128;
+  std::uint64_t seed = 42;
+  bool shuffle = true;
+  bool drop_last = true;
+  int rank = 0;  // sharding for multi-process training: this process's share
+  int world = 1;
+};
+
+class Sampler {
+public:
+  Sampler(std::size_t dataset_size, SamplerConfig config);
+  [[nodiscard]] std::size_t batches_per_epoch() const { return batches_; }
+  [[nodiscard]] const SamplerConfig& config() const { return config_; }
+  // The dataset indices of batch `b` of `epoch` (fewer than batch_size only for a kept last batch).
+  // Allocation-free: `out` is resized within its capacity.
+  void batch_indices(std::uint64_t epoch, std::size_t b, std::vector<std::uint32_t>& out) const;
+  // Position k of the epoch's permutation of [0, size): a keyed bijection, computed, not stored.
+  [[nodiscard]] std::uint32_t permute(std::uint64_t epoch, std::uint32_t k) const;
+
+private:
+  std::size_t size_;
+  std::size_t per_rank_;
+  std::size_t batches_;
+  SamplerConfig config_;
+  int half_bits_;
+};
+
+struct AugmentConfig {
+  int pad_crop = 0;          // random crop back to the image size after padding this many pixels
+  bool hflip = false;        // random horizontal flip
+  bool normalize = true;     // float32 output: (x / 255 - mean[c]) / std[c]; false: uint8 as stored
+  std::vector<float> mean;   // per channel
+  std::vector<float> std;
+  bool augment = true;       // false: evaluation (no crop, no flip), normalization still applies
+};
+
+// Region indices of the slot layout the loader writes.
+struct LoaderRegions {
+  std::size_t inputs, labels, ids;
+};
+
+// The slot layout for `dataset` batches: inputs (f32 or u8), labels and sample ids (i64).
+SlotLayout loader_layout(const Dataset& dataset, std::size_t batch_size, bool float_inputs,
+                         std::vector<RegionSpec> extra = {});
+
+// Writes batch `global_batch` (epoch and position derived from the sampler) into `slot`.
+void fill_batch(const Dataset& dataset, const Sampler& sampler, const AugmentConfig& augment,
+                std::uint64_t global_batch, const Slot& slot, const LoaderRegions& regions,
+                std::vector<std::uint32_t>& scratch);
+
+// Runs `workers` loader loops in `arena`: each takes the next batch number from the ring, fills its
+// slot and hands it on (`publish_to`: filled for the teacher, ready when no teacher runs), until
+// batch `end` or close. An exception closes the ring with stage "loader". Returns at once; `done`
+// is counted down once per worker as it exits. ring, dataset, sampler, augment and done must
+// outlive the workers (wait on done); regions are copied.
+class LoaderDone;
+void start_loaders(oneapi::tbb::task_arena& arena, int workers, SlotRing& ring, const Dataset& dataset,
+                   const Sampler& sampler, const AugmentConfig& augment, const LoaderRegions& regions,
+                   std::uint64_t end, SlotState publish_to, LoaderDone& done);
+
+// Counts loader workers out; wait() blocks until all have exited.
+class LoaderDone {
+public:
+  explicit LoaderDone(int workers) : left_(workers) {}
+  void count_down() {
+    if (left_.fetch_sub(1) == 1) left_.notify_all();
+  }
+  void wait() const {
+    for (int v = left_.load(); v != 0; v = left_.load()) left_.wait(v);
+  }
+
+private:
+  std::atomic<int> left_;
+};
+
+} // namespace kdflow
