@@ -43,6 +43,14 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $sudo_ apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
+# The PyPI LibTorch is a CUDA build: its CMake config needs a CUDA toolkit (nvcc, headers) even to
+# build for the CPU. This project's machines ship CUDA 13 in /usr/local/cuda.
+if ! command -v nvcc >/dev/null 2>&1 && [ ! -x /usr/local/cuda/bin/nvcc ]; then
+  echo "setup: no CUDA toolkit found (nvcc on PATH or /usr/local/cuda/bin/nvcc); the CUDA LibTorch" \
+       "wheel (torch==2.11.0) needs one to configure. Install CUDA 13.0 and run again." >&2
+  exit 1
+fi
+
 stamp=$venv/.kdflow-setup-$stamp_version
 if [ ! -f "$stamp" ]; then
   echo "setup: creating $venv with ${pip_packages[*]}"
