@@ -35,8 +35,8 @@ PlaceMemory bind_to_numa_of(const Topology& topology, const CpuList& near_cpus) 
   return [&topology, near_cpus](void* data, std::size_t bytes) {
     const Bitmap cpus = bitmap_of(near_cpus);
     // hwloc maps the CPU set to the NUMA node(s) local to it (HWLOC_MEMBIND_BYNODESET not set).
-    if (hwloc_set_area_membind(topology.handle().topo, data, bytes, cpus.get(),
-                               HWLOC_MEMBIND_BIND, HWLOC_MEMBIND_MIGRATE) != 0 &&
+    if (hwloc_set_area_membind(topology.handle().topo, data, bytes, cpus.get(), HWLOC_MEMBIND_BIND,
+                               HWLOC_MEMBIND_MIGRATE) != 0 &&
         errno != ENOSYS && errno != EXDEV)
       throw_errno(errno, fmt::format("binding the slot ring to the NUMA node of CPUs {}",
                                      format_cpus(near_cpus)));
@@ -44,7 +44,8 @@ PlaceMemory bind_to_numa_of(const Topology& topology, const CpuList& near_cpus) 
 }
 
 PinnedArena::PinnedArena(const Topology& topology, CpuList cpus, std::string role, int first_index)
-    : topology_(topology), cpus_(std::move(cpus)), role_(std::move(role)), first_index_(first_index),
+    : topology_(topology), cpus_(std::move(cpus)), role_(std::move(role)),
+      first_index_(first_index),
       // No slot reserved for an outside thread: the pool is exactly its CPUs' worth of workers.
       arena_(static_cast<int>(cpus_.size()), 0), observer_(arena_, *this) {
   if (cpus_.empty()) throw InputError(fmt::format("core plan: role '{}' has no CPU", role_));
@@ -57,7 +58,8 @@ void PinnedArena::Observer::on_scheduler_entry(bool is_worker) {
   // A thread that calls execute() keeps its own name and binding; only pool workers are pinned.
   if (!is_worker) return;
   const int slot = oneapi::tbb::this_task_arena::current_thread_index();
-  pin_this_thread(owner_.topology_, owner_.cpus_, fmt::format("kd-{}-{}", owner_.role_, owner_.first_index_ + slot));
+  pin_this_thread(owner_.topology_, owner_.cpus_,
+                  fmt::format("kd-{}-{}", owner_.role_, owner_.first_index_ + slot));
 }
 
 } // namespace kdflow::affinity

@@ -70,7 +70,8 @@ Plan plan_auto(const Topology& topology, const PlanRequest& request) {
     int nl = request.loader_cores > 0 ? request.loader_cores : std::max(1, r / 4);
     if (nl >= r)
       throw InputError(fmt::format("cores: {} loader cores leave none of the {} remaining cores "
-                                   "for the teacher", nl, r));
+                                   "for the teacher",
+                                   nl, r));
     for (int i = 0; i < nl; ++i) plan.loader.push_back(rest[static_cast<std::size_t>(i)]->pus[0]);
     teacher_cores.assign(rest.begin() + nl, rest.end());
   }
@@ -112,15 +113,16 @@ void validate(Plan& plan, const Topology& topology, bool teacher_runs) {
       if (!allowed_set.count(c)) bad.push_back(c);
     if (!bad.empty())
       throw InputError(fmt::format("core plan: role '{}' uses CPUs {} not allowed to this process "
-                                   "(allowed: {})", role, format_cpus(sorted(bad)),
-                                   format_cpus(allowed)));
+                                   "(allowed: {})",
+                                   role, format_cpus(sorted(bad)), format_cpus(allowed)));
     if (std::set<int>(cpus.begin(), cpus.end()).size() != cpus.size())
       throw InputError(fmt::format("core plan: role '{}' lists a CPU twice ({})", role,
                                    format_cpus(sorted(cpus))));
   }
   if (plan.student.empty()) throw InputError("core plan: role 'student' has no CPU");
   if (plan.loader.empty()) throw InputError("core plan: role 'loader' has no CPU");
-  if (teacher_runs && plan.teacher.empty()) throw InputError("core plan: role 'teacher' has no CPU");
+  if (teacher_runs && plan.teacher.empty())
+    throw InputError("core plan: role 'teacher' has no CPU");
   for (std::size_t i = 0; i < plan.teacher.size(); ++i)
     if (plan.teacher[i].empty())
       throw InputError(fmt::format("core plan: role 'teacher[{}]' has no CPU", i));
@@ -131,8 +133,8 @@ void validate(Plan& plan, const Topology& topology, bool teacher_runs) {
     const auto pair_is = [&](const char* x, const char* y) {
       return (a == x && b == y) || (a == y && b == x);
     };
-    return pair_is("copy", "student") || (small && (pair_is("loader", "student") ||
-                                                    pair_is("loader", "copy"))) ||
+    return pair_is("copy", "student") ||
+           (small && (pair_is("loader", "student") || pair_is("loader", "copy"))) ||
            (topology.cores().size() < 2); // one core: everything shares it
   };
   for (std::size_t i = 0; i < roles.size(); ++i)
@@ -163,15 +165,17 @@ Plan read_plan_file(const std::filesystem::path& path) {
     throw InputError(fmt::format("{}: not valid JSON (byte {})", path.string(), e.byte));
   }
   const nlohmann::json& j = doc.contains("plan") ? doc["plan"] : doc;
-  if (!j.is_object()) throw InputError(fmt::format("{}: key 'plan' must be an object", path.string()));
+  if (!j.is_object())
+    throw InputError(fmt::format("{}: key 'plan' must be an object", path.string()));
   const auto cpu_list = [&](const nlohmann::json& v, const std::string& key) {
     if (!v.is_array())
-      throw InputError(fmt::format("{}: key '{}' must be a list of CPU numbers", path.string(), key));
+      throw InputError(
+          fmt::format("{}: key '{}' must be a list of CPU numbers", path.string(), key));
     CpuList out;
     for (const auto& c : v) {
       if (!c.is_number_integer() || c.get<int>() < 0)
-        throw InputError(fmt::format("{}: key '{}' holds {}, not a CPU number", path.string(), key,
-                                     c.dump()));
+        throw InputError(
+            fmt::format("{}: key '{}' holds {}, not a CPU number", path.string(), key, c.dump()));
       out.push_back(c.get<int>());
     }
     return out;
@@ -179,14 +183,20 @@ Plan read_plan_file(const std::filesystem::path& path) {
   Plan plan;
   plan.source = path.string();
   for (const auto& [key, value] : j.items()) {
-    if (key == "student") plan.student = cpu_list(value, key);
-    else if (key == "copy") plan.copy = cpu_list(value, key);
-    else if (key == "loader") plan.loader = cpu_list(value, key);
-    else if (key == "spare") (void)cpu_list(value, key); // recomputed by validate()
-    else if (key == "source") continue;                  // informational, as to_json writes it
+    if (key == "student")
+      plan.student = cpu_list(value, key);
+    else if (key == "copy")
+      plan.copy = cpu_list(value, key);
+    else if (key == "loader")
+      plan.loader = cpu_list(value, key);
+    else if (key == "spare")
+      (void)cpu_list(value, key); // recomputed by validate()
+    else if (key == "source")
+      continue; // informational, as to_json writes it
     else if (key == "teacher") {
       if (!value.is_array())
-        throw InputError(fmt::format("{}: key 'teacher' must be a list of CPU lists", path.string()));
+        throw InputError(
+            fmt::format("{}: key 'teacher' must be a list of CPU lists", path.string()));
       for (std::size_t i = 0; i < value.size(); ++i)
         plan.teacher.push_back(cpu_list(value[i], fmt::format("teacher[{}]", i)));
     } else {
@@ -200,7 +210,9 @@ Plan read_plan_file(const std::filesystem::path& path) {
 CpuList parse_cpus(const std::string& text, const std::string& key) {
   CpuList out;
   std::size_t pos = 0;
-  const auto bad = [&] { return InputError(fmt::format("{} = '{}': not a CPU list like \"0-3,8\"", key, text)); };
+  const auto bad = [&] {
+    return InputError(fmt::format("{} = '{}': not a CPU list like \"0-3,8\"", key, text));
+  };
   while (pos < text.size()) {
     const std::size_t comma = std::min(text.find(',', pos), text.size());
     const std::string part = text.substr(pos, comma - pos);
@@ -233,8 +245,10 @@ Plan plan_from_config(const Config& config, const Topology& topology,
   if (!student.empty() || !loader.empty() || !teacher.empty()) {
     Plan plan;
     plan.source = "config CPU lists";
-    if (student.empty()) throw InputError("cores.student_cpus: empty while other cores.*_cpus are set");
-    if (loader.empty()) throw InputError("cores.loader_cpus: empty while other cores.*_cpus are set");
+    if (student.empty())
+      throw InputError("cores.student_cpus: empty while other cores.*_cpus are set");
+    if (loader.empty())
+      throw InputError("cores.loader_cpus: empty while other cores.*_cpus are set");
     plan.student = parse_cpus(student, "cores.student_cpus");
     plan.copy = plan.student;
     plan.loader = parse_cpus(loader, "cores.loader_cpus");
@@ -269,7 +283,10 @@ nlohmann::json to_json(const Plan& plan) {
 nlohmann::json to_json(const Topology& topology) {
   nlohmann::json cores = nlohmann::json::array();
   for (const auto& c : topology.cores())
-    cores.push_back({{"core", c.index}, {"pus", c.pus}, {"numa", c.numa}, {"l3", c.l3},
+    cores.push_back({{"core", c.index},
+                     {"pus", c.pus},
+                     {"numa", c.numa},
+                     {"l3", c.l3},
                      {"package", c.package}});
   return {{"description", topology.description()},
           {"packages", topology.packages()},
@@ -295,7 +312,8 @@ std::string format_plan(const Plan& plan, const Topology& topology) {
   row("loader", plan.loader);
   for (std::size_t i = 0; i < plan.teacher.size(); ++i)
     row(fmt::format("teacher[{}]", i), plan.teacher[i]);
-  out += fmt::format("  {:<12} {:>7}  {}\n", "spare", "-", plan.spare.empty() ? "none" : format_cpus(plan.spare));
+  out += fmt::format("  {:<12} {:>7}  {}\n", "spare", "-",
+                     plan.spare.empty() ? "none" : format_cpus(plan.spare));
   return out;
 }
 

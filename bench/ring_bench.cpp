@@ -1,7 +1,7 @@
 // Slot ring benchmark. Peers in the same run, each circulating the same number of slot indices
 // between one producer and one consumer on different cores (a free queue and a ready queue, as a
-// slot pool built on queues would): boost::lockfree::spsc_queue, moodycamel::ReaderWriterQueue and a
-// mutex + condition variable queue. Then 1 MiB slots filled by one thread and drained by another,
+// slot pool built on queues would): boost::lockfree::spsc_queue, moodycamel::ReaderWriterQueue and
+// a mutex + condition variable queue. Then 1 MiB slots filled by one thread and drained by another,
 // against both copies done in one thread (ideal: 2x). Prints JSON; --json F writes it too.
 #include "bench_util.hpp"
 
@@ -151,8 +151,8 @@ double run_serial_copies(std::uint64_t n, std::size_t bytes, const std::vector<s
   pin_to_allowed_cpu(1);
   const auto t0 = std::chrono::steady_clock::now();
   for (std::uint64_t b = 0; b < n; ++b) {
-    std::byte* slot = ring.slab() + (b % kSlots) * ring.layout().slot_bytes() +
-                      ring.layout().regions()[0].offset;
+    std::byte* slot =
+        ring.slab() + (b % kSlots) * ring.layout().slot_bytes() + ring.layout().regions()[0].offset;
     std::memcpy(slot, src.data(), bytes);
     std::memcpy(dst.data(), slot, bytes);
   }
@@ -172,7 +172,10 @@ int main(int argc, char** argv) {
   const double t_ring = median_seconds(warmup, reps, [&] { return run_ring(n); });
   const double t_boost = median_seconds(warmup, reps, [&] {
     return run_index_pool<Boost>(
-        n, [](Boost& q, std::uint32_t v) { while (!q.push(v)) std::this_thread::yield(); },
+        n,
+        [](Boost& q, std::uint32_t v) {
+          while (!q.push(v)) std::this_thread::yield();
+        },
         [](Boost& q) { return pop_spinning([&](std::uint32_t& v) { return q.pop(v); }); });
   });
   const double t_rwq = median_seconds(warmup, reps, [&] {
@@ -182,7 +185,8 @@ int main(int argc, char** argv) {
   });
   const double t_mutex = median_seconds(warmup, reps, [&] {
     return run_index_pool<MutexQueue>(
-        n, [](MutexQueue& q, std::uint32_t v) { q.push(v); }, [](MutexQueue& q) { return q.pop(); });
+        n, [](MutexQueue& q, std::uint32_t v) { q.push(v); },
+        [](MutexQueue& q) { return q.pop(); });
   });
 
   const std::size_t mib = 1 << 20;
@@ -196,7 +200,10 @@ int main(int argc, char** argv) {
   std::vector<std::byte> pool(kSlots * mib);
   const double t_boost_copies = median_seconds(warmup, reps, [&] {
     return run_index_pool<Boost>(
-        n_big, [](Boost& q, std::uint32_t v) { while (!q.push(v)) std::this_thread::yield(); },
+        n_big,
+        [](Boost& q, std::uint32_t v) {
+          while (!q.push(v)) std::this_thread::yield();
+        },
         [](Boost& q) { return pop_spinning([&](std::uint32_t& v) { return q.pop(v); }); },
         [&](std::uint32_t i) { std::memcpy(pool.data() + i * mib, src.data(), mib); },
         [&](std::uint32_t i) { std::memcpy(dst.data(), pool.data() + i * mib, mib); });

@@ -87,7 +87,8 @@ auto with_node(const Node& node, const std::string& file, F&& f) {
   try {
     return f();
   } catch (const dnnl::error& e) {
-    throw InputError(fmt::format("{}: {}: oneDNN cannot build it ({})", file, node.describe(), e.what()));
+    throw InputError(
+        fmt::format("{}: {}: oneDNN cannot build it ({})", file, node.describe(), e.what()));
   }
 }
 
@@ -115,7 +116,8 @@ namespace {
 
 class Builder {
 public:
-  Builder(Teacher::Plan& plan) : p_(plan), g_(plan.graph), act_(plan.precision == Precision::bf16 ? dt::bf16 : dt::f32) {}
+  Builder(Teacher::Plan& plan)
+      : p_(plan), g_(plan.graph), act_(plan.precision == Precision::bf16 ? dt::bf16 : dt::f32) {}
 
   void build(const std::vector<std::string>& features) {
     p_.input_md = plain(g_.input_shape, dt::f32);
@@ -131,9 +133,12 @@ public:
     std::vector<std::string> outs = g_.outputs;
     for (const auto& f : features) {
       if (!g_.shapes.count(f) || g_.is_constant(f))
-        throw InputError(fmt::format("{}: no intermediate value named '{}' to return as a feature", g_.file, f));
+        throw InputError(
+            fmt::format("{}: no intermediate value named '{}' to return as a feature", g_.file, f));
       if (!loc_.count(f))
-        throw InputError(fmt::format("{}: value '{}' was fused away by kdflow's passes; ask for the output of the fused group", g_.file, f));
+        throw InputError(fmt::format("{}: value '{}' was fused away by kdflow's passes; ask for "
+                                     "the output of the fused group",
+                                     g_.file, f));
       outs.push_back(f);
     }
     for (std::size_t k = 0; k < outs.size(); ++k) {
@@ -141,7 +146,8 @@ public:
       const memory::desc user = plain(s, dt::f32);
       p_.outputs.push_back({outs[k], s, user});
       const ArgRef src = at(outs[k]);
-      add_reorder(src, ArgRef{ArgRef::Kind::output, static_cast<int>(k), 0, user}, "output " + outs[k]);
+      add_reorder(src, ArgRef{ArgRef::Kind::output, static_cast<int>(k), 0, user},
+                  "output " + outs[k]);
     }
   }
 
@@ -149,7 +155,8 @@ private:
   // --- values ------------------------------------------------------------------------------
   const ArgRef& at(const std::string& value) {
     const auto it = loc_.find(value);
-    if (it == loc_.end()) throw std::logic_error("teacher plan: value '" + value + "' not computed");
+    if (it == loc_.end())
+      throw std::logic_error("teacher plan: value '" + value + "' not computed");
     return it->second;
   }
 
@@ -180,11 +187,14 @@ private:
     return dst;
   }
 
-  ArgRef get_plain(const std::string& value, dt type) { return get(value, plain(g_.shape(value), type)); }
+  ArgRef get_plain(const std::string& value, dt type) {
+    return get(value, plain(g_.shape(value), type));
+  }
 
   void set(const std::string& value, ArgRef ref) {
     loc_[value] = std::move(ref);
-    converted_.erase(std::remove_if(converted_.begin(), converted_.end(), [&](const auto& c) { return c.first == value; }),
+    converted_.erase(std::remove_if(converted_.begin(), converted_.end(),
+                                    [&](const auto& c) { return c.first == value; }),
                      converted_.end());
   }
 
@@ -203,13 +213,14 @@ private:
   ArgRef constant(const std::string& name, const Shape& as_shape) {
     const Tensor& t = g_.constants.at(name);
     std::vector<float> data(static_cast<std::size_t>(t.size()));
-    for (std::int64_t k = 0; k < t.size(); ++k) data[static_cast<std::size_t>(k)] = static_cast<float>(t.at(k));
+    for (std::int64_t k = 0; k < t.size(); ++k)
+      data[static_cast<std::size_t>(k)] = static_cast<float>(t.at(k));
     const memory::desc md = plain(as_shape, dt::f32);
     return weight(std::move(data), md, md);
   }
 
-  void add_primitive(dnnl::primitive prim, std::vector<std::pair<int, ArgRef>> args, const std::string& label,
-                     const memory::desc& scratchpad) {
+  void add_primitive(dnnl::primitive prim, std::vector<std::pair<int, ArgRef>> args,
+                     const std::string& label, const memory::desc& scratchpad) {
     p_.scratchpad_bytes = std::max(p_.scratchpad_bytes, scratchpad.get_size());
     Step s;
     s.prim = std::move(prim);
@@ -263,8 +274,9 @@ private:
         if ((f.op != "Flatten" && f.op != "Reshape") || f.outputs[0] != n.inputs[0]) continue;
         const Shape& in = g_.shape(f.inputs[0]);
         const Shape& out = g_.shape(f.outputs[0]);
-        if (in.size() == 4 && out.size() == 2 && out[0] == in[0] && g_.consumers(f.outputs[0]).size() == 1 &&
-            !g_.is_output(f.outputs[0]) && !g_.is_constant(f.inputs[0])) {
+        if (in.size() == 4 && out.size() == 2 && out[0] == in[0] &&
+            g_.consumers(f.outputs[0]).size() == 1 && !g_.is_output(f.outputs[0]) &&
+            !g_.is_constant(f.inputs[0])) {
           skipped_.insert(f.name);
           flat_source_[n.name] = f.inputs[0];
         }
@@ -282,19 +294,24 @@ private:
     }
     if (op == "MaxPool" || op == "AveragePool" || op == "GlobalAveragePool") return pool(node);
     if (op == "ReduceMean") return reduce_mean(node);
-    if (op == "Relu" || op == "LeakyRelu" || op == "Clip" || op == "Sigmoid" || op == "HardSigmoid" || op == "HardSwish")
+    if (op == "Relu" || op == "LeakyRelu" || op == "Clip" || op == "Sigmoid" ||
+        op == "HardSigmoid" || op == "HardSwish")
       return eltwise(node);
     if (op == "Add" || op == "Sub" || op == "Mul" || op == "Div") return binary(node);
     if (op == "Concat") return concat(node);
-    if (op == "Flatten" || op == "Reshape" || op == "Squeeze" || op == "Unsqueeze" || op == "Identity" || op == "Dropout")
+    if (op == "Flatten" || op == "Reshape" || op == "Squeeze" || op == "Unsqueeze" ||
+        op == "Identity" || op == "Dropout")
       return reshape(node);
     if (op == "Transpose") return transpose(node);
     if (op == "Slice" || op == "Split") return slice(node);
     if (op == "Pad") return pad(node);
     if (op == "Softmax") return softmax(node);
     if (op == "BatchNormalization")
-      throw InputError(fmt::format("{}: {}: BatchNormalization with non-constant parameters is not supported", g_.file, node.describe()));
-    throw InputError(fmt::format("{}: {}: op type '{}' is not supported by kdflow's teacher", g_.file, node.describe(), op));
+      throw InputError(
+          fmt::format("{}: {}: BatchNormalization with non-constant parameters is not supported",
+                      g_.file, node.describe()));
+    throw InputError(fmt::format("{}: {}: op type '{}' is not supported by kdflow's teacher",
+                                 g_.file, node.describe(), op));
   }
 
   void conv(const Node& node) {
@@ -304,49 +321,61 @@ private:
     if (!g_.is_constant(node.inputs[1]))
       throw InputError(fmt::format("{}: {}: weights must be constant", g_.file, node.describe()));
     const std::int64_t group = node.int_attr("group", 1);
-    const auto s = node.ints_attr("strides"), d = node.ints_attr("dilations"), pads = node.ints_attr("pads");
+    const auto s = node.ints_attr("strides"), d = node.ints_attr("dilations"),
+               pads = node.ints_attr("pads");
     const memory::dims strides = {s[0], s[1]}, dil = {d[0] - 1, d[1] - 1};
     const memory::dims pl = {pads[0], pads[1]}, pr = {pads[2], pads[3]};
-    memory::dims wdims = group == 1 ? dims_of(ws) : memory::dims{group, ws[0] / group, ws[1], ws[2], ws[3]};
-    const memory::desc w_user(wdims, dt::f32, group == 1 ? memory::format_tag::oihw : memory::format_tag::goihw);
+    memory::dims wdims =
+        group == 1 ? dims_of(ws) : memory::dims{group, ws[0] / group, ws[1], ws[2], ws[3]};
+    const memory::desc w_user(wdims, dt::f32,
+                              group == 1 ? memory::format_tag::oihw : memory::format_tag::goihw);
     const memory::desc any_src(dims_of(xs), act_, memory::format_tag::any);
     const memory::desc any_w(wdims, act_, memory::format_tag::any);
     const bool has_bias = node.inputs.size() > 2 && !node.inputs[2].empty();
     const memory::desc bias_md({ws[0]}, dt::f32, memory::format_tag::a);
     const PostOp* sum = sum_post(node);
     // With a residual sum the conv writes over the other operand's buffer, in its layout.
-    const memory::desc dst_md = sum ? at(sum->sum_input).md : memory::desc(dims_of(os), act_, memory::format_tag::any);
+    const memory::desc dst_md =
+        sum ? at(sum->sum_input).md : memory::desc(dims_of(os), act_, memory::format_tag::any);
     const auto attr = attr_with(node);
-    const auto pd = has_bias
-        ? dnnl::convolution_forward::primitive_desc(p_.eng, dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
-                                                    any_src, any_w, bias_md, dst_md, strides, dil, pl, pr, attr)
-        : dnnl::convolution_forward::primitive_desc(p_.eng, dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
-                                                    any_src, any_w, dst_md, strides, dil, pl, pr, attr);
+    const auto pd =
+        has_bias
+            ? dnnl::convolution_forward::primitive_desc(
+                  p_.eng, dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
+                  any_src, any_w, bias_md, dst_md, strides, dil, pl, pr, attr)
+            : dnnl::convolution_forward::primitive_desc(
+                  p_.eng, dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
+                  any_src, any_w, dst_md, strides, dil, pl, pr, attr);
     const ArgRef src = get(node.inputs[0], pd.src_desc());
     const ArgRef w = weight(g_.constants.at(node.inputs[1]).f, w_user, pd.weights_desc());
     const ArgRef dst = sum ? at(sum->sum_input) : new_buffer(pd.dst_desc());
-    std::vector<std::pair<int, ArgRef>> args = {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, w}, {DNNL_ARG_DST, dst}};
-    if (has_bias) args.emplace_back(DNNL_ARG_BIAS, weight(g_.constants.at(node.inputs[2]).f, bias_md, bias_md));
-    add_primitive(dnnl::convolution_forward(pd), std::move(args), node.describe(), pd.scratchpad_desc());
+    std::vector<std::pair<int, ArgRef>> args = {
+        {DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, w}, {DNNL_ARG_DST, dst}};
+    if (has_bias)
+      args.emplace_back(DNNL_ARG_BIAS, weight(g_.constants.at(node.inputs[2]).f, bias_md, bias_md));
+    add_primitive(dnnl::convolution_forward(pd), std::move(args), node.describe(),
+                  pd.scratchpad_desc());
     set(node.outputs[0], dst);
   }
 
   void inner_product(const Node& node) {
     const bool gemm = node.op == "Gemm";
     if (gemm && node.int_attr("transA", 0))
-      throw InputError(fmt::format("{}: {}: transA = 1 on a computed input is not supported", g_.file, node.describe()));
+      throw InputError(fmt::format("{}: {}: transA = 1 on a computed input is not supported",
+                                   g_.file, node.describe()));
     const Shape& as = g_.shape(node.inputs[0]);
     const Shape& os = g_.shape(node.outputs[0]);
     const Tensor& b = g_.constants.at(node.inputs[1]);
-    if (as.size() != 2)
-      return matmul(node);
+    if (as.size() != 2) return matmul(node);
     const std::int64_t k = as[1], n = os[1];
     const bool tb = gemm && node.int_attr("transB", 0);
-    const float alpha = gemm ? node.float_attr("alpha", 1) : 1.f, beta = gemm ? node.float_attr("beta", 1) : 1.f;
+    const float alpha = gemm ? node.float_attr("alpha", 1) : 1.f,
+                beta = gemm ? node.float_attr("beta", 1) : 1.f;
     std::vector<float> w(static_cast<std::size_t>(n * k)); // [n, k] = B^T unless transB
     for (std::int64_t o = 0; o < n; ++o)
       for (std::int64_t q = 0; q < k; ++q)
-        w[static_cast<std::size_t>(o * k + q)] = alpha * b.f[static_cast<std::size_t>(tb ? o * k + q : q * n + o)];
+        w[static_cast<std::size_t>(o * k + q)] =
+            alpha * b.f[static_cast<std::size_t>(tb ? o * k + q : q * n + o)];
     // Fed by a Flatten of a 4-D tensor: read that tensor in whatever layout it has.
     std::string src_value = node.inputs[0];
     Shape src_shape = as;
@@ -354,16 +383,24 @@ private:
       src_value = it->second;
       src_shape = g_.shape(src_value);
     }
-    memory::dims wdims = src_shape.size() == 4 ? memory::dims{n, src_shape[1], src_shape[2], src_shape[3]} : memory::dims{n, k};
-    const memory::desc w_user(wdims, dt::f32, src_shape.size() == 4 ? memory::format_tag::oihw : memory::format_tag::oi);
+    memory::dims wdims = src_shape.size() == 4
+                             ? memory::dims{n, src_shape[1], src_shape[2], src_shape[3]}
+                             : memory::dims{n, k};
+    const memory::desc w_user(
+        wdims, dt::f32, src_shape.size() == 4 ? memory::format_tag::oihw : memory::format_tag::oi);
     std::optional<std::vector<float>> bias;
     if (gemm && node.inputs.size() > 2 && !node.inputs[2].empty()) {
-      const Tensor& c = g_.constants.count(node.inputs[2]) ? g_.constants.at(node.inputs[2])
-                                                           : throw InputError(fmt::format("{}: {}: C must be constant", g_.file, node.describe()));
+      const Tensor& c = g_.constants.count(node.inputs[2])
+                            ? g_.constants.at(node.inputs[2])
+                            : throw InputError(fmt::format("{}: {}: C must be constant", g_.file,
+                                                           node.describe()));
       if (c.size() != n && c.size() != 1)
-        throw InputError(fmt::format("{}: {}: C of shape {} is not a per-output bias", g_.file, node.describe(), format_shape(c.shape)));
+        throw InputError(fmt::format("{}: {}: C of shape {} is not a per-output bias", g_.file,
+                                     node.describe(), format_shape(c.shape)));
       bias = std::vector<float>(static_cast<std::size_t>(n));
-      for (std::int64_t o = 0; o < n; ++o) (*bias)[static_cast<std::size_t>(o)] = beta * static_cast<float>(c.at(c.size() == 1 ? 0 : o));
+      for (std::int64_t o = 0; o < n; ++o)
+        (*bias)[static_cast<std::size_t>(o)] =
+            beta * static_cast<float>(c.at(c.size() == 1 ? 0 : o));
     }
     const memory::desc bias_md({n}, dt::f32, memory::format_tag::a);
     // The classifier head that writes the logits runs in fp32 even under bf16: it is a tiny share
@@ -373,20 +410,27 @@ private:
     const memory::desc any_w(wdims, type, memory::format_tag::any);
     const memory::desc any_dst({os[0], n}, type, memory::format_tag::any);
     const auto attr = attr_with(node);
-    const auto pd = bias ? dnnl::inner_product_forward::primitive_desc(p_.eng, dnnl::prop_kind::forward_inference, any_src, any_w, bias_md, any_dst, attr)
-                         : dnnl::inner_product_forward::primitive_desc(p_.eng, dnnl::prop_kind::forward_inference, any_src, any_w, any_dst, attr);
+    const auto pd =
+        bias ? dnnl::inner_product_forward::primitive_desc(p_.eng,
+                                                           dnnl::prop_kind::forward_inference,
+                                                           any_src, any_w, bias_md, any_dst, attr)
+             : dnnl::inner_product_forward::primitive_desc(
+                   p_.eng, dnnl::prop_kind::forward_inference, any_src, any_w, any_dst, attr);
     const ArgRef src = get(src_value, pd.src_desc());
     const ArgRef wref = weight(std::move(w), w_user, pd.weights_desc());
     const ArgRef dst = new_buffer(pd.dst_desc());
-    std::vector<std::pair<int, ArgRef>> args = {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wref}, {DNNL_ARG_DST, dst}};
+    std::vector<std::pair<int, ArgRef>> args = {
+        {DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wref}, {DNNL_ARG_DST, dst}};
     if (bias) args.emplace_back(DNNL_ARG_BIAS, weight(std::move(*bias), bias_md, bias_md));
-    add_primitive(dnnl::inner_product_forward(pd), std::move(args), node.describe(), pd.scratchpad_desc());
+    add_primitive(dnnl::inner_product_forward(pd), std::move(args), node.describe(),
+                  pd.scratchpad_desc());
     set(node.outputs[0], dst);
   }
 
   void matmul(const Node& node) {
     if (node.op == "Gemm")
-      throw InputError(fmt::format("{}: {}: Gemm with a computed B is not supported", g_.file, node.describe()));
+      throw InputError(
+          fmt::format("{}: {}: Gemm with a computed B is not supported", g_.file, node.describe()));
     const Shape& os = g_.shape(node.outputs[0]);
     const auto padded = [&](Shape s) {
       while (s.size() < os.size()) s.insert(s.begin(), 1);
@@ -407,7 +451,8 @@ private:
     };
     const ArgRef a = operand(node.inputs[0], a_md, as), b = operand(node.inputs[1], b_md, bs);
     const ArgRef dst = new_buffer(dst_md);
-    add_primitive(dnnl::matmul(pd), {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, dst}}, node.describe(), pd.scratchpad_desc());
+    add_primitive(dnnl::matmul(pd), {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, dst}},
+                  node.describe(), pd.scratchpad_desc());
     set(node.outputs[0], dst);
   }
 
@@ -423,23 +468,29 @@ private:
     bool overhang = false;
     for (int a = 0; a < 2; ++a) {
       const std::int64_t eff = (k[a] - 1) * d[a] + 1;
-      pr[a] = std::max<std::int64_t>(pads[a + 2], (os[2 + a] - 1) * s[a] + eff - xs[2 + a] - pads[a]);
+      pr[a] =
+          std::max<std::int64_t>(pads[a + 2], (os[2 + a] - 1) * s[a] + eff - xs[2 + a] - pads[a]);
       overhang = overhang || pr[a] > pads[a + 2];
     }
     dnnl::algorithm alg = dnnl::algorithm::pooling_max;
     if (node.op != "MaxPool") {
       const bool include = node.int_attr("count_include_pad", 0) != 0;
       if (include && overhang)
-        throw InputError(fmt::format("{}: {}: count_include_pad with ceil_mode windows past the padding is not supported", g_.file, node.describe()));
-      alg = include ? dnnl::algorithm::pooling_avg_include_padding : dnnl::algorithm::pooling_avg_exclude_padding;
+        throw InputError(fmt::format(
+            "{}: {}: count_include_pad with ceil_mode windows past the padding is not supported",
+            g_.file, node.describe()));
+      alg = include ? dnnl::algorithm::pooling_avg_include_padding
+                    : dnnl::algorithm::pooling_avg_exclude_padding;
     }
     const memory::desc src_md = at(node.inputs[0]).md;
     const memory::desc dst_any(dims_of(os), src_md.get_data_type(), memory::format_tag::any);
-    const auto pd = dnnl::pooling_forward::primitive_desc(p_.eng, dnnl::prop_kind::forward_inference, alg, src_md, dst_any,
-                                                          {s[0], s[1]}, {k[0], k[1]}, {d[0] - 1, d[1] - 1}, {pads[0], pads[1]}, pr, plain_attr());
+    const auto pd = dnnl::pooling_forward::primitive_desc(
+        p_.eng, dnnl::prop_kind::forward_inference, alg, src_md, dst_any, {s[0], s[1]},
+        {k[0], k[1]}, {d[0] - 1, d[1] - 1}, {pads[0], pads[1]}, pr, plain_attr());
     const ArgRef src = get(node.inputs[0], pd.src_desc());
     const ArgRef dst = new_buffer(pd.dst_desc());
-    add_primitive(dnnl::pooling_forward(pd), {{DNNL_ARG_SRC, src}, {DNNL_ARG_DST, dst}}, node.describe(), pd.scratchpad_desc());
+    add_primitive(dnnl::pooling_forward(pd), {{DNNL_ARG_SRC, src}, {DNNL_ARG_DST, dst}},
+                  node.describe(), pd.scratchpad_desc());
     set(node.outputs[0], dst);
   }
 
@@ -450,11 +501,14 @@ private:
     for (const auto a : axes) kept[static_cast<std::size_t>(a)] = 1;
     const ArgRef src = get_plain(node.inputs[0], act_);
     const memory::desc dst_md = plain(kept, act_);
-    const auto pd = dnnl::reduction::primitive_desc(p_.eng, dnnl::algorithm::reduction_mean, src.md, dst_md, 0.f, 0.f, plain_attr());
+    const auto pd = dnnl::reduction::primitive_desc(p_.eng, dnnl::algorithm::reduction_mean, src.md,
+                                                    dst_md, 0.f, 0.f, plain_attr());
     const ArgRef dst = new_buffer(dst_md);
-    add_primitive(dnnl::reduction(pd), {{DNNL_ARG_SRC, src}, {DNNL_ARG_DST, dst}}, node.describe(), pd.scratchpad_desc());
+    add_primitive(dnnl::reduction(pd), {{DNNL_ARG_SRC, src}, {DNNL_ARG_DST, dst}}, node.describe(),
+                  pd.scratchpad_desc());
     // keepdims = 0 is the same bytes seen with the reduced axes dropped.
-    set(node.outputs[0], ArgRef{dst.kind, dst.index, dst.offset, plain(g_.shape(node.outputs[0]), act_)});
+    set(node.outputs[0],
+        ArgRef{dst.kind, dst.index, dst.offset, plain(g_.shape(node.outputs[0]), act_)});
   }
 
   void eltwise(const Node& node) {
@@ -462,10 +516,13 @@ private:
     const float alpha = node.op == "Clip" ? node.float_attr("min", 0) : node.float_attr("alpha", 0);
     const float beta = node.op == "Clip" ? node.float_attr("max", 0) : node.float_attr("beta", 0);
     const auto [a, b] = eltwise_params(node.op, alpha, beta);
-    const auto pd = dnnl::eltwise_forward::primitive_desc(p_.eng, dnnl::prop_kind::forward_inference, eltwise_alg(node.op), src.md, src.md, a, b, plain_attr());
+    const auto pd = dnnl::eltwise_forward::primitive_desc(
+        p_.eng, dnnl::prop_kind::forward_inference, eltwise_alg(node.op), src.md, src.md, a, b,
+        plain_attr());
     const ArgRef in = src;
     const ArgRef dst = new_buffer(pd.dst_desc());
-    add_primitive(dnnl::eltwise_forward(pd), {{DNNL_ARG_SRC, in}, {DNNL_ARG_DST, dst}}, node.describe(), pd.scratchpad_desc());
+    add_primitive(dnnl::eltwise_forward(pd), {{DNNL_ARG_SRC, in}, {DNNL_ARG_DST, dst}},
+                  node.describe(), pd.scratchpad_desc());
     set(node.outputs[0], dst);
   }
 
@@ -474,9 +531,13 @@ private:
     std::string a = node.inputs[0], b = node.inputs[1];
     const bool commutative = node.op == "Add" || node.op == "Mul";
     // oneDNN broadcasts only the second operand: put the full-shape computed operand first.
-    if (commutative && (g_.is_constant(a) || g_.shape(a) != os) && !g_.is_constant(b) && g_.shape(b) == os) std::swap(a, b);
-    const auto alg = node.op == "Add" ? dnnl::algorithm::binary_add : node.op == "Sub" ? dnnl::algorithm::binary_sub
-                   : node.op == "Mul" ? dnnl::algorithm::binary_mul : dnnl::algorithm::binary_div;
+    if (commutative && (g_.is_constant(a) || g_.shape(a) != os) && !g_.is_constant(b) &&
+        g_.shape(b) == os)
+      std::swap(a, b);
+    const auto alg = node.op == "Add"   ? dnnl::algorithm::binary_add
+                     : node.op == "Sub" ? dnnl::algorithm::binary_sub
+                     : node.op == "Mul" ? dnnl::algorithm::binary_mul
+                                        : dnnl::algorithm::binary_div;
     const auto padded = [&](Shape s) {
       while (s.size() < os.size()) s.insert(s.begin(), 1);
       return s;
@@ -487,9 +548,13 @@ private:
       const ArgRef rb = g_.is_constant(b) ? constant(b, bs) : get_plain(b, dt::f32);
       const ArgRef dst = new_buffer(plain(os, dt::f32));
       const std::string op = node.op;
-      add_kernel([op, as, bs, os](std::byte* const* p) {
-        ref::binary(op, reinterpret_cast<const float*>(p[0]), as, reinterpret_cast<const float*>(p[1]), bs, reinterpret_cast<float*>(p[2]), os);
-      }, {ra, rb, dst}, node.describe());
+      add_kernel(
+          [op, as, bs, os](std::byte* const* p) {
+            ref::binary(op, reinterpret_cast<const float*>(p[0]), as,
+                        reinterpret_cast<const float*>(p[1]), bs, reinterpret_cast<float*>(p[2]),
+                        os);
+          },
+          {ra, rb, dst}, node.describe());
       set(node.outputs[0], dst);
       return;
     }
@@ -504,9 +569,12 @@ private:
       const ArgRef r = get_plain(b, act_);
       src1 = ArgRef{r.kind, r.index, r.offset, plain(bs, act_)};
     }
-    const auto pd = dnnl::binary::primitive_desc(p_.eng, alg, src0.md, src1.md, src0.md, plain_attr());
+    const auto pd =
+        dnnl::binary::primitive_desc(p_.eng, alg, src0.md, src1.md, src0.md, plain_attr());
     const ArgRef dst = new_buffer(pd.dst_desc());
-    add_primitive(dnnl::binary(pd), {{DNNL_ARG_SRC_0, src0}, {DNNL_ARG_SRC_1, src1}, {DNNL_ARG_DST, dst}}, node.describe(), pd.scratchpad_desc());
+    add_primitive(dnnl::binary(pd),
+                  {{DNNL_ARG_SRC_0, src0}, {DNNL_ARG_SRC_1, src1}, {DNNL_ARG_DST, dst}},
+                  node.describe(), pd.scratchpad_desc());
     set(node.outputs[0], dst);
   }
 
@@ -523,10 +591,12 @@ private:
         srcs[k] = g_.is_constant(node.inputs[k]) ? srcs[k] : get_plain(node.inputs[k], type);
         mds[k] = srcs[k].md;
       }
-    const auto pd = dnnl::concat::primitive_desc(p_.eng, static_cast<int>(node.int_attr("axis", 0)), mds, plain_attr());
+    const auto pd = dnnl::concat::primitive_desc(p_.eng, static_cast<int>(node.int_attr("axis", 0)),
+                                                 mds, plain_attr());
     const ArgRef dst = new_buffer(pd.dst_desc());
     std::vector<std::pair<int, ArgRef>> args = {{DNNL_ARG_DST, dst}};
-    for (std::size_t k = 0; k < srcs.size(); ++k) args.emplace_back(DNNL_ARG_MULTIPLE_SRC + static_cast<int>(k), srcs[k]);
+    for (std::size_t k = 0; k < srcs.size(); ++k)
+      args.emplace_back(DNNL_ARG_MULTIPLE_SRC + static_cast<int>(k), srcs[k]);
     add_primitive(dnnl::concat(pd), std::move(args), node.describe(), pd.scratchpad_desc());
     set(node.outputs[0], dst);
   }
@@ -535,7 +605,8 @@ private:
     const ArgRef& cur = at(node.inputs[0]);
     const dt type = cur.md.get_data_type();
     const ArgRef src = get_plain(node.inputs[0], type);
-    set(node.outputs[0], ArgRef{src.kind, src.index, src.offset, plain(g_.shape(node.outputs[0]), type)});
+    set(node.outputs[0],
+        ArgRef{src.kind, src.index, src.offset, plain(g_.shape(node.outputs[0]), type)});
   }
 
   void transpose(const Node& node) {
@@ -543,7 +614,8 @@ private:
     const ArgRef src = get_plain(node.inputs[0], type);
     const auto perm = node.ints_attr("perm");
     std::vector<int> inverse(perm.size());
-    for (std::size_t k = 0; k < perm.size(); ++k) inverse[static_cast<std::size_t>(perm[k])] = static_cast<int>(k);
+    for (std::size_t k = 0; k < perm.size(); ++k)
+      inverse[static_cast<std::size_t>(perm[k])] = static_cast<int>(k);
     const memory::desc permuted = src.md.permute_axes(inverse);
     const ArgRef dst = new_buffer(plain(g_.shape(node.outputs[0]), type));
     add_reorder(ArgRef{src.kind, src.index, src.offset, permuted}, dst, node.describe());
@@ -569,9 +641,12 @@ private:
       if (negative) {
         const ArgRef src = get_plain(node.inputs[0], dt::f32);
         const ArgRef dst = new_buffer(plain(os, dt::f32));
-        add_kernel([xs, os, start, step](std::byte* const* p) {
-          ref::slice(reinterpret_cast<const float*>(p[0]), xs, reinterpret_cast<float*>(p[1]), os, start, step);
-        }, {src, dst}, node.describe());
+        add_kernel(
+            [xs, os, start, step](std::byte* const* p) {
+              ref::slice(reinterpret_cast<const float*>(p[0]), xs, reinterpret_cast<float*>(p[1]),
+                         os, start, step);
+            },
+            {src, dst}, node.describe());
         set(node.outputs[out], dst);
         continue;
       }
@@ -585,7 +660,11 @@ private:
       }
       const memory::desc view(dims_of(os), type, strides);
       const ArgRef dst = new_buffer(plain(os, type));
-      add_reorder(ArgRef{src.kind, src.index, src.offset + static_cast<std::size_t>(offset) * memory::data_type_size(type), view}, dst, node.describe());
+      add_reorder(
+          ArgRef{src.kind, src.index,
+                 src.offset + static_cast<std::size_t>(offset) * memory::data_type_size(type),
+                 view},
+          dst, node.describe());
       set(node.outputs[out], dst);
     }
   }
@@ -597,9 +676,12 @@ private:
     const auto pads = node.ints_attr("pads");
     const std::string mode = node.string_attr("mode", "constant");
     const float value = node.float_attr("value", 0);
-    add_kernel([xs, os, pads, mode, value](std::byte* const* p) {
-      ref::pad(reinterpret_cast<const float*>(p[0]), xs, reinterpret_cast<float*>(p[1]), os, pads, mode, value);
-    }, {src, dst}, node.describe());
+    add_kernel(
+        [xs, os, pads, mode, value](std::byte* const* p) {
+          ref::pad(reinterpret_cast<const float*>(p[0]), xs, reinterpret_cast<float*>(p[1]), os,
+                   pads, mode, value);
+        },
+        {src, dst}, node.describe());
     set(node.outputs[0], dst);
   }
 
@@ -610,14 +692,17 @@ private:
     ArgRef src = get_plain(node.inputs[0], type);
     if (node.int_attr("coerce_2d", 0) && static_cast<std::size_t>(axis) + 1 < xs.size()) {
       std::int64_t outer = 1, inner = 1;
-      for (std::size_t d = 0; d < xs.size(); ++d) (d < static_cast<std::size_t>(axis) ? outer : inner) *= xs[d];
+      for (std::size_t d = 0; d < xs.size(); ++d)
+        (d < static_cast<std::size_t>(axis) ? outer : inner) *= xs[d];
       src.md = plain({outer, inner}, type);
       axis = 1;
     }
-    const auto pd = dnnl::softmax_forward::primitive_desc(p_.eng, dnnl::prop_kind::forward_inference, dnnl::algorithm::softmax_accurate,
-                                                          src.md, src.md, axis, plain_attr());
+    const auto pd = dnnl::softmax_forward::primitive_desc(
+        p_.eng, dnnl::prop_kind::forward_inference, dnnl::algorithm::softmax_accurate, src.md,
+        src.md, axis, plain_attr());
     const ArgRef dst = new_buffer(src.md);
-    add_primitive(dnnl::softmax_forward(pd), {{DNNL_ARG_SRC, src}, {DNNL_ARG_DST, dst}}, node.describe(), pd.scratchpad_desc());
+    add_primitive(dnnl::softmax_forward(pd), {{DNNL_ARG_SRC, src}, {DNNL_ARG_DST, dst}},
+                  node.describe(), pd.scratchpad_desc());
     set(node.outputs[0], ArgRef{dst.kind, dst.index, dst.offset, plain(xs, type)});
   }
 
@@ -632,8 +717,10 @@ private:
 
 } // namespace
 
-std::shared_ptr<const Teacher> Teacher::load(const std::string& path, const TeacherOptions& options) {
-  if (options.batch < 1) throw InputError(fmt::format("teacher batch {} must be at least 1", options.batch));
+std::shared_ptr<const Teacher> Teacher::load(const std::string& path,
+                                             const TeacherOptions& options) {
+  if (options.batch < 1)
+    throw InputError(fmt::format("teacher batch {} must be at least 1", options.batch));
   std::shared_ptr<Teacher> t(new Teacher());
   t->plan_ = std::make_unique<Plan>();
   LoadOptions lo;
@@ -658,7 +745,8 @@ std::vector<std::string> Teacher::output_names() const {
 Shape Teacher::output_shape(std::size_t k) const { return plan_->outputs.at(k).shape; }
 std::size_t Teacher::steps() const { return plan_->steps.size(); }
 std::size_t Teacher::reorders() const {
-  return static_cast<std::size_t>(std::count_if(plan_->steps.begin(), plan_->steps.end(), [](const Step& s) { return s.reorder; }));
+  return static_cast<std::size_t>(std::count_if(plan_->steps.begin(), plan_->steps.end(),
+                                                [](const Step& s) { return s.reorder; }));
 }
 
 // --- replicas ------------------------------------------------------------------------------------
@@ -670,11 +758,12 @@ struct Replica::State {
   dnnl::stream stream;
   std::vector<std::unique_ptr<std::byte, AlignedFree>> buffers;
   std::unique_ptr<std::byte, AlignedFree> scratch;
-  memory input;                // handle set per run
+  memory input;                                            // handle set per run
   std::vector<std::pair<memory, std::size_t>> input_views; // other views of the input, by offset
-  std::vector<memory> outputs; // handles set per run
-  std::vector<std::unordered_map<int, memory>> args; // per primitive step
-  std::vector<std::vector<std::byte*>> kernel_ptrs;  // per kernel step (input/output patched per run)
+  std::vector<memory> outputs;                             // handles set per run
+  std::vector<std::unordered_map<int, memory>> args;       // per primitive step
+  std::vector<std::vector<std::byte*>>
+      kernel_ptrs; // per kernel step (input/output patched per run)
   std::vector<std::vector<std::pair<std::size_t, ArgRef>>> kernel_user_args;
   const float* current_input = nullptr;
   std::span<float* const> current_outputs;
@@ -684,14 +773,16 @@ namespace {
 
 std::byte* aligned_bytes(std::size_t n) {
   constexpr std::size_t kAlign = 64;
-  void* p = std::aligned_alloc(kAlign, std::max<std::size_t>(kAlign, (n + kAlign - 1) / kAlign * kAlign));
+  void* p =
+      std::aligned_alloc(kAlign, std::max<std::size_t>(kAlign, (n + kAlign - 1) / kAlign * kAlign));
   if (p == nullptr) throw std::bad_alloc();
   return static_cast<std::byte*>(p);
 }
 
 } // namespace
 
-Replica::Replica(std::shared_ptr<const Teacher> teacher) : teacher_(std::move(teacher)), state_(std::make_unique<State>()) {
+Replica::Replica(std::shared_ptr<const Teacher> teacher)
+    : teacher_(std::move(teacher)), state_(std::make_unique<State>()) {
   const Teacher::Plan& p = teacher_->plan();
   State& s = *state_;
   s.stream = dnnl::stream(p.eng);
@@ -699,7 +790,9 @@ Replica::Replica(std::shared_ptr<const Teacher> teacher) : teacher_(std::move(te
   s.scratch.reset(aligned_bytes(p.scratchpad_bytes));
   s.input = memory(p.input_md, p.eng, DNNL_MEMORY_NONE);
   for (const auto& o : p.outputs) s.outputs.push_back(memory(o.md, p.eng, DNNL_MEMORY_NONE));
-  const memory scratch(memory::desc({static_cast<memory::dim>(p.scratchpad_bytes)}, dt::u8, memory::format_tag::a), p.eng, s.scratch.get());
+  const memory scratch(
+      memory::desc({static_cast<memory::dim>(p.scratchpad_bytes)}, dt::u8, memory::format_tag::a),
+      p.eng, s.scratch.get());
 
   const auto resolve = [&](const ArgRef& r) -> memory {
     switch (r.kind) {
@@ -710,7 +803,8 @@ Replica::Replica(std::shared_ptr<const Teacher> teacher) : teacher_(std::move(te
       return s.input_views.back().first;
     }
     case ArgRef::Kind::output: return s.outputs[static_cast<std::size_t>(r.index)];
-    case ArgRef::Kind::buffer: return memory(r.md, p.eng, s.buffers[static_cast<std::size_t>(r.index)].get() + r.offset);
+    case ArgRef::Kind::buffer:
+      return memory(r.md, p.eng, s.buffers[static_cast<std::size_t>(r.index)].get() + r.offset);
     }
     throw std::logic_error("bad operand");
   };
@@ -724,8 +818,11 @@ Replica::Replica(std::shared_ptr<const Teacher> teacher) : teacher_(std::move(te
     } else {
       for (std::size_t k = 0; k < step.args.size(); ++k) {
         const ArgRef& ref = step.args[k].second;
-        if (ref.kind == ArgRef::Kind::buffer) ptrs.push_back(s.buffers[static_cast<std::size_t>(ref.index)].get() + ref.offset);
-        else if (ref.kind == ArgRef::Kind::weight) ptrs.push_back(static_cast<std::byte*>(p.weights[static_cast<std::size_t>(ref.index)].get_data_handle()));
+        if (ref.kind == ArgRef::Kind::buffer)
+          ptrs.push_back(s.buffers[static_cast<std::size_t>(ref.index)].get() + ref.offset);
+        else if (ref.kind == ArgRef::Kind::weight)
+          ptrs.push_back(static_cast<std::byte*>(
+              p.weights[static_cast<std::size_t>(ref.index)].get_data_handle()));
         else {
           ptrs.push_back(nullptr);
           user.emplace_back(k, ref);
@@ -744,7 +841,8 @@ void Replica::run(const float* input, std::span<float* const> outputs) {
   const Teacher::Plan& p = teacher_->plan();
   State& s = *state_;
   if (outputs.size() != p.outputs.size())
-    throw std::invalid_argument(fmt::format("teacher: {} output buffers given, {} expected", outputs.size(), p.outputs.size()));
+    throw std::invalid_argument(fmt::format("teacher: {} output buffers given, {} expected",
+                                            outputs.size(), p.outputs.size()));
   s.input.set_data_handle(const_cast<float*>(input));
   for (auto& [view, offset] : s.input_views)
     view.set_data_handle(reinterpret_cast<std::byte*>(const_cast<float*>(input)) + offset);
@@ -758,8 +856,10 @@ void Replica::run(const float* input, std::span<float* const> outputs) {
     s.stream.wait(); // plain kernels run on this thread, after the primitives before them
     auto& ptrs = s.kernel_ptrs[i];
     for (const auto& [k, ref] : s.kernel_user_args[i])
-      ptrs[k] = ref.kind == ArgRef::Kind::input ? reinterpret_cast<std::byte*>(const_cast<float*>(input)) + ref.offset
-                                                : reinterpret_cast<std::byte*>(outputs[static_cast<std::size_t>(ref.index)]) + ref.offset;
+      ptrs[k] = ref.kind == ArgRef::Kind::input
+                    ? reinterpret_cast<std::byte*>(const_cast<float*>(input)) + ref.offset
+                    : reinterpret_cast<std::byte*>(outputs[static_cast<std::size_t>(ref.index)]) +
+                          ref.offset;
     step.kernel(ptrs.data());
   }
   s.stream.wait();

@@ -72,7 +72,8 @@ std::string Node::describe() const { return fmt::format("{} node '{}'", op, name
 
 const Shape& Graph::shape(const std::string& value) const {
   const auto it = shapes.find(value);
-  if (it == shapes.end()) throw std::logic_error("teacher graph: no shape for value '" + value + "'");
+  if (it == shapes.end())
+    throw std::logic_error("teacher graph: no shape for value '" + value + "'");
   return it->second;
 }
 

@@ -15,7 +15,8 @@ NpyArray read_npy(const std::string& path) {
   if (!in) throw InputError(fmt::format("{}: cannot read the .npy file", path));
   char magic[8] = {};
   in.read(magic, 8);
-  if (!in || std::memcmp(magic, "\x93NUMPY", 6) != 0) throw InputError(fmt::format("{}: not a .npy file (bad magic)", path));
+  if (!in || std::memcmp(magic, "\x93NUMPY", 6) != 0)
+    throw InputError(fmt::format("{}: not a .npy file (bad magic)", path));
   std::uint32_t header_len = 0;
   if (magic[6] == 1) {
     std::uint16_t h = 0;
@@ -27,29 +28,36 @@ NpyArray read_npy(const std::string& path) {
   std::string header(header_len, '\0');
   in.read(header.data(), header_len);
   if (!in) throw InputError(fmt::format("{}: truncated .npy header", path));
-  // The header is a Python dict literal: {'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }
+  // The header is a Python dict literal: {'descr': '<f4', 'fortran_order': False, 'shape': (2, 3),
+  // }
   const auto value_after = [&](const std::string& key) -> std::string {
     const auto k = header.find("'" + key + "'");
-    if (k == std::string::npos) throw InputError(fmt::format("{}: .npy header has no {}", path, key));
+    if (k == std::string::npos)
+      throw InputError(fmt::format("{}: .npy header has no {}", path, key));
     const auto colon = header.find(':', k);
     return colon == std::string::npos ? std::string() : header.substr(colon + 1);
   };
   std::string descr = value_after("descr");
   const auto q0 = descr.find('\''), q1 = descr.find('\'', q0 + 1);
-  if (q0 == std::string::npos || q1 == std::string::npos) throw InputError(fmt::format("{}: .npy header has a bad descr", path));
+  if (q0 == std::string::npos || q1 == std::string::npos)
+    throw InputError(fmt::format("{}: .npy header has a bad descr", path));
   descr = descr.substr(q0 + 1, q1 - q0 - 1);
   if (descr != "<f4" && descr != "<f8")
-    throw InputError(fmt::format("{}: element type '{}' is not float32 ('<f4') or float64", path, descr));
+    throw InputError(
+        fmt::format("{}: element type '{}' is not float32 ('<f4') or float64", path, descr));
   const std::string order = value_after("fortran_order");
   if (order.substr(order.find_first_not_of(' '), 4) == "True")
-    throw InputError(fmt::format("{}: Fortran-ordered arrays are not supported (save with C order)", path));
+    throw InputError(
+        fmt::format("{}: Fortran-ordered arrays are not supported (save with C order)", path));
   const std::string shape = value_after("shape");
   const auto open = shape.find('('), close = shape.find(')');
-  if (open == std::string::npos || close == std::string::npos) throw InputError(fmt::format("{}: .npy header has a bad shape", path));
+  if (open == std::string::npos || close == std::string::npos)
+    throw InputError(fmt::format("{}: .npy header has a bad shape", path));
   NpyArray a;
   std::int64_t dim = -1;
   for (const char ch : shape.substr(open + 1, close - open - 1)) {
-    if (ch >= '0' && ch <= '9') dim = (dim < 0 ? 0 : dim) * 10 + (ch - '0');
+    if (ch >= '0' && ch <= '9')
+      dim = (dim < 0 ? 0 : dim) * 10 + (ch - '0');
     else if (dim >= 0) {
       a.shape.push_back(dim);
       dim = -1;
@@ -65,7 +73,9 @@ NpyArray read_npy(const std::string& path) {
     in.read(reinterpret_cast<char*>(d.data()), static_cast<std::streamsize>(n * 8));
     for (std::size_t k = 0; k < n; ++k) a.data[k] = static_cast<float>(d[k]);
   }
-  if (!in) throw InputError(fmt::format("{}: truncated: shape {} needs more data", path, format_shape(a.shape)));
+  if (!in)
+    throw InputError(
+        fmt::format("{}: truncated: shape {} needs more data", path, format_shape(a.shape)));
   return a;
 }
 
@@ -73,7 +83,8 @@ void write_npy(const std::string& path, const Shape& shape, const float* data) {
   std::string dims;
   for (const auto d : shape) dims += std::to_string(d) + ",";
   if (shape.size() > 1) dims.pop_back();
-  std::string header = fmt::format("{{'descr': '<f4', 'fortran_order': False, 'shape': ({}), }}", dims);
+  std::string header =
+      fmt::format("{{'descr': '<f4', 'fortran_order': False, 'shape': ({}), }}", dims);
   const std::size_t total = 10 + header.size() + 1;
   header += std::string((64 - total % 64) % 64, ' ') + "\n";
   std::ofstream out(path, std::ios::binary);

@@ -26,7 +26,8 @@ constexpr std::int64_t kMaxOpset = 17;
 
 std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
 
-std::string read_bytes(const std::filesystem::path& path, std::int64_t offset = 0, std::int64_t length = -1) {
+std::string read_bytes(const std::filesystem::path& path, std::int64_t offset = 0,
+                       std::int64_t length = -1) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw InputError(fmt::format("{}: cannot read the file", path.string()));
   in.seekg(0, std::ios::end);
@@ -50,9 +51,12 @@ Tensor to_tensor(const onnx::TensorProto& t, const std::filesystem::path& model_
     std::string location;
     std::int64_t offset = 0, length = -1;
     for (const auto& kv : t.external_data()) {
-      if (kv.key() == "location") location = kv.value();
-      else if (kv.key() == "offset") offset = std::stoll(kv.value());
-      else if (kv.key() == "length") length = std::stoll(kv.value());
+      if (kv.key() == "location")
+        location = kv.value();
+      else if (kv.key() == "offset")
+        offset = std::stoll(kv.value());
+      else if (kv.key() == "length")
+        length = std::stoll(kv.value());
     }
     raw = read_bytes(model_dir / location, offset, length);
   } else if (t.has_raw_data()) {
@@ -61,8 +65,8 @@ Tensor to_tensor(const onnx::TensorProto& t, const std::filesystem::path& model_
   const auto type = t.data_type();
   const auto want = [&](std::size_t elem) {
     if (!raw.empty() && raw.size() != n * elem)
-      throw InputError(fmt::format("{}: initializer '{}' holds {} bytes, its shape {} needs {}", file,
-                                   t.name(), raw.size(), format_shape(shape), n * elem));
+      throw InputError(fmt::format("{}: initializer '{}' holds {} bytes, its shape {} needs {}",
+                                   file, t.name(), raw.size(), format_shape(shape), n * elem));
   };
   if (type == onnx::TensorProto::FLOAT) {
     std::vector<float> v(n);
@@ -71,7 +75,8 @@ Tensor to_tensor(const onnx::TensorProto& t, const std::filesystem::path& model_
       std::memcpy(v.data(), raw.data(), raw.size());
     } else {
       if (static_cast<std::size_t>(t.float_data_size()) != n)
-        throw InputError(fmt::format("{}: initializer '{}' has {} values for shape {}", file, t.name(), t.float_data_size(), format_shape(shape)));
+        throw InputError(fmt::format("{}: initializer '{}' has {} values for shape {}", file,
+                                     t.name(), t.float_data_size(), format_shape(shape)));
       std::copy(t.float_data().begin(), t.float_data().end(), v.begin());
     }
     return Tensor::floats(shape, std::move(v));
@@ -80,10 +85,13 @@ Tensor to_tensor(const onnx::TensorProto& t, const std::filesystem::path& model_
       type == onnx::TensorProto::BOOL) {
     std::vector<std::int64_t> v(n);
     if (!raw.empty()) {
-      const std::size_t elem = type == onnx::TensorProto::INT64 ? 8 : type == onnx::TensorProto::INT32 ? 4 : 1;
+      const std::size_t elem = type == onnx::TensorProto::INT64   ? 8
+                               : type == onnx::TensorProto::INT32 ? 4
+                                                                  : 1;
       want(elem);
       for (std::size_t k = 0; k < n; ++k) {
-        if (elem == 8) std::memcpy(&v[k], raw.data() + 8 * k, 8);
+        if (elem == 8)
+          std::memcpy(&v[k], raw.data() + 8 * k, 8);
         else if (elem == 4) {
           std::int32_t x;
           std::memcpy(&x, raw.data() + 4 * k, 4);
@@ -113,16 +121,26 @@ Tensor to_tensor(const onnx::TensorProto& t, const std::filesystem::path& model_
     }
     return Tensor::floats(shape, std::move(v));
   }
-  throw InputError(fmt::format("{}: tensor '{}' has element type {}, which kdflow does not read", file,
-                               t.name(), static_cast<int>(type)));
+  throw InputError(fmt::format("{}: tensor '{}' has element type {}, which kdflow does not read",
+                               file, t.name(), static_cast<int>(type)));
 }
 
-Attribute to_attribute(const onnx::AttributeProto& a, const std::filesystem::path& dir, const std::string& file) {
+Attribute to_attribute(const onnx::AttributeProto& a, const std::filesystem::path& dir,
+                       const std::string& file) {
   Attribute r;
   switch (a.type()) {
-  case onnx::AttributeProto::INT: r.kind = Attribute::Kind::i; r.i = a.i(); break;
-  case onnx::AttributeProto::FLOAT: r.kind = Attribute::Kind::f; r.f = a.f(); break;
-  case onnx::AttributeProto::STRING: r.kind = Attribute::Kind::s; r.s = a.s(); break;
+  case onnx::AttributeProto::INT:
+    r.kind = Attribute::Kind::i;
+    r.i = a.i();
+    break;
+  case onnx::AttributeProto::FLOAT:
+    r.kind = Attribute::Kind::f;
+    r.f = a.f();
+    break;
+  case onnx::AttributeProto::STRING:
+    r.kind = Attribute::Kind::s;
+    r.s = a.s();
+    break;
   case onnx::AttributeProto::INTS:
     r.kind = Attribute::Kind::ints;
     r.ints.assign(a.ints().begin(), a.ints().end());
@@ -131,8 +149,13 @@ Attribute to_attribute(const onnx::AttributeProto& a, const std::filesystem::pat
     r.kind = Attribute::Kind::floats;
     r.floats.assign(a.floats().begin(), a.floats().end());
     break;
-  case onnx::AttributeProto::TENSOR: r.kind = Attribute::Kind::tensor; r.t = to_tensor(a.t(), dir, file); break;
-  default: r.kind = Attribute::Kind::none; break; // graphs, sparse tensors: not used by supported ops
+  case onnx::AttributeProto::TENSOR:
+    r.kind = Attribute::Kind::tensor;
+    r.t = to_tensor(a.t(), dir, file);
+    break;
+  default:
+    r.kind = Attribute::Kind::none;
+    break; // graphs, sparse tensors: not used by supported ops
   }
   return r;
 }
@@ -146,11 +169,13 @@ Graph load_onnx(const std::string& path, const LoadOptions& options) {
   const std::string bytes = read_bytes(file);
   onnx::ModelProto model;
   if (!model.ParseFromString(bytes))
-    throw InputError(fmt::format("{}: not a valid ONNX model (truncated or corrupt protobuf)", path));
+    throw InputError(
+        fmt::format("{}: not a valid ONNX model (truncated or corrupt protobuf)", path));
   try {
     onnx::checker::check_model(path);
   } catch (const std::exception& e) {
-    throw InputError(fmt::format("{}: the ONNX checker rejects it: {}", path, first_line(e.what())));
+    throw InputError(
+        fmt::format("{}: the ONNX checker rejects it: {}", path, first_line(e.what())));
   }
 
   Graph g;
@@ -159,8 +184,8 @@ Graph load_onnx(const std::string& path, const LoadOptions& options) {
   for (const auto& imp : model.opset_import())
     if (imp.domain().empty() || imp.domain() == "ai.onnx") g.opset = imp.version();
   if (g.opset < kMinOpset || g.opset > kMaxOpset)
-    throw InputError(fmt::format("{}: opset {} is not supported (kdflow reads opsets {} to {})", path,
-                                 g.opset, kMinOpset, kMaxOpset));
+    throw InputError(fmt::format("{}: opset {} is not supported (kdflow reads opsets {} to {})",
+                                 path, g.opset, kMinOpset, kMaxOpset));
   const auto dir = file.parent_path();
   const onnx::GraphProto& gp = model.graph();
   for (const auto& init : gp.initializer()) {
@@ -172,26 +197,35 @@ Graph load_onnx(const std::string& path, const LoadOptions& options) {
   for (const auto& in : gp.input()) {
     if (g.is_constant(in.name())) continue;
     if (!g.input.empty())
-      throw InputError(fmt::format("{}: has more than one input ('{}', '{}'); a teacher takes one image batch",
-                                   path, g.input, in.name()));
+      throw InputError(
+          fmt::format("{}: has more than one input ('{}', '{}'); a teacher takes one image batch",
+                      path, g.input, in.name()));
     g.input = in.name();
     const auto& tt = in.type().tensor_type();
     if (tt.elem_type() != onnx::TensorProto::FLOAT)
       throw InputError(fmt::format("{}: input '{}' must be float32", path, in.name()));
     const auto& dims = tt.shape().dim();
     for (int d = 0; d < dims.size(); ++d) {
-      if (d == 0) g.input_shape.push_back(options.batch);
-      else if (dims[d].has_dim_value() && dims[d].dim_value() > 0) g.input_shape.push_back(dims[d].dim_value());
-      else throw InputError(fmt::format("{}: input '{}' dimension {} is not fixed", path, in.name(), d));
+      if (d == 0)
+        g.input_shape.push_back(options.batch);
+      else if (dims[d].has_dim_value() && dims[d].dim_value() > 0)
+        g.input_shape.push_back(dims[d].dim_value());
+      else
+        throw InputError(
+            fmt::format("{}: input '{}' dimension {} is not fixed", path, in.name(), d));
     }
     if (g.input_shape.size() < 2)
-      throw InputError(fmt::format("{}: input '{}' has rank {}; a batch of samples needs at least 2", path, in.name(), dims.size()));
+      throw InputError(
+          fmt::format("{}: input '{}' has rank {}; a batch of samples needs at least 2", path,
+                      in.name(), dims.size()));
   }
   if (g.input.empty()) throw InputError(fmt::format("{}: the graph has no input", path));
-  if (options.sample_shape && Shape(g.input_shape.begin() + 1, g.input_shape.end()) != *options.sample_shape)
-    throw InputError(fmt::format("{}: input '{}' takes samples of shape {}, the data has {}", path, g.input,
-                                 format_shape(Shape(g.input_shape.begin() + 1, g.input_shape.end())),
-                                 format_shape(*options.sample_shape)));
+  if (options.sample_shape &&
+      Shape(g.input_shape.begin() + 1, g.input_shape.end()) != *options.sample_shape)
+    throw InputError(
+        fmt::format("{}: input '{}' takes samples of shape {}, the data has {}", path, g.input,
+                    format_shape(Shape(g.input_shape.begin() + 1, g.input_shape.end())),
+                    format_shape(*options.sample_shape)));
   g.shapes[g.input] = g.input_shape;
   g.types[g.input] = ElemType::f32;
   for (const auto& out : gp.output()) g.outputs.push_back(out.name());
@@ -203,13 +237,15 @@ Graph load_onnx(const std::string& path, const LoadOptions& options) {
     node.op = np.op_type();
     node.name = np.name().empty() ? fmt::format("{}_{}", np.op_type(), unnamed++) : np.name();
     if (!np.domain().empty() && np.domain() != "ai.onnx")
-      throw InputError(fmt::format("{}: node '{}' uses op domain '{}' ({}), which kdflow does not support",
-                                   path, node.name, np.domain(), node.op));
+      throw InputError(
+          fmt::format("{}: node '{}' uses op domain '{}' ({}), which kdflow does not support", path,
+                      node.name, np.domain(), node.op));
     node.inputs.assign(np.input().begin(), np.input().end());
     node.outputs.assign(np.output().begin(), np.output().end());
     for (const auto& a : np.attribute()) node.attrs[a.name()] = to_attribute(a, dir, path);
     // Drop trailing optional outputs nobody reads (Dropout's mask, BatchNorm's training outputs).
-    while (node.outputs.size() > 1 && (node.outputs.back().empty() || (node.op == "Dropout" || node.op == "BatchNormalization")))
+    while (node.outputs.size() > 1 && (node.outputs.back().empty() ||
+                                       (node.op == "Dropout" || node.op == "BatchNormalization")))
       node.outputs.pop_back();
 
     std::vector<Shape> shapes;
@@ -240,8 +276,8 @@ Graph load_onnx(const std::string& path, const LoadOptions& options) {
       throw InputError(fmt::format("{}: {}", path, e.what()));
     }
     if (outs.size() != node.outputs.size())
-      throw InputError(fmt::format("{}: {} has {} outputs, kdflow expects {}", path, node.describe(),
-                                   node.outputs.size(), outs.size()));
+      throw InputError(fmt::format("{}: {} has {} outputs, kdflow expects {}", path,
+                                   node.describe(), node.outputs.size(), outs.size()));
     for (std::size_t k = 0; k < outs.size(); ++k) {
       g.shapes[node.outputs[k]] = outs[k].shape;
       g.types[node.outputs[k]] = outs[k].type;
@@ -256,17 +292,20 @@ Graph load_onnx(const std::string& path, const LoadOptions& options) {
         inputs = {&shape_only};
       }
       auto values = evaluate(node, inputs, outs, g.opset);
-      for (std::size_t k = 0; k < values.size(); ++k) g.constants[node.outputs[k]] = std::move(values[k]);
+      for (std::size_t k = 0; k < values.size(); ++k)
+        g.constants[node.outputs[k]] = std::move(values[k]);
       continue;
     }
     for (std::size_t k = 0; k < outs.size(); ++k)
       if (outs[k].type != ElemType::f32)
-        throw InputError(fmt::format("{}: {} computes integers from the input data; kdflow runs float tensors only",
-                                     path, node.describe()));
+        throw InputError(fmt::format(
+            "{}: {} computes integers from the input data; kdflow runs float tensors only", path,
+            node.describe()));
     g.nodes.push_back(std::move(node));
   }
   for (const auto& o : g.outputs)
-    if (!g.shapes.count(o)) throw InputError(fmt::format("{}: graph output '{}' is never produced", path, o));
+    if (!g.shapes.count(o))
+      throw InputError(fmt::format("{}: graph output '{}' is never produced", path, o));
   if (options.run_passes) run_passes(g);
   return g;
 }

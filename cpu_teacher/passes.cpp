@@ -49,8 +49,9 @@ void absorb(Graph& g, std::size_t target, PostOp post, std::size_t fused) {
 bool remove_noops(Graph& g) {
   for (std::size_t i = 0; i < g.nodes.size(); ++i) {
     const Node& n = g.nodes[i];
-    const bool noop = n.op == "Identity" || n.op == "Dropout" ||
-                      ((n.op == "Flatten" || n.op == "Reshape") && g.shape(n.inputs[0]) == g.shape(n.outputs[0]));
+    const bool noop =
+        n.op == "Identity" || n.op == "Dropout" ||
+        ((n.op == "Flatten" || n.op == "Reshape") && g.shape(n.inputs[0]) == g.shape(n.outputs[0]));
     if (!noop || g.is_output(n.outputs[0]) || g.is_constant(n.inputs[0])) continue;
     const std::string in = n.inputs[0], out = n.outputs[0];
     g.nodes.erase(g.nodes.begin() + static_cast<std::ptrdiff_t>(i));
@@ -65,7 +66,8 @@ bool fold_batchnorm(Graph& g) {
     Node& bn = g.nodes[i];
     if (bn.op != "BatchNormalization") continue;
     bool constant_params = true;
-    for (std::size_t k = 1; k < 5; ++k) constant_params = constant_params && g.is_constant(bn.inputs[k]);
+    for (std::size_t k = 1; k < 5; ++k)
+      constant_params = constant_params && g.is_constant(bn.inputs[k]);
     if (!constant_params) continue; // the engine names it as unsupported
     const auto& scale = g.constants.at(bn.inputs[1]).f;
     const auto& shift = g.constants.at(bn.inputs[2]).f;
@@ -87,9 +89,11 @@ bool fold_batchnorm(Graph& g) {
       Tensor w = g.constants.at(conv.inputs[1]);
       const std::int64_t per_oc = w.size() / w.shape[0];
       for (std::int64_t oc = 0; oc < w.shape[0]; ++oc)
-        for (std::int64_t k = 0; k < per_oc; ++k) w.f[static_cast<std::size_t>(oc * per_oc + k)] *= a[static_cast<std::size_t>(oc)];
+        for (std::int64_t k = 0; k < per_oc; ++k)
+          w.f[static_cast<std::size_t>(oc * per_oc + k)] *= a[static_cast<std::size_t>(oc)];
       std::vector<float> bias(channels, 0.f);
-      if (conv.inputs.size() > 2 && !conv.inputs[2].empty()) bias = g.constants.at(conv.inputs[2]).f;
+      if (conv.inputs.size() > 2 && !conv.inputs[2].empty())
+        bias = g.constants.at(conv.inputs[2]).f;
       for (std::size_t c = 0; c < channels; ++c) bias[c] = bias[c] * a[c] + b[c];
       const std::string wname = conv.name + ".folded_weight", bname = conv.name + ".folded_bias";
       g.constants[wname] = std::move(w);
@@ -167,12 +171,13 @@ bool fuse_residual(Graph& g) {
       const std::string& mine = add.inputs[static_cast<std::size_t>(side)];
       const std::string& other = add.inputs[static_cast<std::size_t>(1 - side)];
       const int p = producer(g, mine);
-      if (p < 0 || g.nodes[p].op != "Conv" || g.consumers(mine).size() != 1 || g.is_output(mine)) continue;
+      if (p < 0 || g.nodes[p].op != "Conv" || g.consumers(mine).size() != 1 || g.is_output(mine))
+        continue;
       if (g.is_constant(other) || other == g.input || g.is_output(other)) continue;
       if (g.shape(other) != g.shape(mine)) continue;
       const int q = producer(g, other);
       if (q < 0 || q >= p) continue; // other must be ready before the conv writes over it
-      bool dead = true;             // no reader of other may run after the conv
+      bool dead = true;              // no reader of other may run after the conv
       for (const auto reader : g.consumers(other))
         if (reader != i && static_cast<int>(reader) > p) dead = false;
       for (const auto& n : g.nodes)
@@ -194,8 +199,10 @@ bool fuse_residual(Graph& g) {
 } // namespace
 
 void run_passes(Graph& g) {
-  while (remove_noops(g)) {}
-  while (fold_batchnorm(g)) {}
+  while (remove_noops(g)) {
+  }
+  while (fold_batchnorm(g)) {
+  }
   bool changed = true;
   while (changed) {
     changed = false;
@@ -211,18 +218,21 @@ GraphSummary summarize(const Graph& g) {
   for (const auto& n : g.nodes) {
     s.fused_post_ops += n.post_ops.size();
     for (const auto& in : n.inputs)
-      if (!in.empty() && g.is_constant(in) && std::find(counted.begin(), counted.end(), in) == counted.end()) {
+      if (!in.empty() && g.is_constant(in) &&
+          std::find(counted.begin(), counted.end(), in) == counted.end()) {
         counted.push_back(in);
         s.parameters += g.constants.at(in).size();
       }
     const Shape& out = g.shape(n.outputs[0]);
     if (n.op == "Conv") {
       const Shape& w = g.shape(n.inputs[1]);
-      s.flops_per_sample += 2.0 * static_cast<double>(numel(out) / out[0]) * static_cast<double>(w[1] * w[2] * w[3]);
+      s.flops_per_sample +=
+          2.0 * static_cast<double>(numel(out) / out[0]) * static_cast<double>(w[1] * w[2] * w[3]);
     } else if (n.op == "Gemm" || n.op == "MatMul") {
       const Shape& a = g.shape(n.inputs[0]);
       const std::int64_t k = n.op == "Gemm" && n.int_attr("transA", 0) ? a[0] : a.back();
-      s.flops_per_sample += 2.0 * static_cast<double>(numel(out)) * static_cast<double>(k) / static_cast<double>(g.batch);
+      s.flops_per_sample += 2.0 * static_cast<double>(numel(out)) * static_cast<double>(k) /
+                            static_cast<double>(g.batch);
     }
   }
   return s;
@@ -233,8 +243,10 @@ std::string describe_graph(const Graph& g) {
   for (const auto& n : g.nodes) {
     std::string post;
     for (const auto& p : n.post_ops)
-      post += p.kind == PostOp::Kind::sum ? fmt::format(" +sum({})", p.sum_input) : fmt::format(" +{}", p.op);
-    out += fmt::format("  {:<18} {:<40} -> {}{}\n", n.op, n.name.substr(0, 40), format_shape(g.shape(n.outputs[0])), post);
+      post += p.kind == PostOp::Kind::sum ? fmt::format(" +sum({})", p.sum_input)
+                                          : fmt::format(" +{}", p.op);
+    out += fmt::format("  {:<18} {:<40} -> {}{}\n", n.op, n.name.substr(0, 40),
+                       format_shape(g.shape(n.outputs[0])), post);
   }
   return out;
 }

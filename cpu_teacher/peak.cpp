@@ -63,20 +63,27 @@ PeakResult measure_fma_peak(double seconds) {
   auto t0 = std::chrono::steady_clock::now();
   long reps = 8;
   double dt = 0;
-  while ((dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()) < 0.02) {
+  while ((dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()) <
+         0.02) {
     (void)kernel(reps);
     reps *= 2;
   }
-  const long per_call = std::max<long>(1, static_cast<long>(static_cast<double>(reps) * seconds / 20.0 / dt));
+  const long per_call =
+      std::max<long>(1, static_cast<long>(static_cast<double>(reps) * seconds / 20.0 / dt));
   std::atomic<double> flops{0};
   t0 = std::chrono::steady_clock::now();
-  oneapi::tbb::parallel_for(0, r.threads, [&](int) {
-    double mine = 0;
-    for (int call = 0; call < 10; ++call) mine += kernel(per_call);
-    double cur = flops.load();
-    while (!flops.compare_exchange_weak(cur, cur + mine)) {}
-  }, oneapi::tbb::static_partitioner());
-  const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  oneapi::tbb::parallel_for(
+      0, r.threads,
+      [&](int) {
+        double mine = 0;
+        for (int call = 0; call < 10; ++call) mine += kernel(per_call);
+        double cur = flops.load();
+        while (!flops.compare_exchange_weak(cur, cur + mine)) {
+        }
+      },
+      oneapi::tbb::static_partitioner());
+  const double elapsed =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   r.gflops_per_s = flops.load() / elapsed / 1e9;
   return r;
 }

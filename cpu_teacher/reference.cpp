@@ -42,7 +42,8 @@ Shape broadcast(const Node& node, const Shape& a, const Shape& b) {
   return out;
 }
 
-// Strides of `in` seen from an output of shape `out` under numpy broadcasting (0 on broadcast dims).
+// Strides of `in` seen from an output of shape `out` under numpy broadcasting (0 on broadcast
+// dims).
 Shape broadcast_strides(const Shape& in, const Shape& out) {
   const Shape st = strides_of(in);
   Shape bs(out.size(), 0);
@@ -71,8 +72,10 @@ T apply_binary(const std::string& op, T a, T b) {
   if (op == "Add") return a + b;
   if (op == "Sub") return a - b;
   if (op == "Mul") return a * b;
-  if constexpr (std::is_integral_v<T>) return b == 0 ? 0 : a / b; // ONNX integer Div truncates
-  else return a / b;
+  if constexpr (std::is_integral_v<T>)
+    return b == 0 ? 0 : a / b; // ONNX integer Div truncates
+  else
+    return a / b;
 }
 
 float activation(const std::string& op, float x, float alpha, float beta) {
@@ -98,7 +101,8 @@ std::int64_t out_extent(std::int64_t in, std::int64_t k, std::int64_t stride, st
 
 // Turns auto_pad into explicit pads and fills defaults for a 2-D window op.
 void normalize_window(Node& node, const Shape& x, const Shape& kernel) {
-  if (x.size() != 4) bad(node, fmt::format("only 2-D inputs (NCHW) are supported, got {}", format_shape(x)));
+  if (x.size() != 4)
+    bad(node, fmt::format("only 2-D inputs (NCHW) are supported, got {}", format_shape(x)));
   const auto strides = node.ints_attr("strides", {1, 1});
   const auto dil = node.ints_attr("dilations", {1, 1});
   auto pads = node.ints_attr("pads", {0, 0, 0, 0});
@@ -149,7 +153,8 @@ Attribute int_attribute(std::int64_t v) {
 const Tensor& need_constant(const Node& node, const std::vector<const Tensor*>& c, std::size_t k,
                             const char* what) {
   if (k >= c.size() || c[k] == nullptr)
-    bad(node, fmt::format("input {} ({}) must be a constant: kdflow runs at a fixed shape", k, what));
+    bad(node,
+        fmt::format("input {} ({}) must be a constant: kdflow runs at a fixed shape", k, what));
   return *c[k];
 }
 
@@ -205,9 +210,11 @@ std::vector<InferredOutput> infer(Node& node, const std::vector<Shape>& in,
     if (group < 1 || x[1] != w[1] * group || w[0] % group != 0)
       bad(node, fmt::format("input {} and weights {} do not match group {}", format_shape(x),
                             format_shape(w), group));
-    if (has_input(node, 2) && numel(in[2]) != w[0]) bad(node, "bias size differs from output channels");
+    if (has_input(node, 2) && numel(in[2]) != w[0])
+      bad(node, "bias size differs from output channels");
     node.attrs["group"] = int_attribute(group);
-    const auto s = node.ints_attr("strides"), d = node.ints_attr("dilations"), p = node.ints_attr("pads");
+    const auto s = node.ints_attr("strides"), d = node.ints_attr("dilations"),
+               p = node.ints_attr("pads");
     Shape out = {x[0], w[0], out_extent(x[2], w[2], s[0], d[0], p[0], p[2], false),
                  out_extent(x[3], w[3], s[1], d[1], p[1], p[3], false)};
     if (out[2] <= 0 || out[3] <= 0) bad(node, "output would be empty");
@@ -231,7 +238,8 @@ std::vector<InferredOutput> infer(Node& node, const std::vector<Shape>& in,
     const bool ceil_mode = node.int_attr("ceil_mode", 0) != 0;
     node.attrs["ceil_mode"] = int_attribute(ceil_mode);
     node.attrs["count_include_pad"] = int_attribute(node.int_attr("count_include_pad", 0));
-    const auto s = node.ints_attr("strides"), d = node.ints_attr("dilations"), p = node.ints_attr("pads");
+    const auto s = node.ints_attr("strides"), d = node.ints_attr("dilations"),
+               p = node.ints_attr("pads");
     const Shape& x = in[0];
     Shape out = {x[0], x[1], out_extent(x[2], kernel[0], s[0], d[0], p[0], p[2], ceil_mode),
                  out_extent(x[3], kernel[1], s[1], d[1], p[1], p[3], ceil_mode)};
@@ -247,8 +255,10 @@ std::vector<InferredOutput> infer(Node& node, const std::vector<Shape>& in,
   if (op == "ReduceMean") {
     need_inputs(1);
     std::vector<std::int64_t> axes;
-    if (opset >= 18 && has_input(node, 1)) axes = need_constant(node, c, 1, "axes").as_ints();
-    else axes = node.ints_attr("axes");
+    if (opset >= 18 && has_input(node, 1))
+      axes = need_constant(node, c, 1, "axes").as_ints();
+    else
+      axes = node.ints_attr("axes");
     const auto rank = static_cast<std::int64_t>(in[0].size());
     if (axes.empty()) {
       axes.resize(static_cast<std::size_t>(rank));
@@ -262,20 +272,23 @@ std::vector<InferredOutput> infer(Node& node, const std::vector<Shape>& in,
     Shape out;
     for (std::int64_t d = 0; d < rank; ++d) {
       const bool reduced = std::find(axes.begin(), axes.end(), d) != axes.end();
-      if (!reduced) out.push_back(in[0][static_cast<std::size_t>(d)]);
-      else if (keep) out.push_back(1);
+      if (!reduced)
+        out.push_back(in[0][static_cast<std::size_t>(d)]);
+      else if (keep)
+        out.push_back(1);
     }
     return {f32(out)};
   }
   if (op == "Flatten") {
     need_inputs(1);
     const auto rank = static_cast<std::int64_t>(in[0].size());
-    const std::int64_t axis = node.int_attr("axis", 1) < 0 ? node.int_attr("axis", 1) + rank
-                                                           : node.int_attr("axis", 1);
+    const std::int64_t axis =
+        node.int_attr("axis", 1) < 0 ? node.int_attr("axis", 1) + rank : node.int_attr("axis", 1);
     if (axis < 0 || axis > rank) bad(node, "axis out of range");
     node.attrs["axis"] = int_attribute(axis);
     std::int64_t a = 1, b = 1;
-    for (std::int64_t d = 0; d < rank; ++d) (d < axis ? a : b) *= in[0][static_cast<std::size_t>(d)];
+    for (std::int64_t d = 0; d < rank; ++d)
+      (d < axis ? a : b) *= in[0][static_cast<std::size_t>(d)];
     return {{{a, b}, types[0]}};
   }
   if (op == "Reshape") {
@@ -294,7 +307,8 @@ std::vector<InferredOutput> infer(Node& node, const std::vector<Shape>& in,
       out[k] = spec[k] == 0 && !allowzero ? (k < in[0].size() ? in[0][k] : 0) : spec[k];
       known *= out[k];
     }
-    if (infer_at >= 0) out[static_cast<std::size_t>(infer_at)] = known == 0 ? 0 : numel(in[0]) / known;
+    if (infer_at >= 0)
+      out[static_cast<std::size_t>(infer_at)] = known == 0 ? 0 : numel(in[0]) / known;
     if (numel(out) != numel(in[0]))
       bad(node, fmt::format("cannot reshape {} into {}", format_shape(in[0]), format_shape(out)));
     return {{out, types[0]}};
@@ -304,7 +318,8 @@ std::vector<InferredOutput> infer(Node& node, const std::vector<Shape>& in,
     const auto rank = in[0].size();
     auto perm = node.ints_attr("perm");
     if (perm.empty())
-      for (std::size_t k = 0; k < rank; ++k) perm.push_back(static_cast<std::int64_t>(rank - 1 - k));
+      for (std::size_t k = 0; k < rank; ++k)
+        perm.push_back(static_cast<std::int64_t>(rank - 1 - k));
     if (perm.size() != rank) bad(node, "perm has the wrong length");
     node.attrs["perm"] = ints_attribute(perm);
     Shape out(rank);
@@ -332,8 +347,10 @@ std::vector<InferredOutput> infer(Node& node, const std::vector<Shape>& in,
     const std::int64_t axis = norm_axis(node, node.int_attr("axis", 0), rank);
     const std::int64_t total = in[0][static_cast<std::size_t>(axis)];
     std::vector<std::int64_t> split;
-    if (opset >= 13 && has_input(node, 1)) split = need_constant(node, c, 1, "split").as_ints();
-    else split = node.ints_attr("split");
+    if (opset >= 13 && has_input(node, 1))
+      split = need_constant(node, c, 1, "split").as_ints();
+    else
+      split = node.ints_attr("split");
     const auto n = static_cast<std::int64_t>(node.outputs.size());
     if (split.empty()) {
       const std::int64_t each = (total + n - 1) / n;
@@ -369,16 +386,20 @@ std::vector<InferredOutput> infer(Node& node, const std::vector<Shape>& in,
     if (axes.empty())
       for (std::size_t k = 0; k < starts.size(); ++k) axes.push_back(static_cast<std::int64_t>(k));
     if (steps.empty()) steps.assign(starts.size(), 1);
-    if (ends.size() != starts.size() || axes.size() != starts.size() || steps.size() != starts.size())
+    if (ends.size() != starts.size() || axes.size() != starts.size() ||
+        steps.size() != starts.size())
       bad(node, "starts, ends, axes and steps differ in length");
-    std::vector<std::int64_t> full_start(static_cast<std::size_t>(rank), 0), full_step(static_cast<std::size_t>(rank), 1);
+    std::vector<std::int64_t> full_start(static_cast<std::size_t>(rank), 0),
+        full_step(static_cast<std::size_t>(rank), 1);
     Shape out = in[0];
     for (std::size_t k = 0; k < starts.size(); ++k) {
       const auto a = static_cast<std::size_t>(norm_axis(node, axes[k], rank));
       const std::int64_t dim = in[0][a];
       const std::int64_t step = steps[k];
       if (step == 0) bad(node, "a step is 0");
-      auto clampi = [&](std::int64_t v, std::int64_t lo, std::int64_t hi) { return std::min(std::max(v, lo), hi); };
+      auto clampi = [&](std::int64_t v, std::int64_t lo, std::int64_t hi) {
+        return std::min(std::max(v, lo), hi);
+      };
       std::int64_t s = starts[k] < 0 ? starts[k] + dim : starts[k];
       std::int64_t e = ends[k] < 0 ? ends[k] + dim : ends[k];
       if (step > 0) {
@@ -406,13 +427,15 @@ std::vector<InferredOutput> infer(Node& node, const std::vector<Shape>& in,
       value = node.float_attr("value", 0);
     } else {
       pads = need_constant(node, c, 1, "pads").as_ints();
-      if (has_input(node, 2)) value = static_cast<float>(need_constant(node, c, 2, "constant_value").at(0));
+      if (has_input(node, 2))
+        value = static_cast<float>(need_constant(node, c, 2, "constant_value").at(0));
       if (has_input(node, 3)) bad(node, "the axes input of Pad is not supported");
     }
     const auto rank = in[0].size();
     if (pads.size() != 2 * rank) bad(node, "pads must have 2 entries per axis");
     const std::string mode = node.string_attr("mode", "constant");
-    if (mode != "constant" && mode != "reflect" && mode != "edge") bad(node, "unknown mode '" + mode + "'");
+    if (mode != "constant" && mode != "reflect" && mode != "edge")
+      bad(node, "unknown mode '" + mode + "'");
     node.attrs["pads"] = ints_attribute(pads);
     node.attrs["value"] = float_attribute(value);
     Shape out = in[0];
@@ -425,7 +448,9 @@ std::vector<InferredOutput> infer(Node& node, const std::vector<Shape>& in,
     if (in[0].size() != 2 || in[1].size() != 2) bad(node, "A and B must be matrices");
     const std::int64_t m = ta ? in[0][1] : in[0][0], k = ta ? in[0][0] : in[0][1];
     const std::int64_t kb = tb ? in[1][1] : in[1][0], n = tb ? in[1][0] : in[1][1];
-    if (k != kb) bad(node, fmt::format("A {} and B {} do not multiply", format_shape(in[0]), format_shape(in[1])));
+    if (k != kb)
+      bad(node,
+          fmt::format("A {} and B {} do not multiply", format_shape(in[0]), format_shape(in[1])));
     if (has_input(node, 2)) (void)broadcast(node, in[2], {m, n});
     node.attrs["alpha"] = float_attribute(node.float_attr("alpha", 1));
     node.attrs["beta"] = float_attribute(node.float_attr("beta", 1));
@@ -437,7 +462,8 @@ std::vector<InferredOutput> infer(Node& node, const std::vector<Shape>& in,
     need_inputs(2);
     Shape a = in[0], b = in[1];
     if (a.size() < 2 || b.size() < 2) bad(node, "1-D MatMul operands are not supported");
-    if (a.back() != b[b.size() - 2]) bad(node, fmt::format("{} and {} do not multiply", format_shape(a), format_shape(b)));
+    if (a.back() != b[b.size() - 2])
+      bad(node, fmt::format("{} and {} do not multiply", format_shape(a), format_shape(b)));
     Shape batch = broadcast(node, Shape(a.begin(), a.end() - 2), Shape(b.begin(), b.end() - 2));
     batch.push_back(a[a.size() - 2]);
     batch.push_back(b.back());
@@ -476,8 +502,10 @@ std::vector<InferredOutput> infer(Node& node, const std::vector<Shape>& in,
   if (op == "Unsqueeze" || op == "Squeeze") {
     need_inputs(1);
     std::vector<std::int64_t> axes;
-    if (opset >= 13 && has_input(node, 1)) axes = need_constant(node, c, 1, "axes").as_ints();
-    else axes = node.ints_attr("axes");
+    if (opset >= 13 && has_input(node, 1))
+      axes = need_constant(node, c, 1, "axes").as_ints();
+    else
+      axes = node.ints_attr("axes");
     Shape out;
     if (op == "Unsqueeze") {
       const auto rank = static_cast<std::int64_t>(in[0].size() + axes.size());
@@ -505,11 +533,16 @@ std::vector<InferredOutput> infer(Node& node, const std::vector<Shape>& in,
     return {{in[0], t}};
   }
   if (op == "Constant") {
-    if (node.has("value") && node.attrs.at("value").t) return {{node.attrs.at("value").t->shape, node.attrs.at("value").t->type}};
+    if (node.has("value") && node.attrs.at("value").t)
+      return {{node.attrs.at("value").t->shape, node.attrs.at("value").t->type}};
     if (node.has("value_float")) return {{{}, ElemType::f32}};
-    if (node.has("value_floats")) return {{{static_cast<std::int64_t>(node.attrs.at("value_floats").floats.size())}, ElemType::f32}};
+    if (node.has("value_floats"))
+      return {{{static_cast<std::int64_t>(node.attrs.at("value_floats").floats.size())},
+               ElemType::f32}};
     if (node.has("value_int")) return {{{}, ElemType::i64}};
-    if (node.has("value_ints")) return {{{static_cast<std::int64_t>(node.attrs.at("value_ints").ints.size())}, ElemType::i64}};
+    if (node.has("value_ints"))
+      return {
+          {{static_cast<std::int64_t>(node.attrs.at("value_ints").ints.size())}, ElemType::i64}};
     bad(node, "has no value kdflow can read");
   }
   if (op == "ConstantOfShape") {
@@ -519,7 +552,8 @@ std::vector<InferredOutput> infer(Node& node, const std::vector<Shape>& in,
     if (node.has("value") && node.attrs.at("value").t) t = node.attrs.at("value").t->type;
     return {{shape, t}};
   }
-  throw InputError(fmt::format("{}: op type '{}' is not supported by kdflow's teacher", node.describe(), op));
+  throw InputError(
+      fmt::format("{}: op type '{}' is not supported by kdflow's teacher", node.describe(), op));
 }
 
 std::vector<Tensor> evaluate(const Node& node, const std::vector<const Tensor*>& x,
@@ -527,7 +561,9 @@ std::vector<Tensor> evaluate(const Node& node, const std::vector<const Tensor*>&
   (void)opset;
   const std::string& op = node.op;
   const Shape& os = outs[0].shape;
-  const auto out_f = [&](std::vector<float> data) { return std::vector<Tensor>{Tensor::floats(os, std::move(data))}; };
+  const auto out_f = [&](std::vector<float> data) {
+    return std::vector<Tensor>{Tensor::floats(os, std::move(data))};
+  };
   const auto same_type_copy = [&](const Tensor& t, const Shape& shape) {
     Tensor r = t;
     r.shape = shape;
@@ -555,7 +591,8 @@ std::vector<Tensor> evaluate(const Node& node, const std::vector<const Tensor*>&
           ia += idx[d] * sa[d];
           ib += idx[d] * sb[d];
         }
-        r[static_cast<std::size_t>(k)] = apply_binary(op, x[0]->i[static_cast<std::size_t>(ia)], x[1]->i[static_cast<std::size_t>(ib)]);
+        r[static_cast<std::size_t>(k)] = apply_binary(op, x[0]->i[static_cast<std::size_t>(ia)],
+                                                      x[1]->i[static_cast<std::size_t>(ib)]);
       });
       return {Tensor::ints(os, std::move(r))};
     }
@@ -566,14 +603,16 @@ std::vector<Tensor> evaluate(const Node& node, const std::vector<const Tensor*>&
         ia += idx[d] * sa[d];
         ib += idx[d] * sb[d];
       }
-      r[static_cast<std::size_t>(k)] = apply_binary(op, static_cast<float>(x[0]->at(ia)), static_cast<float>(x[1]->at(ib)));
+      r[static_cast<std::size_t>(k)] =
+          apply_binary(op, static_cast<float>(x[0]->at(ia)), static_cast<float>(x[1]->at(ib)));
     });
     return out_f(std::move(r));
   }
   if (op == "Conv") {
     const Shape& xs = x[0]->shape;
     const Shape& ws = x[1]->shape;
-    const auto s = node.ints_attr("strides"), d = node.ints_attr("dilations"), p = node.ints_attr("pads");
+    const auto s = node.ints_attr("strides"), d = node.ints_attr("dilations"),
+               p = node.ints_attr("pads");
     const std::int64_t g = node.int_attr("group", 1);
     const std::int64_t icg = ws[1], ocg = ws[0] / g;
     std::vector<float> r(static_cast<std::size_t>(numel(os)));
@@ -591,11 +630,14 @@ std::vector<Tensor> evaluate(const Node& node, const std::vector<const Tensor*>&
                 for (std::int64_t kx = 0; kx < ws[3]; ++kx) {
                   const std::int64_t ix = ox * s[1] - p[1] + kx * d[1];
                   if (ix < 0 || ix >= xs[3]) continue;
-                  acc += double(x[0]->f[static_cast<std::size_t>(((n * xs[1] + grp * icg + ic) * xs[2] + iy) * xs[3] + ix)]) *
-                         x[1]->f[static_cast<std::size_t>(((oc * icg + ic) * ws[2] + ky) * ws[3] + kx)];
+                  acc += double(x[0]->f[static_cast<std::size_t>(
+                             ((n * xs[1] + grp * icg + ic) * xs[2] + iy) * xs[3] + ix)]) *
+                         x[1]->f[static_cast<std::size_t>(((oc * icg + ic) * ws[2] + ky) * ws[3] +
+                                                          kx)];
                 }
               }
-            r[static_cast<std::size_t>(((n * os[1] + oc) * os[2] + oy) * os[3] + ox)] = static_cast<float>(acc);
+            r[static_cast<std::size_t>(((n * os[1] + oc) * os[2] + oy) * os[3] + ox)] =
+                static_cast<float>(acc);
           }
       }
     return out_f(std::move(r));
@@ -643,7 +685,8 @@ std::vector<Tensor> evaluate(const Node& node, const std::vector<const Tensor*>&
             }
           if (!is_max) {
             if (include_pad) { // the window clipped to the padded input (ONNX Runtime, PyTorch)
-              const std::int64_t ye = std::min(y0 + k[0], xs[2] + p[2]), xe = std::min(x0 + k[1], xs[3] + p[3]);
+              const std::int64_t ye = std::min(y0 + k[0], xs[2] + p[2]),
+                                 xe = std::min(x0 + k[1], xs[3] + p[3]);
               count = (ye - y0) * (xe - x0);
             }
             acc /= static_cast<double>(std::max<std::int64_t>(count, 1));
@@ -676,23 +719,29 @@ std::vector<Tensor> evaluate(const Node& node, const std::vector<const Tensor*>&
     r.shape = os;
     for_each_index(os, [&](std::int64_t k, const std::vector<std::int64_t>& idx) {
       std::int64_t src = 0;
-      for (std::size_t dd = 0; dd < idx.size(); ++dd) src += idx[dd] * st[static_cast<std::size_t>(perm[dd])];
-      if (r.type == ElemType::f32) r.f[static_cast<std::size_t>(k)] = x[0]->f[static_cast<std::size_t>(src)];
-      else r.i[static_cast<std::size_t>(k)] = x[0]->i[static_cast<std::size_t>(src)];
+      for (std::size_t dd = 0; dd < idx.size(); ++dd)
+        src += idx[dd] * st[static_cast<std::size_t>(perm[dd])];
+      if (r.type == ElemType::f32)
+        r.f[static_cast<std::size_t>(k)] = x[0]->f[static_cast<std::size_t>(src)];
+      else
+        r.i[static_cast<std::size_t>(k)] = x[0]->i[static_cast<std::size_t>(src)];
     });
     return {r};
   }
   if (op == "Concat") {
     const auto axis = static_cast<std::size_t>(node.int_attr("axis", 0));
-    const std::int64_t outer = numel(Shape(os.begin(), os.begin() + static_cast<std::ptrdiff_t>(axis)));
+    const std::int64_t outer =
+        numel(Shape(os.begin(), os.begin() + static_cast<std::ptrdiff_t>(axis)));
     Tensor r;
     r.type = x[0]->type;
     r.shape = os;
     for (std::int64_t o = 0; o < outer; ++o)
       for (const Tensor* t : x) {
-        const std::int64_t chunk = numel(Shape(t->shape.begin() + static_cast<std::ptrdiff_t>(axis), t->shape.end()));
+        const std::int64_t chunk =
+            numel(Shape(t->shape.begin() + static_cast<std::ptrdiff_t>(axis), t->shape.end()));
         if (r.type == ElemType::f32) {
-          if (t->type != ElemType::f32) throw InputError(node.describe() + ": inputs differ in type");
+          if (t->type != ElemType::f32)
+            throw InputError(node.describe() + ": inputs differ in type");
           r.f.insert(r.f.end(), t->f.begin() + o * chunk, t->f.begin() + (o + 1) * chunk);
         } else {
           for (std::int64_t q = 0; q < chunk; ++q) r.i.push_back(t->int_at(o * chunk + q));
@@ -719,9 +768,12 @@ std::vector<Tensor> evaluate(const Node& node, const std::vector<const Tensor*>&
       r.shape = outs[out].shape;
       for_each_index(r.shape, [&](std::int64_t, const std::vector<std::int64_t>& idx) {
         std::int64_t src = 0;
-        for (std::size_t dd = 0; dd < idx.size(); ++dd) src += (start[dd] + idx[dd] * step[dd]) * st[dd];
-        if (r.type == ElemType::f32) r.f.push_back(x[0]->f[static_cast<std::size_t>(src)]);
-        else r.i.push_back(x[0]->i[static_cast<std::size_t>(src)]);
+        for (std::size_t dd = 0; dd < idx.size(); ++dd)
+          src += (start[dd] + idx[dd] * step[dd]) * st[dd];
+        if (r.type == ElemType::f32)
+          r.f.push_back(x[0]->f[static_cast<std::size_t>(src)]);
+        else
+          r.i.push_back(x[0]->i[static_cast<std::size_t>(src)]);
       });
       result.push_back(std::move(r));
     }
@@ -738,11 +790,13 @@ std::vector<Tensor> evaluate(const Node& node, const std::vector<const Tensor*>&
     const Tensor& b = *x[1];
     const bool gemm = op == "Gemm";
     const bool ta = gemm && node.int_attr("transA", 0), tb = gemm && node.int_attr("transB", 0);
-    const float alpha = gemm ? node.float_attr("alpha", 1) : 1.f, beta = gemm ? node.float_attr("beta", 1) : 1.f;
+    const float alpha = gemm ? node.float_attr("alpha", 1) : 1.f,
+                beta = gemm ? node.float_attr("beta", 1) : 1.f;
     const std::int64_t m = os[os.size() - 2], n = os.back();
     const std::int64_t k = ta ? a.shape[a.shape.size() - 2] : a.shape.back();
     const Shape batch(os.begin(), os.end() - 2);
-    const Shape abatch(a.shape.begin(), a.shape.end() - 2), bbatch(b.shape.begin(), b.shape.end() - 2);
+    const Shape abatch(a.shape.begin(), a.shape.end() - 2),
+        bbatch(b.shape.begin(), b.shape.end() - 2);
     const Shape sa = broadcast_strides(abatch, batch), sb = broadcast_strides(bbatch, batch);
     std::vector<float> r(static_cast<std::size_t>(numel(os)));
     Shape cstr;
@@ -765,7 +819,8 @@ std::vector<Tensor> evaluate(const Node& node, const std::vector<const Tensor*>&
             acc += av * bv;
           }
           double v = alpha * acc;
-          if (!cstr.empty()) v += beta * x[2]->f[static_cast<std::size_t>(i * cstr[0] + j * cstr[1])];
+          if (!cstr.empty())
+            v += beta * x[2]->f[static_cast<std::size_t>(i * cstr[0] + j * cstr[1])];
           r[static_cast<std::size_t>(bi * m * n + i * n + j)] = static_cast<float>(v);
         }
       ++bi;
@@ -778,18 +833,24 @@ std::vector<Tensor> evaluate(const Node& node, const std::vector<const Tensor*>&
     const bool coerce = node.int_attr("coerce_2d", 0) != 0;
     std::int64_t outer = 1, len = 1, inner = 1;
     for (std::size_t dd = 0; dd < xs.size(); ++dd) {
-      if (dd < axis) outer *= xs[dd];
-      else if (dd == axis || coerce) len *= xs[dd];
-      else inner *= xs[dd];
+      if (dd < axis)
+        outer *= xs[dd];
+      else if (dd == axis || coerce)
+        len *= xs[dd];
+      else
+        inner *= xs[dd];
     }
     std::vector<float> r(x[0]->f.size());
     for (std::int64_t o = 0; o < outer; ++o)
       for (std::int64_t in = 0; in < inner; ++in) {
-        const auto at = [&](std::int64_t q) { return static_cast<std::size_t>((o * len + q) * inner + in); };
+        const auto at = [&](std::int64_t q) {
+          return static_cast<std::size_t>((o * len + q) * inner + in);
+        };
         double mx = -std::numeric_limits<double>::infinity(), sum = 0;
         for (std::int64_t q = 0; q < len; ++q) mx = std::max<double>(mx, x[0]->f[at(q)]);
         for (std::int64_t q = 0; q < len; ++q) sum += std::exp(x[0]->f[at(q)] - mx);
-        for (std::int64_t q = 0; q < len; ++q) r[at(q)] = static_cast<float>(std::exp(x[0]->f[at(q)] - mx) / sum);
+        for (std::int64_t q = 0; q < len; ++q)
+          r[at(q)] = static_cast<float>(std::exp(x[0]->f[at(q)] - mx) / sum);
       }
     return out_f(std::move(r));
   }
@@ -801,9 +862,11 @@ std::vector<Tensor> evaluate(const Node& node, const std::vector<const Tensor*>&
   if (op == "Gather") {
     const Tensor& data = *x[0];
     const auto axis = static_cast<std::size_t>(node.int_attr("axis", 0));
-    const std::int64_t outer = numel(Shape(data.shape.begin(), data.shape.begin() + static_cast<std::ptrdiff_t>(axis)));
+    const std::int64_t outer =
+        numel(Shape(data.shape.begin(), data.shape.begin() + static_cast<std::ptrdiff_t>(axis)));
     const std::int64_t dim = data.shape[axis];
-    const std::int64_t inner = numel(Shape(data.shape.begin() + static_cast<std::ptrdiff_t>(axis) + 1, data.shape.end()));
+    const std::int64_t inner =
+        numel(Shape(data.shape.begin() + static_cast<std::ptrdiff_t>(axis) + 1, data.shape.end()));
     const auto idx = x[1]->as_ints();
     Tensor r;
     r.type = data.type;
@@ -814,8 +877,10 @@ std::vector<Tensor> evaluate(const Node& node, const std::vector<const Tensor*>&
         if (q < 0 || q >= dim) throw InputError(node.describe() + ": index out of range");
         for (std::int64_t in = 0; in < inner; ++in) {
           const std::int64_t src = (o * dim + q) * inner + in;
-          if (r.type == ElemType::f32) r.f.push_back(data.f[static_cast<std::size_t>(src)]);
-          else r.i.push_back(data.i[static_cast<std::size_t>(src)]);
+          if (r.type == ElemType::f32)
+            r.f.push_back(data.f[static_cast<std::size_t>(src)]);
+          else
+            r.i.push_back(data.i[static_cast<std::size_t>(src)]);
         }
       }
     return {r};
@@ -824,7 +889,8 @@ std::vector<Tensor> evaluate(const Node& node, const std::vector<const Tensor*>&
     const Tensor& t = *x[0];
     if (outs[0].type == ElemType::f32) {
       std::vector<float> r(static_cast<std::size_t>(t.size()));
-      for (std::int64_t k = 0; k < t.size(); ++k) r[static_cast<std::size_t>(k)] = static_cast<float>(t.at(k));
+      for (std::int64_t k = 0; k < t.size(); ++k)
+        r[static_cast<std::size_t>(k)] = static_cast<float>(t.at(k));
       return out_f(std::move(r));
     }
     return {Tensor::ints(os, t.as_ints())};
@@ -845,7 +911,8 @@ std::vector<Tensor> evaluate(const Node& node, const std::vector<const Tensor*>&
     const float v = node.has("value") ? static_cast<float>(node.attrs.at("value").t->at(0)) : 0.f;
     return out_f(std::vector<float>(static_cast<std::size_t>(n), v));
   }
-  throw InputError(fmt::format("{}: op type '{}' is not supported by kdflow's teacher", node.describe(), op));
+  throw InputError(
+      fmt::format("{}: op type '{}' is not supported by kdflow's teacher", node.describe(), op));
 }
 
 namespace ref {
@@ -877,7 +944,8 @@ void pad(const float* src, const Shape& ss, float* dst, const Shape& ds,
           dst[k] = value;
           return;
         }
-        if (mode == "edge") i = i < 0 ? 0 : n - 1;
+        if (mode == "edge")
+          i = i < 0 ? 0 : n - 1;
         else { // reflect: mirror without repeating the edge
           const std::int64_t period = std::max<std::int64_t>(2 * (n - 1), 1);
           i = ((i % period) + period) % period;

@@ -21,10 +21,10 @@ namespace {
 std::vector<torch::Tensor> region_views(const SlotLayout& layout, const torch::Tensor& bytes) {
   std::vector<torch::Tensor> out;
   for (const auto& r : layout.regions())
-    out.push_back(bytes.narrow(0, static_cast<std::int64_t>(r.offset),
-                               static_cast<std::int64_t>(r.bytes))
-                      .view(torch_dtype(r.spec.dtype))
-                      .view(r.spec.shape));
+    out.push_back(
+        bytes.narrow(0, static_cast<std::int64_t>(r.offset), static_cast<std::int64_t>(r.bytes))
+            .view(torch_dtype(r.spec.dtype))
+            .view(r.spec.shape));
   return out;
 }
 
@@ -55,9 +55,8 @@ std::optional<DeviceBatch> SlotFeeder::next(std::uint64_t batch) {
     auto slot = ring_.acquire_ready(batch);
     if (!slot) return std::nullopt;
     current_cpu_ = slot;
-    const auto bytes = torch::from_blob(slot->data(),
-                                        {static_cast<std::int64_t>(ring_.layout().slot_bytes())},
-                                        torch::kUInt8);
+    const auto bytes = torch::from_blob(
+        slot->data(), {static_cast<std::int64_t>(ring_.layout().slot_bytes())}, torch::kUInt8);
     return DeviceBatch{batch, slot->header().samples, region_views(ring_.layout(), bytes)};
   }
 
@@ -71,16 +70,16 @@ std::optional<DeviceBatch> SlotFeeder::next(std::uint64_t batch) {
     c10::cuda::CUDAStreamGuard on_copy(*copy_stream_);
     // The buffer may still be read by the step of batch - slots: the copy waits for that step.
     if (consumed_[i].isCreated()) consumed_[i].block(*copy_stream_);
-    const auto host = torch::from_blob(slot->data(),
-                                       {static_cast<std::int64_t>(ring_.layout().slot_bytes())},
-                                       torch::kUInt8);
+    const auto host = torch::from_blob(
+        slot->data(), {static_cast<std::int64_t>(ring_.layout().slot_bytes())}, torch::kUInt8);
     device_buffers_[i].copy_(host, /*non_blocking=*/true);
     copied_[i].record(*copy_stream_);
   }
   copied_[i].block(compute); // the step waits on the GPU, the host goes on
   in_flight_.push_back({*slot, i});
   current_buffer_ = i;
-  return DeviceBatch{batch, slot->header().samples, region_views(ring_.layout(), device_buffers_[i])};
+  return DeviceBatch{batch, slot->header().samples,
+                     region_views(ring_.layout(), device_buffers_[i])};
 }
 
 void SlotFeeder::finish_step() {

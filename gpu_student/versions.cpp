@@ -30,14 +30,16 @@ std::string torch_runtime_version() {
   // Lines like `__version__ = '2.11.0+cu130'` and `cuda: Optional[str] = '13.0'`.
   const auto quoted = [](const std::string& line) {
     const auto a = line.find('\''), b = line.find('\'', a + 1);
-    return a == std::string::npos || b == std::string::npos ? std::string() : line.substr(a + 1, b - a - 1);
+    return a == std::string::npos || b == std::string::npos ? std::string()
+                                                            : line.substr(a + 1, b - a - 1);
   };
   std::string version = "unknown";
   std::string cuda = "no CUDA";
   std::string text;
   while (std::getline(in, text)) {
     if (text.rfind("__version__", 0) == 0 && !quoted(text).empty()) version = quoted(text);
-    if (text.rfind("cuda", 0) == 0 && !quoted(text).empty()) cuda = "built for CUDA " + quoted(text);
+    if (text.rfind("cuda", 0) == 0 && !quoted(text).empty())
+      cuda = "built for CUDA " + quoted(text);
   }
   return fmt::format("{}, {} ({})", version, cuda, lib.parent_path().string());
 }

@@ -37,9 +37,12 @@ std::string show(const ConfigValue& v) {
   return std::visit(
       [](const auto& x) -> std::string {
         using X = std::decay_t<decltype(x)>;
-        if constexpr (std::is_same_v<X, bool>) return x ? "true" : "false";
-        else if constexpr (std::is_same_v<X, std::string>) return x;
-        else return fmt::format("{}", x);
+        if constexpr (std::is_same_v<X, bool>)
+          return x ? "true" : "false";
+        else if constexpr (std::is_same_v<X, std::string>)
+          return x;
+        else
+          return fmt::format("{}", x);
       },
       v);
 }
@@ -53,8 +56,10 @@ std::string toml_quote(const std::string& s) {
     case '\n': out += "\\n"; break;
     case '\t': out += "\\t"; break;
     default:
-      if (static_cast<unsigned char>(c) < 0x20) out += fmt::format("\\u{:04x}", int(c));
-      else out += c;
+      if (static_cast<unsigned char>(c) < 0x20)
+        out += fmt::format("\\u{:04x}", int(c));
+      else
+        out += c;
     }
   }
   return out + "\"";
@@ -158,7 +163,8 @@ void Config::merge_toml(std::string_view text, const std::string& origin) {
       if (key == nullptr) throw InputError(fmt::format("{}: unknown key '{}'", origin, name));
       auto parsed = from_node(*key, value);
       if (!parsed)
-        throw InputError(fmt::format("{}: key '{}' must be {}", origin, name, type_name(key->type)));
+        throw InputError(
+            fmt::format("{}: key '{}' must be {}", origin, name, type_name(key->type)));
       assign(*key, std::move(*parsed), origin);
     }
   }
@@ -181,8 +187,8 @@ void Config::set(std::string_view assignment) {
   if (key == nullptr) throw InputError(fmt::format("--set: unknown key '{}'", name));
   auto parsed = parse_text(*key, assignment.substr(eq + 1));
   if (!parsed)
-    throw InputError(fmt::format("--set: key '{}' must be {}, got '{}'", name,
-                                 type_name(key->type), assignment.substr(eq + 1)));
+    throw InputError(fmt::format("--set: key '{}' must be {}, got '{}'", name, type_name(key->type),
+                                 assignment.substr(eq + 1)));
   assign(*key, std::move(*parsed), "--set");
 }
 
@@ -219,9 +225,12 @@ std::string Config::to_toml() const {
     }
     const ConfigValue& v = values_.find(key.name)->second;
     std::string text;
-    if (key.type == ConfigType::string) text = toml_quote(std::get<std::string>(v));
-    else if (key.type == ConfigType::real) text = toml_real(std::get<double>(v));
-    else text = show(v);
+    if (key.type == ConfigType::string)
+      text = toml_quote(std::get<std::string>(v));
+    else if (key.type == ConfigType::real)
+      text = toml_real(std::get<double>(v));
+    else
+      text = show(v);
     out += fmt::format("# {}\n{} = {}\n", key.doc, key.name.substr(dot + 1), text);
   }
   return out;

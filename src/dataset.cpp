@@ -16,7 +16,8 @@ namespace {
 namespace fs = std::filesystem;
 
 std::uint32_t big_endian(const std::vector<std::uint8_t>& b, std::size_t at) {
-  return (std::uint32_t{b[at]} << 24) | (std::uint32_t{b[at + 1]} << 16) | (std::uint32_t{b[at + 2]} << 8) | b[at + 3];
+  return (std::uint32_t{b[at]} << 24) | (std::uint32_t{b[at + 1]} << 16) |
+         (std::uint32_t{b[at + 2]} << 8) | b[at + 3];
 }
 
 // The first of `names` that exists in `dir`, or an InputError listing where kdflow looked.
@@ -30,27 +31,37 @@ std::string find_file(const std::string& dir, const std::vector<std::string>& na
 
 Dataset load_idx(const std::string& dir, Split split, const std::string& name) {
   const std::string stem = split == Split::train ? "train" : "t10k";
-  const std::string images_path = find_file(dir, {stem + "-images-idx3-ubyte.gz", stem + "-images-idx3-ubyte", stem + "-images.idx3-ubyte"});
-  const std::string labels_path = find_file(dir, {stem + "-labels-idx1-ubyte.gz", stem + "-labels-idx1-ubyte", stem + "-labels.idx1-ubyte"});
+  const std::string images_path =
+      find_file(dir, {stem + "-images-idx3-ubyte.gz", stem + "-images-idx3-ubyte",
+                      stem + "-images.idx3-ubyte"});
+  const std::string labels_path =
+      find_file(dir, {stem + "-labels-idx1-ubyte.gz", stem + "-labels-idx1-ubyte",
+                      stem + "-labels.idx1-ubyte"});
   const auto images = read_file_maybe_gz(images_path);
   const auto labels = read_file_maybe_gz(labels_path);
   if (images.size() < 16 || big_endian(images, 0) != 0x00000803)
-    throw InputError(fmt::format("{}: not an IDX image file (magic {:#010x}, want 0x00000803)", images_path,
-                                 images.size() >= 4 ? big_endian(images, 0) : 0));
+    throw InputError(fmt::format("{}: not an IDX image file (magic {:#010x}, want 0x00000803)",
+                                 images_path, images.size() >= 4 ? big_endian(images, 0) : 0));
   if (labels.size() < 8 || big_endian(labels, 0) != 0x00000801)
-    throw InputError(fmt::format("{}: not an IDX label file (magic {:#010x}, want 0x00000801)", labels_path,
-                                 labels.size() >= 4 ? big_endian(labels, 0) : 0));
-  const std::size_t n = big_endian(images, 4), h = big_endian(images, 8), w = big_endian(images, 12);
+    throw InputError(fmt::format("{}: not an IDX label file (magic {:#010x}, want 0x00000801)",
+                                 labels_path, labels.size() >= 4 ? big_endian(labels, 0) : 0));
+  const std::size_t n = big_endian(images, 4), h = big_endian(images, 8),
+                    w = big_endian(images, 12);
   if (big_endian(labels, 4) != n)
-    throw InputError(fmt::format("{}: {} labels for {} images in {}", labels_path, big_endian(labels, 4), n, images_path));
+    throw InputError(fmt::format("{}: {} labels for {} images in {}", labels_path,
+                                 big_endian(labels, 4), n, images_path));
   if (images.size() != 16 + n * h * w)
-    throw InputError(fmt::format("{}: truncated: {} bytes, the header promises {}", images_path, images.size(), 16 + n * h * w));
+    throw InputError(fmt::format("{}: truncated: {} bytes, the header promises {}", images_path,
+                                 images.size(), 16 + n * h * w));
   if (labels.size() != 8 + n)
-    throw InputError(fmt::format("{}: truncated: {} bytes, the header promises {}", labels_path, labels.size(), 8 + n));
+    throw InputError(fmt::format("{}: truncated: {} bytes, the header promises {}", labels_path,
+                                 labels.size(), 8 + n));
   std::vector<std::uint8_t> pixels(images.begin() + 16, images.end());
   std::vector<std::uint8_t> lab(labels.begin() + 8, labels.end());
   for (std::size_t i = 0; i < n; ++i)
-    if (lab[i] >= 10) throw InputError(fmt::format("{}: record {} has label {}, outside 0..9", labels_path, i, lab[i]));
+    if (lab[i] >= 10)
+      throw InputError(
+          fmt::format("{}: record {} has label {}, outside 0..9", labels_path, i, lab[i]));
   return Dataset(std::move(pixels), std::move(lab), 1, static_cast<int>(h), static_cast<int>(w), 10,
                  fmt::format("{} {} ({})", name, split == Split::train ? "train" : "test", dir));
 }
@@ -58,29 +69,36 @@ Dataset load_idx(const std::string& dir, Split split, const std::string& name) {
 // CIFAR binary batches: records of <label byte(s)><3072 pixel bytes, CHW>.
 Dataset load_cifar(const std::string& dir, Split split, bool hundred) {
   std::vector<std::string> files;
-  if (hundred) files = {find_file(dir, {split == Split::train ? "train.bin" : "test.bin"})};
-  else if (split == Split::test) files = {find_file(dir, {"test_batch.bin"})};
+  if (hundred)
+    files = {find_file(dir, {split == Split::train ? "train.bin" : "test.bin"})};
+  else if (split == Split::test)
+    files = {find_file(dir, {"test_batch.bin"})};
   else
-    for (int k = 1; k <= 5; ++k) files.push_back(find_file(dir, {fmt::format("data_batch_{}.bin", k)}));
+    for (int k = 1; k <= 5; ++k)
+      files.push_back(find_file(dir, {fmt::format("data_batch_{}.bin", k)}));
   const std::size_t label_bytes = hundred ? 2 : 1, record = label_bytes + 3072;
   const int classes = hundred ? 100 : 10;
   std::vector<std::uint8_t> pixels, labels;
   for (const auto& f : files) {
     const auto bytes = read_file_maybe_gz(f);
     if (bytes.empty() || bytes.size() % record != 0)
-      throw InputError(fmt::format("{}: {} bytes is not a whole number of {}-byte CIFAR records (truncated at record {})",
-                                   f, bytes.size(), record, bytes.size() / record));
+      throw InputError(fmt::format(
+          "{}: {} bytes is not a whole number of {}-byte CIFAR records (truncated at record {})", f,
+          bytes.size(), record, bytes.size() / record));
     for (std::size_t r = 0; r < bytes.size() / record; ++r) {
       const std::uint8_t label = bytes[r * record + label_bytes - 1]; // CIFAR-100: fine label
       if (label >= classes)
-        throw InputError(fmt::format("{}: record {} has label {}, outside 0..{}", f, r, label, classes - 1));
+        throw InputError(
+            fmt::format("{}: record {} has label {}, outside 0..{}", f, r, label, classes - 1));
       labels.push_back(label);
-      pixels.insert(pixels.end(), bytes.begin() + static_cast<std::ptrdiff_t>(r * record + label_bytes),
+      pixels.insert(pixels.end(),
+                    bytes.begin() + static_cast<std::ptrdiff_t>(r * record + label_bytes),
                     bytes.begin() + static_cast<std::ptrdiff_t>((r + 1) * record));
     }
   }
   return Dataset(std::move(pixels), std::move(labels), 3, 32, 32, classes,
-                 fmt::format("{} {} ({})", hundred ? "cifar100" : "cifar10", split == Split::train ? "train" : "test", dir));
+                 fmt::format("{} {} ({})", hundred ? "cifar100" : "cifar10",
+                             split == Split::train ? "train" : "test", dir));
 }
 
 } // namespace
@@ -98,7 +116,9 @@ std::vector<std::uint8_t> read_file_maybe_gz(const std::string& path) {
     const bool bad = got < 0 || (err != Z_OK && err != Z_STREAM_END);
     const std::string what = msg ? msg : "";
     gzclose(f);
-    if (bad) throw InputError(fmt::format("{}: corrupt gzip data after {} bytes ({})", path, out.size(), what));
+    if (bad)
+      throw InputError(
+          fmt::format("{}: corrupt gzip data after {} bytes ({})", path, out.size(), what));
     return out;
   }
   std::ifstream in(path, std::ios::binary);
@@ -107,20 +127,25 @@ std::vector<std::uint8_t> read_file_maybe_gz(const std::string& path) {
   return out;
 }
 
-Dataset::Dataset(std::vector<std::uint8_t> pixels, std::vector<std::uint8_t> labels, int channels, int height, int width,
-                 int classes, std::string source)
-    : pixels_(std::move(pixels)), labels_(std::move(labels)), channels_(channels), height_(height), width_(width),
-      classes_(classes), source_(std::move(source)) {
+Dataset::Dataset(std::vector<std::uint8_t> pixels, std::vector<std::uint8_t> labels, int channels,
+                 int height, int width, int classes, std::string source)
+    : pixels_(std::move(pixels)), labels_(std::move(labels)), channels_(channels), height_(height),
+      width_(width), classes_(classes), source_(std::move(source)) {
   if (labels_.empty()) throw InputError(fmt::format("{}: the dataset is empty", source_));
   if (pixels_.size() != labels_.size() * sample_bytes())
-    throw InputError(fmt::format("{}: {} pixel bytes for {} samples of {} bytes", source_, pixels_.size(), labels_.size(), sample_bytes()));
+    throw InputError(fmt::format("{}: {} pixel bytes for {} samples of {} bytes", source_,
+                                 pixels_.size(), labels_.size(), sample_bytes()));
 }
 
 Dataset Dataset::load(const std::string& format, const std::string& path, Split split) {
-  if (!fs::is_directory(path)) throw InputError(fmt::format("data.path = '{}': no such folder", path));
+  if (!fs::is_directory(path))
+    throw InputError(fmt::format("data.path = '{}': no such folder", path));
   if (format == "fashion-mnist" || format == "mnist") return load_idx(path, split, format);
-  if (format == "cifar10" || format == "cifar100") return load_cifar(path, split, format == "cifar100");
-  throw InputError(fmt::format("data.dataset = '{}': not supported by this build (fashion-mnist, mnist, cifar10, cifar100)", format));
+  if (format == "cifar10" || format == "cifar100")
+    return load_cifar(path, split, format == "cifar100");
+  throw InputError(fmt::format(
+      "data.dataset = '{}': not supported by this build (fashion-mnist, mnist, cifar10, cifar100)",
+      format));
 }
 
 } // namespace kdflow

@@ -54,7 +54,8 @@ HostMemory allocate_locked(std::size_t bytes, const PlaceMemory& place) {
   constexpr std::size_t kPage = 4096;
   bytes = (bytes + kPage - 1) / kPage * kPage;
   void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED) throw_errno(errno, "mmap of " + std::to_string(bytes) + " bytes for the slot ring");
+  if (p == MAP_FAILED)
+    throw_errno(errno, "mmap of " + std::to_string(bytes) + " bytes for the slot ring");
   // Fewer TLB misses when the loaders and the DMA engine stream through large slots.
   (void)madvise(p, bytes, MADV_HUGEPAGE);
   auto unmap = [](void* ptr, std::size_t n) {

@@ -21,15 +21,20 @@ std::uint64_t mix(std::uint64_t x) { // splitmix64 finalizer
 
 } // namespace
 
-Sampler::Sampler(std::size_t dataset_size, SamplerConfig config) : size_(dataset_size), config_(config) {
+Sampler::Sampler(std::size_t dataset_size, SamplerConfig config)
+    : size_(dataset_size), config_(config) {
   if (config.batch_size == 0) throw InputError("data.batch_size must be at least 1");
   if (config.world < 1 || config.rank < 0 || config.rank >= config.world)
-    throw InputError(fmt::format("rank {} of world {} is not a valid shard", config.rank, config.world));
+    throw InputError(
+        fmt::format("rank {} of world {} is not a valid shard", config.rank, config.world));
   per_rank_ = size_ / static_cast<std::size_t>(config.world); // every rank the same count
-  batches_ = config.drop_last ? per_rank_ / config.batch_size : (per_rank_ + config.batch_size - 1) / config.batch_size;
+  batches_ = config.drop_last ? per_rank_ / config.batch_size
+                              : (per_rank_ + config.batch_size - 1) / config.batch_size;
   if (batches_ == 0)
-    throw InputError(fmt::format("data.batch_size = {} is larger than this shard's {} samples", config.batch_size, per_rank_));
-  const int bits = std::max(2, static_cast<int>(std::bit_width(std::max<std::size_t>(size_ - 1, 1))));
+    throw InputError(fmt::format("data.batch_size = {} is larger than this shard's {} samples",
+                                 config.batch_size, per_rank_));
+  const int bits =
+      std::max(2, static_cast<int>(std::bit_width(std::max<std::size_t>(size_ - 1, 1))));
   half_bits_ = (bits + 1) / 2;
 }
 
@@ -53,17 +58,20 @@ std::uint32_t Sampler::permute(std::uint64_t epoch, std::uint32_t k) const {
   return x;
 }
 
-void Sampler::batch_indices(std::uint64_t epoch, std::size_t b, std::vector<std::uint32_t>& out) const {
+void Sampler::batch_indices(std::uint64_t epoch, std::size_t b,
+                            std::vector<std::uint32_t>& out) const {
   const std::size_t first = b * config_.batch_size;
   const std::size_t n = std::min(config_.batch_size, per_rank_ - first);
   out.resize(n);
   for (std::size_t i = 0; i < n; ++i) {
-    const std::size_t position = (first + i) * static_cast<std::size_t>(config_.world) + static_cast<std::size_t>(config_.rank);
+    const std::size_t position = (first + i) * static_cast<std::size_t>(config_.world) +
+                                 static_cast<std::size_t>(config_.rank);
     out[i] = permute(epoch, static_cast<std::uint32_t>(position));
   }
 }
 
-SlotLayout loader_layout(const Dataset& d, std::size_t batch_size, bool float_inputs, std::vector<RegionSpec> extra) {
+SlotLayout loader_layout(const Dataset& d, std::size_t batch_size, bool float_inputs,
+                         std::vector<RegionSpec> extra) {
   const auto b = static_cast<std::int64_t>(batch_size);
   std::vector<RegionSpec> regions = {
       {"inputs", float_inputs ? DType::f32 : DType::u8, {b, d.channels(), d.height(), d.width()}},
@@ -74,8 +82,9 @@ SlotLayout loader_layout(const Dataset& d, std::size_t batch_size, bool float_in
   return SlotLayout(std::move(regions));
 }
 
-void fill_batch(const Dataset& d, const Sampler& sampler, const AugmentConfig& aug, std::uint64_t global_batch,
-                const Slot& slot, const LoaderRegions& regions, std::vector<std::uint32_t>& indices) {
+void fill_batch(const Dataset& d, const Sampler& sampler, const AugmentConfig& aug,
+                std::uint64_t global_batch, const Slot& slot, const LoaderRegions& regions,
+                std::vector<std::uint32_t>& indices) {
   const std::size_t per_epoch = sampler.batches_per_epoch();
   const std::uint64_t epoch = global_batch / per_epoch;
   const std::size_t b = global_batch % per_epoch;
@@ -95,21 +104,30 @@ void fill_batch(const Dataset& d, const Sampler& sampler, const AugmentConfig& a
     const std::uint64_t r = mix(sampler.config().seed ^ mix(epoch * 0x9e3779b97f4a7c15ull ^ index));
     const int p = aug.augment ? aug.pad_crop : 0;
     const int dy = p > 0 ? static_cast<int>(r % static_cast<std::uint64_t>(2 * p + 1)) - p : 0;
-    const int dx = p > 0 ? static_cast<int>((r >> 16) % static_cast<std::uint64_t>(2 * p + 1)) - p : 0;
+    const int dx =
+        p > 0 ? static_cast<int>((r >> 16) % static_cast<std::uint64_t>(2 * p + 1)) - p : 0;
     const bool flip = aug.augment && aug.hflip && ((r >> 40) & 1);
     const std::uint8_t* src = d.image(index).data();
     for (int ch = 0; ch < c; ++ch) {
       const float scale = as_float ? 1.f / (255.f * aug.std[static_cast<std::size_t>(ch)]) : 0.f;
-      const float shift = as_float ? -aug.mean[static_cast<std::size_t>(ch)] / aug.std[static_cast<std::size_t>(ch)] : 0.f;
-      const std::size_t base = (i * static_cast<std::size_t>(c) + static_cast<std::size_t>(ch)) * plane;
+      const float shift =
+          as_float ? -aug.mean[static_cast<std::size_t>(ch)] / aug.std[static_cast<std::size_t>(ch)]
+                   : 0.f;
+      const std::size_t base =
+          (i * static_cast<std::size_t>(c) + static_cast<std::size_t>(ch)) * plane;
       for (int y = 0; y < h; ++y) {
         const int sy = y + dy;
         for (int x = 0; x < w; ++x) {
           const int sx = (flip ? w - 1 - x : x) + dx;
-          const std::uint8_t v = sy < 0 || sy >= h || sx < 0 || sx >= w ? 0 : src[static_cast<std::size_t>(ch) * plane + static_cast<std::size_t>(sy) * w + sx];
+          const std::uint8_t v = sy < 0 || sy >= h || sx < 0 || sx >= w
+                                     ? 0
+                                     : src[static_cast<std::size_t>(ch) * plane +
+                                           static_cast<std::size_t>(sy) * w + sx];
           const std::size_t o = base + static_cast<std::size_t>(y) * w + x;
-          if (as_float) out_f[o] = static_cast<float>(v) * scale + shift;
-          else out_u[o] = v;
+          if (as_float)
+            out_f[o] = static_cast<float>(v) * scale + shift;
+          else
+            out_u[o] = v;
         }
       }
     }
@@ -123,16 +141,19 @@ void fill_batch(const Dataset& d, const Sampler& sampler, const AugmentConfig& a
   if (indices.size() < cap) {
     const std::size_t from = indices.size() * static_cast<std::size_t>(c) * plane;
     const std::size_t count = (cap - indices.size()) * static_cast<std::size_t>(c) * plane;
-    if (as_float) std::fill_n(out_f + from, count, 0.f);
-    else std::fill_n(out_u + from, count, std::uint8_t{0});
+    if (as_float)
+      std::fill_n(out_f + from, count, 0.f);
+    else
+      std::fill_n(out_u + from, count, std::uint8_t{0});
   }
   slot.header().samples = static_cast<std::uint32_t>(indices.size());
   slot.header().epoch = static_cast<std::uint32_t>(epoch);
 }
 
-void start_loaders(oneapi::tbb::task_arena& arena, int workers, SlotRing& ring, const Dataset& dataset,
-                   const Sampler& sampler, const AugmentConfig& augment, const LoaderRegions& regions,
-                   std::uint64_t end, SlotState publish_to, LoaderDone& done) {
+void start_loaders(oneapi::tbb::task_arena& arena, int workers, SlotRing& ring,
+                   const Dataset& dataset, const Sampler& sampler, const AugmentConfig& augment,
+                   const LoaderRegions& regions, std::uint64_t end, SlotState publish_to,
+                   LoaderDone& done) {
   if (augment.normalize && (augment.mean.size() != static_cast<std::size_t>(dataset.channels()) ||
                             augment.std.size() != static_cast<std::size_t>(dataset.channels())))
     throw InputError(fmt::format("normalization needs {} mean and std values", dataset.channels()));

@@ -12,7 +12,6 @@
 
 #include <fmt/format.h>
 
-
 namespace kdflow {
 namespace sp = slot_protocol;
 namespace {
@@ -112,7 +111,8 @@ void SlotRing::advance(Word& w, std::uint32_t delta, [[maybe_unused]] std::uint3
 
 void SlotRing::publish(const Slot& slot, SlotState from, SlotState to) {
   assert(static_cast<std::uint32_t>(to) > static_cast<std::uint32_t>(from));
-  advance(words_[slot.index()], sp::advance_delta(from, to), sp::encode(slot.batch() / slots_, from));
+  advance(words_[slot.index()], sp::advance_delta(from, to),
+          sp::encode(slot.batch() / slots_, from));
 }
 
 void SlotRing::release(const Slot& slot) {

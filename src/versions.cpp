@@ -11,8 +11,8 @@ namespace kdflow {
 VersionLines core_versions() {
   return {
       {"kdflow", fmt::format("{} ({} build)", kKdflowVersion, kKdflowBuildType)},
-      {"oneTBB", fmt::format("{} (interface {})", TBB_runtime_version(),
-                             TBB_runtime_interface_version())},
+      {"oneTBB",
+       fmt::format("{} (interface {})", TBB_runtime_version(), TBB_runtime_interface_version())},
   };
 }
 

@@ -23,8 +23,8 @@ constexpr const char* kNotBuilt = " (not built yet)";
 
 int print_versions() {
   VersionLines lines = core_versions();
-  for (auto more : {student::student_versions(), teacher::teacher_versions(),
-                    affinity::affinity_versions()})
+  for (auto more :
+       {student::student_versions(), teacher::teacher_versions(), affinity::affinity_versions()})
     lines.insert(lines.end(), more.begin(), more.end());
   // What kind of memory a slot ring would get here (pinned for the GPU, mlocked, or pageable).
   const HostMemory probe = student::allocate_pinned_for_device(1 << 20);
@@ -47,10 +47,12 @@ Commands::Commands(CLI::App& app) : app_(app) {
   app.require_subcommand(0, 1);
   app.fallthrough(false);
 
-  auto* train = app.add_subcommand("train", std::string("train a student by distillation") + kNotBuilt);
+  auto* train =
+      app.add_subcommand("train", std::string("train a student by distillation") + kNotBuilt);
   train->add_option("--config", train_.config, "TOML configuration file")->check(CLI::ExistingFile);
   train->add_option("--set", train_.sets, "override one key: section.key=value (repeatable)");
-  train->add_option("--out", train_.out, "run folder (config.toml, metrics.jsonl, checkpoints/)")->capture_default_str();
+  train->add_option("--out", train_.out, "run folder (config.toml, metrics.jsonl, checkpoints/)")
+      ->capture_default_str();
   train->add_option("--resume", train_.resume, "continue from a checkpoint: auto or a path");
   train->add_option("--cores", train_.cores, "core plan JSON written by kdflow tune-cores");
   train->callback([this] {
@@ -61,51 +63,76 @@ Commands::Commands(CLI::App& app) : app_(app) {
     };
   });
 
-  auto* teacher = app.add_subcommand("teacher", "inspect, run and benchmark an ONNX teacher on oneDNN");
+  auto* teacher =
+      app.add_subcommand("teacher", "inspect, run and benchmark an ONNX teacher on oneDNN");
   teacher->require_subcommand(1);
-  auto* info = teacher->add_subcommand("info", "the graph after kdflow's passes: nodes, fused groups, parameters, FLOPs");
+  auto* info = teacher->add_subcommand(
+      "info", "the graph after kdflow's passes: nodes, fused groups, parameters, FLOPs");
   info->add_option("--model", teacher_.model, "ONNX model")->required();
   info->add_option("--batch", teacher_.batch, "batch size to plan for")->capture_default_str();
-  info->add_option("--precision", teacher_.precision, "fp32 or bf16")->check(CLI::IsMember({"fp32", "bf16"}));
+  info->add_option("--precision", teacher_.precision, "fp32 or bf16")
+      ->check(CLI::IsMember({"fp32", "bf16"}));
   info->callback([this] { action_ = [this] { return teacher_info(teacher_); }; });
   auto* infer = teacher->add_subcommand("infer", "run the teacher on a .npy batch");
   infer->add_option("--model", teacher_.model, "ONNX model")->required();
-  infer->add_option("--input", teacher_.input, "input .npy (float32, C order, batch first)")->required();
-  infer->add_option("--output", teacher_.output, "output .npy (the logits; features beside it)")->required();
+  infer->add_option("--input", teacher_.input, "input .npy (float32, C order, batch first)")
+      ->required();
+  infer->add_option("--output", teacher_.output, "output .npy (the logits; features beside it)")
+      ->required();
   infer->add_option("--threads", teacher_.threads, "threads (0: every allowed physical core)");
-  infer->add_option("--precision", teacher_.precision, "fp32 or bf16")->check(CLI::IsMember({"fp32", "bf16"}));
-  infer->add_option("--feature", teacher_.features, "also write this intermediate value (repeatable)");
+  infer->add_option("--precision", teacher_.precision, "fp32 or bf16")
+      ->check(CLI::IsMember({"fp32", "bf16"}));
+  infer->add_option("--feature", teacher_.features,
+                    "also write this intermediate value (repeatable)");
   infer->callback([this] { action_ = [this] { return teacher_infer(teacher_); }; });
-  auto* tbench = teacher->add_subcommand("bench", "teacher throughput, and its share of the measured FMA peak");
+  auto* tbench = teacher->add_subcommand(
+      "bench", "teacher throughput, and its share of the measured FMA peak");
   tbench->add_option("--model", teacher_.model, "ONNX model")->required();
   tbench->add_option("--batch", teacher_.batch, "batch size")->capture_default_str();
   tbench->add_option("--threads", teacher_.threads, "threads (0: every allowed physical core)");
-  tbench->add_option("--precision", teacher_.precision, "fp32 or bf16")->check(CLI::IsMember({"fp32", "bf16"}));
+  tbench->add_option("--precision", teacher_.precision, "fp32 or bf16")
+      ->check(CLI::IsMember({"fp32", "bf16"}));
   tbench->add_option("--seconds", teacher_.seconds, "measuring time")->capture_default_str();
   tbench->add_option("--json", teacher_.json, "write the result as JSON here");
   tbench->callback([this] { action_ = [this] { return teacher_bench(teacher_); }; });
 
   auto* cores = app.add_subcommand("cores", "show the topology and the core plan");
-  cores->add_option("--synthetic", cores_.synthetic, "plan for a synthetic hwloc topology, e.g. \"pack:2 numa:1 core:8 pu:2\"");
-  cores->add_option("--gpu-numa", cores_.gpu_numa, "with --synthetic: describe a GPU attached to this NUMA node");
+  cores->add_option("--synthetic", cores_.synthetic,
+                    "plan for a synthetic hwloc topology, e.g. \"pack:2 numa:1 core:8 pu:2\"");
+  cores->add_option("--gpu-numa", cores_.gpu_numa,
+                    "with --synthetic: describe a GPU attached to this NUMA node");
   cores->add_flag("--json", cores_.json, "print JSON instead of a table");
-  cores->add_option("--config", cores_.config, "TOML configuration file (cores.* and kd.alpha)")->check(CLI::ExistingFile);
+  cores->add_option("--config", cores_.config, "TOML configuration file (cores.* and kd.alpha)")
+      ->check(CLI::ExistingFile);
   cores->add_option("--set", cores_.sets, "override one key: section.key=value (repeatable)");
   cores->callback([this] { action_ = [this] { return show_cores(); }; });
 
-  auto* tune = app.add_subcommand("tune-cores", std::string("find the fastest core plan") + kNotBuilt);
+  auto* tune =
+      app.add_subcommand("tune-cores", std::string("find the fastest core plan") + kNotBuilt);
   tune->add_option("--config", tune_.config, "TOML configuration file")->check(CLI::ExistingFile);
   tune->add_option("--budget-s", tune_.budget_s, "time budget in seconds");
   tune->add_option("--out", tune_.out, "plan JSON to write")->required();
-  tune->callback([this] { action_ = [] { not_built("kdflow tune-cores"); return kExitOk; }; });
+  tune->callback([this] {
+    action_ = [] {
+      not_built("kdflow tune-cores");
+      return kExitOk;
+    };
+  });
 
-  auto* overlap = app.add_subcommand("bench-overlap", std::string("CPU-vs-GPU overlap benchmark") + kNotBuilt);
-  overlap->add_option("--config", overlap_.config, "TOML configuration file")->check(CLI::ExistingFile);
+  auto* overlap =
+      app.add_subcommand("bench-overlap", std::string("CPU-vs-GPU overlap benchmark") + kNotBuilt);
+  overlap->add_option("--config", overlap_.config, "TOML configuration file")
+      ->check(CLI::ExistingFile);
   overlap->add_option("--steps", overlap_.steps, "steps per mode");
   overlap->add_option("--json", overlap_.json, "write every figure as JSON here")->required();
   overlap->add_option("--trace", overlap_.trace, "Chrome/Perfetto trace file");
   overlap->add_option("--plot", overlap_.plot, "bar chart PNG");
-  overlap->callback([this] { action_ = [] { not_built("kdflow bench-overlap"); return kExitOk; }; });
+  overlap->callback([this] {
+    action_ = [] {
+      not_built("kdflow bench-overlap");
+      return kExitOk;
+    };
+  });
 }
 
 int Commands::show_cores() {
@@ -117,8 +144,8 @@ int Commands::show_cores() {
   nlohmann::json gpus = nlohmann::json::array();
   if (synthetic && cores_.gpu_numa >= 0) {
     if (cores_.gpu_numa >= topology.numa_nodes())
-      throw InputError(fmt::format("--gpu-numa {}: the topology has {} NUMA node(s)", cores_.gpu_numa,
-                                   topology.numa_nodes()));
+      throw InputError(fmt::format("--gpu-numa {}: the topology has {} NUMA node(s)",
+                                   cores_.gpu_numa, topology.numa_nodes()));
     gpu_local = topology.numa_cpus(cores_.gpu_numa);
     gpus.push_back({{"name", "described GPU"}, {"local_cpus", *gpu_local}});
   } else if (!synthetic) {
@@ -135,7 +162,8 @@ int Commands::show_cores() {
   if (cores_.json) {
     nlohmann::json topo = affinity::to_json(topology);
     topo["gpus"] = gpus;
-    fmt::print("{}\n", nlohmann::json{{"topology", topo}, {"plan", affinity::to_json(plan)}}.dump(2));
+    fmt::print("{}\n",
+               nlohmann::json{{"topology", topo}, {"plan", affinity::to_json(plan)}}.dump(2));
     return kExitOk;
   }
   fmt::print("{}", affinity::format_plan(plan, topology));

@@ -30,7 +30,8 @@ affinity::CpuList teacher_cpus(const affinity::Topology& topo, int threads) {
   for (const auto& core : topo.cores()) cpus.push_back(core.pus[0]);
   if (threads < 0) throw InputError(fmt::format("--threads {} must be positive", threads));
   if (threads > static_cast<int>(cpus.size()))
-    throw InputError(fmt::format("--threads {}: this process may use {} physical cores", threads, cpus.size()));
+    throw InputError(
+        fmt::format("--threads {}: this process may use {} physical cores", threads, cpus.size()));
   if (threads > 0) cpus.resize(static_cast<std::size_t>(threads));
   return cpus;
 }
@@ -52,19 +53,22 @@ int teacher_info(const TeacherArgs& args) {
   fmt::print("model:      {} (opset {})\n", g.file, g.opset);
   fmt::print("input:      {} {}\n", g.input, teacher::format_shape(g.input_shape));
   for (std::size_t k = 0; k < t->output_names().size(); ++k)
-    fmt::print("output:     {} {}\n", t->output_names()[k], teacher::format_shape(t->output_shape(k)));
+    fmt::print("output:     {} {}\n", t->output_names()[k],
+               teacher::format_shape(t->output_shape(k)));
   fmt::print("nodes:      {} after passes ({} fused post-ops)\n", s.nodes, s.fused_post_ops);
   fmt::print("parameters: {}\n", s.parameters);
   fmt::print("FLOPs:      {:.3f} M per sample\n", s.flops_per_sample / 1e6);
-  fmt::print("plan:       {} steps at batch {} ({} reorders), precision {}\n", t->steps(), t->batch(), t->reorders(),
-             teacher::precision_name(t->precision()));
+  fmt::print("plan:       {} steps at batch {} ({} reorders), precision {}\n", t->steps(),
+             t->batch(), t->reorders(), teacher::precision_name(t->precision()));
   fmt::print("graph after passes:\n{}", teacher::describe_graph(g));
   return 0;
 }
 
 int teacher_infer(const TeacherArgs& args) {
   const teacher::NpyArray x = teacher::read_npy(args.input);
-  if (x.shape.size() < 2) throw InputError(fmt::format("{}: needs a batch dimension, has shape {}", args.input, teacher::format_shape(x.shape)));
+  if (x.shape.size() < 2)
+    throw InputError(fmt::format("{}: needs a batch dimension, has shape {}", args.input,
+                                 teacher::format_shape(x.shape)));
   teacher::TeacherOptions opts;
   opts.batch = x.shape[0];
   opts.precision = teacher::parse_precision(args.precision);
@@ -73,11 +77,13 @@ int teacher_infer(const TeacherArgs& args) {
   const auto t = teacher::Teacher::load(args.model, opts);
   const affinity::Topology topo = affinity::Topology::load();
   const auto cpus = teacher_cpus(topo, args.threads);
-  oneapi::tbb::global_control parallelism(oneapi::tbb::global_control::max_allowed_parallelism, cpus.size() + 1);
+  oneapi::tbb::global_control parallelism(oneapi::tbb::global_control::max_allowed_parallelism,
+                                          cpus.size() + 1);
   affinity::PinnedArena arena(topo, cpus, "teacher");
   std::vector<std::vector<float>> outs;
   std::vector<float*> ptrs;
-  for (std::size_t k = 0; k < t->output_names().size(); ++k) outs.emplace_back(static_cast<std::size_t>(teacher::numel(t->output_shape(k))));
+  for (std::size_t k = 0; k < t->output_names().size(); ++k)
+    outs.emplace_back(static_cast<std::size_t>(teacher::numel(t->output_shape(k))));
   for (auto& o : outs) ptrs.push_back(o.data());
   teacher::Replica replica(t);
   arena.arena().execute([&] { replica.run(x.data.data(), ptrs); });
@@ -85,7 +91,8 @@ int teacher_infer(const TeacherArgs& args) {
   for (std::size_t k = 1; k < outs.size(); ++k) {
     std::string path = args.output;
     const auto dot = path.rfind(".npy");
-    path = (dot == std::string::npos ? path : path.substr(0, dot)) + "." + t->output_names()[k] + ".npy";
+    path = (dot == std::string::npos ? path : path.substr(0, dot)) + "." + t->output_names()[k] +
+           ".npy";
     teacher::write_npy(path, t->output_shape(k), outs[k].data());
   }
   return 0;
@@ -93,11 +100,13 @@ int teacher_infer(const TeacherArgs& args) {
 
 int teacher_bench(const TeacherArgs& args) {
   if (args.batch < 1) throw InputError(fmt::format("--batch {} must be at least 1", args.batch));
-  if (args.seconds <= 0) throw InputError(fmt::format("--seconds {} must be positive", args.seconds));
+  if (args.seconds <= 0)
+    throw InputError(fmt::format("--seconds {} must be positive", args.seconds));
   const auto t = load(args, args.batch);
   const affinity::Topology topo = affinity::Topology::load();
   const auto cpus = teacher_cpus(topo, args.threads);
-  oneapi::tbb::global_control parallelism(oneapi::tbb::global_control::max_allowed_parallelism, cpus.size() + 1);
+  oneapi::tbb::global_control parallelism(oneapi::tbb::global_control::max_allowed_parallelism,
+                                          cpus.size() + 1);
   affinity::PinnedArena arena(topo, cpus, "teacher");
 
   std::vector<float> input(static_cast<std::size_t>(teacher::numel(t->input_shape())));
@@ -106,7 +115,8 @@ int teacher_bench(const TeacherArgs& args) {
   for (auto& v : input) v = dist(rng);
   std::vector<std::vector<float>> outs;
   std::vector<float*> ptrs;
-  for (std::size_t k = 0; k < t->output_names().size(); ++k) outs.emplace_back(static_cast<std::size_t>(teacher::numel(t->output_shape(k))));
+  for (std::size_t k = 0; k < t->output_names().size(); ++k)
+    outs.emplace_back(static_cast<std::size_t>(teacher::numel(t->output_shape(k))));
   for (auto& o : outs) ptrs.push_back(o.data());
   teacher::Replica replica(t);
 
@@ -115,7 +125,9 @@ int teacher_bench(const TeacherArgs& args) {
   arena.arena().execute([&] {
     for (int i = 0; i < 3; ++i) replica.run(input.data(), ptrs); // warm-up: JIT, caches, pages
     const auto start = std::chrono::steady_clock::now();
-    while (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() < args.seconds || times.size() < 5) {
+    while (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() <
+               args.seconds ||
+           times.size() < 5) {
       const auto t0 = std::chrono::steady_clock::now();
       replica.run(input.data(), ptrs);
       times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
@@ -146,10 +158,12 @@ int teacher_bench(const TeacherArgs& args) {
       {"flops_per_sample", summary.flops_per_sample},
       {"onednn", info.version + " " + info.cpu_runtime},
   };
-  fmt::print("{}: {:.1f} images/s, {:.1f} GFLOP/s = {:.0f}% of the {:.1f} GFLOP/s FMA peak ({} {}, batch {}, {} thread(s), "
+  fmt::print("{}: {:.1f} images/s, {:.1f} GFLOP/s = {:.0f}% of the {:.1f} GFLOP/s FMA peak ({} {}, "
+             "batch {}, {} thread(s), "
              "median of {} batches {:.2f} ms)\n",
-             args.model, images, gflops, 100 * result["peak_fraction"].get<double>(), peak.gflops_per_s, args.precision, info.isa,
-             args.batch, cpus.size(), times.size(), median * 1e3);
+             args.model, images, gflops, 100 * result["peak_fraction"].get<double>(),
+             peak.gflops_per_s, args.precision, info.isa, args.batch, cpus.size(), times.size(),
+             median * 1e3);
   if (!args.json.empty()) {
     std::ofstream out(args.json);
     if (!out) throw InputError(fmt::format("{}: cannot write", args.json));

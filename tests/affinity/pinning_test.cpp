@@ -52,7 +52,8 @@ TEST(LivePinning, EveryKdThreadIsBoundToItsRole) {
                                             workers + 1);
 
   SlotLayout layout({{"inputs", DType::u8, {64}}});
-  SlotRing ring(layout, 4, allocate_locked(4 * layout.slot_bytes(), bind_to_numa_of(topo, plan.student)));
+  SlotRing ring(layout, 4,
+                allocate_locked(4 * layout.slot_bytes(), bind_to_numa_of(topo, plan.student)));
 
   PinnedArena loaders(topo, plan.loader, "loader");
   std::vector<std::unique_ptr<PinnedArena>> replicas;
@@ -124,8 +125,10 @@ TEST(LivePinning, EveryKdThreadIsBoundToItsRole) {
       }
     }
   }
-  EXPECT_TRUE(std::any_of(seen.begin(), seen.end(), [](const auto& kv) { return kv.first.rfind("kd-loader-", 0) == 0; }));
-  EXPECT_TRUE(std::any_of(seen.begin(), seen.end(), [](const auto& kv) { return kv.first.rfind("kd-teacher-", 0) == 0; }));
+  EXPECT_TRUE(std::any_of(seen.begin(), seen.end(),
+                          [](const auto& kv) { return kv.first.rfind("kd-loader-", 0) == 0; }));
+  EXPECT_TRUE(std::any_of(seen.begin(), seen.end(),
+                          [](const auto& kv) { return kv.first.rfind("kd-teacher-", 0) == 0; }));
   EXPECT_GE(kd_threads, 3);
   // The student thread's own binding is undone by nothing: it ran on its role's CPUs throughout.
   EXPECT_EQ(ring.stats().stages[2].acquisitions, kBatches);

@@ -86,13 +86,11 @@ TEST_P(AutoPlan, HoldsItsProperties) {
   EXPECT_EQ(owner.size() + plan.spare.size(), allowed.size());
 }
 
-INSTANTIATE_TEST_SUITE_P(Synthetic, AutoPlan,
-                         ::testing::Values(Case{"pack:1 core:2 pu:1", -1},
-                                           Case{"pack:2 numa:2 core:8 pu:2", -1},
-                                           Case{"pack:2 numa:2 core:8 pu:2", 2},
-                                           Case{"pack:1 l3:4 core:16 pu:1", -1},
-                                           Case{"pack:1 core:1 pu:1", -1},
-                                           Case{"pack:1 core:16 pu:2", 0}));
+INSTANTIATE_TEST_SUITE_P(
+    Synthetic, AutoPlan,
+    ::testing::Values(Case{"pack:1 core:2 pu:1", -1}, Case{"pack:2 numa:2 core:8 pu:2", -1},
+                      Case{"pack:2 numa:2 core:8 pu:2", 2}, Case{"pack:1 l3:4 core:16 pu:1", -1},
+                      Case{"pack:1 core:1 pu:1", -1}, Case{"pack:1 core:16 pu:2", 0}));
 
 TEST(AutoPlan, CountsFromTheRequestAreHonoured) {
   const Topology topo = Topology::synthetic("pack:1 core:16 pu:2");
@@ -116,7 +114,8 @@ TEST(AutoPlan, NoTeacherMeansNoTeacherCores) {
   EXPECT_EQ(plan.loader.size(), 3u);
 }
 
-std::string expect_plan_error(const std::string& json, const std::string& desc = "pack:1 core:4 pu:1") {
+std::string expect_plan_error(const std::string& json,
+                              const std::string& desc = "pack:1 core:4 pu:1") {
   const auto path = std::filesystem::temp_directory_path() / "kdflow_plan_test.json";
   std::ofstream(path) << json;
   const Topology topo = Topology::synthetic(desc);
@@ -131,12 +130,23 @@ std::string expect_plan_error(const std::string& json, const std::string& desc =
 }
 
 TEST(PlanFile, BadPlansNameTheRole) {
-  EXPECT_NE(expect_plan_error(R"({"student":[0],"loader":[1],"teacher":[[1,2]]})").find("'loader' and 'teacher[0]' overlap"), std::string::npos);
-  EXPECT_NE(expect_plan_error(R"({"student":[0],"loader":[1],"teacher":[[2,9]]})").find("'teacher[0]' uses CPUs 9"), std::string::npos);
-  EXPECT_NE(expect_plan_error(R"({"student":[0],"loader":[],"teacher":[[2]]})").find("'loader' has no CPU"), std::string::npos);
-  EXPECT_NE(expect_plan_error(R"({"student":[0],"loader":[1]})").find("'teacher' has no CPU"), std::string::npos);
-  EXPECT_NE(expect_plan_error(R"({"student":[0],"loader":[1],"teacher":[[2]],"gpu":[3]})").find("unknown key 'gpu'"), std::string::npos);
-  EXPECT_NE(expect_plan_error(R"({"student":[0],"loader":["a"],"teacher":[[2]]})").find("key 'loader'"), std::string::npos);
+  EXPECT_NE(expect_plan_error(R"({"student":[0],"loader":[1],"teacher":[[1,2]]})")
+                .find("'loader' and 'teacher[0]' overlap"),
+            std::string::npos);
+  EXPECT_NE(expect_plan_error(R"({"student":[0],"loader":[1],"teacher":[[2,9]]})")
+                .find("'teacher[0]' uses CPUs 9"),
+            std::string::npos);
+  EXPECT_NE(expect_plan_error(R"({"student":[0],"loader":[],"teacher":[[2]]})")
+                .find("'loader' has no CPU"),
+            std::string::npos);
+  EXPECT_NE(expect_plan_error(R"({"student":[0],"loader":[1]})").find("'teacher' has no CPU"),
+            std::string::npos);
+  EXPECT_NE(expect_plan_error(R"({"student":[0],"loader":[1],"teacher":[[2]],"gpu":[3]})")
+                .find("unknown key 'gpu'"),
+            std::string::npos);
+  EXPECT_NE(
+      expect_plan_error(R"({"student":[0],"loader":["a"],"teacher":[[2]]})").find("key 'loader'"),
+      std::string::npos);
   EXPECT_NE(expect_plan_error(R"({"student":[0], )").find("not valid JSON"), std::string::npos);
 }
 

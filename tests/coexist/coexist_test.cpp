@@ -1,6 +1,7 @@
-// The PyPI LibTorch carries its own oneDNN (statically linked, hidden symbols); the teacher uses the
-// PyPI oneDNN 3.x with the TBB runtime. This proves both work in one process: each convolution runs
-// on its own library, one after the other and concurrently, and each matches the plain reference.
+// The PyPI LibTorch carries its own oneDNN (statically linked, hidden symbols); the teacher uses
+// the PyPI oneDNN 3.x with the TBB runtime. This proves both work in one process: each convolution
+// runs on its own library, one after the other and concurrently, and each matches the plain
+// reference.
 #include "conv_impls.hpp"
 
 #include <gtest/gtest.h>

@@ -40,8 +40,8 @@ std::vector<float> onednn_conv(const ConvCase& cc, const std::vector<float>& src
   memory p_src = to_primitive_layout(user_src, pd.src_desc());
   memory p_wei = to_primitive_layout(user_wei, pd.weights_desc());
   memory p_dst = pd.dst_desc() == user_dst.get_desc() ? user_dst : memory(pd.dst_desc(), eng);
-  convolution_forward(pd).execute(s, {{DNNL_ARG_SRC, p_src}, {DNNL_ARG_WEIGHTS, p_wei},
-                                      {DNNL_ARG_DST, p_dst}});
+  convolution_forward(pd).execute(
+      s, {{DNNL_ARG_SRC, p_src}, {DNNL_ARG_WEIGHTS, p_wei}, {DNNL_ARG_DST, p_dst}});
   if (p_dst != user_dst) reorder(p_dst, user_dst).execute(s, p_dst, user_dst);
   s.wait();
   return dst;

@@ -1,4 +1,5 @@
-// Direct convolution in plain loops, accumulated in double: the reference both libraries must match.
+// Direct convolution in plain loops, accumulated in double: the reference both libraries must
+// match.
 #include "conv_impls.hpp"
 
 namespace kdflow::coexist {

@@ -14,8 +14,8 @@ std::vector<float> torch_mkldnn_conv(const ConvCase& cc, const std::vector<float
   auto x = torch::from_blob(const_cast<float*>(src.data()), {cc.n, cc.c, cc.h, cc.w}, opts);
   auto w = torch::from_blob(const_cast<float*>(weights.data()), {cc.k, cc.c, cc.r, cc.r}, opts);
   torch::NoGradGuard no_grad;
-  const auto y = at::mkldnn_convolution(x, w, std::nullopt, {cc.pad, cc.pad}, {cc.stride, cc.stride},
-                                        {1, 1}, 1)
+  const auto y = at::mkldnn_convolution(x, w, std::nullopt, {cc.pad, cc.pad},
+                                        {cc.stride, cc.stride}, {1, 1}, 1)
                      .contiguous();
   return {y.data_ptr<float>(), y.data_ptr<float>() + y.numel()};
 }

@@ -72,7 +72,8 @@ TEST(Config, BadInputNamesTheKey) {
   expect_input_error([&] { c.merge_toml("seed = 3\n", "f.toml"); }, {"f.toml", "seed"});
   expect_input_error([&] { c.merge_toml("[train]\nepochs = \"three\"\n", "f.toml"); },
                      {"train.epochs", "integer"});
-  expect_input_error([&] { c.merge_toml("[kd]\nalpha = 1.5\n", "f.toml"); }, {"kd.alpha", "outside"});
+  expect_input_error([&] { c.merge_toml("[kd]\nalpha = 1.5\n", "f.toml"); },
+                     {"kd.alpha", "outside"});
   expect_input_error([&] { c.merge_toml("[student]\ndevice = \"tpu\"\n", "f.toml"); },
                      {"student.device", "tpu", "auto"});
   expect_input_error([&] { c.merge_toml("[train\nepochs=1", "broken.toml"); }, {"broken.toml:1"});
@@ -81,7 +82,8 @@ TEST(Config, BadInputNamesTheKey) {
   expect_input_error([&] { c.set("kd.alpha=nan"); }, {"kd.alpha"});
   expect_input_error([&] { c.set("ring.slots=1"); }, {"ring.slots"});
   expect_input_error([&] { c.set("train.epochs"); }, {"section.key=value"});
-  expect_input_error([&] { c.merge_file("/nonexistent/kdflow.toml"); }, {"/nonexistent/kdflow.toml"});
+  expect_input_error([&] { c.merge_file("/nonexistent/kdflow.toml"); },
+                     {"/nonexistent/kdflow.toml"});
   // Nothing of a failed source is half-applied to keys that came before the bad one? It may be;
   // but the values that did apply are valid ones.
   EXPECT_EQ(c.get_int("ring.slots"), 8);
@@ -89,9 +91,7 @@ TEST(Config, BadInputNamesTheKey) {
 
 TEST(Config, MergeFileReadsAFile) {
   const auto path = std::filesystem::temp_directory_path() / "kdflow_config_test.toml";
-  {
-    std::ofstream(path) << "[ring]\nslots = 16\n";
-  }
+  { std::ofstream(path) << "[ring]\nslots = 16\n"; }
   Config c;
   c.merge_file(path);
   EXPECT_EQ(c.get_int("ring.slots"), 16);

@@ -36,7 +36,9 @@ fs::path fresh_dir(const std::string& name) {
 }
 
 void write(const fs::path& p, const std::vector<std::uint8_t>& bytes) {
-  std::ofstream(p, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  std::ofstream(p, std::ios::binary)
+      .write(reinterpret_cast<const char*>(bytes.data()),
+             static_cast<std::streamsize>(bytes.size()));
 }
 
 std::vector<std::uint8_t> be32(std::vector<std::uint32_t> words) {
@@ -56,7 +58,8 @@ TEST(FashionMnist, RealFilesHaveTheKnownCountsAndFirstRecord) {
   EXPECT_EQ(train.width(), 28);
   EXPECT_EQ(train.classes(), 10);
   std::array<int, 10> histogram{};
-  for (std::size_t i = 0; i < train.size(); ++i) ++histogram[static_cast<std::size_t>(train.label(i))];
+  for (std::size_t i = 0; i < train.size(); ++i)
+    ++histogram[static_cast<std::size_t>(train.label(i))];
   for (const int n : histogram) EXPECT_EQ(n, 6000);
   // The first training record: an ankle boot (9), 351 zero pixels, pixel sum 76247.
   EXPECT_EQ(train.label(0), 9);
@@ -80,26 +83,43 @@ TEST(Idx, BadFilesAreNamed) {
   };
   images(0x803, 3, 12);
   labels(3, {1, 2, 3});
-  EXPECT_EQ(Dataset::load("mnist", d.string(), Split::train).size(), 3u); // raw (not .gz) files work
+  EXPECT_EQ(Dataset::load("mnist", d.string(), Split::train).size(),
+            3u); // raw (not .gz) files work
   images(0x802, 3, 12);
-  EXPECT_NE(error_of([&] { Dataset::load("mnist", d.string(), Split::train); }).find("not an IDX image file"), std::string::npos);
+  EXPECT_NE(error_of([&] {
+              Dataset::load("mnist", d.string(), Split::train);
+            }).find("not an IDX image file"),
+            std::string::npos);
   images(0x803, 3, 11);
-  EXPECT_NE(error_of([&] { Dataset::load("mnist", d.string(), Split::train); }).find("truncated"), std::string::npos);
+  EXPECT_NE(error_of([&] { Dataset::load("mnist", d.string(), Split::train); }).find("truncated"),
+            std::string::npos);
   images(0x803, 3, 12);
   labels(3, {1, 12, 3});
   const std::string bad_label = error_of([&] { Dataset::load("mnist", d.string(), Split::train); });
   EXPECT_NE(bad_label.find("record 1 has label 12"), std::string::npos) << bad_label;
   EXPECT_NE(bad_label.find("train-labels-idx1-ubyte"), std::string::npos);
   labels(2, {1, 2});
-  EXPECT_NE(error_of([&] { Dataset::load("mnist", d.string(), Split::train); }).find("2 labels for 3 images"), std::string::npos);
+  EXPECT_NE(error_of([&] {
+              Dataset::load("mnist", d.string(), Split::train);
+            }).find("2 labels for 3 images"),
+            std::string::npos);
   // A corrupt .gz next to nothing else.
   const fs::path g = fresh_dir("idx_gz");
   write(g / "train-images-idx3-ubyte.gz", {0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 3, 1, 2, 3, 4});
   write(g / "train-labels-idx1-ubyte", be32({0x801, 0}));
-  EXPECT_NE(error_of([&] { Dataset::load("mnist", g.string(), Split::train); }).find("train-images-idx3-ubyte.gz"), std::string::npos);
+  EXPECT_NE(error_of([&] {
+              Dataset::load("mnist", g.string(), Split::train);
+            }).find("train-images-idx3-ubyte.gz"),
+            std::string::npos);
   // Where kdflow looked.
-  EXPECT_NE(error_of([&] { Dataset::load("mnist", fresh_dir("empty").string(), Split::test); }).find("t10k-images-idx3-ubyte.gz"), std::string::npos);
-  EXPECT_NE(error_of([&] { Dataset::load("mnist", "/no/such/folder", Split::test); }).find("/no/such/folder"), std::string::npos);
+  EXPECT_NE(error_of([&] {
+              Dataset::load("mnist", fresh_dir("empty").string(), Split::test);
+            }).find("t10k-images-idx3-ubyte.gz"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] {
+              Dataset::load("mnist", "/no/such/folder", Split::test);
+            }).find("/no/such/folder"),
+            std::string::npos);
 }
 
 std::vector<std::uint8_t> cifar_records(int n, int label_bytes, int first_label) {
@@ -113,7 +133,8 @@ std::vector<std::uint8_t> cifar_records(int n, int label_bytes, int first_label)
 
 TEST(Cifar, ReadsRecordsAndRejectsBadOnes) {
   const fs::path d = fresh_dir("cifar10");
-  for (int k = 1; k <= 5; ++k) write(d / ("data_batch_" + std::to_string(k) + ".bin"), cifar_records(2, 1, k));
+  for (int k = 1; k <= 5; ++k)
+    write(d / ("data_batch_" + std::to_string(k) + ".bin"), cifar_records(2, 1, k));
   write(d / "test_batch.bin", cifar_records(3, 1, 0));
   const Dataset train = Dataset::load("cifar10", d.string(), Split::train);
   EXPECT_EQ(train.size(), 10u);
@@ -125,17 +146,27 @@ TEST(Cifar, ReadsRecordsAndRejectsBadOnes) {
   auto truncated = cifar_records(2, 1, 0);
   truncated.pop_back();
   write(d / "test_batch.bin", truncated);
-  EXPECT_NE(error_of([&] { Dataset::load("cifar10", d.string(), Split::test); }).find("test_batch.bin"), std::string::npos);
+  EXPECT_NE(
+      error_of([&] { Dataset::load("cifar10", d.string(), Split::test); }).find("test_batch.bin"),
+      std::string::npos);
   write(d / "test_batch.bin", cifar_records(2, 1, 9)); // labels 9, 10
-  EXPECT_NE(error_of([&] { Dataset::load("cifar10", d.string(), Split::test); }).find("record 1 has label 10"), std::string::npos);
+  EXPECT_NE(error_of([&] {
+              Dataset::load("cifar10", d.string(), Split::test);
+            }).find("record 1 has label 10"),
+            std::string::npos);
   fs::remove(d / "data_batch_3.bin");
-  EXPECT_NE(error_of([&] { Dataset::load("cifar10", d.string(), Split::train); }).find("data_batch_3.bin"), std::string::npos);
+  EXPECT_NE(error_of([&] {
+              Dataset::load("cifar10", d.string(), Split::train);
+            }).find("data_batch_3.bin"),
+            std::string::npos);
 
   const fs::path h = fresh_dir("cifar100");
   write(h / "train.bin", cifar_records(4, 2, 96));
   EXPECT_EQ(Dataset::load("cifar100", h.string(), Split::train).label(3), 99);
   write(h / "train.bin", cifar_records(5, 2, 96));
-  EXPECT_NE(error_of([&] { Dataset::load("cifar100", h.string(), Split::train); }).find("label 100"), std::string::npos);
+  EXPECT_NE(
+      error_of([&] { Dataset::load("cifar100", h.string(), Split::train); }).find("label 100"),
+      std::string::npos);
 }
 
 } // namespace

@@ -60,7 +60,8 @@ TEST(Augment, CropShiftsAndFlipMirrors) {
   // One 1x4x4 image with pixel value = 10*y + x; uint8 output keeps values as stored.
   std::vector<std::uint8_t> px(16);
   for (int y = 0; y < 4; ++y)
-    for (int x = 0; x < 4; ++x) px[static_cast<std::size_t>(y * 4 + x)] = static_cast<std::uint8_t>(10 * y + x + 1);
+    for (int x = 0; x < 4; ++x)
+      px[static_cast<std::size_t>(y * 4 + x)] = static_cast<std::uint8_t>(10 * y + x + 1);
   const Dataset d(px, {3}, 1, 4, 4, 10, "synthetic");
   SamplerConfig sc;
   sc.batch_size = 1;
@@ -83,7 +84,8 @@ TEST(Augment, CropShiftsAndFlipMirrors) {
     for (int y = 0; y < 4; ++y) {
       std::set<int> rows;
       for (int x = 0; x < 4; ++x)
-        if (out[static_cast<std::size_t>(y * 4 + x)] != 0) rows.insert((out[static_cast<std::size_t>(y * 4 + x)] - 1) / 10);
+        if (out[static_cast<std::size_t>(y * 4 + x)] != 0)
+          rows.insert((out[static_cast<std::size_t>(y * 4 + x)] - 1) / 10);
       EXPECT_LE(rows.size(), 1u);
     }
     shifted += out[0] != 1;
@@ -107,7 +109,8 @@ TEST(Augment, CropShiftsAndFlipMirrors) {
 
 // Runs `workers` loader threads over `batches` batches and returns a checksum per batch.
 std::vector<std::uint64_t> load_with(int workers, const Dataset& d, std::uint64_t batches) {
-  oneapi::tbb::global_control parallelism(oneapi::tbb::global_control::max_allowed_parallelism, static_cast<std::size_t>(workers) + 1);
+  oneapi::tbb::global_control parallelism(oneapi::tbb::global_control::max_allowed_parallelism,
+                                          static_cast<std::size_t>(workers) + 1);
   SamplerConfig sc;
   sc.batch_size = 64;
   sc.seed = 1234;
@@ -127,7 +130,8 @@ std::vector<std::uint64_t> load_with(int workers, const Dataset& d, std::uint64_
     auto slot = ring.acquire_ready(b);
     std::uint64_t h = 1469598103934665603ull;
     const auto* bytes = reinterpret_cast<const unsigned char*>(slot->data());
-    for (std::size_t k = sizeof(SlotHeader); k < layout.slot_bytes(); ++k) h = (h ^ bytes[k]) * 1099511628211ull;
+    for (std::size_t k = sizeof(SlotHeader); k < layout.slot_bytes(); ++k)
+      h = (h ^ bytes[k]) * 1099511628211ull;
     sums.push_back(h ^ slot->header().samples);
     ring.release(*slot);
   }
@@ -137,8 +141,10 @@ std::vector<std::uint64_t> load_with(int workers, const Dataset& d, std::uint64_
 }
 
 TEST(Loader, BatchesAreByteIdenticalWithOneAndTwoThreads) {
-  const Dataset d = Dataset::load("fashion-mnist", "/usr/share/datasets/fashion-mnist", Split::test);
-  const std::uint64_t batches = Sampler(d.size(), SamplerConfig{64}).batches_per_epoch() + 20; // into epoch 2
+  const Dataset d =
+      Dataset::load("fashion-mnist", "/usr/share/datasets/fashion-mnist", Split::test);
+  const std::uint64_t batches =
+      Sampler(d.size(), SamplerConfig{64}).batches_per_epoch() + 20; // into epoch 2
   const auto one = load_with(1, d, batches);
   const auto two = load_with(2, d, batches);
   EXPECT_EQ(one, two);

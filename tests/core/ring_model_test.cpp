@@ -26,18 +26,18 @@ constexpr int kMaxThreads = 5;
 
 struct Scenario {
   int loaders;
-  int teachers;       // 0: loaders publish straight to ready (kd.alpha = 0)
+  int teachers; // 0: loaders publish straight to ready (kd.alpha = 0)
   int batches;
-  int close_after;    // the student closes the ring after this many batches (-1: never)
+  int close_after; // the student closes the ring after this many batches (-1: never)
 };
 
 void PrintTo(const Scenario& s, std::ostream* os) {
-  *os << s.loaders << " loaders, " << s.teachers << " teachers, " << s.batches << " batches, close after "
-      << s.close_after;
+  *os << s.loaders << " loaders, " << s.teachers << " teachers, " << s.batches
+      << " batches, close after " << s.close_after;
 }
 
 struct Thread {
-  int role = 0;  // 0 loader, 1 teacher, 2 student
+  int role = 0; // 0 loader, 1 teacher, 2 student
   int pc = 0;
   int batch = 0; // ticket (producers) or next batch (student)
   bool done = false;
@@ -83,8 +83,10 @@ struct Checker {
     }
     if (!student && t.pc == 0) { // take a ticket
       t.batch = s.ticket[t.role]++;
-      if (t.batch >= sc.batches) t.done = true;
-      else t.pc = 1;
+      if (t.batch >= sc.batches)
+        t.done = true;
+      else
+        t.pc = 1;
       return true;
     }
     const int slot = t.batch % kSlots;
@@ -99,7 +101,7 @@ struct Checker {
         return true;
       case sp::Decision::claim: break;
       }
-      const SlotState to = t.role == 0 ? SlotState::filling
+      const SlotState to = t.role == 0   ? SlotState::filling
                            : t.role == 1 ? SlotState::teaching
                                          : SlotState::in_flight;
       s.word[slot] += sp::advance_delta(from, to);
@@ -114,7 +116,8 @@ struct Checker {
       s.output[slot] = -1;
       s.owner[slot] = -1;
       const SlotState to = sc.teachers > 0 ? SlotState::filled : SlotState::ready;
-      if (!sp::holds(s.word[slot], lap, SlotState::filling)) fail("loader publishes a slot not filling");
+      if (!sp::holds(s.word[slot], lap, SlotState::filling))
+        fail("loader publishes a slot not filling");
       s.word[slot] += sp::advance_delta(SlotState::filling, to);
       t.pc = 0;
       return true;
@@ -138,12 +141,16 @@ struct Checker {
     }
     if (student && t.pc == 2) { // release
       s.owner[slot] = -1;
-      if (!sp::holds(s.word[slot], lap, SlotState::in_flight)) fail("release of a slot not in flight");
+      if (!sp::holds(s.word[slot], lap, SlotState::in_flight))
+        fail("release of a slot not in flight");
       s.word[slot] += sp::kReleaseDelta;
       ++t.batch;
-      if (t.batch == sc.close_after) t.pc = 3;
-      else if (t.batch == sc.batches) t.done = true;
-      else t.pc = 0;
+      if (t.batch == sc.close_after)
+        t.pc = 3;
+      else if (t.batch == sc.batches)
+        t.done = true;
+      else
+        t.pc = 0;
       return true;
     }
     fail("bad pc");
@@ -164,9 +171,9 @@ struct Checker {
     ++terminal_states;
     for (int i = 0; i < nthreads; ++i)
       if (!s.threads[i].done)
-        fail("deadlock: thread " + std::to_string(i) + " (role " + std::to_string(s.threads[i].role) +
-             ") blocked at pc " + std::to_string(s.threads[i].pc) + " batch " +
-             std::to_string(s.threads[i].batch));
+        fail("deadlock: thread " + std::to_string(i) + " (role " +
+             std::to_string(s.threads[i].role) + ") blocked at pc " +
+             std::to_string(s.threads[i].pc) + " batch " + std::to_string(s.threads[i].batch));
     if (sc.close_after < 0 && s.delivered != sc.batches)
       fail("only " + std::to_string(s.delivered) + " batches delivered");
   }
@@ -196,10 +203,10 @@ TEST_P(RingModel, EveryInterleavingIsSafeAndLive) {
 
 INSTANTIATE_TEST_SUITE_P(
     TwoSlots, RingModel,
-    ::testing::Values(Scenario{2, 0, 5, -1},  // 2 loaders straight to the student, 2.5 laps
-                      Scenario{2, 1, 4, -1},  // 2 loaders, 1 teacher
-                      Scenario{1, 2, 4, -1},  // 1 loader, 2 teachers finishing out of order
-                      Scenario{2, 1, 5, 1},   // the student closes early: everyone must finish
+    ::testing::Values(Scenario{2, 0, 5, -1}, // 2 loaders straight to the student, 2.5 laps
+                      Scenario{2, 1, 4, -1}, // 2 loaders, 1 teacher
+                      Scenario{1, 2, 4, -1}, // 1 loader, 2 teachers finishing out of order
+                      Scenario{2, 1, 5, 1},  // the student closes early: everyone must finish
                       Scenario{2, 2, 4, 2}));
 
 } // namespace

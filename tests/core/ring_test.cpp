@@ -60,9 +60,8 @@ TEST(HostMemory, LockedSlabIsUsableAndReportsItsKind) {
   EXPECT_NE(m.kind(), MemoryKind::cuda_pinned);
   std::memset(m.data(), 0xab, m.size());
   bool placed = false;
-  HostMemory n = allocate_locked(4096, [&](void* p, std::size_t bytes) {
-    placed = p != nullptr && bytes == 4096;
-  });
+  HostMemory n = allocate_locked(
+      4096, [&](void* p, std::size_t bytes) { placed = p != nullptr && bytes == 4096; });
   EXPECT_TRUE(placed);
   HostMemory moved = std::move(n);
   EXPECT_EQ(n.data(), nullptr);
@@ -144,10 +143,14 @@ TEST(SlotRing, CloseWakesEveryBlockedThread) {
     ring.publish(*s, SlotState::filling, SlotState::filled);
   }
   std::vector<std::future<bool>> blocked;
-  blocked.push_back(std::async(std::launch::async, [&] { return ring.acquire_free(2).has_value(); }));
-  blocked.push_back(std::async(std::launch::async, [&] { return ring.acquire_free(3).has_value(); }));
-  blocked.push_back(std::async(std::launch::async, [&] { return ring.acquire_filled(5).has_value(); }));
-  blocked.push_back(std::async(std::launch::async, [&] { return ring.acquire_ready(0).has_value(); }));
+  blocked.push_back(
+      std::async(std::launch::async, [&] { return ring.acquire_free(2).has_value(); }));
+  blocked.push_back(
+      std::async(std::launch::async, [&] { return ring.acquire_free(3).has_value(); }));
+  blocked.push_back(
+      std::async(std::launch::async, [&] { return ring.acquire_filled(5).has_value(); }));
+  blocked.push_back(
+      std::async(std::launch::async, [&] { return ring.acquire_ready(0).has_value(); }));
   for (auto& f : blocked) EXPECT_EQ(f.wait_for(30ms), std::future_status::timeout);
   ring.close();
   for (auto& f : blocked) {
@@ -184,7 +187,7 @@ TEST(SlotRing, AProducerExceptionReachesTheStudentWithItsStage) {
   }
   teacher.join();
   EXPECT_FALSE(ring.acquire_free(1)); // failing closes the ring
-  ring.fail("loader", nullptr);      // the first failure wins
+  ring.fail("loader", nullptr);       // the first failure wins
   EXPECT_THROW(ring.rethrow_if_failed(), StageError);
   try {
     ring.rethrow_if_failed();
@@ -209,10 +212,13 @@ public:
   explicit Jitter(std::uint64_t seed) : rng_(seed) {}
   void operator()() {
     const std::uint32_t r = rng_() & 1023;
-    if (r < 8) std::this_thread::yield();
-    else if (r == 8) std::this_thread::sleep_for(std::chrono::microseconds(rng_() % 50));
+    if (r < 8)
+      std::this_thread::yield();
+    else if (r == 8)
+      std::this_thread::sleep_for(std::chrono::microseconds(rng_() % 50));
     else if (r < 64)
-      for (std::uint32_t i = 0; i < (r & 31); ++i) std::atomic_signal_fence(std::memory_order_seq_cst);
+      for (std::uint32_t i = 0; i < (r & 31); ++i)
+        std::atomic_signal_fence(std::memory_order_seq_cst);
   }
 
 private:
@@ -249,7 +255,8 @@ TEST(SlotRingStress, EveryBatchArrivesOnceInOrderIntact) {
         if (!s) return;
         jitter();
         auto in = s->region<std::uint8_t>(in_idx);
-        for (std::int64_t i = 0; i < kValues; ++i) in[i] = static_cast<std::uint8_t>(mix(b * 64 + i));
+        for (std::int64_t i = 0; i < kValues; ++i)
+          in[i] = static_cast<std::uint8_t>(mix(b * 64 + i));
         s->region<std::int64_t>(id_idx)[0] = static_cast<std::int64_t>(b);
         ring.publish(*s, SlotState::filling, SlotState::filled);
       }
@@ -276,7 +283,8 @@ TEST(SlotRingStress, EveryBatchArrivesOnceInOrderIntact) {
     auto s = ring.acquire_ready(b);
     ASSERT_TRUE(s) << "batch " << b << " never arrived";
     jitter();
-    if (s->header().batch != b || s->region<std::int64_t>(id_idx)[0] != static_cast<std::int64_t>(b))
+    if (s->header().batch != b ||
+        s->region<std::int64_t>(id_idx)[0] != static_cast<std::int64_t>(b))
       ++bad_order;
     std::uint64_t sum = 0;
     auto in = s->region<std::uint8_t>(in_idx);
@@ -300,7 +308,8 @@ TEST(SlotRingStress, EveryBatchArrivesOnceInOrderIntact) {
   EXPECT_EQ(st.stages[2].acquisitions, batches);
   EXPECT_EQ(st.occupancy[static_cast<int>(SlotState::free)], 4u);
   std::printf("stress: %llu batches, %llu hand-offs; waits loader %llu teacher %llu student %llu\n",
-              static_cast<unsigned long long>(batches), static_cast<unsigned long long>(3 * batches),
+              static_cast<unsigned long long>(batches),
+              static_cast<unsigned long long>(3 * batches),
               static_cast<unsigned long long>(st.stages[0].waits),
               static_cast<unsigned long long>(st.stages[1].waits),
               static_cast<unsigned long long>(st.stages[2].waits));

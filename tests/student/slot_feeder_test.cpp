@@ -14,7 +14,8 @@ namespace {
 constexpr std::uint32_t kSlots = 3;
 
 SlotLayout layout() {
-  return SlotLayout({{"inputs", DType::f32, {4, 3}}, {"labels", DType::i64, {4}},
+  return SlotLayout({{"inputs", DType::f32, {4, 3}},
+                     {"labels", DType::i64, {4}},
                      {"logits", DType::f32, {4, 10}}});
 }
 
@@ -26,7 +27,8 @@ void produce(SlotRing& ring, std::uint64_t b, float seed) {
   auto in = s->region<float>(0);
   for (std::size_t i = 0; i < in.size(); ++i) in[i] = seed + static_cast<float>(b * 100 + i);
   auto labels = s->region<std::int64_t>(1);
-  for (std::size_t i = 0; i < labels.size(); ++i) labels[i] = static_cast<std::int64_t>((b + i) % 10);
+  for (std::size_t i = 0; i < labels.size(); ++i)
+    labels[i] = static_cast<std::int64_t>((b + i) % 10);
   auto logits = s->region<float>(2);
   for (std::size_t i = 0; i < logits.size(); ++i) logits[i] = -seed * static_cast<float>(i);
   ring.publish(*s, SlotState::filling, SlotState::ready);
@@ -37,7 +39,8 @@ void expect_batch(const DeviceBatch& batch, std::uint64_t b, float seed) {
   const auto in = batch.regions[0].cpu();
   EXPECT_EQ(in.sizes(), (std::vector<std::int64_t>{4, 3}));
   EXPECT_FLOAT_EQ(in[1][2].item<float>(), seed + static_cast<float>(b * 100 + 5));
-  EXPECT_EQ(batch.regions[1].cpu()[3].item<std::int64_t>(), static_cast<std::int64_t>((b + 3) % 10));
+  EXPECT_EQ(batch.regions[1].cpu()[3].item<std::int64_t>(),
+            static_cast<std::int64_t>((b + 3) % 10));
   EXPECT_FLOAT_EQ(batch.regions[2].cpu()[0][7].item<float>(), -seed * 7);
   EXPECT_EQ(batch.samples, 4u);
 }
@@ -58,8 +61,9 @@ TEST(SlotFeeder, CpuStepReadsTheSlotInPlace) {
     ASSERT_TRUE(batch);
     expect_batch(*batch, b, seed);
     // In place: the tensor's memory is the slot's.
-    EXPECT_EQ(static_cast<void*>(batch->regions[0].data_ptr()),
-              static_cast<void*>(ring.slab() + (b % kSlots) * l.slot_bytes() + l.regions()[0].offset));
+    EXPECT_EQ(
+        static_cast<void*>(batch->regions[0].data_ptr()),
+        static_cast<void*>(ring.slab() + (b % kSlots) * l.slot_bytes() + l.regions()[0].offset));
     EXPECT_EQ(count(ring, SlotState::in_flight), 1u);
     feeder.finish_step();
     EXPECT_EQ(count(ring, SlotState::free), kSlots);
@@ -82,7 +86,8 @@ TEST(SlotFeeder, CudaSlotReturnsOnlyAfterItsCopyEvent) {
     EXPECT_TRUE(batch->regions[0].is_cuda());
     // Issued, not yet released: the slot stays in flight until the event is seen complete.
     EXPECT_GE(count(ring, SlotState::in_flight), 1u);
-    expect_batch(*batch, b, seed); // .cpu() synchronizes the compute stream, which waited on the copy
+    expect_batch(*batch, b,
+                 seed); // .cpu() synchronizes the compute stream, which waited on the copy
     feeder.finish_step();
   }
   feeder.drain();

@@ -56,7 +56,8 @@ std::vector<float> random_input(const Shape& shape) {
 }
 
 // Runs the graph as imported (constants folded, no passes) node by node with the reference ops.
-std::map<std::string, Tensor> interpret(const std::string& path, const std::vector<float>& x, std::int64_t batch) {
+std::map<std::string, Tensor> interpret(const std::string& path, const std::vector<float>& x,
+                                        std::int64_t batch) {
   LoadOptions lo;
   lo.batch = batch;
   lo.run_passes = false;
@@ -74,10 +75,12 @@ std::map<std::string, Tensor> interpret(const std::string& path, const std::vect
   return env;
 }
 
-std::vector<std::vector<float>> run(const std::shared_ptr<const Teacher>& t, const std::vector<float>& x) {
+std::vector<std::vector<float>> run(const std::shared_ptr<const Teacher>& t,
+                                    const std::vector<float>& x) {
   std::vector<std::vector<float>> outs;
   std::vector<float*> ptrs;
-  for (std::size_t k = 0; k < t->output_names().size(); ++k) outs.emplace_back(static_cast<std::size_t>(numel(t->output_shape(k))));
+  for (std::size_t k = 0; k < t->output_names().size(); ++k)
+    outs.emplace_back(static_cast<std::size_t>(numel(t->output_shape(k))));
   for (auto& o : outs) ptrs.push_back(o.data());
   Replica r(t);
   r.run(x.data(), ptrs);
@@ -150,14 +153,20 @@ TEST(TeacherBadInput, IsAnInputErrorThatSaysWhat) {
   const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   const fs::path cut = fs::temp_directory_path() / "kdflow_truncated.onnx";
   std::ofstream(cut, std::ios::binary) << bytes.substr(0, bytes.size() / 2);
-  EXPECT_NE(input_error([&] { (void)Teacher::load(cut.string(), opts); }).find(cut.string()), std::string::npos);
+  EXPECT_NE(input_error([&] { (void)Teacher::load(cut.string(), opts); }).find(cut.string()),
+            std::string::npos);
   const fs::path junk = fs::temp_directory_path() / "kdflow_junk.onnx";
   std::ofstream(junk, std::ios::binary) << std::string(1000, '\x07');
-  EXPECT_NE(input_error([&] { (void)Teacher::load(junk.string(), opts); }).find(junk.string()), std::string::npos);
-  EXPECT_NE(input_error([&] { (void)Teacher::load("/no/such/teacher.onnx", opts); }).find("/no/such/teacher.onnx"), std::string::npos);
+  EXPECT_NE(input_error([&] { (void)Teacher::load(junk.string(), opts); }).find(junk.string()),
+            std::string::npos);
+  EXPECT_NE(input_error([&] {
+              (void)Teacher::load("/no/such/teacher.onnx", opts);
+            }).find("/no/such/teacher.onnx"),
+            std::string::npos);
   // The data's sample shape must be the model's.
   opts.sample_shape = Shape{1, 28, 28};
-  EXPECT_NE(input_error([&] { (void)Teacher::load(good.string(), opts); }).find("[1, 28, 28]"), std::string::npos);
+  EXPECT_NE(input_error([&] { (void)Teacher::load(good.string(), opts); }).find("[1, 28, 28]"),
+            std::string::npos);
 }
 
 TEST(TeacherModels, MatchPyTorchInFp32AndBf16) {
@@ -187,14 +196,15 @@ TEST(TeacherModels, MatchPyTorchInFp32AndBf16) {
     int agree = 0;
     for (std::int64_t i = 0; i < batch; ++i) {
       const auto row = [&](const std::vector<float>& v) {
-        return std::max_element(v.begin() + i * classes, v.begin() + (i + 1) * classes) - (v.begin() + i * classes);
+        return std::max_element(v.begin() + i * classes, v.begin() + (i + 1) * classes) -
+               (v.begin() + i * classes);
       };
       agree += row(low[0]) == row(ref.data);
     }
     agree_total += agree;
     inputs_total += batch;
-    std::printf("%s: bf16 error %.4f, top-1 agreement %d/%lld\n", name.c_str(), normalized_error(low[0], ref.data), agree,
-                static_cast<long long>(batch));
+    std::printf("%s: bf16 error %.4f, top-1 agreement %d/%lld\n", name.c_str(),
+                normalized_error(low[0], ref.data), agree, static_cast<long long>(batch));
   }
   EXPECT_GE(static_cast<double>(agree_total) / static_cast<double>(inputs_total), 0.99)
       << agree_total << "/" << inputs_total;

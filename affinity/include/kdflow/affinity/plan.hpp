@@ -1,6 +1,6 @@
 // A core plan: disjoint CPU sets for kdflow's roles. It comes from a rule that reads the topology
-// (cores.plan = "auto", optionally with counts), or from a JSON file (kdflow tune-cores writes one);
-// either way it is validated against the topology before anything is pinned.
+// (cores.plan = "auto", optionally with counts), or from a JSON file (kdflow tune-cores writes
+// one); either way it is validated against the topology before anything is pinned.
 #pragma once
 
 #include "kdflow/affinity/topology.hpp"

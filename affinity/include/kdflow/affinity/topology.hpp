@@ -13,10 +13,10 @@ namespace kdflow::affinity {
 using CpuList = std::vector<int>; // OS CPU (PU) indices, ascending
 
 struct Core {
-  int index;        // logical index among allowed cores
-  CpuList pus;      // OS indices of its PUs; pus[0] is the one used first, the rest are SMT siblings
-  int numa = 0;     // logical NUMA node
-  int l3 = 0;       // logical L3 (last-level cache) group
+  int index;    // logical index among allowed cores
+  CpuList pus;  // OS indices of its PUs; pus[0] is the one used first, the rest are SMT siblings
+  int numa = 0; // logical NUMA node
+  int l3 = 0;   // logical L3 (last-level cache) group
   int package = 0;
 };
 

@@ -25,25 +25,26 @@ bool has_native_bf16();
 struct TeacherOptions {
   std::int64_t batch = 64;
   Precision precision = Precision::fp32;
-  std::vector<std::string> features;      // intermediate values to return besides the logits
-  std::optional<Shape> sample_shape;      // checked against the model's input
+  std::vector<std::string> features; // intermediate values to return besides the logits
+  std::optional<Shape> sample_shape; // checked against the model's input
 };
 
 class Replica;
 
 class Teacher {
 public:
-  static std::shared_ptr<const Teacher> load(const std::string& path, const TeacherOptions& options);
+  static std::shared_ptr<const Teacher> load(const std::string& path,
+                                             const TeacherOptions& options);
   ~Teacher();
 
   [[nodiscard]] const Graph& graph() const;
   [[nodiscard]] Precision precision() const;
   [[nodiscard]] std::int64_t batch() const;
-  [[nodiscard]] Shape input_shape() const;              // [batch, sample...]
+  [[nodiscard]] Shape input_shape() const;                     // [batch, sample...]
   [[nodiscard]] std::vector<std::string> output_names() const; // graph outputs, then features
   [[nodiscard]] Shape output_shape(std::size_t k) const;
-  [[nodiscard]] std::size_t steps() const;               // primitives and kernels per batch
-  [[nodiscard]] std::size_t reorders() const;            // of which layout/type conversions
+  [[nodiscard]] std::size_t steps() const;    // primitives and kernels per batch
+  [[nodiscard]] std::size_t reorders() const; // of which layout/type conversions
 
   struct Plan;
   [[nodiscard]] const Plan& plan() const { return *plan_; }

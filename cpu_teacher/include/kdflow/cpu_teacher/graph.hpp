@@ -76,8 +76,8 @@ struct Graph {
   std::string file;
   std::int64_t opset = 0;
   std::int64_t batch = 0;
-  std::string input;  // the one non-constant graph input
-  Shape input_shape;  // with the batch dimension set
+  std::string input; // the one non-constant graph input
+  Shape input_shape; // with the batch dimension set
   std::vector<std::string> outputs;
   std::vector<Node> nodes; // topological order
   std::map<std::string, Tensor> constants;

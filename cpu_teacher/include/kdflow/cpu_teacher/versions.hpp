@@ -1,4 +1,5 @@
-// oneDNN as loaded at run time: version, CPU runtime (TBB expected) and the ISA it dispatches to here.
+// oneDNN as loaded at run time: version, CPU runtime (TBB expected) and the ISA it dispatches to
+// here.
 #pragma once
 
 #include "kdflow/core/versions.hpp"

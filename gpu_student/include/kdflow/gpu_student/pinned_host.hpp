@@ -1,4 +1,5 @@
-// Page-locked host memory the GPU can DMA from: the ring's slab on a CUDA student. No torch headers.
+// Page-locked host memory the GPU can DMA from: the ring's slab on a CUDA student. No torch
+// headers.
 #pragma once
 
 #include "kdflow/core/host_memory.hpp"

@@ -1,6 +1,6 @@
-// The run's configuration: a fixed schema of `section.key` entries, each with a type, a default and a
-// rule. Sources apply in order (defaults, then a TOML file, then --set overrides); an unknown key or a
-// bad value is an InputError naming the key and where it came from. No torch or oneDNN here.
+// The run's configuration: a fixed schema of `section.key` entries, each with a type, a default and
+// a rule. Sources apply in order (defaults, then a TOML file, then --set overrides); an unknown key
+// or a bad value is an InputError naming the key and where it came from. No torch or oneDNN here.
 #pragma once
 
 #include <cstdint>

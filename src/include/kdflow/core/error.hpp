@@ -1,5 +1,6 @@
 // Error types shared by every module. `main` catches these once and maps them to the exit codes of
-// DESIGN.md: InputError -> 2 (one line naming the file, key or node), Interrupted -> 130, others -> 1.
+// DESIGN.md: InputError -> 2 (one line naming the file, key or node), Interrupted -> 130, others
+// -> 1.
 #pragma once
 
 #include <source_location>
@@ -26,8 +27,8 @@ public:
   using std::runtime_error::runtime_error;
 };
 
-// A pipeline stage (loader, teacher, student, ...) failed; carries the stage's name to the consumer,
-// with the original exception nested (std::rethrow_if_nested reaches it).
+// A pipeline stage (loader, teacher, student, ...) failed; carries the stage's name to the
+// consumer, with the original exception nested (std::rethrow_if_nested reaches it).
 class StageError : public std::runtime_error {
 public:
   StageError(std::string stage, const std::string& what)

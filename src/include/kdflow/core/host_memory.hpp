@@ -1,5 +1,5 @@
-// One page-aligned slab of host memory for the slot ring, page-locked when the system allows it. The
-// kind it got is reported, never hidden: a run says whether its ring is pinned.
+// One page-aligned slab of host memory for the slot ring, page-locked when the system allows it.
+// The kind it got is reported, never hidden: a run says whether its ring is pinned.
 #pragma once
 
 #include <cstddef>

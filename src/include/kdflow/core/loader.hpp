@@ -19,7 +19,7 @@ struct SamplerConfig {
   std::uint64_t seed = 42;
   bool shuffle = true;
   bool drop_last = true;
-  int rank = 0;  // sharding for multi-process training: this process's share
+  int rank = 0; // sharding for multi-process training: this process's share
   int world = 1;
 };
 
@@ -43,12 +43,12 @@ private:
 };
 
 struct AugmentConfig {
-  int pad_crop = 0;          // random crop back to the image size after padding this many pixels
-  bool hflip = false;        // random horizontal flip
-  bool normalize = true;     // float32 output: (x / 255 - mean[c]) / std[c]; false: uint8 as stored
-  std::vector<float> mean;   // per channel
+  int pad_crop = 0;        // random crop back to the image size after padding this many pixels
+  bool hflip = false;      // random horizontal flip
+  bool normalize = true;   // float32 output: (x / 255 - mean[c]) / std[c]; false: uint8 as stored
+  std::vector<float> mean; // per channel
   std::vector<float> std;
-  bool augment = true;       // false: evaluation (no crop, no flip), normalization still applies
+  bool augment = true; // false: evaluation (no crop, no flip), normalization still applies
 };
 
 // Region indices of the slot layout the loader writes.
@@ -71,9 +71,10 @@ void fill_batch(const Dataset& dataset, const Sampler& sampler, const AugmentCon
 // is counted down once per worker as it exits. ring, dataset, sampler, augment and done must
 // outlive the workers (wait on done); regions are copied.
 class LoaderDone;
-void start_loaders(oneapi::tbb::task_arena& arena, int workers, SlotRing& ring, const Dataset& dataset,
-                   const Sampler& sampler, const AugmentConfig& augment, const LoaderRegions& regions,
-                   std::uint64_t end, SlotState publish_to, LoaderDone& done);
+void start_loaders(oneapi::tbb::task_arena& arena, int workers, SlotRing& ring,
+                   const Dataset& dataset, const Sampler& sampler, const AugmentConfig& augment,
+                   const LoaderRegions& regions, std::uint64_t end, SlotState publish_to,
+                   LoaderDone& done);
 
 // Counts loader workers out; wait() blocks until all have exited.
 class LoaderDone {

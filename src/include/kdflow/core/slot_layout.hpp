@@ -1,6 +1,7 @@
-// The fixed layout of one ring slot, declared at start-up from the data and teacher shapes: a header
-// (batch number, valid samples), then named regions (inputs, labels, sample ids, one per teacher
-// output), each aligned so that loaders, teacher and DMA never share a cache line across regions.
+// The fixed layout of one ring slot, declared at start-up from the data and teacher shapes: a
+// header (batch number, valid samples), then named regions (inputs, labels, sample ids, one per
+// teacher output), each aligned so that loaders, teacher and DMA never share a cache line across
+// regions.
 #pragma once
 
 #include <cstddef>
@@ -38,7 +39,7 @@ struct SlotHeader {
 
 class SlotLayout {
 public:
-  static constexpr std::size_t kMinAlignment = 64;  // one cache line
+  static constexpr std::size_t kMinAlignment = 64;    // one cache line
   static constexpr std::size_t kSlotAlignment = 4096; // slots start on pages: DMA-friendly
 
   // Throws InputError on a duplicate or empty name, a non-positive dimension, or a bad alignment.

@@ -5,8 +5,9 @@
 //   bit 0      closed flag (set by close(); every later transition keeps it)
 //   bits 1..3  state
 //   bits 4..31 lap = batch / slots, modulo 2^28
-// Batch b always lives in slot b % slots, so the slot a stage waits for, and the value it waits for,
-// follow from the batch number alone: no queue of indices, and in-order delivery is structural.
+// Batch b always lives in slot b % slots, so the slot a stage waits for, and the value it waits
+// for, follow from the batch number alone: no queue of indices, and in-order delivery is
+// structural.
 #pragma once
 
 #include <cstdint>

@@ -22,7 +22,8 @@ namespace kdflow {
 
 using slot_protocol::SlotState;
 
-// A claimed slot: valid from the acquire that returned it until the publish/release that hands it on.
+// A claimed slot: valid from the acquire that returned it until the publish/release that hands it
+// on.
 class Slot {
 public:
   Slot(std::uint64_t batch, std::uint32_t index, std::byte* base, const SlotLayout* layout)
