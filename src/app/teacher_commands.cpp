@@ -44,6 +44,31 @@ std::shared_ptr<const teacher::Teacher> load(const TeacherArgs& args, std::int64
   return teacher::Teacher::load(args.model, opts);
 }
 
+// Everything a command needs to run one replica on --threads pinned physical cores: the arena, the
+// calling thread bound to the same CPUs (it joins the arena in execute()), and output buffers.
+struct PinnedRun {
+  PinnedRun(const std::shared_ptr<const teacher::Teacher>& t, int threads)
+      : topo(affinity::Topology::load()), cpus(teacher_cpus(topo, threads)),
+        parallelism(oneapi::tbb::global_control::max_allowed_parallelism, cpus.size() + 1),
+        arena(topo, cpus, "teacher"), replica(t) {
+    affinity::pin_this_thread(topo, cpus, "kd-teacher");
+    for (std::size_t k = 0; k < t->output_names().size(); ++k)
+      outs.emplace_back(static_cast<std::size_t>(teacher::numel(t->output_shape(k))));
+    for (auto& o : outs) ptrs.push_back(o.data());
+  }
+  void run(const float* input) {
+    arena.arena().execute([&] { replica.run(input, ptrs); });
+  }
+
+  affinity::Topology topo;
+  affinity::CpuList cpus;
+  oneapi::tbb::global_control parallelism;
+  affinity::PinnedArena arena;
+  teacher::Replica replica;
+  std::vector<std::vector<float>> outs;
+  std::vector<float*> ptrs;
+};
+
 } // namespace
 
 int teacher_info(const TeacherArgs& args) {
@@ -75,18 +100,9 @@ int teacher_infer(const TeacherArgs& args) {
   opts.sample_shape = teacher::Shape(x.shape.begin() + 1, x.shape.end());
   opts.features = args.features;
   const auto t = teacher::Teacher::load(args.model, opts);
-  const affinity::Topology topo = affinity::Topology::load();
-  const auto cpus = teacher_cpus(topo, args.threads);
-  oneapi::tbb::global_control parallelism(oneapi::tbb::global_control::max_allowed_parallelism,
-                                          cpus.size() + 1);
-  affinity::PinnedArena arena(topo, cpus, "teacher");
-  std::vector<std::vector<float>> outs;
-  std::vector<float*> ptrs;
-  for (std::size_t k = 0; k < t->output_names().size(); ++k)
-    outs.emplace_back(static_cast<std::size_t>(teacher::numel(t->output_shape(k))));
-  for (auto& o : outs) ptrs.push_back(o.data());
-  teacher::Replica replica(t);
-  arena.arena().execute([&] { replica.run(x.data.data(), ptrs); });
+  PinnedRun pinned(t, args.threads);
+  pinned.run(x.data.data());
+  const auto& outs = pinned.outs;
   teacher::write_npy(args.output, t->output_shape(0), outs[0].data());
   for (std::size_t k = 1; k < outs.size(); ++k) {
     std::string path = args.output;
@@ -103,33 +119,22 @@ int teacher_bench(const TeacherArgs& args) {
   if (args.seconds <= 0)
     throw InputError(fmt::format("--seconds {} must be positive", args.seconds));
   const auto t = load(args, args.batch);
-  const affinity::Topology topo = affinity::Topology::load();
-  const auto cpus = teacher_cpus(topo, args.threads);
-  oneapi::tbb::global_control parallelism(oneapi::tbb::global_control::max_allowed_parallelism,
-                                          cpus.size() + 1);
-  affinity::PinnedArena arena(topo, cpus, "teacher");
-
+  PinnedRun pinned(t, args.threads);
   std::vector<float> input(static_cast<std::size_t>(teacher::numel(t->input_shape())));
   std::mt19937 rng(1);
   std::normal_distribution<float> dist;
   for (auto& v : input) v = dist(rng);
-  std::vector<std::vector<float>> outs;
-  std::vector<float*> ptrs;
-  for (std::size_t k = 0; k < t->output_names().size(); ++k)
-    outs.emplace_back(static_cast<std::size_t>(teacher::numel(t->output_shape(k))));
-  for (auto& o : outs) ptrs.push_back(o.data());
-  teacher::Replica replica(t);
-
   std::vector<double> times;
   teacher::PeakResult peak;
-  arena.arena().execute([&] {
-    for (int i = 0; i < 3; ++i) replica.run(input.data(), ptrs); // warm-up: JIT, caches, pages
+  pinned.arena.arena().execute([&] {
+    for (int i = 0; i < 3; ++i)
+      pinned.replica.run(input.data(), pinned.ptrs); // warm-up: JIT, caches, pages
     const auto start = std::chrono::steady_clock::now();
     while (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() <
                args.seconds ||
            times.size() < 5) {
       const auto t0 = std::chrono::steady_clock::now();
-      replica.run(input.data(), ptrs);
+      pinned.replica.run(input.data(), pinned.ptrs);
       times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     }
     peak = teacher::measure_fma_peak(std::min(2.0, std::max(0.5, args.seconds / 4)));
@@ -151,8 +156,8 @@ int teacher_bench(const TeacherArgs& args) {
       {"precision", args.precision},
       {"native_bf16", teacher::has_native_bf16()},
       {"batch", args.batch},
-      {"threads", cpus.size()},
-      {"cpus", cpus},
+      {"threads", pinned.cpus.size()},
+      {"cpus", pinned.cpus},
       {"median_batch_ms", median * 1e3},
       {"batches_timed", times.size()},
       {"flops_per_sample", summary.flops_per_sample},
@@ -162,8 +167,8 @@ int teacher_bench(const TeacherArgs& args) {
              "batch {}, {} thread(s), "
              "median of {} batches {:.2f} ms)\n",
              args.model, images, gflops, 100 * result["peak_fraction"].get<double>(),
-             peak.gflops_per_s, args.precision, info.isa, args.batch, cpus.size(), times.size(),
-             median * 1e3);
+             peak.gflops_per_s, args.precision, info.isa, args.batch, pinned.cpus.size(),
+             times.size(), median * 1e3);
   if (!args.json.empty()) {
     std::ofstream out(args.json);
     if (!out) throw InputError(fmt::format("{}: cannot write", args.json));
