@@ -150,29 +150,45 @@ void fill_batch(const Dataset& d, const Sampler& sampler, const AugmentConfig& a
   slot.header().epoch = static_cast<std::uint32_t>(epoch);
 }
 
-void start_loaders(oneapi::tbb::task_arena& arena, int workers, SlotRing& ring,
-                   const Dataset& dataset, const Sampler& sampler, const AugmentConfig& augment,
-                   const LoaderRegions& regions, std::uint64_t end, SlotState publish_to,
-                   LoaderDone& done) {
+std::vector<float> normalized_images(const Dataset& dataset, const AugmentConfig& augment) {
+  const std::size_t plane = static_cast<std::size_t>(dataset.height()) * dataset.width();
+  std::vector<float> out(dataset.size() * dataset.sample_bytes());
+  for (std::size_t i = 0; i < dataset.size(); ++i) {
+    const std::uint8_t* src = dataset.image(i).data();
+    float* dst = out.data() + i * dataset.sample_bytes();
+    for (std::size_t k = 0; k < dataset.sample_bytes(); ++k) {
+      const auto ch = k / plane;
+      dst[k] = (static_cast<float>(src[k]) / 255.f - augment.mean[ch]) / augment.std[ch];
+    }
+  }
+  return out;
+}
+
+std::unique_ptr<StageGraph> start_loaders(oneapi::tbb::task_arena& arena, int workers,
+                                          SlotRing& ring, const Dataset& dataset,
+                                          const Sampler& sampler, const AugmentConfig& augment,
+                                          const LoaderRegions& regions, std::uint64_t first_batch,
+                                          std::uint64_t end, SlotState publish_to) {
   if (augment.normalize && (augment.mean.size() != static_cast<std::size_t>(dataset.channels()) ||
                             augment.std.size() != static_cast<std::size_t>(dataset.channels())))
     throw InputError(fmt::format("normalization needs {} mean and std values", dataset.channels()));
-  for (int k = 0; k < workers; ++k)
-    arena.enqueue([&ring, &dataset, &sampler, &augment, &done, regions, end, publish_to] {
-      std::vector<std::uint32_t> scratch;
-      scratch.reserve(sampler.config().batch_size); // no allocation per batch
-      try {
-        for (std::uint64_t b; (b = ring.take_ticket(RingStage::loader)) < end;) {
-          auto slot = ring.acquire_free(b);
-          if (!slot) break;
-          fill_batch(dataset, sampler, augment, b, *slot, regions, scratch);
-          ring.publish(*slot, SlotState::filling, publish_to);
-        }
-      } catch (...) {
-        ring.fail("loader", std::current_exception());
-      }
-      done.count_down();
-    });
+  // Index scratch per worker, sized once: no allocation per batch.
+  auto scratch =
+      std::make_shared<std::vector<std::vector<std::uint32_t>>>(static_cast<std::size_t>(workers));
+  for (auto& s : *scratch) s.reserve(sampler.config().batch_size);
+  auto stage = std::make_unique<StageGraph>(
+      "loader", arena, workers, ring, RingStage::loader, end,
+      [&ring, &dataset, &sampler, &augment, regions, first_batch, publish_to,
+       scratch](std::uint64_t b, int worker) {
+        auto slot = ring.acquire_free(b);
+        if (!slot) return false;
+        fill_batch(dataset, sampler, augment, first_batch + b, *slot, regions,
+                   (*scratch)[static_cast<std::size_t>(worker)]);
+        ring.publish(*slot, SlotState::filling, publish_to);
+        return true;
+      });
+  stage->start();
+  return stage;
 }
 
 } // namespace kdflow

@@ -47,21 +47,14 @@ Commands::Commands(CLI::App& app) : app_(app) {
   app.require_subcommand(0, 1);
   app.fallthrough(false);
 
-  auto* train =
-      app.add_subcommand("train", std::string("train a student by distillation") + kNotBuilt);
+  auto* train = app.add_subcommand("train", "train a student by distillation");
   train->add_option("--config", train_.config, "TOML configuration file")->check(CLI::ExistingFile);
   train->add_option("--set", train_.sets, "override one key: section.key=value (repeatable)");
   train->add_option("--out", train_.out, "run folder (config.toml, metrics.jsonl, checkpoints/)")
       ->capture_default_str();
   train->add_option("--resume", train_.resume, "continue from a checkpoint: auto or a path");
   train->add_option("--cores", train_.cores, "core plan JSON written by kdflow tune-cores");
-  train->callback([this] {
-    action_ = [this] {
-      (void)resolve_config(train_.config, train_.sets); // bad keys and values fail here, exit 2
-      not_built("kdflow train");
-      return kExitOk;
-    };
-  });
+  train->callback([this] { action_ = [this] { return train_command(train_); }; });
 
   auto* teacher =
       app.add_subcommand("teacher", "inspect, run and benchmark an ONNX teacher on oneDNN");

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "teacher_commands.hpp"
+#include "train.hpp"
 
 #include <CLI/CLI.hpp>
 
@@ -20,13 +21,6 @@ public:
 private:
   int show_cores();
 
-  struct TrainArgs {
-    std::string config;
-    std::vector<std::string> sets;
-    std::string out = "runs/latest";
-    std::string resume;
-    std::string cores;
-  };
   struct CoresArgs {
     std::string synthetic;
     bool json = false;

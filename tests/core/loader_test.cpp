@@ -123,8 +123,8 @@ std::vector<std::uint64_t> load_with(int workers, const Dataset& d, std::uint64_
   const SlotLayout layout = loader_layout(d, 64, true);
   SlotRing ring(layout, 4, allocate_locked(4 * layout.slot_bytes()));
   oneapi::tbb::task_arena arena(workers, 0);
-  LoaderDone done(workers);
-  start_loaders(arena, workers, ring, d, s, aug, {0, 1, 2}, batches, SlotState::ready, done);
+  auto loaders =
+      start_loaders(arena, workers, ring, d, s, aug, {0, 1, 2}, 0, batches, SlotState::ready);
   std::vector<std::uint64_t> sums;
   for (std::uint64_t b = 0; b < batches; ++b) {
     auto slot = ring.acquire_ready(b);
@@ -136,7 +136,8 @@ std::vector<std::uint64_t> load_with(int workers, const Dataset& d, std::uint64_
     ring.release(*slot);
   }
   ring.close();
-  done.wait();
+  loaders->wait();
+  EXPECT_EQ(loaders->batches(), batches);
   return sums;
 }
 

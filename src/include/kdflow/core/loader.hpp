@@ -6,10 +6,12 @@
 
 #include "kdflow/core/dataset.hpp"
 #include "kdflow/core/slot_ring.hpp"
+#include "kdflow/core/stage_graph.hpp"
 
 #include <oneapi/tbb/task_arena.h>
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 namespace kdflow {
@@ -65,30 +67,19 @@ void fill_batch(const Dataset& dataset, const Sampler& sampler, const AugmentCon
                 std::uint64_t global_batch, const Slot& slot, const LoaderRegions& regions,
                 std::vector<std::uint32_t>& scratch);
 
-// Runs `workers` loader loops in `arena`: each takes the next batch number from the ring, fills its
-// slot and hands it on (`publish_to`: filled for the teacher, ready when no teacher runs), until
-// batch `end` or close. An exception closes the ring with stage "loader". Returns at once; `done`
-// is counted down once per worker as it exits. ring, dataset, sampler, augment and done must
-// outlive the workers (wait on done); regions are copied.
-class LoaderDone;
-void start_loaders(oneapi::tbb::task_arena& arena, int workers, SlotRing& ring,
-                   const Dataset& dataset, const Sampler& sampler, const AugmentConfig& augment,
-                   const LoaderRegions& regions, std::uint64_t end, SlotState publish_to,
-                   LoaderDone& done);
+// The whole dataset as float32 (x / 255 - mean[c]) / std[c], N x C x H x W: evaluation input.
+std::vector<float> normalized_images(const Dataset& dataset, const AugmentConfig& augment);
 
-// Counts loader workers out; wait() blocks until all have exited.
-class LoaderDone {
-public:
-  explicit LoaderDone(int workers) : left_(workers) {}
-  void count_down() {
-    if (left_.fetch_sub(1) == 1) left_.notify_all();
-  }
-  void wait() const {
-    for (int v = left_.load(); v != 0; v = left_.load()) left_.wait(v);
-  }
-
-private:
-  std::atomic<int> left_;
-};
+// Starts the loader stage in `arena`: `workers` bodies at once, each taking the next batch number,
+// filling its slot and handing it on (`publish_to`: filled for the teacher, ready when no teacher
+// runs), until ring batch `end` or close. Ring batch b holds the sampler's batch first_batch + b
+// (a resumed run starts its ring at 0 mid-epoch). An exception fails the ring with stage "loader".
+// ring, dataset, sampler and augment must outlive the returned stage (it waits when destroyed);
+// regions are copied.
+std::unique_ptr<StageGraph> start_loaders(oneapi::tbb::task_arena& arena, int workers,
+                                          SlotRing& ring, const Dataset& dataset,
+                                          const Sampler& sampler, const AugmentConfig& augment,
+                                          const LoaderRegions& regions, std::uint64_t first_batch,
+                                          std::uint64_t end, SlotState publish_to);
 
 } // namespace kdflow

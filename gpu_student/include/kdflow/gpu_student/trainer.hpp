@@ -1,0 +1,100 @@
+// The student's training loop, one step per ring batch: forward, the KD + CE loss, backward, the
+// optimizer and its schedule, on CUDA (copy stream, mixed precision) or on the CPU (the slot read
+// in place). Checkpoints hold model, optimizer, step, RNG state and the caller's run state (sampler
+// position and whatever else it needs), in a checked file written atomically. Torch-free header:
+// the app includes it.
+#pragma once
+
+#include "kdflow/core/slot_ring.hpp"
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace kdflow::student {
+
+struct StudentSpec {
+  std::string arch = "cnn";
+  double width = 1.0; // channel multiplier
+  std::int64_t channels = 1, height = 28, width_px = 28, classes = 10;
+};
+
+struct TrainerOptions {
+  StudentSpec model;
+  std::string device = "auto"; // auto | cpu | cuda
+  int threads = 1;             // intra-op threads on the CPU
+  std::string optimizer = "sgd";
+  double lr = 0.05, momentum = 0.9, weight_decay = 5e-4;
+  bool nesterov = true;
+  std::int64_t warmup_steps = 50;
+  std::int64_t total_steps = 1; // length of the cosine schedule
+  double clip_grad_norm = 0.0;
+  std::string amp = "auto"; // auto | off | bf16 | fp16 (CUDA only)
+  double kd_alpha = 0.9, kd_temperature = 4.0;
+  bool skip_nonfinite = false;
+  std::uint64_t seed = 42;
+};
+
+// Region indices of the slot layout the step reads.
+struct StepRegions {
+  std::size_t inputs = 0, labels = 1;
+  std::optional<std::size_t> teacher_logits; // absent when kd.alpha = 0
+};
+
+struct StepStats {
+  double loss = 0, kd_loss = 0, ce_loss = 0, lr = 0, grad_norm = 0;
+  std::int64_t correct = 0; // top-1 hits of the student on this (augmented) batch
+  std::uint32_t samples = 0;
+  bool skipped = false; // non-finite and train.on_nonfinite = "skip" (or an fp16 scale overflow)
+};
+
+// A non-finite loss, gradient or teacher output with train.on_nonfinite = "abort".
+class NonFiniteError : public std::runtime_error {
+public:
+  using std::runtime_error::runtime_error;
+};
+
+class Trainer {
+public:
+  // Builds the student (initialised from options.seed) on its device and the optimizer.
+  Trainer(const TrainerOptions& options, SlotRing& ring, StepRegions regions);
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  // Trains on ring batch `batch` (the next in order). nullopt when the ring closed and drained.
+  // Rethrows a failed stage's StageError; NonFiniteError as above.
+  std::optional<StepStats> step(std::uint64_t batch);
+  // Waits for the device and releases every slot still in flight.
+  void drain();
+
+  // Top-1 accuracy on plain float32 images [count, C, H, W] (normalized like the training data).
+  double evaluate(std::span<const float> images, std::span<const std::int64_t> labels);
+
+  // Checkpoint = model + optimizer + step + RNG state + `run_state` (opaque to the trainer).
+  void save(const std::filesystem::path& path, const std::string& run_state) const;
+  // Restores a checkpoint and returns its run state. InputError naming the file when it is
+  // corrupt or was written for another student; the trainer is unusable after such an error.
+  std::string load(const std::filesystem::path& path);
+
+  [[nodiscard]] std::int64_t steps_done() const;
+  [[nodiscard]] std::int64_t skipped_steps() const;
+  [[nodiscard]] std::string device() const;    // "cpu" or "cuda:0 (name)"
+  [[nodiscard]] std::string precision() const; // fp32, bf16 autocast, fp16 autocast
+  [[nodiscard]] std::int64_t parameters() const;
+  // Every parameter and buffer, flattened (tests compare runs bit for bit).
+  [[nodiscard]] std::vector<float> state_vector() const;
+  // The learning rate the schedule gives at `step`.
+  [[nodiscard]] double lr_at(std::int64_t step) const;
+
+private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+} // namespace kdflow::student

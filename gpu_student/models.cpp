@@ -1,0 +1,200 @@
+// Student architectures. CIFAR-style stems (3x3, stride 1, no max-pool) so 28x28 and 32x32 inputs
+// keep enough resolution; the same nets take larger images (their pooling is global).
+#include "models.hpp"
+
+#include "kdflow/core/error.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include <fmt/format.h>
+
+namespace kdflow::student {
+namespace {
+
+namespace nn = torch::nn;
+
+std::int64_t scaled(std::int64_t channels, double width) {
+  return std::max<std::int64_t>(1, static_cast<std::int64_t>(std::lround(channels * width)));
+}
+
+nn::Conv2d conv(std::int64_t in, std::int64_t out, std::int64_t k, std::int64_t stride = 1,
+                std::int64_t groups = 1) {
+  return nn::Conv2d(
+      nn::Conv2dOptions(in, out, k).stride(stride).padding(k / 2).groups(groups).bias(false));
+}
+
+// conv -> batch norm -> (ReLU | ReLU6 | none)
+enum class Act { none, relu, relu6 };
+struct ConvBnImpl : nn::Module {
+  ConvBnImpl(std::int64_t in, std::int64_t out, std::int64_t k, std::int64_t stride = 1,
+             std::int64_t groups = 1, Act act = Act::relu)
+      : c(register_module("conv", conv(in, out, k, stride, groups))),
+        bn(register_module("bn", nn::BatchNorm2d(out))), act(act) {}
+  torch::Tensor forward(torch::Tensor x) {
+    x = bn->forward(c->forward(x));
+    if (act == Act::relu) return torch::relu(x);
+    if (act == Act::relu6) return torch::clamp(x, 0, 6);
+    return x;
+  }
+  nn::Conv2d c;
+  nn::BatchNorm2d bn;
+  Act act;
+};
+TORCH_MODULE(ConvBn);
+
+struct Mlp : Net {
+  Mlp(std::int64_t in, std::int64_t hidden, std::int64_t classes)
+      : fc1(register_module("fc1", nn::Linear(in, hidden))),
+        fc2(register_module("fc2", nn::Linear(hidden, hidden))),
+        fc3(register_module("fc3", nn::Linear(hidden, classes))) {}
+  torch::Tensor forward(torch::Tensor x) override {
+    x = torch::relu(fc1->forward(x.flatten(1)));
+    return fc3->forward(torch::relu(fc2->forward(x)));
+  }
+  nn::Linear fc1, fc2, fc3;
+};
+
+// Three conv stages with max-pooling between them, global pooling, one linear layer.
+struct Cnn : Net {
+  Cnn(std::int64_t in, double w, std::int64_t classes) {
+    const std::int64_t c1 = scaled(32, w), c2 = scaled(64, w), c3 = scaled(128, w);
+    body = register_module("body",
+                           nn::Sequential(ConvBn(in, c1, 3), nn::MaxPool2d(2), ConvBn(c1, c2, 3),
+                                          nn::MaxPool2d(2), ConvBn(c2, c3, 3)));
+    fc = register_module("fc", nn::Linear(c3, classes));
+  }
+  torch::Tensor forward(torch::Tensor x) override {
+    x = body->forward(x);
+    return fc->forward(x.mean({2, 3}));
+  }
+  nn::Sequential body{nullptr};
+  nn::Linear fc{nullptr};
+};
+
+struct BasicBlockImpl : nn::Module {
+  BasicBlockImpl(std::int64_t in, std::int64_t out, std::int64_t stride)
+      : a(register_module("a", ConvBn(in, out, 3, stride))),
+        b(register_module("b", ConvBn(out, out, 3, 1, 1, Act::none))) {
+    if (stride != 1 || in != out)
+      shortcut = register_module("shortcut", ConvBn(in, out, 1, stride, 1, Act::none));
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    const torch::Tensor skip = shortcut ? shortcut->forward(x) : x;
+    return torch::relu(b->forward(a->forward(x)) + skip);
+  }
+  ConvBn a, b, shortcut{nullptr};
+};
+TORCH_MODULE(BasicBlock);
+
+// CIFAR ResNets (He et al. 2016, sec. 4.2: 6n+2 layers, 16-32-64 channels) and resnet18 with a
+// 3x3 stride-1 stem (64-128-256-512 channels, two blocks per stage).
+struct ResNet : Net {
+  ResNet(std::int64_t in, const std::vector<std::int64_t>& channels, const std::vector<int>& blocks,
+         std::int64_t classes) {
+    stem = register_module("stem", ConvBn(in, channels[0], 3));
+    std::int64_t cin = channels[0];
+    for (std::size_t s = 0; s < channels.size(); ++s)
+      for (int b = 0; b < blocks[s]; ++b) {
+        const std::int64_t stride = (s > 0 && b == 0) ? 2 : 1;
+        stages->push_back(BasicBlock(cin, channels[s], stride));
+        cin = channels[s];
+      }
+    register_module("stages", stages);
+    fc = register_module("fc", nn::Linear(cin, classes));
+  }
+  torch::Tensor forward(torch::Tensor x) override {
+    x = stages->forward(stem->forward(x));
+    return fc->forward(x.mean({2, 3}));
+  }
+  ConvBn stem{nullptr};
+  nn::Sequential stages;
+  nn::Linear fc{nullptr};
+};
+
+struct InvertedResidualImpl : nn::Module {
+  InvertedResidualImpl(std::int64_t in, std::int64_t out, std::int64_t stride, std::int64_t expand)
+      : residual(stride == 1 && in == out) {
+    const std::int64_t hidden = in * expand;
+    if (expand != 1) body->push_back(ConvBn(in, hidden, 1, 1, 1, Act::relu6));
+    body->push_back(ConvBn(hidden, hidden, 3, stride, hidden, Act::relu6));
+    body->push_back(ConvBn(hidden, out, 1, 1, 1, Act::none));
+    register_module("body", body);
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    return residual ? x + body->forward(x) : body->forward(x);
+  }
+  nn::Sequential body;
+  bool residual;
+};
+TORCH_MODULE(InvertedResidual);
+
+// MobileNetV2 (Sandler et al. 2018) with the CIFAR adaptation: stride-1 stem and first stages.
+struct MobileNetV2 : Net {
+  MobileNetV2(std::int64_t in, double w, std::int64_t classes) {
+    struct Setting {
+      std::int64_t expand, channels;
+      int repeats;
+      std::int64_t stride;
+    };
+    const Setting settings[] = {{1, 16, 1, 1}, {6, 24, 2, 1},  {6, 32, 3, 2}, {6, 64, 4, 2},
+                                {6, 96, 3, 1}, {6, 160, 3, 2}, {6, 320, 1, 1}};
+    std::int64_t cin = scaled(32, w);
+    features->push_back(ConvBn(in, cin, 3, 1, 1, Act::relu6));
+    for (const auto& s : settings)
+      for (int r = 0; r < s.repeats; ++r) {
+        const std::int64_t out = scaled(s.channels, w);
+        features->push_back(InvertedResidual(cin, out, r == 0 ? s.stride : 1, s.expand));
+        cin = out;
+      }
+    const std::int64_t last = std::max<std::int64_t>(1280, scaled(1280, w));
+    features->push_back(ConvBn(cin, last, 1, 1, 1, Act::relu6));
+    register_module("features", features);
+    fc = register_module("fc", nn::Linear(last, classes));
+  }
+  torch::Tensor forward(torch::Tensor x) override {
+    return fc->forward(features->forward(x).mean({2, 3}));
+  }
+  nn::Sequential features;
+  nn::Linear fc{nullptr};
+};
+
+} // namespace
+
+const std::vector<std::string>& student_archs() {
+  static const std::vector<std::string> names = {"mlp",      "cnn",      "resnet20",
+                                                 "resnet56", "resnet18", "mobilenetv2"};
+  return names;
+}
+
+std::shared_ptr<Net> make_student(const std::string& arch, double width, std::int64_t channels,
+                                  std::int64_t height, std::int64_t width_px,
+                                  std::int64_t classes) {
+  // Every conv net halves the resolution at most 3 times: 8x8 is the least that keeps a pixel.
+  const bool conv_net = arch != "mlp";
+  if (conv_net && (height < 8 || width_px < 8))
+    throw InputError(fmt::format("student.arch = {}: the input ({}x{}) is smaller than 8x8", arch,
+                                 height, width_px));
+  if (arch == "mlp")
+    return std::make_shared<Mlp>(channels * height * width_px, scaled(256, width), classes);
+  if (arch == "cnn") return std::make_shared<Cnn>(channels, width, classes);
+  if (arch == "resnet20" || arch == "resnet56") {
+    const int n = arch == "resnet20" ? 3 : 9;
+    return std::make_shared<ResNet>(
+        channels,
+        std::vector<std::int64_t>{scaled(16, width), scaled(32, width), scaled(64, width)},
+        std::vector<int>{n, n, n}, classes);
+  }
+  if (arch == "resnet18")
+    return std::make_shared<ResNet>(channels,
+                                    std::vector<std::int64_t>{scaled(64, width), scaled(128, width),
+                                                              scaled(256, width),
+                                                              scaled(512, width)},
+                                    std::vector<int>{2, 2, 2, 2}, classes);
+  if (arch == "mobilenetv2") return std::make_shared<MobileNetV2>(channels, width, classes);
+  throw InputError(fmt::format("student.arch = {}: unknown (one of mlp, cnn, resnet20, resnet56, "
+                               "resnet18, mobilenetv2)",
+                               arch));
+}
+
+} // namespace kdflow::student

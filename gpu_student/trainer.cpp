@@ -1,0 +1,347 @@
+// The training step. One host synchronisation per step (the loss, gradient norm and hit count come
+// back together), which is also where non-finite values are caught before the optimizer runs.
+#include "kdflow/gpu_student/trainer.hpp"
+
+#include "kdflow/core/atomic_file.hpp"
+#include "kdflow/core/error.hpp"
+#include "kdflow/core/log.hpp"
+#include "kdflow/gpu_student/slot_feeder.hpp"
+#include "models.hpp"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/autocast_mode.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <numbers>
+#include <sstream>
+
+#include <fmt/format.h>
+
+namespace kdflow::student {
+namespace {
+
+constexpr int kCheckpointFormat = 1;
+
+torch::Device pick_device(const std::string& wanted) {
+  const bool cuda = torch::cuda::is_available();
+  if (wanted == "cuda" && !cuda)
+    throw InputError("student.device = cuda: no CUDA device is visible to this process");
+  return (wanted == "cuda" || (wanted == "auto" && cuda)) ? torch::Device(torch::kCUDA, 0)
+                                                          : torch::Device(torch::kCPU);
+}
+
+torch::Tensor bytes_tensor(const std::string& text) {
+  return torch::from_blob(const_cast<char*>(text.data()), {static_cast<std::int64_t>(text.size())},
+                          torch::kUInt8)
+      .clone();
+}
+
+std::string tensor_bytes(const torch::Tensor& t) {
+  const torch::Tensor c = t.to(torch::kCPU).contiguous();
+  return {reinterpret_cast<const char*>(c.data_ptr<std::uint8_t>()),
+          static_cast<std::size_t>(c.numel())};
+}
+
+// The student's identity in a checkpoint: what must match for its tensors to fit.
+std::string describe(const TrainerOptions& o) {
+  return fmt::format("student {} width {} on {}x{}x{} inputs, {} classes, optimizer {}",
+                     o.model.arch, o.model.width, o.model.channels, o.model.height,
+                     o.model.width_px, o.model.classes, o.optimizer);
+}
+
+// Scoped autocast on CUDA; a no-op elsewhere.
+class AutocastScope {
+public:
+  AutocastScope(bool on, torch::ScalarType dtype) : on_(on) {
+    if (!on_) return;
+    at::autocast::set_autocast_dtype(at::kCUDA, dtype);
+    at::autocast::set_autocast_enabled(at::kCUDA, true);
+  }
+  ~AutocastScope() {
+    if (!on_) return;
+    at::autocast::set_autocast_enabled(at::kCUDA, false);
+    at::autocast::clear_cache();
+  }
+  AutocastScope(const AutocastScope&) = delete;
+  AutocastScope& operator=(const AutocastScope&) = delete;
+
+private:
+  bool on_;
+};
+
+} // namespace
+
+struct Trainer::Impl {
+  Impl(const TrainerOptions& o, SlotRing& ring, StepRegions r)
+      : options(o), device(pick_device(o.device)), regions(r), feeder(ring, device) {
+    if (device.is_cpu()) at::set_num_threads(std::max(1, o.threads));
+    if (device.is_cuda()) {
+      const std::string amp = o.amp == "auto" ? "bf16" : o.amp;
+      autocast = amp != "off";
+      amp_dtype = amp == "fp16" ? torch::kHalf : torch::kBFloat16;
+      loss_scaling = amp == "fp16";
+    }
+    torch::manual_seed(o.seed);
+    net = make_student(o.model.arch, o.model.width, o.model.channels, o.model.height,
+                       o.model.width_px, o.model.classes);
+    net->to(device);
+    if (o.optimizer == "adamw")
+      optimizer = std::make_unique<torch::optim::AdamW>(
+          net->parameters(),
+          torch::optim::AdamWOptions(o.lr).betas({o.momentum, 0.999}).weight_decay(o.weight_decay));
+    else
+      optimizer = std::make_unique<torch::optim::SGD>(net->parameters(),
+                                                      torch::optim::SGDOptions(o.lr)
+                                                          .momentum(o.momentum)
+                                                          .nesterov(o.nesterov && o.momentum > 0)
+                                                          .weight_decay(o.weight_decay));
+  }
+
+  double lr_at(std::int64_t step) const {
+    const auto warm = options.warmup_steps;
+    if (step < warm) return options.lr * static_cast<double>(step + 1) / static_cast<double>(warm);
+    const double span = static_cast<double>(std::max<std::int64_t>(1, options.total_steps - warm));
+    const double t = std::min(1.0, static_cast<double>(step - warm) / span);
+    return options.lr * 0.5 * (1.0 + std::cos(std::numbers::pi * t));
+  }
+
+  void set_lr(double lr) {
+    for (auto& group : optimizer->param_groups()) group.options().set_lr(lr);
+  }
+
+  TrainerOptions options;
+  torch::Device device;
+  StepRegions regions;
+  SlotFeeder feeder;
+  std::shared_ptr<Net> net;
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
+  bool autocast = false;
+  torch::ScalarType amp_dtype = torch::kBFloat16;
+  bool loss_scaling = false;
+  double loss_scale = 65536.0;
+  std::int64_t good_since_growth = 0;
+  std::int64_t step = 0;
+  std::int64_t skipped = 0;
+};
+
+Trainer::Trainer(const TrainerOptions& options, SlotRing& ring, StepRegions regions)
+    : impl_(std::make_unique<Impl>(options, ring, regions)) {}
+
+Trainer::~Trainer() {
+  try {
+    impl_->feeder.drain();
+  } catch (...) {
+    // Closing down after a failure: the ring's own error is what the caller reports.
+  }
+}
+
+std::optional<StepStats> Trainer::step(std::uint64_t batch) {
+  Impl& m = *impl_;
+  auto b = m.feeder.next(batch);
+  if (!b) return std::nullopt;
+  const std::int64_t n = b->samples;
+  const auto& o = m.options;
+  const torch::Tensor x = b->regions[m.regions.inputs].slice(0, 0, n);
+  const torch::Tensor y = b->regions[m.regions.labels].slice(0, 0, n);
+  const double lr = m.lr_at(m.step);
+  m.set_lr(lr);
+  m.net->train();
+
+  torch::Tensor logits;
+  {
+    AutocastScope amp(m.autocast, m.amp_dtype);
+    logits = m.net->forward(x);
+  }
+  const torch::Tensor s = logits.to(torch::kFloat);
+  const torch::Tensor ce = torch::nn::functional::cross_entropy(s, y);
+  torch::Tensor kd = torch::zeros({}, s.options());
+  torch::Tensor teacher;
+  if (o.kd_alpha > 0 && m.regions.teacher_logits) {
+    teacher = b->regions[*m.regions.teacher_logits].slice(0, 0, n);
+    const double t = o.kd_temperature;
+    // T^2 * KL(softmax(t/T) || softmax(s/T)), batch mean (Hinton et al. 2015).
+    const torch::Tensor log_p_teacher = torch::log_softmax(teacher / t, 1);
+    const torch::Tensor log_p_student = torch::log_softmax(s / t, 1);
+    kd = (log_p_teacher.exp() * (log_p_teacher - log_p_student)).sum() * (t * t / n);
+  }
+  const torch::Tensor loss = o.kd_alpha * kd + (1.0 - o.kd_alpha) * ce;
+
+  m.optimizer->zero_grad(true);
+  (m.loss_scaling ? loss * m.loss_scale : loss).backward();
+  std::vector<torch::Tensor> norms;
+  for (const auto& p : m.net->parameters())
+    if (p.grad().defined()) {
+      if (m.loss_scaling) p.mutable_grad().mul_(1.0 / m.loss_scale);
+      norms.push_back(p.grad().norm());
+    }
+  const torch::Tensor grad_norm = torch::stack(norms).norm();
+  const torch::Tensor hits = (s.argmax(1) == y).sum().to(torch::kFloat);
+  // The step's single synchronisation.
+  const torch::Tensor host =
+      torch::stack({loss.detach(), kd.detach(), ce.detach(), grad_norm, hits}).to(torch::kCPU);
+  const auto* v = host.data_ptr<float>();
+  StepStats stats{
+      v[0], v[1], v[2], lr, v[3], static_cast<std::int64_t>(v[4]), static_cast<std::uint32_t>(n),
+      false};
+
+  const bool loss_ok = std::isfinite(stats.loss);
+  const bool grads_ok = std::isfinite(stats.grad_norm);
+  if (loss_ok && !grads_ok && m.loss_scaling) {
+    // An fp16 overflow of the scaled gradients: the usual dynamic loss-scaling back-off.
+    m.loss_scale = std::max(1.0, m.loss_scale / 2);
+    m.good_since_growth = 0;
+    stats.skipped = true;
+  } else if (!loss_ok || !grads_ok) {
+    std::string cause = !loss_ok ? "loss" : "gradient norm";
+    if (teacher.defined() && !torch::isfinite(teacher).all().item<bool>())
+      cause = "teacher output (logits)";
+    else if (!torch::isfinite(x).all().item<bool>())
+      cause = "input batch";
+    if (!o.skip_nonfinite)
+      throw NonFiniteError(
+          fmt::format("non-finite {} at step {} (batch {}); the last checkpoint is kept. Set "
+                      "train.on_nonfinite = \"skip\" to skip such steps",
+                      cause, m.step, batch));
+    ++m.skipped;
+    stats.skipped = true;
+    log_warn(fmt::format("non-finite {} at step {} (batch {}): step skipped ({} so far)", cause,
+                         m.step, batch, m.skipped));
+  } else {
+    if (o.clip_grad_norm > 0 && stats.grad_norm > o.clip_grad_norm)
+      for (const auto& p : m.net->parameters())
+        if (p.grad().defined()) p.mutable_grad().mul_(o.clip_grad_norm / (stats.grad_norm + 1e-6));
+    m.optimizer->step();
+    if (m.loss_scaling && ++m.good_since_growth == 2000) {
+      m.loss_scale *= 2;
+      m.good_since_growth = 0;
+    }
+  }
+  m.optimizer->zero_grad(true);
+  ++m.step;
+  m.feeder.finish_step();
+  return stats;
+}
+
+void Trainer::drain() { impl_->feeder.drain(); }
+
+double Trainer::evaluate(std::span<const float> images, std::span<const std::int64_t> labels) {
+  Impl& m = *impl_;
+  const auto& spec = m.options.model;
+  const std::int64_t count = static_cast<std::int64_t>(labels.size());
+  const std::int64_t sample = spec.channels * spec.height * spec.width_px;
+  if (static_cast<std::int64_t>(images.size()) != count * sample)
+    throw std::invalid_argument("evaluate: images and labels disagree in count");
+  torch::NoGradGuard no_grad;
+  m.net->eval();
+  std::int64_t correct = 0;
+  constexpr std::int64_t kChunk = 500;
+  for (std::int64_t i = 0; i < count; i += kChunk) {
+    const std::int64_t k = std::min(kChunk, count - i);
+    const torch::Tensor x =
+        torch::from_blob(const_cast<float*>(images.data()) + i * sample,
+                         {k, spec.channels, spec.height, spec.width_px}, torch::kFloat)
+            .to(m.device);
+    const torch::Tensor y =
+        torch::from_blob(const_cast<std::int64_t*>(labels.data()) + i, {k}, torch::kInt64)
+            .to(m.device);
+    AutocastScope amp(m.autocast, m.amp_dtype);
+    correct += (m.net->forward(x).argmax(1) == y).sum().item<std::int64_t>();
+  }
+  m.net->train();
+  return count > 0 ? static_cast<double>(correct) / static_cast<double>(count) : 0.0;
+}
+
+void Trainer::save(const std::filesystem::path& path, const std::string& run_state) const {
+  const Impl& m = *impl_;
+  torch::serialize::OutputArchive archive;
+  torch::serialize::OutputArchive model, optim;
+  m.net->save(model);
+  m.optimizer->save(optim);
+  archive.write("model", model);
+  archive.write("optimizer", optim);
+  archive.write("format", torch::tensor(std::int64_t{kCheckpointFormat}));
+  archive.write("student", bytes_tensor(describe(m.options)));
+  archive.write("step", torch::tensor(m.step));
+  archive.write("skipped", torch::tensor(m.skipped));
+  archive.write("loss_scale", torch::tensor(m.loss_scale, torch::kDouble));
+  archive.write("rng_cpu", at::detail::getDefaultCPUGenerator().get_state());
+  archive.write("run_state", bytes_tensor(run_state));
+  std::ostringstream out;
+  archive.save_to(out);
+  const std::string bytes = std::move(out).str();
+  write_checked_file(path, std::as_bytes(std::span(bytes.data(), bytes.size())));
+}
+
+std::string Trainer::load(const std::filesystem::path& path) {
+  Impl& m = *impl_;
+  const std::vector<std::byte> payload = read_checked_file(path, "checkpoint");
+  try {
+    torch::serialize::InputArchive archive;
+    archive.load_from(reinterpret_cast<const char*>(payload.data()), payload.size(), m.device);
+    torch::Tensor t;
+    archive.read("format", t);
+    if (t.item<std::int64_t>() != kCheckpointFormat)
+      throw InputError(fmt::format("checkpoint {}: format {} (this kdflow reads {})", path.string(),
+                                   t.item<std::int64_t>(), kCheckpointFormat));
+    archive.read("student", t);
+    const std::string written = tensor_bytes(t);
+    if (written != describe(m.options))
+      throw InputError(fmt::format("checkpoint {}: written for {}; this run has {}", path.string(),
+                                   written, describe(m.options)));
+    torch::serialize::InputArchive model, optim;
+    archive.read("model", model);
+    archive.read("optimizer", optim);
+    m.net->load(model);
+    m.optimizer->load(optim);
+    archive.read("step", t);
+    m.step = t.item<std::int64_t>();
+    archive.read("skipped", t);
+    m.skipped = t.item<std::int64_t>();
+    archive.read("loss_scale", t);
+    m.loss_scale = t.item<double>();
+    archive.read("rng_cpu", t);
+    at::Generator cpu_generator = at::detail::getDefaultCPUGenerator();
+    cpu_generator.set_state(t.to(torch::kCPU));
+    archive.read("run_state", t);
+    return tensor_bytes(t);
+  } catch (const c10::Error& e) {
+    const std::string what = e.what_without_backtrace();
+    throw InputError(fmt::format("checkpoint {}: unreadable or incompatible ({})", path.string(),
+                                 what.substr(0, what.find('\n'))));
+  }
+}
+
+std::int64_t Trainer::steps_done() const { return impl_->step; }
+std::int64_t Trainer::skipped_steps() const { return impl_->skipped; }
+
+std::string Trainer::device() const {
+  if (!impl_->device.is_cuda()) return "cpu";
+  return fmt::format("cuda:{}", impl_->device.index());
+}
+
+std::string Trainer::precision() const {
+  if (!impl_->autocast) return "fp32";
+  return impl_->amp_dtype == torch::kHalf ? "fp16 autocast, loss scaling" : "bf16 autocast";
+}
+
+std::int64_t Trainer::parameters() const {
+  std::int64_t n = 0;
+  for (const auto& p : impl_->net->parameters()) n += p.numel();
+  return n;
+}
+
+std::vector<float> Trainer::state_vector() const {
+  std::vector<float> out;
+  auto append = [&out](const torch::Tensor& t) {
+    const torch::Tensor c = t.detach().to(torch::kCPU).to(torch::kFloat).contiguous();
+    out.insert(out.end(), c.data_ptr<float>(), c.data_ptr<float>() + c.numel());
+  };
+  for (const auto& p : impl_->net->parameters()) append(p);
+  for (const auto& b : impl_->net->buffers()) append(b);
+  return out;
+}
+
+double Trainer::lr_at(std::int64_t step) const { return impl_->lr_at(step); }
+
+} // namespace kdflow::student

@@ -1,0 +1,242 @@
+#include "pipeline.hpp"
+
+#include "kdflow/core/error.hpp"
+#include "kdflow/core/log.hpp"
+#include "kdflow/gpu_student/versions.hpp"
+
+#include <atomic>
+#include <cstdlib>
+#include <exception>
+#include <filesystem>
+#include <sstream>
+
+#include <fmt/format.h>
+
+namespace kdflow::app {
+namespace {
+
+struct Normalization {
+  std::vector<float> mean, std;
+};
+
+// The datasets' own per-channel statistics (of the training split, pixels scaled to [0, 1]).
+Normalization dataset_normalization(const std::string& dataset) {
+  if (dataset == "fashion-mnist") return {{0.2860f}, {0.3530f}};
+  if (dataset == "mnist") return {{0.1307f}, {0.3081f}};
+  if (dataset == "cifar10") return {{0.4914f, 0.4822f, 0.4465f}, {0.2470f, 0.2435f, 0.2616f}};
+  if (dataset == "cifar100") return {{0.5071f, 0.4865f, 0.4409f}, {0.2673f, 0.2564f, 0.2762f}};
+  return {{0.5f, 0.5f, 0.5f}, {0.25f, 0.25f, 0.25f}};
+}
+
+std::vector<float> parse_floats(const std::string& text, const std::string& key,
+                                std::size_t channels, bool positive) {
+  std::vector<float> out;
+  std::stringstream in(text);
+  for (std::string item; std::getline(in, item, ',');) {
+    char* end = nullptr;
+    const float v = std::strtof(item.c_str(), &end);
+    if (item.empty() || end == item.c_str() || *end != '\0' || (positive && !(v > 0)))
+      throw InputError(fmt::format("{} = \"{}\": '{}' is not a {}number", key, text, item,
+                                   positive ? "positive " : ""));
+    out.push_back(v);
+  }
+  if (out.size() == 1 && channels > 1) out.resize(channels, out[0]);
+  if (out.size() != channels)
+    throw InputError(
+        fmt::format("{} = \"{}\": {} values for {} channel(s)", key, text, out.size(), channels));
+  return out;
+}
+
+std::string shape_text(const teacher::Shape& shape) {
+  std::string out;
+  for (std::size_t i = 0; i < shape.size(); ++i) out += (i ? "x" : "") + std::to_string(shape[i]);
+  return out;
+}
+
+} // namespace
+
+RunInputs prepare_run(const Config& config) {
+  const std::string format = config.get_string("data.dataset");
+  const std::string path = config.get_string("data.path");
+  if (format == "folder")
+    throw NotBuiltError("data.dataset = folder: image folders are not built yet in this version");
+  RunInputs run{config,
+                Dataset::load(format, path, Split::train),
+                Dataset::load(format, path, Split::test),
+                {},
+                {},
+                affinity::Topology::load(),
+                {},
+                config.get_double("kd.alpha") > 0,
+                nullptr,
+                {}};
+  const auto channels = static_cast<std::size_t>(run.train.channels());
+  const Normalization defaults = dataset_normalization(format);
+  const std::string mean = config.get_string("data.mean"), std_dev = config.get_string("data.std");
+  run.augment.mean =
+      mean == "auto" ? defaults.mean : parse_floats(mean, "data.mean", channels, false);
+  run.augment.std =
+      std_dev == "auto" ? defaults.std : parse_floats(std_dev, "data.std", channels, true);
+  run.augment.mean.resize(channels, run.augment.mean.back());
+  run.augment.std.resize(channels, run.augment.std.back());
+  run.augment.pad_crop = static_cast<int>(config.get_int("data.pad_crop"));
+  run.augment.hflip = config.get_bool("data.hflip");
+  run.sampler.batch_size = static_cast<std::size_t>(config.get_int("data.batch_size"));
+  run.sampler.seed = static_cast<std::uint64_t>(config.get_int("train.seed"));
+  run.sampler.drop_last = config.get_bool("data.drop_last");
+  if (run.train.size() < run.sampler.batch_size && run.sampler.drop_last)
+    throw InputError(fmt::format("data.batch_size = {}: larger than the training set of {} ({})",
+                                 run.sampler.batch_size, run.train.size(), run.train.source()));
+
+  std::optional<affinity::CpuList> gpu_local;
+  if (student::cuda_device_count() > 0) {
+    gpu_local = run.topology.pci_local_cpus(student::cuda_pci_bus_id(0));
+    if (!gpu_local) gpu_local = run.topology.allowed_cpus();
+  }
+  run.plan = affinity::plan_from_config(config, run.topology, gpu_local);
+
+  if (run.teacher_runs) {
+    run.teacher_path = config.get_string("teacher.model");
+    if (!std::filesystem::exists(run.teacher_path))
+      throw InputError(fmt::format(
+          "teacher.model = {}: no such file (from {}: the default teacher is trained by "
+          "scripts/train_fmnist_teacher.py; kd.alpha = 0 trains without one)",
+          run.teacher_path, std::filesystem::current_path().string()));
+    teacher::TeacherOptions options;
+    options.batch = static_cast<std::int64_t>(run.sampler.batch_size);
+    options.precision = teacher::parse_precision(config.get_string("teacher.precision"));
+    options.sample_shape =
+        teacher::Shape{run.train.channels(), run.train.height(), run.train.width()};
+    run.teacher = teacher::Teacher::load(run.teacher_path, options);
+    const teacher::Shape out = run.teacher->output_shape(0);
+    if (out.size() != 2 || out[1] != run.train.classes())
+      throw InputError(fmt::format(
+          "teacher {} outputs {} per sample but the dataset {} ({}) has {} classes: "
+          "teacher.model and data.dataset disagree",
+          run.teacher_path,
+          out.size() == 2 ? fmt::format("{} logits", out[1]) : "a " + shape_text(out) + " tensor",
+          format, path, run.train.classes()));
+  }
+  return run;
+}
+
+void run_in_arena(oneapi::tbb::task_arena& arena, const std::function<void()>& fn) {
+  std::atomic<bool> done{false};
+  std::exception_ptr error;
+  arena.enqueue([&] {
+    try {
+      fn();
+    } catch (...) {
+      error = std::current_exception();
+    }
+    done.store(true, std::memory_order_release);
+    done.notify_all();
+  });
+  while (!done.load(std::memory_order_acquire)) done.wait(false, std::memory_order_acquire);
+  if (error) std::rethrow_exception(error);
+}
+
+double teacher_test_accuracy(const RunInputs& run, oneapi::tbb::task_arena& arena) {
+  AugmentConfig eval = run.augment;
+  eval.augment = false;
+  const std::vector<float> images = normalized_images(run.test, eval);
+  const std::int64_t batch = run.teacher->batch();
+  const std::size_t sample = run.test.sample_bytes();
+  const auto classes = static_cast<std::size_t>(run.test.classes());
+  std::size_t correct = 0;
+  run_in_arena(arena, [&] {
+    teacher::Replica replica(run.teacher);
+    std::vector<float> input(static_cast<std::size_t>(batch) * sample, 0.f);
+    std::vector<float> logits(static_cast<std::size_t>(batch) * classes);
+    float* outputs[] = {logits.data()};
+    for (std::size_t i = 0; i < run.test.size(); i += static_cast<std::size_t>(batch)) {
+      const std::size_t n =
+          std::min<std::size_t>(static_cast<std::size_t>(batch), run.test.size() - i);
+      std::copy_n(images.data() + i * sample, n * sample, input.data());
+      std::fill(input.begin() + static_cast<std::ptrdiff_t>(n * sample), input.end(), 0.f);
+      replica.run(input.data(), outputs);
+      for (std::size_t k = 0; k < n; ++k) {
+        const float* row = logits.data() + k * classes;
+        const auto best = std::max_element(row, row + classes) - row;
+        correct += best == run.test.label(i + k);
+      }
+    }
+  });
+  return static_cast<double>(correct) / static_cast<double>(run.test.size());
+}
+
+SlotLayout CpuPipeline::layout_for(const RunInputs& run) {
+  std::vector<RegionSpec> extra;
+  if (run.teacher_runs) {
+    const teacher::Shape out = run.teacher->output_shape(0);
+    extra.push_back({"logits", DType::f32, {out[0], out[1]}});
+  }
+  return loader_layout(run.train, run.sampler.batch_size, true, std::move(extra));
+}
+
+CpuPipeline::CpuPipeline(const RunInputs& run, std::uint32_t slots, HostMemory memory)
+    : run_(run), sampler_(run.train.size(), run.sampler) {
+  SlotLayout layout = layout_for(run);
+  regions_.loader = {layout.index_of("inputs"), layout.index_of("labels"), layout.index_of("ids")};
+  if (run.teacher_runs) regions_.logits = layout.index_of("logits");
+  ring_ = std::make_unique<SlotRing>(std::move(layout), slots, std::move(memory));
+
+  // Every arena's workers come from oneTBB's one global pool: size it for all of them.
+  std::size_t threads = run.plan.loader.size();
+  for (const auto& cpus : run.plan.teacher) threads += cpus.size();
+  parallelism_ = std::make_unique<oneapi::tbb::global_control>(
+      oneapi::tbb::global_control::max_allowed_parallelism, threads + 1);
+  loader_arena_ = std::make_unique<affinity::PinnedArena>(run.topology, run.plan.loader, "loader");
+  if (run.teacher_runs) {
+    int first_index = 0;
+    for (const auto& cpus : run.plan.teacher) {
+      teacher_arenas_.push_back(
+          std::make_unique<affinity::PinnedArena>(run.topology, cpus, "teacher", first_index));
+      first_index += static_cast<int>(cpus.size());
+      // Each replica's buffers are first touched on its own cores (its NUMA node).
+      run_in_arena(teacher_arenas_.back()->arena(),
+                   [&] { replicas_.push_back(std::make_unique<teacher::Replica>(run.teacher)); });
+    }
+  }
+}
+
+CpuPipeline::~CpuPipeline() { stop(); }
+
+void CpuPipeline::start(std::uint64_t first_batch, std::uint64_t batches) {
+  const SlotState after_load = run_.teacher_runs ? SlotState::filled : SlotState::ready;
+  loaders_ = start_loaders(loader_arena_->arena(), static_cast<int>(run_.plan.loader.size()),
+                           *ring_, run_.train, sampler_, run_.augment, regions_.loader, first_batch,
+                           batches, after_load);
+  for (std::size_t k = 0; k < replicas_.size(); ++k) {
+    teacher::Replica& replica = *replicas_[k];
+    const std::size_t inputs = regions_.loader.inputs, logits = *regions_.logits;
+    SlotRing& ring = *ring_;
+    teachers_.push_back(std::make_unique<StageGraph>(
+        "teacher", teacher_arenas_[k]->arena(), 1, ring, RingStage::teacher, batches,
+        [&ring, &replica, inputs, logits](std::uint64_t b, int) {
+          auto slot = ring.acquire_filled(b);
+          if (!slot) return false;
+          float* outputs[] = {slot->region<float>(logits).data()};
+          replica.run(slot->region<float>(inputs).data(), outputs);
+          ring.publish(*slot, SlotState::teaching, SlotState::ready);
+          return true;
+        }));
+    teachers_.back()->start();
+  }
+}
+
+void CpuPipeline::stop() {
+  ring_->close();
+  for (auto& t : teachers_) t->wait();
+  if (loaders_) loaders_->wait();
+}
+
+std::uint64_t CpuPipeline::loader_busy_ns() const { return loaders_ ? loaders_->busy_ns() : 0; }
+
+std::uint64_t CpuPipeline::teacher_busy_ns() const {
+  std::uint64_t total = 0;
+  for (const auto& t : teachers_) total += t->busy_ns();
+  return total;
+}
+
+} // namespace kdflow::app

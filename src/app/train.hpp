@@ -1,0 +1,19 @@
+// `kdflow train`: loaders -> teacher replicas -> ring -> student, with the run folder of DESIGN.md.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace kdflow::app {
+
+struct TrainArgs {
+  std::string config;
+  std::vector<std::string> sets;
+  std::string out = "runs/latest";
+  std::string resume; // "", "auto" or a checkpoint path
+  std::string cores;  // plan file (overrides cores.plan)
+};
+
+int train_command(const TrainArgs& args);
+
+} // namespace kdflow::app

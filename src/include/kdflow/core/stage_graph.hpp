@@ -1,0 +1,68 @@
+// One stage of the training pipeline (loaders, a teacher replica) as a oneTBB flow graph inside the
+// stage's own task arena, so its threads are the arena's pinned workers: a source node hands out
+// the stage's next batch numbers (the ring's tickets, shared by every graph of the stage) to a
+// function node of `concurrency` bodies. The ring bounds what is in flight and restores batch order
+// for the stage after, so bodies may finish in any order.
+#pragma once
+
+#include "kdflow/core/slot_ring.hpp"
+
+#include <oneapi/tbb/task_arena.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+
+namespace kdflow {
+
+class StageGraph {
+public:
+  // Claims batch's slot, does the stage's work, hands the slot on. Returns false when the ring was
+  // closed (the source then stops). `worker` is in [0, concurrency), unique among running bodies:
+  // an index into per-worker state (a teacher replica, scratch buffers).
+  using Body = std::function<bool(std::uint64_t batch, int worker)>;
+
+  // Batches [.., end) of `stage`'s tickets. An exception in a body fails the ring with `name` as
+  // the stage, which stops every stage and reaches the student as a StageError.
+  StageGraph(std::string name, oneapi::tbb::task_arena& arena, int concurrency, SlotRing& ring,
+             RingStage stage, std::uint64_t end, Body body);
+  // Waits for the graph (close the ring first to stop it early).
+  ~StageGraph();
+  StageGraph(const StageGraph&) = delete;
+  StageGraph& operator=(const StageGraph&) = delete;
+
+  // Builds the graph inside the arena and runs it there; returns at once.
+  void start();
+  // Blocks until the source has stopped and every body has returned. Idempotent.
+  void wait();
+  [[nodiscard]] bool finished() const { return finished_.load(std::memory_order_acquire); }
+
+  [[nodiscard]] const std::string& name() const { return name_; }
+  // Time spent inside bodies, summed over workers, and batches completed.
+  [[nodiscard]] std::uint64_t busy_ns() const { return busy_ns_.load(std::memory_order_relaxed); }
+  [[nodiscard]] std::uint64_t batches() const { return batches_.load(std::memory_order_relaxed); }
+
+private:
+  void run(); // the driver task inside the arena
+
+  std::string name_;
+  oneapi::tbb::task_arena& arena_;
+  int concurrency_;
+  SlotRing& ring_;
+  RingStage stage_;
+  std::uint64_t end_;
+  Body body_;
+  bool started_ = false;
+  std::atomic<bool> stopping_{false};
+  std::atomic<bool> finished_{false};
+  std::mutex done_mutex_; // cold path: the end of the stage
+  std::condition_variable done_;
+  std::atomic<std::uint64_t> busy_ns_{0};
+  std::atomic<std::uint64_t> batches_{0};
+};
+
+} // namespace kdflow

@@ -1,0 +1,81 @@
+// The stage graph: input_node (batch numbers) -> function_node (rejecting, `concurrency` bodies).
+// The driver task builds the graph inside the arena (a flow graph runs its tasks in the arena it
+// was made in) and waits for it there, executing bodies meanwhile, so every body runs on one of the
+// arena's pinned workers.
+#include "kdflow/core/stage_graph.hpp"
+
+#include <oneapi/tbb/concurrent_queue.h>
+#include <oneapi/tbb/flow_graph.h>
+
+#include <chrono>
+
+namespace kdflow {
+
+namespace flow = oneapi::tbb::flow;
+
+StageGraph::StageGraph(std::string name, oneapi::tbb::task_arena& arena, int concurrency,
+                       SlotRing& ring, RingStage stage, std::uint64_t end, Body body)
+    : name_(std::move(name)), arena_(arena), concurrency_(concurrency), ring_(ring), stage_(stage),
+      end_(end), body_(std::move(body)) {}
+
+StageGraph::~StageGraph() { wait(); }
+
+void StageGraph::start() {
+  if (started_) return;
+  started_ = true;
+  arena_.enqueue([this] { run(); });
+}
+
+void StageGraph::wait() {
+  if (!started_) return;
+  std::unique_lock lock(done_mutex_);
+  done_.wait(lock, [this] { return finished_.load(std::memory_order_acquire); });
+}
+
+void StageGraph::run() {
+  oneapi::tbb::concurrent_queue<int> free_workers;
+  for (int w = 0; w < concurrency_; ++w) free_workers.push(w);
+  {
+    flow::graph graph;
+    flow::input_node<std::uint64_t> source(graph, [this](oneapi::tbb::flow_control& control) {
+      if (stopping_.load(std::memory_order_acquire) || ring_.closed()) {
+        control.stop();
+        return std::uint64_t{0};
+      }
+      const std::uint64_t b = ring_.take_ticket(stage_);
+      if (b >= end_) control.stop();
+      return b;
+    });
+    flow::function_node<std::uint64_t, flow::continue_msg, flow::rejecting> work(
+        graph, static_cast<std::size_t>(concurrency_), [&](std::uint64_t batch) {
+          int worker = 0;
+          free_workers.try_pop(worker); // never empty: at most `concurrency` bodies run
+          const auto t0 = std::chrono::steady_clock::now();
+          try {
+            if (!body_(batch, worker))
+              stopping_.store(true, std::memory_order_release);
+            else
+              batches_.fetch_add(1, std::memory_order_relaxed);
+          } catch (...) {
+            stopping_.store(true, std::memory_order_release);
+            ring_.fail(name_, std::current_exception());
+          }
+          busy_ns_.fetch_add(
+              static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                             std::chrono::steady_clock::now() - t0)
+                                             .count()),
+              std::memory_order_relaxed);
+          free_workers.push(worker);
+          return flow::continue_msg{};
+        });
+    flow::make_edge(source, work);
+    source.activate();
+    graph.wait_for_all();
+  }
+  // Notified under the lock: a waiter may destroy this object as soon as it sees `finished_`.
+  std::lock_guard lock(done_mutex_);
+  finished_.store(true, std::memory_order_release);
+  done_.notify_all();
+}
+
+} // namespace kdflow
