@@ -279,13 +279,17 @@ std::string Trainer::load(const std::filesystem::path& path) {
   try {
     torch::serialize::InputArchive archive;
     archive.load_from(reinterpret_cast<const char*>(payload.data()), payload.size(), m.device);
-    torch::Tensor t;
-    archive.read("format", t);
-    if (t.item<std::int64_t>() != kCheckpointFormat)
-      throw InputError(fmt::format("checkpoint {}: format {} (this kdflow reads {})", path.string(),
-                                   t.item<std::int64_t>(), kCheckpointFormat));
-    archive.read("student", t);
-    const std::string written = tensor_bytes(t);
+    // A fresh tensor per key: reading into a defined tensor would set_() its storage in place.
+    auto tensor_at = [&archive](const char* key) {
+      torch::Tensor t;
+      archive.read(key, t);
+      return t;
+    };
+    const auto format = tensor_at("format").item<std::int64_t>();
+    if (format != kCheckpointFormat)
+      throw InputError(fmt::format("checkpoint {}: format {} (this kdflow reads {})",
+                                   path.string(), format, kCheckpointFormat));
+    const std::string written = tensor_bytes(tensor_at("student"));
     if (written != describe(m.options))
       throw InputError(fmt::format("checkpoint {}: written for {}; this run has {}", path.string(),
                                    written, describe(m.options)));
@@ -294,17 +298,12 @@ std::string Trainer::load(const std::filesystem::path& path) {
     archive.read("optimizer", optim);
     m.net->load(model);
     m.optimizer->load(optim);
-    archive.read("step", t);
-    m.step = t.item<std::int64_t>();
-    archive.read("skipped", t);
-    m.skipped = t.item<std::int64_t>();
-    archive.read("loss_scale", t);
-    m.loss_scale = t.item<double>();
-    archive.read("rng_cpu", t);
+    m.step = tensor_at("step").item<std::int64_t>();
+    m.skipped = tensor_at("skipped").item<std::int64_t>();
+    m.loss_scale = tensor_at("loss_scale").item<double>();
     at::Generator cpu_generator = at::detail::getDefaultCPUGenerator();
-    cpu_generator.set_state(t.to(torch::kCPU));
-    archive.read("run_state", t);
-    return tensor_bytes(t);
+    cpu_generator.set_state(tensor_at("rng_cpu").to(torch::kCPU));
+    return tensor_bytes(tensor_at("run_state"));
   } catch (const c10::Error& e) {
     const std::string what = e.what_without_backtrace();
     throw InputError(fmt::format("checkpoint {}: unreadable or incompatible ({})", path.string(),

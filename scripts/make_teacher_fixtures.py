@@ -24,10 +24,10 @@ warnings.filterwarnings("ignore")
 
 
 class Mlp(nn.Module):
-    def __init__(self):
+    def __init__(self, classes=10):
         super().__init__()
         self.fc1 = nn.Linear(28 * 28, 64)
-        self.fc2 = nn.Linear(64, 10)
+        self.fc2 = nn.Linear(64, classes)
 
     def forward(self, x):
         return self.fc2(F.relu(self.fc1(torch.flatten(x, 1))))
@@ -73,6 +73,8 @@ def models():
     return {
         # name: (constructor, sample shape, opset, fold constants)
         "mlp_opset13": (Mlp, (1, 28, 28), 13, True),
+        # 7 classes: the training run must refuse it for a 10-class dataset.
+        "mlp7_opset13": (lambda: Mlp(classes=7), (1, 28, 28), 13, True),
         "opzoo_opset11": (OpZoo, (3, 16, 16), 11, False),
         "opzoo_opset17": (OpZoo, (3, 16, 16), 17, False),
         "resnet18_opset17": (lambda: tv.resnet18(num_classes=10), (3, 32, 32), 17, True),
@@ -102,7 +104,9 @@ def main():
         # a trained teacher's is not. Fit the fixture's own inputs to random labels for a few steps
         # so its logits are as decisive as a trained model's (bf16 top-1 checks then measure
         # rounding, not coin flips); BatchNorm statistics are updated by the same steps.
-        labels = torch.randint(0, 10, (args.batch,))
+        with torch.no_grad():
+            classes = model(x).shape[1]
+        labels = torch.randint(0, classes, (args.batch,))
         opt = torch.optim.Adam(model.parameters(), lr=3e-3)
         model.train()
         for _ in range(args.fit_steps):

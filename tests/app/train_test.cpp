@@ -1,0 +1,339 @@
+// `kdflow train` end to end, as a user runs it: the binary in a child process on real
+// Fashion-MNIST, with a small fixture teacher (an MLP exported by PyTorch) so each run takes
+// seconds. Resume exactness, interrupts, SIGKILL during saves, and every bad input of the issue.
+#include <gtest/gtest.h>
+
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+extern char** environ;
+
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+fs::path fixture(const std::string& name) {
+  const char* dir = std::getenv("KDFLOW_FIXTURES");
+  return fs::path(dir ? dir : "fixtures") / "models" / name;
+}
+
+fs::path scratch(const std::string& name) {
+  const fs::path p =
+      fs::temp_directory_path() / ("kdflow_train_test_" + std::to_string(::getpid())) / name;
+  fs::remove_all(p);
+  fs::create_directories(p.parent_path());
+  return p;
+}
+
+// A fast run: MLP student and MLP fixture teacher, batch 64, one loader and one teacher thread.
+std::vector<std::string> base_args(const fs::path& out) {
+  return {"train",
+          "--out",
+          out.string(),
+          "--set",
+          "teacher.model=" + fixture("mlp_opset13.onnx").string(),
+          "--set",
+          "student.arch=mlp",
+          "--set",
+          "student.width=0.25",
+          "--set",
+          "data.batch_size=64",
+          "--set",
+          "train.log_every=5",
+          "--set",
+          "ring.slots=4"};
+}
+
+struct Child {
+  pid_t pid = -1;
+  fs::path err;
+};
+
+Child spawn(std::vector<std::string> args, const fs::path& err) {
+  args.insert(args.begin(), KDFLOW_BIN);
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, err.c_str(),
+                                   O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
+  Child c;
+  c.err = err;
+  EXPECT_EQ(posix_spawn(&c.pid, KDFLOW_BIN, &actions, nullptr, argv.data(), environ), 0);
+  posix_spawn_file_actions_destroy(&actions);
+  return c;
+}
+
+int wait_exit(const Child& c) {
+  int status = 0;
+  EXPECT_EQ(::waitpid(c.pid, &status, 0), c.pid);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return WEXITSTATUS(status);
+}
+
+std::string read_text(const fs::path& p) {
+  std::ifstream in(p);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+struct Result {
+  int code;
+  std::string err;
+};
+
+Result run(const std::vector<std::string>& args, const fs::path& out) {
+  const fs::path err = out.string() + ".stderr";
+  const Child c = spawn(args, err);
+  const int code = wait_exit(c);
+  return {code, read_text(err)};
+}
+
+std::vector<std::string> with(std::vector<std::string> args,
+                              std::initializer_list<std::string> sets) {
+  for (const auto& s : sets) {
+    args.push_back("--set");
+    args.push_back(s);
+  }
+  return args;
+}
+
+json summary(const fs::path& out) { return json::parse(read_text(out / "summary.json")); }
+
+std::vector<fs::path> checkpoints(const fs::path& out) {
+  std::vector<fs::path> files;
+  for (const auto& e : fs::directory_iterator(out / "checkpoints"))
+    if (e.path().extension() == ".ckpt") files.push_back(e.path());
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+// One line on stderr, naming `what`.
+void expect_one_line_naming(const std::string& err, const std::string& what) {
+  EXPECT_NE(err.find(what), std::string::npos) << err;
+  EXPECT_EQ(std::count(err.begin(), err.end(), '\n'), 1) << err;
+}
+
+TEST(Train, RunsAndWritesTheRunFolder) {
+  const fs::path out = scratch("folder");
+  const Result r = run(with(base_args(out), {"train.max_steps=20", "train.checkpoint_every=10",
+                                             "train.keep_checkpoints=1"}),
+                       out);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const json s = summary(out);
+  EXPECT_EQ(s["steps"], 20);
+  // The fixture teacher was fitted to random inputs, not to Fashion-MNIST: only the figures'
+  // presence and range are checked here (the default run's accuracy is in the README).
+  EXPECT_GE(s["test_accuracy"].get<double>(), 0.0);
+  EXPECT_LE(s["test_accuracy"].get<double>(), 1.0);
+  EXPECT_EQ(s["evaluations"].size(), 1u);
+  EXPECT_GE(s["teacher_test_accuracy"].get<double>(), 0.0);
+  EXPECT_EQ(s["device"], "cpu");
+  EXPECT_FALSE(s["interrupted"].get<bool>());
+  // Four metric lines (every 5 steps), each with the keys of DESIGN.md.
+  std::ifstream metrics(out / "metrics.jsonl");
+  int lines = 0;
+  for (std::string line; std::getline(metrics, line); ++lines) {
+    const json m = json::parse(line);
+    for (const char* key : {"step", "epoch", "loss", "kd_loss", "ce_loss", "lr", "samples_per_s",
+                            "student_wait_ms", "teacher_busy", "ring_ready"})
+      EXPECT_TRUE(m.contains(key)) << key;
+    EXPECT_GT(m["kd_loss"].get<double>(), 0.0);
+  }
+  EXPECT_EQ(lines, 4);
+  // The resolved configuration lists every key, overrides applied.
+  const std::string toml = read_text(out / "config.toml");
+  EXPECT_NE(toml.find("arch = \"mlp\""), std::string::npos);
+  EXPECT_NE(toml.find("temperature"), std::string::npos);
+  EXPECT_EQ(checkpoints(out).size(), 1u); // keep_checkpoints = 1
+  EXPECT_EQ(checkpoints(out)[0].filename(), "step-000000020.ckpt");
+}
+
+TEST(Train, ResumeContinuesBitIdentically) {
+  const fs::path a = scratch("straight"), b = scratch("resumed");
+  ASSERT_EQ(run(with(base_args(a), {"train.max_steps=24"}), a).code, 0);
+  ASSERT_EQ(run(with(base_args(b), {"train.max_steps=12"}), b).code, 0);
+  auto resume = with(base_args(b), {"train.max_steps=24"});
+  resume.insert(resume.end(), {"--resume", "auto"});
+  const Result r = run(resume, b);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(summary(b)["steps"], 24);
+  EXPECT_EQ(summary(a)["state_digest"], summary(b)["state_digest"]);
+}
+
+TEST(Train, SigintSavesExits130AndResumesExactly) {
+  const fs::path ref = scratch("reference"), out = scratch("interrupted");
+  constexpr int kSteps = 300;
+  const std::string steps = "train.max_steps=" + std::to_string(kSteps);
+  ASSERT_EQ(run(with(base_args(ref), {steps}), ref).code, 0);
+
+  const Child c = spawn(with(base_args(out), {steps}), out.string() + ".stderr");
+  // Interrupt once the run is under way (its first metrics line is written).
+  for (int i = 0;
+       i < 3000 && !(fs::exists(out / "metrics.jsonl") && fs::file_size(out / "metrics.jsonl") > 0);
+       ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  ::kill(c.pid, SIGINT);
+  ASSERT_EQ(wait_exit(c), 130) << read_text(c.err);
+  const json s = summary(out);
+  EXPECT_TRUE(s["interrupted"].get<bool>());
+  const int at = s["steps"];
+  EXPECT_LT(at, kSteps);
+  EXPECT_EQ(checkpoints(out).back().filename(),
+            fs::path("step-" + std::string(9 - std::to_string(at).size(), '0') +
+                     std::to_string(at) + ".ckpt"));
+
+  auto resume = with(base_args(out), {steps});
+  resume.insert(resume.end(), {"--resume", "auto"});
+  const Result r = run(resume, out);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(summary(out)["state_digest"], summary(ref)["state_digest"]) << "interrupted at " << at;
+}
+
+TEST(Train, SigkillDuringSavesLeavesALoadableCheckpoint) {
+  const fs::path out = scratch("killed");
+  std::mt19937 rng(std::random_device{}());
+  // Saving after every step: most of the run's time is spent writing checkpoints.
+  const auto args = with(base_args(out), {"train.max_steps=100000", "train.checkpoint_every=1",
+                                          "train.keep_checkpoints=2"});
+  for (int round = 0; round < 3; ++round) {
+    auto a = args;
+    if (round > 0) a.insert(a.end(), {"--resume", "auto"});
+    const Child c = spawn(a, out.string() + ".stderr");
+    for (int i = 0; i < 4000 && (!fs::exists(out / "checkpoints") || checkpoints(out).size() < 2);
+         ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    std::this_thread::sleep_for(
+        std::chrono::milliseconds(std::uniform_int_distribution(0, 400)(rng)));
+    ::kill(c.pid, SIGKILL);
+    EXPECT_EQ(wait_exit(c), 128 + SIGKILL);
+  }
+  // Every finished checkpoint loads: continue from the newest for one more step.
+  const auto files = checkpoints(out);
+  ASSERT_FALSE(files.empty());
+  for (const auto& f : files) {
+    const int step = std::stoi(f.stem().string().substr(5));
+    auto a = with(base_args(out), {"train.max_steps=" + std::to_string(step + 1)});
+    a.insert(a.end(), {"--resume", f.string()});
+    const fs::path out2 = scratch("killed_check");
+    a[2] = out2.string();
+    const Result r = run(a, out2);
+    EXPECT_EQ(r.code, 0) << f << ": " << r.err;
+  }
+}
+
+TEST(Train, CorruptCheckpointIsExit2AndNothingIsOverwritten) {
+  const fs::path out = scratch("corrupt");
+  ASSERT_EQ(run(with(base_args(out), {"train.max_steps=10"}), out).code, 0);
+  const fs::path ckpt = checkpoints(out).back();
+  {
+    std::fstream f(ckpt, std::ios::in | std::ios::out | std::ios::binary);
+    const auto middle = static_cast<std::streamoff>(fs::file_size(ckpt) / 2);
+    f.seekg(middle);
+    const char c = static_cast<char>(f.get());
+    f.seekp(middle);
+    f.put(static_cast<char>(~c));
+  }
+  const std::string before = read_text(ckpt);
+  const auto metrics_before = read_text(out / "metrics.jsonl");
+  auto a = with(base_args(out), {"train.max_steps=20"});
+  a.insert(a.end(), {"--resume", "auto"});
+  const Result r = run(a, out);
+  EXPECT_EQ(r.code, 2);
+  expect_one_line_naming(r.err, ckpt.string());
+  EXPECT_EQ(read_text(ckpt), before);
+  EXPECT_EQ(read_text(out / "metrics.jsonl"), metrics_before);
+  EXPECT_EQ(checkpoints(out).size(), 1u);
+}
+
+TEST(Train, CheckpointOfAnotherStudentIsExit2) {
+  const fs::path out = scratch("other_student");
+  ASSERT_EQ(run(with(base_args(out), {"train.max_steps=5"}), out).code, 0);
+  auto a = with(base_args(out), {"train.max_steps=10", "student.width=0.5"});
+  a.insert(a.end(), {"--resume", "auto"});
+  const Result r = run(a, out);
+  EXPECT_EQ(r.code, 2);
+  expect_one_line_naming(r.err, "step-000000005.ckpt");
+}
+
+TEST(Train, FreshRunIntoAFolderWithCheckpointsIsExit2) {
+  const fs::path out = scratch("occupied");
+  ASSERT_EQ(run(with(base_args(out), {"train.max_steps=5"}), out).code, 0);
+  const Result r = run(with(base_args(out), {"train.max_steps=5"}), out);
+  EXPECT_EQ(r.code, 2);
+  expect_one_line_naming(r.err, "--resume auto");
+}
+
+TEST(Train, BadInputsAreExit2WithOneLine) {
+  const fs::path out = scratch("bad");
+  {
+    const Result r = run(with(base_args(out), {"teacher.model=/nonexistent/teacher.onnx"}), out);
+    EXPECT_EQ(r.code, 2);
+    expect_one_line_naming(r.err, "/nonexistent/teacher.onnx");
+  }
+  {
+    const std::string seven = fixture("mlp7_opset13.onnx").string();
+    const Result r = run(with(base_args(out), {"teacher.model=" + seven}), out);
+    EXPECT_EQ(r.code, 2);
+    expect_one_line_naming(r.err, seven);
+    EXPECT_NE(r.err.find("7 logits"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("10 classes"), std::string::npos) << r.err;
+  }
+  {
+    const Result r = run(with(base_args(out), {"train.no_such_key=1"}), out);
+    EXPECT_EQ(r.code, 2);
+    expect_one_line_naming(r.err, "train.no_such_key");
+  }
+  {
+    const Result r = run(with(base_args(out), {"data.path=/nonexistent/data"}), out);
+    EXPECT_EQ(r.code, 2);
+    expect_one_line_naming(r.err, "/nonexistent/data");
+  }
+  EXPECT_FALSE(fs::exists(out / "checkpoints")); // nothing was started
+}
+
+TEST(Train, AlphaZeroTrainsWithoutRunningTheTeacher) {
+  const fs::path out = scratch("alpha0");
+  const Result r = run(
+      with(base_args(out), {"kd.alpha=0", "teacher.model=/nonexistent.onnx", "train.max_steps=10"}),
+      out);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const json s = summary(out);
+  EXPECT_TRUE(s["teacher_test_accuracy"].is_null());
+  EXPECT_TRUE(s["plan"]["teacher"].empty());
+}
+
+TEST(Train, NonFiniteLossAbortsOrIsSkipped) {
+  const fs::path out = scratch("nonfinite");
+  // A normalization that overflows float32: infinite inputs, non-finite teacher logits and loss.
+  const Result abort_run = run(with(base_args(out), {"data.std=1e-38", "train.max_steps=10"}), out);
+  EXPECT_EQ(abort_run.code, 1);
+  EXPECT_NE(abort_run.err.find("non-finite"), std::string::npos) << abort_run.err;
+  const fs::path skip = scratch("nonfinite_skip");
+  const Result skip_run = run(
+      with(base_args(skip), {"data.std=1e-38", "train.max_steps=10", "train.on_nonfinite=skip"}),
+      skip);
+  ASSERT_EQ(skip_run.code, 0) << skip_run.err;
+  EXPECT_EQ(summary(skip)["skipped_steps"].get<int>(), 10);
+}
+
+} // namespace
