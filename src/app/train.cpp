@@ -308,15 +308,19 @@ int train_command(const TrainArgs& args) {
         {"wall_s", previous_wall_s + std::chrono::duration<double>(Clock::now() - started).count()}}
         .dump();
   };
+  double eval_s = 0, save_s = 0; // time outside the steps, for the steady-state rate
   auto save = [&](std::uint64_t next) {
+    const auto t0 = Clock::now();
     const fs::path path = checkpoint_name(ckpt_dir, trainer.steps_done());
     trainer.save(path, run_state(next));
     auto all = list_checkpoints(ckpt_dir);
     for (std::size_t i = 0; i + static_cast<std::size_t>(keep) < all.size(); ++i)
       fs::remove(all[i]);
+    save_s += std::chrono::duration<double>(Clock::now() - t0).count();
     return path;
   };
   auto evaluate = [&](double epoch) {
+    const auto t0 = Clock::now();
     test_accuracy = trainer.evaluate(test_images, test_labels);
     best_accuracy = std::max(best_accuracy, test_accuracy);
     evaluations.push_back(
@@ -425,8 +429,11 @@ int train_command(const TrainArgs& args) {
       {"steps", trainer.steps_done()},
       {"wall_s", previous_wall_s + std::chrono::duration<double>(Clock::now() - started).count()},
       {"train_loop_s", loop_s},
-      {"samples_per_s", static_cast<double>(samples) / std::max(1e-9, loop_s)},
-      {"student_stall_fraction", stall_ns / std::max(1.0, loop_s * 1e9)},
+      {"evaluation_s", eval_s},
+      {"checkpoint_s", save_s},
+      // Training throughput: the steps' time, evaluations and checkpoint writes left out.
+      {"samples_per_s", static_cast<double>(samples) / std::max(1e-9, loop_s - eval_s - save_s)},
+      {"student_stall_fraction", stall_ns / std::max(1.0, (loop_s - eval_s - save_s) * 1e9)},
       {"teacher_busy_fraction", run.teacher_runs
                                     ? static_cast<double>(pipeline.teacher_busy_ns()) /
                                           (loop_s * 1e9 * static_cast<double>(pipeline.replicas()))
