@@ -92,7 +92,7 @@ def main():
     p.add_argument("output", help="ONNX file to write")
     p.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
     p.add_argument("--seed", type=int, default=1234)
-    p.add_argument("--epochs", type=int, default=8)
+    p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--batch", type=int, default=128)
     p.add_argument("--lr", type=float, default=0.1)
     p.add_argument("--width", type=int, default=32)
