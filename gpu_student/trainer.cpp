@@ -287,8 +287,8 @@ std::string Trainer::load(const std::filesystem::path& path) {
     };
     const auto format = tensor_at("format").item<std::int64_t>();
     if (format != kCheckpointFormat)
-      throw InputError(fmt::format("checkpoint {}: format {} (this kdflow reads {})",
-                                   path.string(), format, kCheckpointFormat));
+      throw InputError(fmt::format("checkpoint {}: format {} (this kdflow reads {})", path.string(),
+                                   format, kCheckpointFormat));
     const std::string written = tensor_bytes(tensor_at("student"));
     if (written != describe(m.options))
       throw InputError(fmt::format("checkpoint {}: written for {}; this run has {}", path.string(),

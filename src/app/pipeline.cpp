@@ -20,12 +20,15 @@ struct Normalization {
 };
 
 // The datasets' own per-channel statistics (of the training split, pixels scaled to [0, 1]).
+// Formats without known statistics must set data.mean and data.std.
 Normalization dataset_normalization(const std::string& dataset) {
   if (dataset == "fashion-mnist") return {{0.2860f}, {0.3530f}};
   if (dataset == "mnist") return {{0.1307f}, {0.3081f}};
   if (dataset == "cifar10") return {{0.4914f, 0.4822f, 0.4465f}, {0.2470f, 0.2435f, 0.2616f}};
   if (dataset == "cifar100") return {{0.5071f, 0.4865f, 0.4409f}, {0.2673f, 0.2564f, 0.2762f}};
-  return {{0.5f, 0.5f, 0.5f}, {0.25f, 0.25f, 0.25f}};
+  throw InputError(fmt::format("data.mean/data.std = auto: no built-in statistics for "
+                               "data.dataset = {}; give them as lists",
+                               dataset));
 }
 
 std::vector<float> parse_floats(const std::string& text, const std::string& key,
@@ -71,14 +74,11 @@ RunInputs prepare_run(const Config& config) {
                 nullptr,
                 {}};
   const auto channels = static_cast<std::size_t>(run.train.channels());
-  const Normalization defaults = dataset_normalization(format);
   const std::string mean = config.get_string("data.mean"), std_dev = config.get_string("data.std");
-  run.augment.mean =
-      mean == "auto" ? defaults.mean : parse_floats(mean, "data.mean", channels, false);
-  run.augment.std =
-      std_dev == "auto" ? defaults.std : parse_floats(std_dev, "data.std", channels, true);
-  run.augment.mean.resize(channels, run.augment.mean.back());
-  run.augment.std.resize(channels, run.augment.std.back());
+  run.augment.mean = mean == "auto" ? dataset_normalization(format).mean
+                                    : parse_floats(mean, "data.mean", channels, false);
+  run.augment.std = std_dev == "auto" ? dataset_normalization(format).std
+                                      : parse_floats(std_dev, "data.std", channels, true);
   run.augment.pad_crop = static_cast<int>(config.get_int("data.pad_crop"));
   run.augment.hflip = config.get_bool("data.hflip");
   run.sampler.batch_size = static_cast<std::size_t>(config.get_int("data.batch_size"));
@@ -136,10 +136,8 @@ void run_in_arena(oneapi::tbb::task_arena& arena, const std::function<void()>& f
   if (error) std::rethrow_exception(error);
 }
 
-double teacher_test_accuracy(const RunInputs& run, oneapi::tbb::task_arena& arena) {
-  AugmentConfig eval = run.augment;
-  eval.augment = false;
-  const std::vector<float> images = normalized_images(run.test, eval);
+double teacher_test_accuracy(const RunInputs& run, std::span<const float> images,
+                             oneapi::tbb::task_arena& arena) {
   const std::int64_t batch = run.teacher->batch();
   const std::size_t sample = run.test.sample_bytes();
   const auto classes = static_cast<std::size_t>(run.test.classes());
@@ -174,8 +172,9 @@ SlotLayout CpuPipeline::layout_for(const RunInputs& run) {
   return loader_layout(run.train, run.sampler.batch_size, true, std::move(extra));
 }
 
-CpuPipeline::CpuPipeline(const RunInputs& run, std::uint32_t slots, HostMemory memory)
-    : run_(run), sampler_(run.train.size(), run.sampler) {
+CpuPipeline::CpuPipeline(const RunInputs& run, const Sampler& sampler, std::uint32_t slots,
+                         HostMemory memory)
+    : run_(run), sampler_(sampler) {
   SlotLayout layout = layout_for(run);
   regions_.loader = {layout.index_of("inputs"), layout.index_of("labels"), layout.index_of("ids")};
   if (run.teacher_runs) regions_.logits = layout.index_of("logits");

@@ -17,6 +17,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <vector>
 
 namespace kdflow::app {
@@ -41,8 +42,9 @@ RunInputs prepare_run(const Config& config);
 // Runs `fn` on one of `arena`'s own (pinned) workers and waits for it; rethrows what it throws.
 void run_in_arena(oneapi::tbb::task_arena& arena, const std::function<void()>& fn);
 
-// Teacher top-1 accuracy on the test split, on the first replica's cores.
-double teacher_test_accuracy(const RunInputs& run, oneapi::tbb::task_arena& arena);
+// Teacher top-1 accuracy on the test split (`images`: normalized_images of it), on `arena`'s cores.
+double teacher_test_accuracy(const RunInputs& run, std::span<const float> images,
+                             oneapi::tbb::task_arena& arena);
 
 struct SlotRegions {
   LoaderRegions loader;
@@ -54,7 +56,8 @@ struct SlotRegions {
 // batches first_batch + b.
 class CpuPipeline {
 public:
-  CpuPipeline(const RunInputs& run, std::uint32_t slots, HostMemory memory);
+  // `run` and `sampler` must outlive the pipeline.
+  CpuPipeline(const RunInputs& run, const Sampler& sampler, std::uint32_t slots, HostMemory memory);
   ~CpuPipeline(); // stops
   CpuPipeline(const CpuPipeline&) = delete;
   CpuPipeline& operator=(const CpuPipeline&) = delete;
@@ -67,7 +70,6 @@ public:
   void stop();
 
   [[nodiscard]] SlotRing& ring() { return *ring_; }
-  [[nodiscard]] const Sampler& sampler() const { return sampler_; }
   [[nodiscard]] const SlotRegions& regions() const { return regions_; }
   [[nodiscard]] oneapi::tbb::task_arena* teacher_arena(std::size_t k) {
     return k < teacher_arenas_.size() ? &teacher_arenas_[k]->arena() : nullptr;
@@ -79,7 +81,7 @@ public:
 
 private:
   const RunInputs& run_;
-  Sampler sampler_;
+  const Sampler& sampler_;
   SlotRegions regions_;
   std::unique_ptr<SlotRing> ring_;
   std::unique_ptr<oneapi::tbb::global_control> parallelism_;

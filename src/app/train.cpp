@@ -131,12 +131,15 @@ public:
   [[nodiscard]] bool terminal() const { return terminal_; }
   Progress(const Progress&) = delete;
   Progress& operator=(const Progress&) = delete;
-  // Live line on a terminal (at most 4 updates a second).
-  void update(const std::string& line) {
-    if (!terminal_) return;
+  // The live line on a terminal, at most 4 updates a second: the caller formats it only when due().
+  [[nodiscard]] bool due() {
+    if (!terminal_) return false;
     const auto now = Clock::now();
-    if (now - last_ < std::chrono::milliseconds(250)) return;
+    if (now - last_ < std::chrono::milliseconds(250)) return false;
     last_ = now;
+    return true;
+  }
+  void show(const std::string& line) {
     fmt::print(stderr, "\r\033[K{}", line);
     std::fflush(stderr);
     shown_ = true;
@@ -233,7 +236,7 @@ int train_command(const TrainArgs& args) {
   const SlotLayout layout = CpuPipeline::layout_for(run);
   const auto slots = static_cast<std::uint32_t>(config.get_int("ring.slots"));
   CpuPipeline pipeline(
-      run, slots,
+      run, sampler, slots,
       student::allocate_pinned_for_device(
           slots * layout.slot_bytes(), affinity::bind_to_numa_of(run.topology, run.plan.student)));
   student::StepRegions step_regions{pipeline.regions().loader.inputs,
@@ -247,29 +250,34 @@ int train_command(const TrainArgs& args) {
   json evaluations = json::array();
   double previous_wall_s = 0;
   if (resume_from) {
-    const json state = [&] {
-      try {
-        return json::parse(trainer.load(*resume_from));
-      } catch (const json::exception&) {
-        throw InputError(
-            fmt::format("checkpoint {}: its run state is not valid JSON", resume_from->string()));
+    json state;
+    try {
+      state = json::parse(trainer.load(*resume_from));
+      const json written = state.value("config", json::object());
+      const json expected = trajectory_keys(config);
+      for (const auto& [key, value] : expected.items()) {
+        const std::string was = written.value(key, std::string("<absent>"));
+        if (was != value)
+          throw InputError(fmt::format(
+              "checkpoint {} was written with {} = {}; this run has {} (resume with the same "
+              "settings, or start a new --out)",
+              resume_from->string(), key, was, value.get<std::string>()));
       }
-    }();
-    const json expected = trajectory_keys(config);
-    for (const auto& [key, value] : expected.items())
-      if (state["config"].value(key, std::string("<absent>")) != value)
-        throw InputError(fmt::format(
-            "checkpoint {} was written with {} = {}; this run has {} (resume with the same "
-            "settings, or start a new --out)",
-            resume_from->string(), key, state["config"].value(key, std::string("<absent>")),
-            value.get<std::string>()));
-    next_batch = state.at("next_batch").get<std::uint64_t>();
-    best_accuracy = state.value("best_test_accuracy", 0.0);
-    test_accuracy = state.value("test_accuracy", 0.0);
-    evaluations = state.value("evaluations", json::array());
-    previous_wall_s = state.value("wall_s", 0.0);
-    if (state.contains("teacher_test_accuracy") && !state["teacher_test_accuracy"].is_null())
-      teacher_accuracy = state["teacher_test_accuracy"].get<double>();
+      next_batch = state.at("next_batch").get<std::uint64_t>();
+      best_accuracy = state.value("best_test_accuracy", 0.0);
+      test_accuracy = state.value("test_accuracy", 0.0);
+      evaluations = state.value("evaluations", json::array());
+      previous_wall_s = state.value("wall_s", 0.0);
+      if (const auto t = state.value("teacher_test_accuracy", json()); t.is_number())
+        teacher_accuracy = t.get<double>();
+    } catch (const json::exception& e) {
+      throw InputError(fmt::format("checkpoint {}: its run state is unreadable ({})",
+                                   resume_from->string(), e.what()));
+    }
+    if (next_batch > last)
+      throw InputError(fmt::format("checkpoint {} is at batch {}, past this run's end ({}): raise "
+                                   "train.epochs or train.max_steps to continue it",
+                                   resume_from->string(), next_batch, last));
     log_info(fmt::format("resuming from {}: step {}, batch {} of {}", resume_from->string(),
                          trainer.steps_done(), next_batch, last));
   }
@@ -285,7 +293,7 @@ int train_command(const TrainArgs& args) {
   std::vector<std::int64_t> test_labels(run.test.size());
   for (std::size_t i = 0; i < run.test.size(); ++i) test_labels[i] = run.test.label(i);
   if (run.teacher_runs && !teacher_accuracy) {
-    teacher_accuracy = teacher_test_accuracy(run, *pipeline.teacher_arena(0));
+    teacher_accuracy = teacher_test_accuracy(run, test_images, *pipeline.teacher_arena(0));
     log_info(fmt::format("teacher {}: test accuracy {:.4f} ({} precision, {} replica(s))",
                          run.teacher_path, *teacher_accuracy,
                          config.get_string("teacher.precision"), pipeline.replicas()));
@@ -317,7 +325,6 @@ int train_command(const TrainArgs& args) {
     for (std::size_t i = 0; i + static_cast<std::size_t>(keep) < all.size(); ++i)
       fs::remove(all[i]);
     save_s += std::chrono::duration<double>(Clock::now() - t0).count();
-    return path;
   };
   auto evaluate = [&](double epoch) {
     const auto t0 = Clock::now();
@@ -325,6 +332,7 @@ int train_command(const TrainArgs& args) {
     best_accuracy = std::max(best_accuracy, test_accuracy);
     evaluations.push_back(
         {{"epoch", epoch}, {"step", trainer.steps_done()}, {"test_accuracy", test_accuracy}});
+    eval_s += std::chrono::duration<double>(Clock::now() - t0).count();
   };
 
   // The pipeline runs from the resume point to the end.
@@ -384,14 +392,15 @@ int train_command(const TrainArgs& args) {
       last_teacher_ns = teacher_ns;
       interval = Interval{};
     }
-    progress.update(fmt::format(
-        "epoch {}/{} step {}/{} loss {:.4f} acc {:.1f}% {:.0f} samples/s ETA {} ring {}/{}",
-        epoch + 1, epochs, b + 1, last, stats->loss,
-        100.0 * static_cast<double>(stats->correct) / std::max<std::uint32_t>(1, stats->samples),
-        rate,
-        clock_text(static_cast<double>(last - b - 1) *
-                   (elapsed / static_cast<double>(b + 1 - begin))),
-        ring.occupancy[static_cast<int>(SlotState::ready)], slots));
+    if (progress.due())
+      progress.show(fmt::format(
+          "epoch {}/{} step {}/{} loss {:.4f} acc {:.1f}% {:.0f} samples/s ETA {} ring {}/{}",
+          epoch + 1, epochs, b + 1, last, stats->loss,
+          100.0 * static_cast<double>(stats->correct) / std::max<std::uint32_t>(1, stats->samples),
+          rate,
+          clock_text(static_cast<double>(last - b - 1) *
+                     (elapsed / static_cast<double>(b + 1 - begin))),
+          ring.occupancy[static_cast<int>(SlotState::ready)], slots));
     if (epoch_end) {
       evaluate(static_cast<double>(epoch + 1));
       progress.line(fmt::format(
