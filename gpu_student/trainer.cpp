@@ -5,11 +5,13 @@
 #include "kdflow/core/atomic_file.hpp"
 #include "kdflow/core/error.hpp"
 #include "kdflow/core/log.hpp"
+#include "kdflow/core/trace.hpp"
 #include "kdflow/gpu_student/slot_feeder.hpp"
 #include "models.hpp"
+#include "torch_teacher_impl.hpp"
+#include "torch_util.hpp"
 
 #include <ATen/CPUGeneratorImpl.h>
-#include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
 #include <cmath>
@@ -22,14 +24,6 @@ namespace kdflow::student {
 namespace {
 
 constexpr int kCheckpointFormat = 1;
-
-torch::Device pick_device(const std::string& wanted) {
-  const bool cuda = torch::cuda::is_available();
-  if (wanted == "cuda" && !cuda)
-    throw InputError("student.device = cuda: no CUDA device is visible to this process");
-  return (wanted == "cuda" || (wanted == "auto" && cuda)) ? torch::Device(torch::kCUDA, 0)
-                                                          : torch::Device(torch::kCPU);
-}
 
 torch::Tensor bytes_tensor(const std::string& text) {
   return torch::from_blob(const_cast<char*>(text.data()), {static_cast<std::int64_t>(text.size())},
@@ -49,26 +43,6 @@ std::string describe(const TrainerOptions& o) {
                      o.model.arch, o.model.width, o.model.channels, o.model.height,
                      o.model.width_px, o.model.classes, o.optimizer);
 }
-
-// Scoped autocast on CUDA; a no-op elsewhere.
-class AutocastScope {
-public:
-  AutocastScope(bool on, torch::ScalarType dtype) : on_(on) {
-    if (!on_) return;
-    at::autocast::set_autocast_dtype(at::kCUDA, dtype);
-    at::autocast::set_autocast_enabled(at::kCUDA, true);
-  }
-  ~AutocastScope() {
-    if (!on_) return;
-    at::autocast::set_autocast_enabled(at::kCUDA, false);
-    at::autocast::clear_cache();
-  }
-  AutocastScope(const AutocastScope&) = delete;
-  AutocastScope& operator=(const AutocastScope&) = delete;
-
-private:
-  bool on_;
-};
 
 } // namespace
 
@@ -123,6 +97,7 @@ struct Trainer::Impl {
   std::int64_t good_since_growth = 0;
   std::int64_t step = 0;
   std::int64_t skipped = 0;
+  std::shared_ptr<const TorchTeacher> colocated;
 };
 
 Trainer::Trainer(const TrainerOptions& options, SlotRing& ring, StepRegions regions)
@@ -138,8 +113,11 @@ Trainer::~Trainer() {
 
 std::optional<StepStats> Trainer::step(std::uint64_t batch) {
   Impl& m = *impl_;
+  trace::Span wait("wait", batch);
   auto b = m.feeder.next(batch);
   if (!b) return std::nullopt;
+  wait.end();
+  trace::Span span("step", batch);
   const std::int64_t n = b->samples;
   const auto& o = m.options;
   const torch::Tensor x = b->regions[m.regions.inputs].slice(0, 0, n);
@@ -157,8 +135,15 @@ std::optional<StepStats> Trainer::step(std::uint64_t batch) {
   const torch::Tensor ce = torch::nn::functional::cross_entropy(s, y);
   torch::Tensor kd = torch::zeros({}, s.options());
   torch::Tensor teacher;
-  if (o.kd_alpha > 0 && m.regions.teacher_logits) {
+  if (o.kd_alpha > 0 && m.colocated) {
+    // The colocated baseline: the teacher's forward pass on this device, before the student's.
+    trace::Span forward("teacher", batch);
+    teacher = m.colocated->impl().forward(b->regions[m.regions.inputs])[0].slice(0, 0, n).to(
+        torch::kFloat);
+  } else if (o.kd_alpha > 0 && m.regions.teacher_logits) {
     teacher = b->regions[*m.regions.teacher_logits].slice(0, 0, n);
+  }
+  if (teacher.defined()) {
     const double t = o.kd_temperature;
     // T^2 * KL(softmax(t/T) || softmax(s/T)), batch mean (Hinton et al. 2015).
     const torch::Tensor log_p_teacher = torch::log_softmax(teacher / t, 1);
@@ -224,6 +209,12 @@ std::optional<StepStats> Trainer::step(std::uint64_t batch) {
 }
 
 void Trainer::drain() { impl_->feeder.drain(); }
+
+void Trainer::set_colocated_teacher(std::shared_ptr<const TorchTeacher> teacher) {
+  if (teacher && teacher->impl().device != impl_->device)
+    throw std::invalid_argument("the colocated teacher must run on the student's device");
+  impl_->colocated = std::move(teacher);
+}
 
 double Trainer::evaluate(std::span<const float> images, std::span<const std::int64_t> labels) {
   Impl& m = *impl_;

@@ -2,6 +2,7 @@
 #include "kdflow/core/loader.hpp"
 
 #include "kdflow/core/error.hpp"
+#include "kdflow/core/trace.hpp"
 
 #include <algorithm>
 #include <bit>
@@ -182,8 +183,11 @@ std::unique_ptr<StageGraph> start_loaders(oneapi::tbb::task_arena& arena, int wo
        scratch](std::uint64_t b, int worker) {
         auto slot = ring.acquire_free(b);
         if (!slot) return false;
-        fill_batch(dataset, sampler, augment, first_batch + b, *slot, regions,
-                   (*scratch)[static_cast<std::size_t>(worker)]);
+        {
+          trace::Span span("load", b);
+          fill_batch(dataset, sampler, augment, first_batch + b, *slot, regions,
+                     (*scratch)[static_cast<std::size_t>(worker)]);
+        }
         ring.publish(*slot, SlotState::filling, publish_to);
         return true;
       });

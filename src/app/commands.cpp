@@ -2,6 +2,8 @@
 // calls what the user chose; subcommands whose issue is not built yet say so and exit 2.
 #include "commands.hpp"
 
+#include "pipeline.hpp"
+
 #include "kdflow/affinity/plan.hpp"
 #include "kdflow/affinity/versions.hpp"
 #include "kdflow/core/config.hpp"
@@ -22,10 +24,7 @@ constexpr const char* kNotBuilt = " (not built yet)";
 }
 
 int print_versions() {
-  VersionLines lines = core_versions();
-  for (auto more :
-       {student::student_versions(), teacher::teacher_versions(), affinity::affinity_versions()})
-    lines.insert(lines.end(), more.begin(), more.end());
+  VersionLines lines = all_versions();
   // What kind of memory a slot ring would get here (pinned for the GPU, mlocked, or pageable).
   const HostMemory probe = student::allocate_pinned_for_device(1 << 20);
   lines.emplace_back("ring", fmt::format("{} host memory", memory_kind_name(probe.kind())));
@@ -33,14 +32,15 @@ int print_versions() {
   return kExitOk;
 }
 
-Config resolve_config(const std::string& file, const std::vector<std::string>& sets) {
-  Config config;
-  if (!file.empty()) config.merge_file(file);
-  for (const auto& s : sets) config.set(s);
-  return config;
-}
-
 } // namespace
+
+VersionLines all_versions() {
+  VersionLines lines = core_versions();
+  for (auto more :
+       {student::student_versions(), teacher::teacher_versions(), affinity::affinity_versions()})
+    lines.insert(lines.end(), more.begin(), more.end());
+  return lines;
+}
 
 Commands::Commands(CLI::App& app) : app_(app) {
   app.add_flag("--version", version_, "print the versions of kdflow and every library it loaded");
@@ -112,20 +112,28 @@ Commands::Commands(CLI::App& app) : app_(app) {
     };
   });
 
-  auto* overlap =
-      app.add_subcommand("bench-overlap", std::string("CPU-vs-GPU overlap benchmark") + kNotBuilt);
+  auto* overlap = app.add_subcommand(
+      "bench-overlap", "the CPU-vs-GPU overlap benchmark: kdflow's pipeline against its parts "
+                       "and the serial and colocated baselines");
   overlap->add_option("--config", overlap_.config, "TOML configuration file")
       ->check(CLI::ExistingFile);
-  overlap->add_option("--steps", overlap_.steps, "steps per mode");
-  overlap->add_option("--json", overlap_.json, "write every figure as JSON here")->required();
-  overlap->add_option("--trace", overlap_.trace, "Chrome/Perfetto trace file");
-  overlap->add_option("--plot", overlap_.plot, "bar chart PNG");
-  overlap->callback([this] {
-    action_ = [] {
-      not_built("kdflow bench-overlap");
-      return kExitOk;
-    };
-  });
+  overlap->add_option("--set", overlap_.sets, "override one key: section.key=value (repeatable)");
+  overlap->add_option("--cores", overlap_.cores, "core plan JSON written by kdflow tune-cores");
+  overlap->add_option("--steps", overlap_.steps, "measured steps per repetition")
+      ->capture_default_str();
+  overlap->add_option("--warmup", overlap_.warmup,
+                      "steps before measuring (at least the ring's slot count)");
+  overlap->add_option("--repeats", overlap_.repeats, "repetitions per mode (the median is kept)")
+      ->capture_default_str();
+  overlap
+      ->add_option("--min-seconds", overlap_.min_seconds,
+                   "each measured window lasts at least this long (fast modes run more steps)")
+      ->capture_default_str();
+  overlap->add_option("--json", overlap_.json, "write every figure as JSON here");
+  overlap->add_option("--trace", overlap_.trace,
+                      "write a Chrome/Perfetto trace here (open in ui.perfetto.dev)");
+  overlap->add_option("--plot", overlap_.plot, "write a bar chart of the modes here (PNG)");
+  overlap->callback([this] { action_ = [this] { return bench_overlap_command(overlap_); }; });
 }
 
 int Commands::show_cores() {

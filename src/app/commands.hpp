@@ -5,12 +5,17 @@
 #include <string>
 #include <vector>
 
+#include "bench_overlap.hpp"
+#include "kdflow/core/versions.hpp"
 #include "teacher_commands.hpp"
 #include "train.hpp"
 
 #include <CLI/CLI.hpp>
 
 namespace kdflow::app {
+
+// Every module's version lines (kdflow --version, and the benchmarks' JSON).
+VersionLines all_versions();
 
 class Commands {
 public:
@@ -31,10 +36,6 @@ private:
   struct TuneArgs {
     std::string config, out;
     double budget_s = 300;
-  };
-  struct OverlapArgs {
-    std::string config, json, trace, plot;
-    int steps = 200;
   };
 
   CLI::App& app_;

@@ -2,12 +2,15 @@
 
 #include "kdflow/core/error.hpp"
 #include "kdflow/core/log.hpp"
+#include "kdflow/core/trace.hpp"
 #include "kdflow/gpu_student/versions.hpp"
 
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <exception>
 #include <filesystem>
+#include <random>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -57,6 +60,44 @@ std::string shape_text(const teacher::Shape& shape) {
 }
 
 } // namespace
+
+Config resolve_config(const std::string& file, const std::vector<std::string>& sets,
+                      const std::string& cores) {
+  Config config;
+  if (!file.empty()) config.merge_file(file);
+  for (const auto& s : sets) config.set(s);
+  if (!cores.empty()) config.set("cores.plan=" + cores);
+  return config;
+}
+
+student::TrainerOptions trainer_options(const RunInputs& run, std::int64_t total_steps) {
+  const Config& config = run.config;
+  student::TrainerOptions topt;
+  topt.model = {config.get_string("student.arch"),
+                config.get_double("student.width"),
+                run.train.channels(),
+                run.train.height(),
+                run.train.width(),
+                run.train.classes()};
+  topt.device = config.get_string("student.device");
+  const auto threads = config.get_int("train.threads");
+  topt.threads =
+      threads > 0 ? static_cast<int>(threads) : static_cast<int>(run.plan.student.size());
+  topt.optimizer = config.get_string("train.optimizer");
+  topt.lr = config.get_double("train.lr");
+  topt.momentum = config.get_double("train.momentum");
+  topt.weight_decay = config.get_double("train.weight_decay");
+  topt.nesterov = config.get_bool("train.nesterov");
+  topt.warmup_steps = config.get_int("train.warmup_steps");
+  topt.total_steps = total_steps;
+  topt.clip_grad_norm = config.get_double("train.clip_grad_norm");
+  topt.amp = config.get_string("train.amp");
+  topt.kd_alpha = config.get_double("kd.alpha");
+  topt.kd_temperature = config.get_double("kd.temperature");
+  topt.skip_nonfinite = config.get_string("train.on_nonfinite") == "skip";
+  topt.seed = static_cast<std::uint64_t>(config.get_int("train.seed"));
+  return topt;
+}
 
 RunInputs prepare_run(const Config& config) {
   const std::string format = config.get_string("data.dataset");
@@ -201,11 +242,40 @@ CpuPipeline::CpuPipeline(const RunInputs& run, const Sampler& sampler, std::uint
 
 CpuPipeline::~CpuPipeline() { stop(); }
 
-void CpuPipeline::start(std::uint64_t first_batch, std::uint64_t batches) {
-  const SlotState after_load = run_.teacher_runs ? SlotState::filled : SlotState::ready;
-  loaders_ = start_loaders(loader_arena_->arena(), static_cast<int>(run_.plan.loader.size()),
-                           *ring_, run_.train, sampler_, run_.augment, regions_.loader, first_batch,
-                           batches, after_load);
+void CpuPipeline::start(std::uint64_t first_batch, std::uint64_t batches,
+                        const StartOptions& options) {
+  const bool teacher = run_.teacher_runs && options.teacher;
+  const SlotState after_load = teacher ? SlotState::filled : SlotState::ready;
+  if (options.source == Source::loaders) {
+    loaders_ = start_loaders(loader_arena_->arena(), static_cast<int>(run_.plan.loader.size()),
+                             *ring_, run_.train, sampler_, run_.augment, regions_.loader,
+                             first_batch, batches, after_load);
+  } else {
+    // The first lap loads each slot; later laps hand the same bytes on. Synthetic logits: fixed
+    // normal values, what a student step costs does not depend on them.
+    SlotRing& ring = *ring_;
+    const std::uint32_t slots = ring.slots();
+    replay_ = std::make_unique<StageGraph>(
+        "replay", loader_arena_->arena(), 1, ring, RingStage::loader, batches,
+        [this, &ring, slots, first_batch, after_load, teacher](std::uint64_t b, int) {
+          auto slot = ring.acquire_free(b);
+          if (!slot) return false;
+          if (b < slots) {
+            trace::Span span("load", b);
+            fill_batch(run_.train, sampler_, run_.augment, first_batch + b, *slot, regions_.loader,
+                       serial_scratch_);
+            if (regions_.logits && !teacher) {
+              std::mt19937 rng(static_cast<std::uint32_t>(b));
+              std::normal_distribution<float> normal(0.f, 2.f);
+              for (float& v : slot->region<float>(*regions_.logits)) v = normal(rng);
+            }
+          }
+          ring.publish(*slot, SlotState::filling, after_load);
+          return true;
+        });
+    replay_->start();
+  }
+  if (!teacher) return;
   for (std::size_t k = 0; k < replicas_.size(); ++k) {
     teacher::Replica& replica = *replicas_[k];
     const std::size_t inputs = regions_.loader.inputs, logits = *regions_.logits;
@@ -215,8 +285,11 @@ void CpuPipeline::start(std::uint64_t first_batch, std::uint64_t batches) {
         [&ring, &replica, inputs, logits](std::uint64_t b, int) {
           auto slot = ring.acquire_filled(b);
           if (!slot) return false;
-          float* outputs[] = {slot->region<float>(logits).data()};
-          replica.run(slot->region<float>(inputs).data(), outputs);
+          {
+            trace::Span span("teacher", b);
+            float* outputs[] = {slot->region<float>(logits).data()};
+            replica.run(slot->region<float>(inputs).data(), outputs);
+          }
           ring.publish(*slot, SlotState::teaching, SlotState::ready);
           return true;
         }));
@@ -224,16 +297,49 @@ void CpuPipeline::start(std::uint64_t first_batch, std::uint64_t batches) {
   }
 }
 
+void CpuPipeline::produce_serially(std::uint64_t b) {
+  using Clock = std::chrono::steady_clock;
+  const auto nanos = [](Clock::time_point t0) {
+    return static_cast<std::uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
+  };
+  const bool teacher = run_.teacher_runs;
+  auto slot = ring_->acquire_free(b);
+  if (!slot) return;
+  auto t0 = Clock::now();
+  run_in_arena(loader_arena_->arena(), [&] {
+    trace::Span span("load", b);
+    fill_batch(run_.train, sampler_, run_.augment, b, *slot, regions_.loader, serial_scratch_);
+  });
+  serial_loader_ns_ += nanos(t0);
+  ring_->publish(*slot, SlotState::filling, teacher ? SlotState::filled : SlotState::ready);
+  if (!teacher) return;
+  slot = ring_->acquire_filled(b);
+  if (!slot) return;
+  t0 = Clock::now();
+  run_in_arena(teacher_arenas_[0]->arena(), [&] {
+    trace::Span span("teacher", b);
+    float* outputs[] = {slot->region<float>(*regions_.logits).data()};
+    replicas_[0]->run(slot->region<float>(regions_.loader.inputs).data(), outputs);
+  });
+  serial_teacher_ns_ += nanos(t0);
+  ring_->publish(*slot, SlotState::teaching, SlotState::ready);
+}
+
 void CpuPipeline::stop() {
   ring_->close();
   for (auto& t : teachers_) t->wait();
   if (loaders_) loaders_->wait();
+  if (replay_) replay_->wait();
 }
 
-std::uint64_t CpuPipeline::loader_busy_ns() const { return loaders_ ? loaders_->busy_ns() : 0; }
+std::uint64_t CpuPipeline::loader_busy_ns() const {
+  return serial_loader_ns_ + (loaders_ ? loaders_->busy_ns() : 0) +
+         (replay_ ? replay_->busy_ns() : 0);
+}
 
 std::uint64_t CpuPipeline::teacher_busy_ns() const {
-  std::uint64_t total = 0;
+  std::uint64_t total = serial_teacher_ns_;
   for (const auto& t : teachers_) total += t->busy_ns();
   return total;
 }

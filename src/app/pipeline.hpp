@@ -11,6 +11,7 @@
 #include "kdflow/core/slot_ring.hpp"
 #include "kdflow/core/stage_graph.hpp"
 #include "kdflow/cpu_teacher/engine.hpp"
+#include "kdflow/gpu_student/trainer.hpp"
 
 #include <oneapi/tbb/global_control.h>
 
@@ -35,9 +36,17 @@ struct RunInputs {
   std::string teacher_path;
 };
 
+// The configuration of a command: defaults, then the file, then each --set, then --cores (a plan
+// file, as cores.plan).
+Config resolve_config(const std::string& file, const std::vector<std::string>& sets,
+                      const std::string& cores = {});
+
 // Loads and checks everything the configuration names; InputError (exit 2) naming the key, the
 // file, or both sides of a mismatch (teacher classes vs dataset classes, input shapes).
 RunInputs prepare_run(const Config& config);
+
+// The student's options from the run's configuration; `total_steps` is the schedule's length.
+student::TrainerOptions trainer_options(const RunInputs& run, std::int64_t total_steps);
 
 // Runs `fn` on one of `arena`'s own (pinned) workers and waits for it; rethrows what it throws.
 void run_in_arena(oneapi::tbb::task_arena& arena, const std::function<void()>& fn);
@@ -65,7 +74,22 @@ public:
   // The slot layout a run of `run` needs (for sizing the memory before construction).
   static SlotLayout layout_for(const RunInputs& run);
 
-  void start(std::uint64_t first_batch, std::uint64_t batches);
+  // Where batches come from: the loader stage, or a replay of the first lap (each slot loaded once,
+  // then handed on again as it is; the logits region gets fixed synthetic values unless the
+  // teacher runs), so a benchmark can measure the stages after the loaders alone.
+  enum class Source { loaders, replay };
+  struct StartOptions {
+    Source source = Source::loaders;
+    bool teacher = true; // false: the teacher's stage does not run (loaded batches go to ready)
+  };
+  void start(std::uint64_t first_batch, std::uint64_t batches) {
+    start(first_batch, batches, StartOptions{});
+  }
+  void start(std::uint64_t first_batch, std::uint64_t batches, const StartOptions& options);
+  // Without starting the stages: the calling thread loads ring batch `b` on the loader cores, then
+  // runs the teacher on it on the first replica's cores, one after the other, and leaves it ready
+  // (a hand-written loop's order of work, for the serial baseline).
+  void produce_serially(std::uint64_t b);
   // Closes the ring and waits for every stage. Idempotent.
   void stop();
 
@@ -78,6 +102,7 @@ public:
   // Busy time summed over the stage's workers (ns), for utilisation figures.
   [[nodiscard]] std::uint64_t loader_busy_ns() const;
   [[nodiscard]] std::uint64_t teacher_busy_ns() const;
+  [[nodiscard]] const RunInputs& run() const { return run_; }
 
 private:
   const RunInputs& run_;
@@ -90,6 +115,9 @@ private:
   std::vector<std::unique_ptr<teacher::Replica>> replicas_;
   std::unique_ptr<StageGraph> loaders_;
   std::vector<std::unique_ptr<StageGraph>> teachers_;
+  std::unique_ptr<StageGraph> replay_;
+  std::vector<std::uint32_t> serial_scratch_;
+  std::uint64_t serial_loader_ns_ = 0, serial_teacher_ns_ = 0;
 };
 
 } // namespace kdflow::app

@@ -173,10 +173,7 @@ struct Interval {
 
 int train_command(const TrainArgs& args) {
   const auto started = Clock::now();
-  Config config;
-  if (!args.config.empty()) config.merge_file(args.config);
-  for (const auto& s : args.sets) config.set(s);
-  if (!args.cores.empty()) config.set("cores.plan=" + args.cores);
+  const Config config = resolve_config(args.config, args.sets, args.cores);
 
   const fs::path out = args.out;
   const fs::path ckpt_dir = out / "checkpoints";
@@ -207,30 +204,7 @@ int train_command(const TrainArgs& args) {
   // The student thread: pinned before torch starts its own threads (they inherit the binding).
   affinity::pin_this_thread(run.topology, run.plan.student, "kd-student");
 
-  student::TrainerOptions topt;
-  topt.model = {config.get_string("student.arch"),
-                config.get_double("student.width"),
-                run.train.channels(),
-                run.train.height(),
-                run.train.width(),
-                run.train.classes()};
-  topt.device = config.get_string("student.device");
-  const auto threads = config.get_int("train.threads");
-  topt.threads =
-      threads > 0 ? static_cast<int>(threads) : static_cast<int>(run.plan.student.size());
-  topt.optimizer = config.get_string("train.optimizer");
-  topt.lr = config.get_double("train.lr");
-  topt.momentum = config.get_double("train.momentum");
-  topt.weight_decay = config.get_double("train.weight_decay");
-  topt.nesterov = config.get_bool("train.nesterov");
-  topt.warmup_steps = config.get_int("train.warmup_steps");
-  topt.total_steps = static_cast<std::int64_t>(schedule);
-  topt.clip_grad_norm = config.get_double("train.clip_grad_norm");
-  topt.amp = config.get_string("train.amp");
-  topt.kd_alpha = config.get_double("kd.alpha");
-  topt.kd_temperature = config.get_double("kd.temperature");
-  topt.skip_nonfinite = config.get_string("train.on_nonfinite") == "skip";
-  topt.seed = static_cast<std::uint64_t>(config.get_int("train.seed"));
+  const student::TrainerOptions topt = trainer_options(run, static_cast<std::int64_t>(schedule));
 
   // The ring's memory: pinned for the GPU where there is one, bound to the student's NUMA node.
   const SlotLayout layout = CpuPipeline::layout_for(run);

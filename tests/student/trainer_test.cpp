@@ -84,7 +84,9 @@ TEST(Trainer, LossMixesKdAndCeByAlpha) {
     f.produce(0);
     const auto s = t.step(0);
     ASSERT_TRUE(s);
-    if (alpha == 0) EXPECT_EQ(s->kd_loss, 0.0);
+    if (alpha == 0) {
+      EXPECT_EQ(s->kd_loss, 0.0);
+    }
     EXPECT_NEAR(s->loss, alpha * s->kd_loss + (1 - alpha) * s->ce_loss, 1e-5);
   }
 }

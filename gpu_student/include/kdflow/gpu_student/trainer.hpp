@@ -6,6 +6,7 @@
 #pragma once
 
 #include "kdflow/core/slot_ring.hpp"
+#include "kdflow/gpu_student/torch_teacher.hpp"
 
 #include <cstdint>
 #include <filesystem>
@@ -72,6 +73,9 @@ public:
   std::optional<StepStats> step(std::uint64_t batch);
   // Waits for the device and releases every slot still in flight.
   void drain();
+  // The colocated baseline: each step first runs this teacher on the student's device on the
+  // batch's inputs (instead of reading the slot's logits region). nullptr: off.
+  void set_colocated_teacher(std::shared_ptr<const TorchTeacher> teacher);
 
   // Top-1 accuracy on plain float32 images [count, C, H, W] (normalized like the training data).
   double evaluate(std::span<const float> images, std::span<const std::int64_t> labels);

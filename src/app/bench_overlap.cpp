@@ -1,0 +1,368 @@
+// Every mode runs the same data, student, teacher and plan: a fresh pipeline and student per
+// repetition, `warmup` steps, then `steps` measured steps; the median repetition is reported.
+// Mode by mode (the ring and the stage graphs are the training run's own, pipeline.hpp):
+//   student-alone  replayed batches with synthetic logits already in the slots -> student
+//   teacher-alone  replayed batches -> CPU teacher replicas -> drained
+//   loader-alone   loaders -> drained
+//   serial-cpu     one thread: load (loader cores), teach (teacher cores), then the student step
+//   colocated      loaders -> student, which runs the teacher graph on its own device (LibTorch)
+//   overlapped     loaders -> CPU teacher -> student, all at once (kdflow)
+#include "bench_overlap.hpp"
+
+#include "commands.hpp"
+#include "pipeline.hpp"
+
+#include "kdflow/affinity/pinning.hpp"
+#include "kdflow/core/atomic_file.hpp"
+#include "kdflow/core/error.hpp"
+#include "kdflow/core/log.hpp"
+#include "kdflow/core/trace.hpp"
+#include "kdflow/gpu_student/pinned_host.hpp"
+#include "kdflow/gpu_student/torch_teacher.hpp"
+#include "kdflow/gpu_student/trainer.hpp"
+
+#include <sys/utsname.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+namespace kdflow::app {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+using nlohmann::json;
+
+enum class Mode { student_alone, teacher_alone, loader_alone, serial_cpu, colocated, overlapped };
+constexpr Mode kModes[] = {Mode::student_alone, Mode::teacher_alone, Mode::loader_alone,
+                           Mode::serial_cpu,    Mode::colocated,     Mode::overlapped};
+
+const char* mode_name(Mode m) {
+  switch (m) {
+  case Mode::student_alone: return "student-alone";
+  case Mode::teacher_alone: return "teacher-alone";
+  case Mode::loader_alone: return "loader-alone";
+  case Mode::serial_cpu: return "serial-cpu";
+  case Mode::colocated: return "colocated";
+  case Mode::overlapped: return "overlapped";
+  }
+  return "?";
+}
+
+bool student_runs(Mode m) { return m != Mode::teacher_alone && m != Mode::loader_alone; }
+
+// One repetition's measurements over its measured window.
+struct Rep {
+  double seconds = 0;
+  std::uint64_t samples = 0, steps = 0;
+  double student_wait_s = 0; // the student (or the drain) waiting for a ready batch
+  double loader_work_s = 0;  // loader bodies, their waits for a free slot left out
+  double teacher_work_s = 0; // teacher bodies, their waits for a loaded batch left out
+  double loader_wait_s = 0, teacher_wait_s = 0;
+  double ring_ready = 0; // mean ready slots seen at each step
+  std::string device;    // the student's, as the trainer names it
+  [[nodiscard]] double rate() const { return static_cast<double>(samples) / seconds; }
+};
+
+struct Setup {
+  const RunInputs& run;
+  const Sampler& sampler;
+  std::uint32_t slots;
+  std::uint64_t warmup, steps;
+  double min_seconds; // a window lasts at least this long (fast modes run more steps)
+  student::TrainerOptions options;
+  std::shared_ptr<const student::TorchTeacher> colocated;
+};
+
+Rep run_rep(const Setup& setup, Mode mode) {
+  const RunInputs& run = setup.run;
+  const SlotLayout layout = CpuPipeline::layout_for(run);
+  CpuPipeline pipeline(run, setup.sampler, setup.slots,
+                       student::allocate_pinned_for_device(
+                           setup.slots * layout.slot_bytes(),
+                           affinity::bind_to_numa_of(run.topology, run.plan.student)));
+  SlotRing& ring = pipeline.ring();
+  std::unique_ptr<student::Trainer> trainer;
+  if (student_runs(mode)) {
+    student::StepRegions regions{pipeline.regions().loader.inputs, pipeline.regions().loader.labels,
+                                 pipeline.regions().logits};
+    if (mode == Mode::colocated) regions.teacher_logits.reset();
+    trainer = std::make_unique<student::Trainer>(setup.options, ring, regions);
+    if (mode == Mode::colocated) trainer->set_colocated_teacher(setup.colocated);
+  }
+  // Fast modes (a loader alone runs thousands of batches a second) continue past `steps` until the
+  // window has lasted min_seconds; the ring is closed then, which stops the producers.
+  const std::uint64_t total = setup.warmup + setup.steps * 1000;
+  using Source = CpuPipeline::Source;
+  switch (mode) {
+  case Mode::student_alone: pipeline.start(0, total, {Source::replay, false}); break;
+  case Mode::teacher_alone: pipeline.start(0, total, {Source::replay, true}); break;
+  case Mode::loader_alone:
+  case Mode::colocated: pipeline.start(0, total, {Source::loaders, false}); break;
+  case Mode::overlapped: pipeline.start(0, total, {Source::loaders, true}); break;
+  case Mode::serial_cpu: break; // the loop below produces each batch itself
+  }
+
+  Rep rep;
+  RingStats before{};
+  std::uint64_t loader_before = 0, teacher_before = 0;
+  Clock::time_point t0{};
+  for (std::uint64_t b = 0; b < total; ++b) {
+    if (b == setup.warmup) {
+      if (trainer) trainer->drain(); // the device's queue too: the window starts empty
+      t0 = Clock::now();
+      before = ring.stats();
+      loader_before = pipeline.loader_busy_ns();
+      teacher_before = pipeline.teacher_busy_ns();
+    }
+    if (mode == Mode::serial_cpu) pipeline.produce_serially(b);
+    std::uint32_t samples = 0;
+    if (trainer) {
+      const auto stats = trainer->step(b);
+      if (!stats) break;
+      samples = stats->samples;
+    } else {
+      trace::Span wait("wait", b);
+      const auto slot = ring.acquire_ready(b);
+      if (!slot) break;
+      samples = slot->header().samples;
+      ring.release(*slot);
+    }
+    if (b >= setup.warmup) {
+      rep.samples += samples;
+      ++rep.steps;
+      rep.ring_ready += ring.stats().occupancy[static_cast<int>(SlotState::ready)];
+      if (rep.steps >= setup.steps &&
+          std::chrono::duration<double>(Clock::now() - t0).count() >= setup.min_seconds)
+        break;
+    }
+  }
+  if (trainer) {
+    trainer->drain();
+    rep.device = trainer->device();
+  }
+  rep.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  const RingStats after = ring.stats();
+  const std::uint64_t loader_busy = pipeline.loader_busy_ns() - loader_before;
+  const std::uint64_t teacher_busy = pipeline.teacher_busy_ns() - teacher_before;
+  pipeline.stop();
+  ring.rethrow_if_failed();
+  if (rep.steps < setup.steps)
+    throw std::runtime_error(fmt::format("{}: the pipeline ended after {} of {} measured steps",
+                                         mode_name(mode), rep.steps, setup.steps));
+  const auto waited = [&](RingStage s) {
+    const auto i = static_cast<std::size_t>(s);
+    return static_cast<double>(after.stages[i].wait_ns - before.stages[i].wait_ns) / 1e9;
+  };
+  rep.student_wait_s = waited(RingStage::student);
+  rep.loader_wait_s = waited(RingStage::loader);
+  rep.teacher_wait_s = waited(RingStage::teacher);
+  rep.loader_work_s = std::max(0.0, static_cast<double>(loader_busy) / 1e9 - rep.loader_wait_s);
+  rep.teacher_work_s = std::max(0.0, static_cast<double>(teacher_busy) / 1e9 - rep.teacher_wait_s);
+  rep.ring_ready /= static_cast<double>(std::max<std::uint64_t>(1, rep.steps));
+  return rep;
+}
+
+std::string machine_text() {
+  std::string model = "unknown CPU";
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  for (std::string line; std::getline(cpuinfo, line);)
+    if (line.starts_with("model name")) {
+      model = line.substr(line.find(':') + 2);
+      break;
+    }
+  struct utsname u {};
+  ::uname(&u);
+  return fmt::format("{} ({} CPUs allowed), {} {}", model, ::sysconf(_SC_NPROCESSORS_ONLN),
+                     u.sysname, u.release);
+}
+
+// A bar chart of the modes with the ideal as a line, drawn by gnuplot (Debian's gnuplot-nox).
+void write_plot(const fs::path& png, const json& report) {
+  const fs::path dir = fs::temp_directory_path() / fmt::format("kdflow-plot-{}", ::getpid());
+  fs::create_directories(dir);
+  {
+    std::ofstream data(dir / "modes.dat");
+    for (const Mode m : kModes)
+      data << '"' << mode_name(m) << "\" "
+           << report["modes"][mode_name(m)]["samples_per_s"].get<double>() << '\n';
+    // Bars far above the ideal (a loader alone) are cut at 2.5x the ideal, their value printed.
+    const double ideal = report["ideal_samples_per_s"].get<double>();
+    std::ofstream script(dir / "plot.gp");
+    script << "set terminal pngcairo size 900,520 font 'sans,11'\n"
+           << "set output '" << png.string() << "'\n"
+           << "set title \"kdflow bench-overlap: " << report["device"].get<std::string>()
+           << " student; " << report["plan_summary"].get<std::string>() << "\" noenhanced\n"
+           << "set ylabel 'samples/s (median of repetitions)'\nset grid ytics\n"
+           << "ideal = " << ideal << "\ntop = 2.5 * ideal\nset yrange [0:top]\n"
+           << "set style fill solid 0.8 border -1\nset boxwidth 0.7\n"
+           << "set xtics noenhanced\nset key top right\nset xrange [-0.6:5.6]\n"
+           << "plot '" << (dir / "modes.dat").string()
+           << "' using 0:($2 < top ? $2 : top):xtic(1) with boxes lc rgb '#4477aa' "
+              "title 'samples/s', "
+           << "'' using 0:($2 < top ? $2 : top):(sprintf('%.0f', $2)) with labels offset 0,0.8 "
+              "notitle, "
+           << "ideal with lines lw 2 dt 2 lc rgb '#cc3311' title 'ideal (slowest stage alone)'\n";
+  }
+  const std::string command = fmt::format("gnuplot '{}' 2>'{}'", (dir / "plot.gp").string(),
+                                          (dir / "gnuplot.err").string());
+  const int status = std::system(command.c_str());
+  std::string err;
+  if (std::ifstream in(dir / "gnuplot.err"); in) std::getline(in, err, '\0');
+  fs::remove_all(dir);
+  if (status != 0 || !fs::exists(png))
+    throw std::runtime_error(
+        fmt::format("--plot {}: gnuplot failed ({}); scripts/setup.sh installs gnuplot-nox",
+                    png.string(), err.empty() ? "is it installed?" : err));
+}
+
+} // namespace
+
+int bench_overlap_command(const OverlapArgs& args) {
+  const Config config = resolve_config(args.config, args.sets, args.cores);
+  if (!(config.get_double("kd.alpha") > 0))
+    throw InputError("kd.alpha = 0: bench-overlap measures distillation, which needs a teacher "
+                     "(set kd.alpha > 0)");
+  if (args.steps < 1 || args.repeats < 1 || args.warmup < 0 || !(args.min_seconds >= 0))
+    throw InputError(
+        "--steps and --repeats must be at least 1, --warmup and --min-seconds at least 0");
+  // Refuse unwritable outputs before minutes of measuring.
+  for (const std::string& f : {args.json, args.trace, args.plot})
+    if (!f.empty() && !fs::is_directory(fs::absolute(f).parent_path()))
+      throw InputError(fmt::format("{}: its folder does not exist", f));
+
+  const RunInputs run = prepare_run(config);
+  const Sampler sampler(run.train.size(), run.sampler);
+  const auto slots = static_cast<std::uint32_t>(config.get_int("ring.slots"));
+  // At least a lap of the ring before measuring: the replay modes load each slot once there.
+  const auto warmup = std::max<std::uint64_t>(static_cast<std::uint64_t>(args.warmup), slots);
+  const auto steps = static_cast<std::uint64_t>(args.steps);
+  if (warmup + steps > sampler.batches_per_epoch() * 1000)
+    throw InputError("--steps: more steps than the sampler has batches for");
+  affinity::pin_this_thread(run.topology, run.plan.student, "kd-student");
+
+  Setup setup{run,
+              sampler,
+              slots,
+              warmup,
+              steps,
+              args.min_seconds,
+              trainer_options(run, static_cast<std::int64_t>(warmup + steps)),
+              nullptr};
+  setup.colocated = std::make_shared<const student::TorchTeacher>(
+      run.teacher->graph(), setup.options.device, config.get_string("teacher.precision"));
+
+  trace::Recorder recorder;
+  if (!args.trace.empty()) trace::set_active(&recorder);
+  json modes = json::object();
+  std::string device;
+  for (const Mode mode : kModes) {
+    recorder.begin_section(mode_name(mode));
+    std::vector<Rep> reps;
+    for (int r = 0; r < args.repeats; ++r) {
+      log_info(fmt::format("{}: repetition {}/{} ({} + {} steps, at least {} s)", mode_name(mode),
+                           r + 1, args.repeats, warmup, steps, args.min_seconds));
+      reps.push_back(run_rep(setup, mode));
+    }
+    std::vector<double> rates;
+    for (const Rep& rep : reps) rates.push_back(rep.rate());
+    std::sort(reps.begin(), reps.end(),
+              [](const Rep& a, const Rep& b) { return a.rate() < b.rate(); });
+    const Rep& med = reps[reps.size() / 2];
+    if (!med.device.empty()) device = med.device;
+    const double s = med.seconds;
+    const double replicas = static_cast<double>(run.plan.teacher.size());
+    const double loaders = static_cast<double>(run.plan.loader.size());
+    modes[mode_name(mode)] = {
+        {"samples_per_s", med.rate()},
+        {"repetitions_samples_per_s", rates},
+        {"step_ms", 1e3 * s / static_cast<double>(med.steps)},
+        {"seconds", s},
+        {"steps", med.steps},
+        {"student_idle_fraction", student_runs(mode) ? json(med.student_wait_s / s) : json()},
+        {"loader_busy_fraction", med.loader_work_s / (s * loaders)},
+        {"teacher_busy_fraction", med.teacher_work_s / (s * replicas)},
+        {"wait_s",
+         {{"student", med.student_wait_s},
+          {"loader", med.loader_wait_s},
+          {"teacher", med.teacher_wait_s}}},
+        {"busy_s", {{"loader", med.loader_work_s}, {"teacher", med.teacher_work_s}}},
+        {"ring_ready_mean", med.ring_ready}};
+  }
+  trace::set_active(nullptr);
+
+  const auto rate = [&](Mode m) { return modes[mode_name(m)]["samples_per_s"].get<double>(); };
+  const double ideal =
+      std::min({rate(Mode::student_alone), rate(Mode::teacher_alone), rate(Mode::loader_alone)});
+  const char* bottleneck = ideal == rate(Mode::student_alone)   ? "student"
+                           : ideal == rate(Mode::teacher_alone) ? "teacher"
+                                                                : "loader";
+  json versions = json::object();
+  for (const auto& [name, text] : all_versions()) versions[name] = text;
+  const std::string plan_summary =
+      fmt::format("student {} | loader {} | teacher {}", affinity::format_cpus(run.plan.student),
+                  affinity::format_cpus(run.plan.loader),
+                  run.plan.teacher.empty() ? "-" : affinity::format_cpus(run.plan.teacher[0]));
+  json report = {{"modes", modes},
+                 {"ideal_samples_per_s", ideal},
+                 {"bottleneck", bottleneck},
+                 {"efficiency", rate(Mode::overlapped) / ideal},
+                 {"speedup_vs_serial_cpu", rate(Mode::overlapped) / rate(Mode::serial_cpu)},
+                 {"speedup_vs_colocated", rate(Mode::overlapped) / rate(Mode::colocated)},
+                 {"student_idle_fraction", modes["overlapped"]["student_idle_fraction"]},
+                 {"device", device},
+                 {"plan", affinity::to_json(run.plan)},
+                 {"plan_summary", plan_summary},
+                 {"versions", versions},
+                 {"machine", machine_text()},
+                 {"setup",
+                  {{"dataset", config.get_string("data.dataset")},
+                   {"batch", run.sampler.batch_size},
+                   {"teacher", run.teacher_path},
+                   {"teacher_precision", config.get_string("teacher.precision")},
+                   {"student", config.get_string("student.arch")},
+                   {"student_width", config.get_double("student.width")},
+                   {"ring_slots", slots},
+                   {"warmup_steps", warmup},
+                   {"steps", steps},
+                   {"repetitions", args.repeats}}},
+                 {"h2d", nullptr}}; // CUDA only: not measured by this version
+
+  fmt::print("\n{:<14} {:>10} {:>8} {:>9} {:>8} {:>8} {:>8} {:>6}\n", "mode", "samples/s",
+             "step ms", "vs ideal", "st.idle", "loader", "teacher", "ready");
+  for (const Mode m : kModes) {
+    const json& r = modes[mode_name(m)];
+    const json& idle = r["student_idle_fraction"];
+    fmt::print("{:<14} {:>10.1f} {:>8.2f} {:>9.3f} {:>8} {:>7.0f}% {:>7.0f}% {:>6.2f}\n",
+               mode_name(m), r["samples_per_s"].get<double>(), r["step_ms"].get<double>(),
+               r["samples_per_s"].get<double>() / ideal,
+               idle.is_null() ? std::string("-") : fmt::format("{:.1f}%", 100 * idle.get<double>()),
+               100 * r["loader_busy_fraction"].get<double>(),
+               100 * r["teacher_busy_fraction"].get<double>(), r["ring_ready_mean"].get<double>());
+  }
+  fmt::print("\nideal {:.1f} samples/s (slowest stage alone: {}); overlapped efficiency {:.3f}; "
+             "speedup {:.2f}x over serial-cpu, {:.2f}x over colocated; student device {}; plan "
+             "{}\n",
+             ideal, bottleneck, report["efficiency"].get<double>(),
+             report["speedup_vs_serial_cpu"].get<double>(),
+             report["speedup_vs_colocated"].get<double>(), device, plan_summary);
+
+  if (!args.json.empty()) write_file_atomic(args.json, report.dump(2) + "\n");
+  if (!args.trace.empty()) {
+    recorder.write(args.trace);
+    log_info(fmt::format("trace: {} spans in {} (open it in ui.perfetto.dev)", recorder.size(),
+                         args.trace));
+  }
+  if (!args.plot.empty()) write_plot(args.plot, report);
+  return kExitOk;
+}
+
+} // namespace kdflow::app
