@@ -217,7 +217,10 @@ void write_plot(const fs::path& png, const json& report) {
   const int status = std::system(command.c_str());
   std::string err;
   if (std::ifstream in(dir / "gnuplot.err"); in) std::getline(in, err, '\0');
-  fs::remove_all(dir);
+  // File by file: libtorch.so exports its own, older copy of std::filesystem, and its remove_all
+  // (which the dynamic linker picks for this binary too) crashes.
+  for (const char* name : {"modes.dat", "plot.gp", "gnuplot.err"}) fs::remove(dir / name);
+  fs::remove(dir);
   if (status != 0 || !fs::exists(png))
     throw std::runtime_error(
         fmt::format("--plot {}: gnuplot failed ({}); scripts/setup.sh installs gnuplot-nox",

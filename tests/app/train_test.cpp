@@ -1,6 +1,8 @@
 // `kdflow train` end to end, as a user runs it: the binary in a child process on real
 // Fashion-MNIST, with a small fixture teacher (an MLP exported by PyTorch) so each run takes
 // seconds. Resume exactness, interrupts, SIGKILL during saves, and every bad input of the issue.
+#include "kdflow_process.hpp"
+
 #include <gtest/gtest.h>
 
 #include <fcntl.h>
@@ -21,25 +23,10 @@
 
 #include <nlohmann/json.hpp>
 
-extern char** environ;
-
 namespace {
 
-namespace fs = std::filesystem;
+using namespace kdflow_test;
 using nlohmann::json;
-
-fs::path fixture(const std::string& name) {
-  const char* dir = std::getenv("KDFLOW_FIXTURES");
-  return fs::path(dir ? dir : "fixtures") / "models" / name;
-}
-
-fs::path scratch(const std::string& name) {
-  const fs::path p =
-      fs::temp_directory_path() / ("kdflow_train_test_" + std::to_string(::getpid())) / name;
-  fs::remove_all(p);
-  fs::create_directories(p.parent_path());
-  return p;
-}
 
 // A fast run: MLP student and MLP fixture teacher, batch 64, one loader and one teacher thread.
 std::vector<std::string> base_args(const fs::path& out) {
@@ -60,54 +47,6 @@ std::vector<std::string> base_args(const fs::path& out) {
           "ring.slots=4"};
 }
 
-struct Child {
-  pid_t pid = -1;
-  fs::path err;
-};
-
-Child spawn(std::vector<std::string> args, const fs::path& err) {
-  args.insert(args.begin(), KDFLOW_BIN);
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, err.c_str(),
-                                   O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
-  Child c;
-  c.err = err;
-  EXPECT_EQ(posix_spawn(&c.pid, KDFLOW_BIN, &actions, nullptr, argv.data(), environ), 0);
-  posix_spawn_file_actions_destroy(&actions);
-  return c;
-}
-
-int wait_exit(const Child& c) {
-  int status = 0;
-  EXPECT_EQ(::waitpid(c.pid, &status, 0), c.pid);
-  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
-  return WEXITSTATUS(status);
-}
-
-std::string read_text(const fs::path& p) {
-  std::ifstream in(p);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-struct Result {
-  int code;
-  std::string err;
-};
-
-Result run(const std::vector<std::string>& args, const fs::path& out) {
-  const fs::path err = out.string() + ".stderr";
-  const Child c = spawn(args, err);
-  const int code = wait_exit(c);
-  return {code, read_text(err)};
-}
-
 std::vector<std::string> with(std::vector<std::string> args,
                               std::initializer_list<std::string> sets) {
   for (const auto& s : sets) {
@@ -125,12 +64,6 @@ std::vector<fs::path> checkpoints(const fs::path& out) {
     if (e.path().extension() == ".ckpt") files.push_back(e.path());
   std::sort(files.begin(), files.end());
   return files;
-}
-
-// One line on stderr, naming `what`.
-void expect_one_line_naming(const std::string& err, const std::string& what) {
-  EXPECT_NE(err.find(what), std::string::npos) << err;
-  EXPECT_EQ(std::count(err.begin(), err.end(), '\n'), 1) << err;
 }
 
 TEST(Train, RunsAndWritesTheRunFolder) {

@@ -1,0 +1,188 @@
+// `kdflow bench-overlap` end to end: the binary in a child process with a small fixture teacher,
+// then its JSON, its Perfetto trace (spans per mode and thread, overlap where the pipeline
+// overlaps and none where the loop is serial) and its PNG are read back.
+#include "kdflow_process.hpp"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+namespace {
+
+using namespace kdflow_test;
+using nlohmann::json;
+
+const char* const kModes[] = {"student-alone", "teacher-alone", "loader-alone",
+                              "serial-cpu",    "colocated",     "overlapped"};
+
+std::vector<std::string> small_run(const fs::path& dir) {
+  return {"bench-overlap",
+          "--set",
+          "teacher.model=" + fixture("mlp_opset13.onnx").string(),
+          "--set",
+          "student.arch=mlp",
+          "--set",
+          "student.width=0.25",
+          "--set",
+          "ring.slots=4",
+          "--steps",
+          "6",
+          "--repeats",
+          "1",
+          "--min-seconds",
+          "0",
+          "--json",
+          (dir / "overlap.json").string(),
+          "--trace",
+          (dir / "trace.json").string(),
+          "--plot",
+          (dir / "modes.png").string()};
+}
+
+struct Span {
+  std::string name;
+  double begin, end; // microseconds
+};
+
+// Spans by mode (the trace's process names) and thread name.
+std::map<std::string, std::map<std::string, std::vector<Span>>> spans_by_mode(const json& trace) {
+  std::map<int, std::string> process, thread_key;
+  std::map<std::pair<int, int>, std::string> thread;
+  for (const auto& e : trace.at("traceEvents")) {
+    if (e.at("ph") != "M") continue;
+    if (e.at("name") == "process_name") process[e.at("pid")] = e["args"]["name"];
+    if (e.at("name") == "thread_name") thread[{e.at("pid"), e.at("tid")}] = e["args"]["name"];
+  }
+  std::map<std::string, std::map<std::string, std::vector<Span>>> out;
+  for (const auto& e : trace.at("traceEvents")) {
+    if (e.at("ph") != "X") continue;
+    const double ts = e.at("ts"), dur = e.at("dur");
+    EXPECT_GE(dur, 0.0);
+    EXPECT_TRUE(e.at("args").contains("batch"));
+    const int pid = e.at("pid"), tid = e.at("tid");
+    EXPECT_TRUE(process.count(pid)) << "span in an unnamed process";
+    EXPECT_TRUE(thread.count({pid, tid})) << "span on an unnamed thread";
+    out[process[pid]][thread[{pid, tid}]].push_back({e.at("name"), ts, ts + dur});
+  }
+  return out;
+}
+
+bool any_overlap(const std::vector<Span>& a, const std::vector<Span>& b) {
+  for (const auto& x : a)
+    for (const auto& y : b)
+      if (x.begin < y.end && y.begin < x.end) return true;
+  return false;
+}
+
+std::vector<Span> named(const std::map<std::string, std::vector<Span>>& threads,
+                        const std::string& name) {
+  std::vector<Span> out;
+  for (const auto& [thread, spans] : threads)
+    for (const auto& s : spans)
+      if (s.name == name) out.push_back(s);
+  return out;
+}
+
+TEST(BenchOverlap, WritesJsonTraceAndPlotThatAgreeWithTheModes) {
+  const fs::path dir = scratch("overlap");
+  fs::create_directories(dir);
+  const Result r = run(small_run(dir), dir / "run");
+  ASSERT_EQ(r.code, 0) << r.err;
+
+  const json report = json::parse(read_text(dir / "overlap.json"));
+  double lowest_alone = 1e300;
+  for (const char* mode : kModes) {
+    SCOPED_TRACE(mode);
+    const json& m = report.at("modes").at(mode);
+    EXPECT_GT(m.at("samples_per_s").get<double>(), 0);
+    EXPECT_GE(m.at("steps").get<int>(), 6);
+    EXPECT_GT(m.at("seconds").get<double>(), 0);
+    if (std::string(mode).ends_with("-alone"))
+      lowest_alone = std::min(lowest_alone, m.at("samples_per_s").get<double>());
+  }
+  const auto rate = [&](const char* mode) {
+    return report["modes"][mode]["samples_per_s"].get<double>();
+  };
+  EXPECT_DOUBLE_EQ(report.at("ideal_samples_per_s").get<double>(), lowest_alone);
+  EXPECT_NEAR(report.at("efficiency").get<double>(), rate("overlapped") / lowest_alone, 1e-9);
+  EXPECT_NEAR(report.at("speedup_vs_serial_cpu").get<double>(),
+              rate("overlapped") / rate("serial-cpu"), 1e-9);
+  EXPECT_NEAR(report.at("speedup_vs_colocated").get<double>(),
+              rate("overlapped") / rate("colocated"), 1e-9);
+  const double idle = report.at("student_idle_fraction");
+  EXPECT_GE(idle, 0.0);
+  EXPECT_LE(idle, 1.0);
+  EXPECT_EQ(report.at("device"), "cpu");
+  EXPECT_FALSE(report.at("plan").at("student").empty());
+  EXPECT_TRUE(report.at("versions").contains("kdflow"));
+
+  const auto modes = spans_by_mode(json::parse(read_text(dir / "trace.json")));
+  const std::map<std::string, std::set<std::string>> expected = {
+      {"student-alone", {"wait", "step"}},
+      {"teacher-alone", {"teacher", "wait"}},
+      {"loader-alone", {"load", "wait"}},
+      {"serial-cpu", {"load", "teacher", "wait", "step"}},
+      {"colocated", {"load", "teacher", "wait", "step"}},
+      {"overlapped", {"load", "teacher", "wait", "step"}}};
+  for (const auto& [mode, names] : expected) {
+    SCOPED_TRACE(mode);
+    ASSERT_TRUE(modes.count(mode));
+    const auto& threads = modes.at(mode);
+    for (const auto& name : names) EXPECT_FALSE(named(threads, name).empty()) << name;
+    // On one thread, spans follow each other or nest (a colocated teacher inside its step).
+    for (const auto& [thread, spans] : threads)
+      for (std::size_t i = 0; i + 1 < spans.size(); ++i)
+        for (std::size_t j = i + 1; j < spans.size(); ++j) {
+          const Span &a = spans[i], &b = spans[j];
+          const bool apart = a.end <= b.begin || b.end <= a.begin;
+          const bool nested =
+              (a.begin <= b.begin && b.end <= a.end) || (b.begin <= a.begin && a.end <= b.end);
+          EXPECT_TRUE(apart || nested) << thread << ": " << a.name << " and " << b.name;
+        }
+  }
+  // Where the spans run: the student's steps on kd-student, the CPU teacher on its own thread
+  // (colocated: the student's thread).
+  EXPECT_FALSE(modes.at("overlapped").at("kd-student").empty());
+  EXPECT_TRUE(modes.at("overlapped").count("kd-teacher-0"));
+  EXPECT_FALSE(named({{"kd-student", modes.at("colocated").at("kd-student")}}, "teacher").empty());
+  // The pipeline overlaps the teacher with the student's steps; the serial loop never does.
+  EXPECT_TRUE(
+      any_overlap(named(modes.at("overlapped"), "teacher"), named(modes.at("overlapped"), "step")));
+  EXPECT_FALSE(
+      any_overlap(named(modes.at("serial-cpu"), "teacher"), named(modes.at("serial-cpu"), "step")));
+  EXPECT_FALSE(
+      any_overlap(named(modes.at("serial-cpu"), "load"), named(modes.at("serial-cpu"), "teacher")));
+
+  const std::string png = read_text(dir / "modes.png");
+  ASSERT_GT(png.size(), 1000u);
+  EXPECT_EQ(png.substr(0, 8), std::string("\x89PNG\r\n\x1a\n", 8));
+}
+
+TEST(BenchOverlap, BadInputIsExitTwoWithOneLine) {
+  const fs::path dir = scratch("overlap_bad");
+  fs::create_directories(dir);
+  auto args = small_run(dir);
+  args.insert(args.begin() + 1, {"--set", "kd.alpha=0"});
+  Result r = run(args, dir / "alpha");
+  EXPECT_EQ(r.code, 2);
+  expect_one_line_naming(r.err, "kd.alpha");
+
+  args = small_run(dir);
+  const auto json_arg = std::find(args.begin(), args.end(), "--json") + 1;
+  *json_arg = (dir / "missing" / "overlap.json").string();
+  r = run(args, dir / "folder");
+  EXPECT_EQ(r.code, 2);
+  expect_one_line_naming(r.err, "missing");
+  EXPECT_FALSE(fs::exists(dir / "trace.json")); // nothing measured, nothing written
+
+  args = small_run(dir); // the last --set of a key wins
+  args.insert(args.end(), {"--set", "teacher.model=" + (dir / "none.onnx").string()});
+  r = run(args, dir / "teacher");
+  EXPECT_EQ(r.code, 2);
+  expect_one_line_naming(r.err, "none.onnx");
+}
+
+} // namespace

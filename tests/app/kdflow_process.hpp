@@ -1,0 +1,92 @@
+// Running the kdflow binary in a child process, as a user does, for the end-to-end tests.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+extern char** environ;
+
+namespace kdflow_test {
+
+namespace fs = std::filesystem;
+
+inline fs::path fixture(const std::string& name) {
+  const char* dir = std::getenv("KDFLOW_FIXTURES");
+  return fs::path(dir ? dir : "fixtures") / "models" / name;
+}
+
+inline fs::path scratch(const std::string& name) {
+  const fs::path p =
+      fs::temp_directory_path() / ("kdflow_app_test_" + std::to_string(::getpid())) / name;
+  fs::remove_all(p);
+  fs::create_directories(p.parent_path());
+  return p;
+}
+
+struct Child {
+  pid_t pid = -1;
+  fs::path err;
+};
+
+inline Child spawn(std::vector<std::string> args, const fs::path& err) {
+  args.insert(args.begin(), KDFLOW_BIN);
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, err.c_str(),
+                                   O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
+  Child c;
+  c.err = err;
+  EXPECT_EQ(posix_spawn(&c.pid, KDFLOW_BIN, &actions, nullptr, argv.data(), environ), 0);
+  posix_spawn_file_actions_destroy(&actions);
+  return c;
+}
+
+inline int wait_exit(const Child& c) {
+  int status = 0;
+  EXPECT_EQ(::waitpid(c.pid, &status, 0), c.pid);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return WEXITSTATUS(status);
+}
+
+inline std::string read_text(const fs::path& p) {
+  std::ifstream in(p);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+struct Result {
+  int code;
+  std::string err;
+};
+
+inline Result run(const std::vector<std::string>& args, const fs::path& out) {
+  const fs::path err = out.string() + ".stderr";
+  const Child c = spawn(args, err);
+  const int code = wait_exit(c);
+  return {code, read_text(err)};
+}
+
+// One line on stderr, naming `what`.
+inline void expect_one_line_naming(const std::string& err, const std::string& what) {
+  EXPECT_NE(err.find(what), std::string::npos) << err;
+  EXPECT_EQ(std::count(err.begin(), err.end(), '\n'), 1) << err;
+}
+
+} // namespace kdflow_test

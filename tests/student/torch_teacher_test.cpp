@@ -1,0 +1,110 @@
+// The LibTorch executor of the imported teacher graph (the colocated baseline of bench-overlap):
+// every op fixture against kdflow's oneDNN engine, and whole PyTorch exports against PyTorch's
+// own outputs, so the two implementations of the graph check each other.
+#include "kdflow/core/error.hpp"
+#include "kdflow/cpu_teacher/engine.hpp"
+#include "kdflow/cpu_teacher/npy.hpp"
+#include "kdflow/gpu_student/torch_teacher.hpp"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <torch/cuda.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+namespace kdflow::student {
+namespace {
+
+namespace fs = std::filesystem;
+using teacher::Shape;
+
+fs::path fixture_dir(const char* sub) {
+  const char* dir = std::getenv("KDFLOW_FIXTURES");
+  if (dir == nullptr) throw std::runtime_error("KDFLOW_FIXTURES is not set (ctest sets it)");
+  return fs::path(dir) / sub;
+}
+
+nlohmann::json manifest(const fs::path& dir) {
+  std::ifstream in(dir / "manifest.json");
+  return nlohmann::json::parse(in);
+}
+
+double normalized_error(const std::vector<float>& a, const std::vector<float>& ref) {
+  double diff = 0, scale = 1e-30;
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    diff = std::max(diff, std::abs(double(a[i]) - ref[i]));
+    scale = std::max(scale, std::abs(double(ref[i])));
+  }
+  return diff / scale;
+}
+
+std::vector<float> run_torch(const teacher::Teacher& t, const std::vector<float>& x) {
+  const TorchTeacher torch_teacher(t.graph(), "cpu");
+  std::vector<float> out(static_cast<std::size_t>(teacher::numel(t.output_shape(0))));
+  float* outputs[] = {out.data()};
+  torch_teacher.run(x.data(), outputs);
+  return out;
+}
+
+std::vector<float> run_onednn(const std::shared_ptr<const teacher::Teacher>& t,
+                              const std::vector<float>& x) {
+  std::vector<float> out(static_cast<std::size_t>(teacher::numel(t->output_shape(0))));
+  float* outputs[] = {out.data()};
+  teacher::Replica(t).run(x.data(), outputs);
+  return out;
+}
+
+TEST(TorchTeacher, EveryOpFixtureMatchesTheOneDnnEngine) {
+  const fs::path dir = fixture_dir("ops");
+  const auto m = manifest(dir);
+  ASSERT_GE(m["models"].size(), 40u);
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal;
+  int compared = 0;
+  for (const auto& entry : m["models"]) {
+    const std::string name = entry["name"];
+    SCOPED_TRACE(name);
+    const Shape shape = entry["input"].get<Shape>();
+    teacher::TeacherOptions options;
+    options.batch = shape[0];
+    const auto t = teacher::Teacher::load((dir / (name + ".onnx")).string(), options);
+    std::vector<float> x(static_cast<std::size_t>(teacher::numel(shape)));
+    for (auto& v : x) v = normal(rng);
+    EXPECT_LE(normalized_error(run_torch(*t, x), run_onednn(t, x)), 1e-4) << name;
+    ++compared;
+  }
+  EXPECT_EQ(compared, static_cast<int>(m["models"].size()));
+}
+
+TEST(TorchTeacher, PyTorchExportsMatchPyTorch) {
+  const fs::path dir = fixture_dir("models");
+  const auto m = manifest(dir);
+  ASSERT_GE(m["models"].size(), 5u);
+  for (const auto& entry : m["models"]) {
+    const std::string name = entry["name"];
+    SCOPED_TRACE(name);
+    const teacher::NpyArray x = teacher::read_npy((dir / (name + ".input.npy")).string());
+    const teacher::NpyArray ref = teacher::read_npy((dir / (name + ".output.npy")).string());
+    teacher::TeacherOptions options;
+    options.batch = m["batch"];
+    const auto t = teacher::Teacher::load((dir / (name + ".onnx")).string(), options);
+    EXPECT_LE(normalized_error(run_torch(*t, x.data), ref.data), 1e-4) << name;
+  }
+}
+
+TEST(TorchTeacher, RefusesCudaWithoutADevice) {
+  if (torch::cuda::is_available()) GTEST_SKIP() << "a GPU is visible";
+  const fs::path dir = fixture_dir("models");
+  teacher::TeacherOptions options;
+  options.batch = 64;
+  const auto t = teacher::Teacher::load((dir / "mlp_opset13.onnx").string(), options);
+  EXPECT_THROW(TorchTeacher(t->graph(), "cuda"), InputError);
+}
+
+} // namespace
+} // namespace kdflow::student
