@@ -32,11 +32,15 @@ std::string quoted(const std::string& text) {
 void set_active(Recorder* recorder) { g_active.store(recorder, std::memory_order_release); }
 Recorder* active() { return g_active.load(std::memory_order_acquire); }
 
-Recorder::Recorder() : origin_(Clock::now()), sections_{"kdflow"} {}
+Recorder::Recorder(std::size_t per_section)
+    : origin_(Clock::now()), sections_{"kdflow"}, per_section_(per_section), kept_(1), dropped_(1) {
+}
 
 void Recorder::begin_section(const std::string& section) {
   std::lock_guard lock(mutex_);
   sections_.push_back(section);
+  kept_.push_back(0);
+  dropped_.push_back(0);
   section_ = static_cast<int>(sections_.size()) - 1;
 }
 
@@ -47,6 +51,12 @@ void Recorder::record(const char* name, std::uint64_t batch, Clock::time_point b
   char thread_name[32] = "thread";
   pthread_getname_np(pthread_self(), thread_name, sizeof thread_name);
   std::lock_guard lock(mutex_);
+  const auto section = static_cast<std::size_t>(section_);
+  if (kept_[section] >= per_section_) {
+    ++dropped_[section];
+    return;
+  }
+  ++kept_[section];
   const auto it = std::find(threads_.begin(), threads_.end(), thread_name);
   const int id = static_cast<int>(it - threads_.begin()) + 1;
   if (it == threads_.end()) threads_.emplace_back(thread_name);
@@ -78,6 +88,10 @@ void Recorder::write(const std::filesystem::path& path) const {
     add(fmt::format(R"({{"ph":"M","name":"process_sort_index","pid":{},"tid":0,)"
                     R"("args":{{"sort_index":{}}}}})",
                     s + 1, s));
+    if (dropped_[s] > 0)
+      add(fmt::format(R"({{"ph":"M","name":"process_labels","pid":{},"tid":0,)"
+                      R"("args":{{"labels":"first {} spans kept, {} more not recorded"}}}})",
+                      s + 1, kept_[s], dropped_[s]));
   }
   for (const Event& e : events_) {
     auto seen = named[static_cast<std::size_t>(e.section)][static_cast<std::size_t>(e.thread)];

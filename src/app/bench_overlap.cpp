@@ -1,15 +1,10 @@
-// Every mode runs the same data, student, teacher and plan: a fresh pipeline and student per
-// repetition, `warmup` steps, then `steps` measured steps; the median repetition is reported.
-// Mode by mode (the ring and the stage graphs are the training run's own, pipeline.hpp):
-//   student-alone  replayed batches with synthetic logits already in the slots -> student
-//   teacher-alone  replayed batches -> CPU teacher replicas -> drained
-//   loader-alone   loaders -> drained
-//   serial-cpu     one thread: load (loader cores), teach (teacher cores), then the student step
-//   colocated      loaders -> student, which runs the teacher graph on its own device (LibTorch)
-//   overlapped     loaders -> CPU teacher -> student, all at once (kdflow)
+// Every mode (modes.hpp) runs the same data, student, teacher and plan: a fresh pipeline and
+// student per repetition, `warmup` steps, then `steps` measured steps; the median repetition is
+// reported, with the ideal (the slowest stage alone) and the speedups over the two baselines.
 #include "bench_overlap.hpp"
 
 #include "commands.hpp"
+#include "modes.hpp"
 #include "pipeline.hpp"
 
 #include "kdflow/affinity/pinning.hpp"
@@ -41,136 +36,6 @@ namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 using nlohmann::json;
 
-enum class Mode { student_alone, teacher_alone, loader_alone, serial_cpu, colocated, overlapped };
-constexpr Mode kModes[] = {Mode::student_alone, Mode::teacher_alone, Mode::loader_alone,
-                           Mode::serial_cpu,    Mode::colocated,     Mode::overlapped};
-
-const char* mode_name(Mode m) {
-  switch (m) {
-  case Mode::student_alone: return "student-alone";
-  case Mode::teacher_alone: return "teacher-alone";
-  case Mode::loader_alone: return "loader-alone";
-  case Mode::serial_cpu: return "serial-cpu";
-  case Mode::colocated: return "colocated";
-  case Mode::overlapped: return "overlapped";
-  }
-  return "?";
-}
-
-bool student_runs(Mode m) { return m != Mode::teacher_alone && m != Mode::loader_alone; }
-
-// One repetition's measurements over its measured window.
-struct Rep {
-  double seconds = 0;
-  std::uint64_t samples = 0, steps = 0;
-  double student_wait_s = 0; // the student (or the drain) waiting for a ready batch
-  double loader_work_s = 0;  // loader bodies, their waits for a free slot left out
-  double teacher_work_s = 0; // teacher bodies, their waits for a loaded batch left out
-  double loader_wait_s = 0, teacher_wait_s = 0;
-  double ring_ready = 0; // mean ready slots seen at each step
-  std::string device;    // the student's, as the trainer names it
-  [[nodiscard]] double rate() const { return static_cast<double>(samples) / seconds; }
-};
-
-struct Setup {
-  const RunInputs& run;
-  const Sampler& sampler;
-  std::uint32_t slots;
-  std::uint64_t warmup, steps;
-  double min_seconds; // a window lasts at least this long (fast modes run more steps)
-  student::TrainerOptions options;
-  std::shared_ptr<const student::TorchTeacher> colocated;
-};
-
-Rep run_rep(const Setup& setup, Mode mode) {
-  const RunInputs& run = setup.run;
-  const SlotLayout layout = CpuPipeline::layout_for(run);
-  CpuPipeline pipeline(run, setup.sampler, setup.slots,
-                       student::allocate_pinned_for_device(
-                           setup.slots * layout.slot_bytes(),
-                           affinity::bind_to_numa_of(run.topology, run.plan.student)));
-  SlotRing& ring = pipeline.ring();
-  std::unique_ptr<student::Trainer> trainer;
-  if (student_runs(mode)) {
-    student::StepRegions regions{pipeline.regions().loader.inputs, pipeline.regions().loader.labels,
-                                 pipeline.regions().logits};
-    if (mode == Mode::colocated) regions.teacher_logits.reset();
-    trainer = std::make_unique<student::Trainer>(setup.options, ring, regions);
-    if (mode == Mode::colocated) trainer->set_colocated_teacher(setup.colocated);
-  }
-  // Fast modes (a loader alone runs thousands of batches a second) continue past `steps` until the
-  // window has lasted min_seconds; the ring is closed then, which stops the producers.
-  const std::uint64_t total = setup.warmup + setup.steps * 1000;
-  using Source = CpuPipeline::Source;
-  switch (mode) {
-  case Mode::student_alone: pipeline.start(0, total, {Source::replay, false}); break;
-  case Mode::teacher_alone: pipeline.start(0, total, {Source::replay, true}); break;
-  case Mode::loader_alone:
-  case Mode::colocated: pipeline.start(0, total, {Source::loaders, false}); break;
-  case Mode::overlapped: pipeline.start(0, total, {Source::loaders, true}); break;
-  case Mode::serial_cpu: break; // the loop below produces each batch itself
-  }
-
-  Rep rep;
-  RingStats before{};
-  std::uint64_t loader_before = 0, teacher_before = 0;
-  Clock::time_point t0{};
-  for (std::uint64_t b = 0; b < total; ++b) {
-    if (b == setup.warmup) {
-      if (trainer) trainer->drain(); // the device's queue too: the window starts empty
-      t0 = Clock::now();
-      before = ring.stats();
-      loader_before = pipeline.loader_busy_ns();
-      teacher_before = pipeline.teacher_busy_ns();
-    }
-    if (mode == Mode::serial_cpu) pipeline.produce_serially(b);
-    std::uint32_t samples = 0;
-    if (trainer) {
-      const auto stats = trainer->step(b);
-      if (!stats) break;
-      samples = stats->samples;
-    } else {
-      trace::Span wait("wait", b);
-      const auto slot = ring.acquire_ready(b);
-      if (!slot) break;
-      samples = slot->header().samples;
-      ring.release(*slot);
-    }
-    if (b >= setup.warmup) {
-      rep.samples += samples;
-      ++rep.steps;
-      rep.ring_ready += ring.stats().occupancy[static_cast<int>(SlotState::ready)];
-      if (rep.steps >= setup.steps &&
-          std::chrono::duration<double>(Clock::now() - t0).count() >= setup.min_seconds)
-        break;
-    }
-  }
-  if (trainer) {
-    trainer->drain();
-    rep.device = trainer->device();
-  }
-  rep.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-  const RingStats after = ring.stats();
-  const std::uint64_t loader_busy = pipeline.loader_busy_ns() - loader_before;
-  const std::uint64_t teacher_busy = pipeline.teacher_busy_ns() - teacher_before;
-  pipeline.stop();
-  ring.rethrow_if_failed();
-  if (rep.steps < setup.steps)
-    throw std::runtime_error(fmt::format("{}: the pipeline ended after {} of {} measured steps",
-                                         mode_name(mode), rep.steps, setup.steps));
-  const auto waited = [&](RingStage s) {
-    const auto i = static_cast<std::size_t>(s);
-    return static_cast<double>(after.stages[i].wait_ns - before.stages[i].wait_ns) / 1e9;
-  };
-  rep.student_wait_s = waited(RingStage::student);
-  rep.loader_wait_s = waited(RingStage::loader);
-  rep.teacher_wait_s = waited(RingStage::teacher);
-  rep.loader_work_s = std::max(0.0, static_cast<double>(loader_busy) / 1e9 - rep.loader_wait_s);
-  rep.teacher_work_s = std::max(0.0, static_cast<double>(teacher_busy) / 1e9 - rep.teacher_wait_s);
-  rep.ring_ready /= static_cast<double>(std::max<std::uint64_t>(1, rep.steps));
-  return rep;
-}
-
 std::string machine_text() {
   std::string model = "unknown CPU";
   std::ifstream cpuinfo("/proc/cpuinfo");
@@ -197,20 +62,21 @@ void write_plot(const fs::path& png, const json& report) {
     // Bars far above the ideal (a loader alone) are cut at 2.5x the ideal, their value printed.
     const double ideal = report["ideal_samples_per_s"].get<double>();
     std::ofstream script(dir / "plot.gp");
-    script << "set terminal pngcairo size 900,520 font 'sans,11'\n"
-           << "set output '" << png.string() << "'\n"
-           << "set title \"kdflow bench-overlap: " << report["device"].get<std::string>()
-           << " student; " << report["plan_summary"].get<std::string>() << "\" noenhanced\n"
-           << "set ylabel 'samples/s (median of repetitions)'\nset grid ytics\n"
-           << "ideal = " << ideal << "\ntop = 2.5 * ideal\nset yrange [0:top]\n"
-           << "set style fill solid 0.8 border -1\nset boxwidth 0.7\n"
-           << "set xtics noenhanced\nset key top right\nset xrange [-0.6:5.6]\n"
-           << "plot '" << (dir / "modes.dat").string()
-           << "' using 0:($2 < top ? $2 : top):xtic(1) with boxes lc rgb '#4477aa' "
-              "title 'samples/s', "
-           << "'' using 0:($2 < top ? $2 : top):(sprintf('%.0f', $2)) with labels offset 0,0.8 "
-              "notitle, "
-           << "ideal with lines lw 2 dt 2 lc rgb '#cc3311' title 'ideal (slowest stage alone)'\n";
+    script
+        << "set terminal pngcairo size 900,520 font 'sans,11'\n"
+        << "set output '" << png.string() << "'\n"
+        << "set title \"kdflow bench-overlap: " << report["device"].get<std::string>()
+        << " student; " << report["plan_summary"].get<std::string>() << "\" noenhanced\n"
+        << "set ylabel 'samples/s (median of repetitions)'\nset grid ytics\n"
+        << "ideal = " << ideal << "\ntop = 2.5 * ideal\nset yrange [0:top]\n"
+        << "set style fill solid 0.8 border -1\nset boxwidth 0.7\n"
+        << "set xtics noenhanced\nset key top right\nset xrange [-0.6:5.6]\n"
+        << "plot '" << (dir / "modes.dat").string()
+        << "' using 0:($2 < top ? $2 : top):xtic(1) with boxes lc rgb '#4477aa' "
+           "title 'samples/s', "
+        << "'' using 0:($2 < top ? $2 : 0.94 * top):(sprintf('%.0f', $2)) with labels offset 0,0.8 "
+           "notitle, "
+        << "ideal with lines lw 2 dt 2 lc rgb '#cc3311' title 'ideal (slowest stage alone)'\n";
   }
   const std::string command = fmt::format("gnuplot '{}' 2>'{}'", (dir / "plot.gp").string(),
                                           (dir / "gnuplot.err").string());

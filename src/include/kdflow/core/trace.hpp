@@ -17,7 +17,9 @@ using Clock = std::chrono::steady_clock;
 
 class Recorder {
 public:
-  Recorder();
+  // Keeps at most `per_section` spans of each section (the first ones): a stage alone can run
+  // thousands of batches a second, and a trace should stay small enough to open.
+  explicit Recorder(std::size_t per_section = 1000);
   // Later spans belong to `section` (one trace "process" per section: a benchmark mode).
   void begin_section(const std::string& section);
   void record(const char* name, std::uint64_t batch, Clock::time_point begin,
@@ -39,6 +41,8 @@ private:
   std::vector<std::string> sections_;
   std::vector<std::string> threads_; // thread names; a span's thread id is its index + 1
   int section_ = 0;
+  std::size_t per_section_;
+  std::vector<std::size_t> kept_, dropped_; // per section
 };
 
 // The active recorder (nullptr: tracing off). Set it while no stage is running.

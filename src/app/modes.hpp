@@ -1,0 +1,55 @@
+// The measuring modes bench-overlap and tune-cores share: one repetition of one mode on a run's
+// plan, with a fresh pipeline (the training run's own ring and stage graphs) and a fresh student.
+//   student-alone  replayed batches with synthetic logits already in the slots -> student
+//   teacher-alone  replayed batches -> CPU teacher replicas -> drained
+//   loader-alone   loaders -> drained
+//   serial-cpu     one thread: load (loader cores), teach (teacher cores), then the student step
+//   colocated      loaders -> student, which runs the teacher graph on its own device (LibTorch)
+//   overlapped     loaders -> CPU teacher -> student, all at once (kdflow)
+#pragma once
+
+#include "pipeline.hpp"
+
+#include "kdflow/gpu_student/torch_teacher.hpp"
+#include "kdflow/gpu_student/trainer.hpp"
+
+#include <memory>
+#include <string>
+
+namespace kdflow::app {
+
+enum class Mode { student_alone, teacher_alone, loader_alone, serial_cpu, colocated, overlapped };
+inline constexpr Mode kModes[] = {Mode::student_alone, Mode::teacher_alone, Mode::loader_alone,
+                                  Mode::serial_cpu,    Mode::colocated,     Mode::overlapped};
+
+const char* mode_name(Mode m);
+// Whether the student trains in this mode (the others drain the ring instead).
+bool student_runs(Mode m);
+
+// One repetition's measurements over its measured window.
+struct Rep {
+  double seconds = 0;
+  std::uint64_t samples = 0, steps = 0;
+  double student_wait_s = 0; // the student (or the drain) waiting for a ready batch
+  double loader_work_s = 0;  // loader bodies, their waits for a free slot left out
+  double teacher_work_s = 0; // teacher bodies, their waits for a loaded batch left out
+  double loader_wait_s = 0, teacher_wait_s = 0;
+  double ring_ready = 0; // mean ready slots seen at each step
+  std::string device;    // the student's, as the trainer names it
+  [[nodiscard]] double rate() const { return static_cast<double>(samples) / seconds; }
+};
+
+struct Setup {
+  const RunInputs& run; // its plan is the one measured
+  const Sampler& sampler;
+  std::uint32_t slots;
+  std::uint64_t warmup, steps;
+  double min_seconds; // a window lasts at least this long (fast modes run more steps)
+  student::TrainerOptions options;
+  std::shared_ptr<const student::TorchTeacher> colocated; // needed by the colocated mode only
+};
+
+// `warmup` steps (at least a lap of the ring), then the measured window. Throws what a stage threw.
+Rep run_rep(const Setup& setup, Mode mode);
+
+} // namespace kdflow::app
