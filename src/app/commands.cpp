@@ -17,12 +17,6 @@
 namespace kdflow::app {
 namespace {
 
-constexpr const char* kNotBuilt = " (not built yet)";
-
-[[noreturn]] void not_built(const std::string& command) {
-  throw NotBuiltError(fmt::format("'{}' is not built yet in this version of kdflow", command));
-}
-
 int print_versions() {
   VersionLines lines = all_versions();
   // What kind of memory a slot ring would get here (pinned for the GPU, mlocked, or pageable).
@@ -100,17 +94,20 @@ Commands::Commands(CLI::App& app) : app_(app) {
   cores->add_option("--set", cores_.sets, "override one key: section.key=value (repeatable)");
   cores->callback([this] { action_ = [this] { return show_cores(); }; });
 
-  auto* tune =
-      app.add_subcommand("tune-cores", std::string("find the fastest core plan") + kNotBuilt);
+  auto* tune = app.add_subcommand(
+      "tune-cores", "find the core plan (loaders, teacher replicas x threads, precision) that "
+                    "maximizes distillation throughput here");
   tune->add_option("--config", tune_.config, "TOML configuration file")->check(CLI::ExistingFile);
-  tune->add_option("--budget-s", tune_.budget_s, "time budget in seconds");
-  tune->add_option("--out", tune_.out, "plan JSON to write")->required();
-  tune->callback([this] {
-    action_ = [] {
-      not_built("kdflow tune-cores");
-      return kExitOk;
-    };
-  });
+  tune->add_option("--set", tune_.sets, "override one key: section.key=value (repeatable)");
+  tune->add_option("--budget-s", tune_.budget_s, "time budget of the tuning in seconds")
+      ->capture_default_str();
+  tune->add_option("--verify", tune_.verify, "best predictions to verify with real runs")
+      ->capture_default_str();
+  tune->add_flag("--exhaustive", tune_.exhaustive,
+                 "also run every valid plan and compare (quality check; takes longer)");
+  tune->add_option("--out", tune_.out, "plan JSON to write (for train/bench-overlap --cores)")
+      ->required();
+  tune->callback([this] { action_ = [this] { return tune_cores_command(tune_); }; });
 
   auto* overlap = app.add_subcommand(
       "bench-overlap", "the CPU-vs-GPU overlap benchmark: kdflow's pipeline against its parts "

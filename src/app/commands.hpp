@@ -9,6 +9,7 @@
 #include "kdflow/core/versions.hpp"
 #include "teacher_commands.hpp"
 #include "train.hpp"
+#include "tune_cores.hpp"
 
 #include <CLI/CLI.hpp>
 
@@ -32,10 +33,6 @@ private:
     int gpu_numa = -1;
     std::string config;
     std::vector<std::string> sets;
-  };
-  struct TuneArgs {
-    std::string config, out;
-    double budget_s = 300;
   };
 
   CLI::App& app_;

@@ -10,10 +10,12 @@
 #include <cstdlib>
 #include <exception>
 #include <filesystem>
+#include <fstream>
 #include <random>
 #include <sstream>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 namespace kdflow::app {
 namespace {
@@ -65,6 +67,17 @@ Config resolve_config(const std::string& file, const std::vector<std::string>& s
                       const std::string& cores) {
   Config config;
   if (!file.empty()) config.merge_file(file);
+  if (!cores.empty()) {
+    // A tune-cores plan carries the teacher precision it was measured with; --set still wins.
+    std::ifstream in(cores);
+    if (!in) throw InputError(fmt::format("--cores {}: cannot read the plan file", cores));
+    const nlohmann::json plan = nlohmann::json::parse(in, nullptr, false);
+    if (plan.is_discarded())
+      throw InputError(fmt::format("--cores {}: not a JSON plan file", cores));
+    if (const auto p = plan.find("teacher_precision");
+        p != plan.end() && p->is_string() && (*p == "fp32" || *p == "bf16"))
+      config.set("teacher.precision=" + p->get<std::string>());
+  }
   for (const auto& s : sets) config.set(s);
   if (!cores.empty()) config.set("cores.plan=" + cores);
   return config;

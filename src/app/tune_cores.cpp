@@ -1,0 +1,289 @@
+#include "tune_cores.hpp"
+
+#include "commands.hpp"
+#include "modes.hpp"
+#include "pipeline.hpp"
+
+#include "kdflow/affinity/pinning.hpp"
+#include "kdflow/core/atomic_file.hpp"
+#include "kdflow/core/error.hpp"
+#include "kdflow/core/log.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <map>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+namespace kdflow::app {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+using nlohmann::json;
+
+struct Candidate {
+  affinity::Plan plan;
+  std::string precision;
+  double predicted = 0, measured = 0; // samples/s (measured: 0 until verified)
+  std::string bottleneck;
+  [[nodiscard]] std::string label() const {
+    std::string teacher;
+    for (const auto& r : plan.teacher)
+      teacher += (teacher.empty() ? "" : " ") + affinity::format_cpus(r);
+    return fmt::format("loader {} | teacher {} x{} {}", affinity::format_cpus(plan.loader),
+                       plan.teacher.size(), plan.teacher.empty() ? 0 : plan.teacher[0].size(),
+                       precision) +
+           (teacher.empty() ? "" : " [" + teacher + "]");
+  }
+};
+
+// Every valid plan around the run's student CPU: loader cores, then the teacher's cores split
+// into equal replicas (each a divisor of the count), in each precision this CPU runs natively.
+std::vector<Candidate> candidates(const RunInputs& run,
+                                  const std::vector<std::string>& precisions) {
+  const affinity::Plan& base = run.plan;
+  std::vector<int> rest; // first PU of each allowed core the student does not use
+  for (const auto& core : run.topology.cores())
+    if (std::none_of(core.pus.begin(), core.pus.end(), [&](int pu) {
+          return std::find(base.student.begin(), base.student.end(), pu) != base.student.end();
+        }))
+      rest.push_back(core.pus[0]);
+  std::vector<std::pair<affinity::CpuList, affinity::CpuList>> splits; // loader, teacher CPUs
+  const std::size_t n = rest.size();
+  if (!run.teacher_runs) {
+    for (std::size_t l = 1; l <= n; ++l) splits.push_back({{rest.begin(), rest.begin() + l}, {}});
+    if (n == 0) splits.push_back({base.student, {}});
+  } else if (n < 2) {
+    // Fewer than 3 cores: the loaders share the student's core (validate() allows only that).
+    if (n == 1) splits.push_back({base.student, rest});
+  } else {
+    for (std::size_t l = 1; l < n; ++l)
+      splits.push_back({{rest.begin(), rest.begin() + static_cast<std::ptrdiff_t>(l)},
+                        {rest.begin() + static_cast<std::ptrdiff_t>(l), rest.end()}});
+  }
+  std::vector<Candidate> out;
+  for (const auto& [loader, teacher] : splits) {
+    std::vector<std::size_t> widths = {0};
+    if (!teacher.empty()) {
+      widths.clear();
+      for (std::size_t t = 1; t <= teacher.size(); ++t)
+        if (teacher.size() % t == 0) widths.push_back(t);
+    }
+    for (const std::size_t t : widths)
+      for (const auto& precision : run.teacher_runs ? precisions : std::vector<std::string>{"-"}) {
+        Candidate c;
+        c.plan = base;
+        c.plan.loader = loader;
+        c.plan.teacher.clear();
+        for (std::size_t i = 0; t > 0 && i < teacher.size(); i += t)
+          c.plan.teacher.push_back({teacher.begin() + static_cast<std::ptrdiff_t>(i),
+                                    teacher.begin() + static_cast<std::ptrdiff_t>(i + t)});
+        c.plan.source = "kdflow tune-cores";
+        c.precision = precision;
+        try {
+          affinity::validate(c.plan, run.topology, run.teacher_runs);
+        } catch (const InputError&) {
+          continue; // e.g. a replica across NUMA nodes
+        }
+        out.push_back(std::move(c));
+      }
+  }
+  return out;
+}
+
+} // namespace
+
+int tune_cores_command(const TuneArgs& args) {
+  const auto started = Clock::now();
+  const auto elapsed = [&] {
+    return std::chrono::duration<double>(Clock::now() - started).count();
+  };
+  const Config config = resolve_config(args.config, args.sets);
+  if (!(args.budget_s > 0)) throw InputError("--budget-s must be positive");
+  if (args.verify < 1) throw InputError("--verify must be at least 1");
+  if (!fs::is_directory(fs::absolute(args.out).parent_path()))
+    throw InputError(fmt::format("--out {}: its folder does not exist", args.out));
+
+  RunInputs run = prepare_run(config);
+  const Sampler sampler(run.train.size(), run.sampler);
+  const auto slots = static_cast<std::uint32_t>(config.get_int("ring.slots"));
+  affinity::pin_this_thread(run.topology, run.plan.student, "kd-student");
+
+  // The teacher in each precision to try: bf16 only where the CPU runs it natively.
+  std::vector<std::string> precisions = {"fp32"};
+  if (run.teacher_runs && teacher::has_native_bf16()) precisions.push_back("bf16");
+  std::map<std::string, std::shared_ptr<const teacher::Teacher>> teachers;
+  for (const auto& p : precisions) {
+    if (!run.teacher_runs) break;
+    teacher::TeacherOptions options;
+    options.batch = static_cast<std::int64_t>(run.sampler.batch_size);
+    options.precision = teacher::parse_precision(p);
+    teachers[p] = teacher::Teacher::load(run.teacher_path, options);
+  }
+  std::vector<Candidate> all = candidates(run, precisions);
+  if (all.empty())
+    throw InputError("tune-cores: no valid plan on this machine's allowed CPUs (one core: every "
+                     "role shares it; use cores.plan = auto)");
+
+  // Distinct stage configurations to profile.
+  std::map<affinity::CpuList, double> loader_rate;
+  std::map<std::pair<std::vector<affinity::CpuList>, std::string>, double> teacher_rate;
+  for (const auto& c : all) {
+    loader_rate[c.plan.loader] = 0;
+    if (run.teacher_runs) teacher_rate[{c.plan.teacher, c.precision}] = 0;
+  }
+  const std::size_t profiles = 1 + loader_rate.size() + teacher_rate.size();
+  const std::size_t verifies =
+      std::min<std::size_t>(static_cast<std::size_t>(args.verify), all.size());
+  // Window lengths from the budget: a profile half as long as a verification run, and the warm-up
+  // (a lap of the ring) on top of each, guessed at a fifth of a window.
+  const double window = std::clamp(
+      args.budget_s / (1.2 * (0.5 * static_cast<double>(profiles) + static_cast<double>(verifies))),
+      0.3, 5.0);
+  const auto setup_for = [&](double seconds) {
+    Setup s{run, sampler, slots, slots, 10, seconds, trainer_options(run, 1 << 20), nullptr};
+    return s;
+  };
+  const auto use = [&](const Candidate& c) {
+    run.plan = c.plan;
+    if (run.teacher_runs) run.teacher = teachers.at(c.precision);
+  };
+  log_info(fmt::format("tune-cores: {} valid plan(s); profiling {} stage configuration(s), then "
+                       "verifying {}; budget {:.0f} s",
+                       all.size(), profiles, verifies, args.budget_s));
+
+  // 1. Each stage alone. The student's rate does not depend on the plan (its CPUs are fixed).
+  use(all.front());
+  const double student_rate = run_rep(setup_for(0.5 * window), Mode::student_alone).rate();
+  log_info(fmt::format("[{:5.1f} s] student alone: {:.0f} samples/s", elapsed(), student_rate));
+  for (auto& [cpus, rate] : loader_rate) {
+    Candidate c = all.front();
+    c.plan.loader = cpus;
+    use(c);
+    rate = run_rep(setup_for(0.5 * window), Mode::loader_alone).rate();
+    log_info(fmt::format("[{:5.1f} s] loaders on {}: {:.0f} samples/s", elapsed(),
+                         affinity::format_cpus(cpus), rate));
+  }
+  for (auto& [key, rate] : teacher_rate) {
+    Candidate c = all.front();
+    c.plan.teacher = key.first;
+    c.precision = key.second;
+    use(c);
+    rate = run_rep(setup_for(0.5 * window), Mode::teacher_alone).rate();
+    log_info(fmt::format("[{:5.1f} s] teacher {} x{} {}: {:.0f} samples/s", elapsed(),
+                         key.first.size(), key.first[0].size(), key.second, rate));
+  }
+  // 2. Predictions: the slowest stage's rate. Ties keep the order below (fewer loader cores,
+  // fewer replicas, fp32 first), so equal measurements give the same choice.
+  for (auto& c : all) {
+    c.predicted = std::min(student_rate, loader_rate.at(c.plan.loader));
+    c.bottleneck = c.predicted == student_rate ? "student" : "loader";
+    if (run.teacher_runs) {
+      const double t = teacher_rate.at({c.plan.teacher, c.precision});
+      if (t < c.predicted) {
+        c.predicted = t;
+        c.bottleneck = "teacher";
+      }
+    }
+  }
+  std::stable_sort(all.begin(), all.end(), [](const Candidate& a, const Candidate& b) {
+    return a.predicted > b.predicted * 1.02;
+  });
+  // 3. The best predictions, measured as the real pipeline (budget permitting: at least one).
+  for (std::size_t i = 0; i < verifies; ++i) {
+    if (i > 0 && elapsed() + window * 1.2 > args.budget_s) {
+      log_warn(fmt::format("tune-cores: budget reached; {} of {} verifications run", i, verifies));
+      break;
+    }
+    use(all[i]);
+    all[i].measured = run_rep(setup_for(window), Mode::overlapped).rate();
+    log_info(fmt::format("[{:5.1f} s] {}: predicted {:.0f}, measured {:.0f} samples/s", elapsed(),
+                         all[i].label(), all[i].predicted, all[i].measured));
+  }
+  // The winner: the best measured; within 2% of it, the better prediction (earlier) wins.
+  double best_measured = 0;
+  for (const auto& c : all) best_measured = std::max(best_measured, c.measured);
+  const auto winner = std::find_if(all.begin(), all.end(), [&](const Candidate& c) {
+    return c.measured > 0 && c.measured >= 0.98 * best_measured;
+  });
+  const double tuning_s = elapsed();
+
+  fmt::print("\n{:<4} {:<52} {:>10} {:>10} {:>10}\n", "", "plan", "predicted", "measured",
+             "bottleneck");
+  for (const auto& c : all)
+    fmt::print("{:<4} {:<52} {:>10.0f} {:>10} {:>10}\n", &c == &*winner ? "->" : "", c.label(),
+               c.predicted, c.measured > 0 ? fmt::format("{:.0f}", c.measured) : "-", c.bottleneck);
+
+  json candidates_json = json::array();
+  for (const auto& c : all)
+    candidates_json.push_back(
+        {{"plan", affinity::to_json(c.plan)},
+         {"teacher_precision", c.precision},
+         {"predicted_samples_per_s", c.predicted},
+         {"measured_samples_per_s", c.measured > 0 ? json(c.measured) : json()},
+         {"bottleneck", c.bottleneck}});
+  json loaders = json::array(), teachers_json = json::array();
+  for (const auto& [cpus, rate] : loader_rate)
+    loaders.push_back({{"cpus", cpus}, {"samples_per_s", rate}});
+  for (const auto& [key, rate] : teacher_rate)
+    teachers_json.push_back(
+        {{"replicas", key.first}, {"precision", key.second}, {"samples_per_s", rate}});
+  json report = {
+      {"plan", affinity::to_json(winner->plan)},
+      {"teacher_precision", winner->precision},
+      {"predicted_samples_per_s", winner->predicted},
+      {"measured_samples_per_s", winner->measured},
+      {"bottleneck", winner->bottleneck},
+      {"profiles",
+       {{"student_samples_per_s", student_rate}, {"loader", loaders}, {"teacher", teachers_json}}},
+      {"candidates", candidates_json},
+      {"tuning_s", tuning_s},
+      {"budget_s", args.budget_s},
+      {"window_s", window},
+      {"setup",
+       {{"teacher", run.teacher_path},
+        {"student", config.get_string("student.arch")},
+        {"batch", run.sampler.batch_size},
+        {"ring_slots", slots}}}};
+
+  if (args.exhaustive) {
+    // Every valid plan as a real pipeline run, the same window as a verification.
+    const auto t0 = Clock::now();
+    double best = 0;
+    std::string best_label;
+    json tried = json::array();
+    double winner_there = 0;
+    for (const auto& c : all) {
+      use(c);
+      const double rate = run_rep(setup_for(window), Mode::overlapped).rate();
+      log_info(fmt::format("exhaustive: {}: {:.0f} samples/s", c.label(), rate));
+      tried.push_back({{"plan", c.label()}, {"measured_samples_per_s", rate}});
+      if (rate > best) {
+        best = rate;
+        best_label = c.label();
+      }
+      if (&c == &*winner) winner_there = rate;
+    }
+    const double exhaustive_s = std::chrono::duration<double>(Clock::now() - t0).count();
+    report["exhaustive"] = {{"plans", tried},
+                            {"best_plan", best_label},
+                            {"best_samples_per_s", best},
+                            {"tuned_plan_samples_per_s", winner_there},
+                            {"tuned_vs_best", winner_there / best},
+                            {"exhaustive_s", exhaustive_s},
+                            {"time_ratio", tuning_s / exhaustive_s}};
+    fmt::print("\nexhaustive: best {} at {:.0f} samples/s; the tuned plan ran at {:.0f} ({:.3f} of "
+               "the best); tuning took {:.1f} s, the exhaustive search {:.1f} s (ratio {:.2f})\n",
+               best_label, best, winner_there, winner_there / best, tuning_s, exhaustive_s,
+               tuning_s / exhaustive_s);
+  }
+  write_file_atomic(args.out, report.dump(2) + "\n");
+  fmt::print("\nplan: {} ({:.0f} samples/s measured, {} bound), written to {}\n", winner->label(),
+             winner->measured, winner->bottleneck, args.out);
+  return kExitOk;
+}
+
+} // namespace kdflow::app

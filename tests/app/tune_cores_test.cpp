@@ -1,0 +1,86 @@
+// `kdflow tune-cores` end to end: a short tuning with a small fixture teacher writes a plan that
+// `kdflow train --cores` then runs with; bad input is exit 2 with one line.
+#include "kdflow_process.hpp"
+
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+namespace {
+
+using namespace kdflow_test;
+using nlohmann::json;
+
+std::vector<std::string> small_setup() {
+  return {"--set", "teacher.model=" + fixture("mlp_opset13.onnx").string(),
+          "--set", "student.arch=mlp",
+          "--set", "student.width=0.25",
+          "--set", "ring.slots=4"};
+}
+
+TEST(TuneCores, WritesAPlanThatTrainRunsWith) {
+  const fs::path dir = scratch("tune");
+  fs::create_directories(dir);
+  std::vector<std::string> args = {"tune-cores",   "--budget-s", "8",
+                                   "--exhaustive", "--out",      (dir / "plan.json").string()};
+  for (const auto& a : small_setup()) args.push_back(a);
+  Result r = run(args, dir / "tune");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const json plan = json::parse(read_text(dir / "plan.json"));
+  ASSERT_TRUE(plan.contains("plan"));
+  EXPECT_FALSE(plan["plan"]["student"].empty());
+  EXPECT_FALSE(plan["plan"]["teacher"].empty());
+  EXPECT_GT(plan["measured_samples_per_s"].get<double>(), 0);
+  EXPECT_GT(plan["profiles"]["student_samples_per_s"].get<double>(), 0);
+  ASSERT_FALSE(plan["candidates"].empty());
+  // The winner is the best verified candidate within the 2% tie band.
+  double best = 0;
+  for (const auto& c : plan["candidates"])
+    if (c["measured_samples_per_s"].is_number())
+      best = std::max(best, c["measured_samples_per_s"].get<double>());
+  EXPECT_GE(plan["measured_samples_per_s"].get<double>(), 0.98 * best);
+  // The exhaustive comparison tried every candidate.
+  EXPECT_EQ(plan["exhaustive"]["plans"].size(), plan["candidates"].size());
+  EXPECT_GT(plan["exhaustive"]["tuned_vs_best"].get<double>(), 0);
+
+  const fs::path out = dir / "run";
+  args = {"train",
+          "--out",
+          out.string(),
+          "--cores",
+          (dir / "plan.json").string(),
+          "--set",
+          "train.max_steps=5"};
+  for (const auto& a : small_setup()) args.push_back(a);
+  r = run(args, dir / "train");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const json summary = json::parse(read_text(out / "summary.json"));
+  EXPECT_EQ(summary["plan"]["loader"], plan["plan"]["loader"]);
+  EXPECT_EQ(summary["plan"]["teacher"], plan["plan"]["teacher"]);
+  EXPECT_NE(summary["plan"]["source"].get<std::string>().find("plan.json"), std::string::npos);
+}
+
+TEST(TuneCores, BadInputIsExitTwoWithOneLine) {
+  const fs::path dir = scratch("tune_bad");
+  fs::create_directories(dir);
+  std::vector<std::string> args = {"tune-cores", "--budget-s", "0", "--out",
+                                   (dir / "plan.json").string()};
+  Result r = run(args, dir / "budget");
+  EXPECT_EQ(r.code, 2);
+  expect_one_line_naming(r.err, "--budget-s");
+
+  args = {"tune-cores", "--out", (dir / "missing" / "plan.json").string()};
+  r = run(args, dir / "folder");
+  EXPECT_EQ(r.code, 2);
+  expect_one_line_naming(r.err, "missing");
+
+  // A plan file that is not JSON, given to train.
+  { std::ofstream(dir / "broken.json") << "{ not json"; }
+  args = {"train", "--out", (dir / "run").string(), "--cores", (dir / "broken.json").string()};
+  r = run(args, dir / "broken");
+  EXPECT_EQ(r.code, 2);
+  expect_one_line_naming(r.err, "broken.json");
+  EXPECT_FALSE(fs::exists(dir / "plan.json"));
+}
+
+} // namespace
