@@ -1,6 +1,7 @@
 // The LibTorch executor of the imported teacher graph (the colocated baseline of bench-overlap):
 // every op fixture against kdflow's oneDNN engine, and whole PyTorch exports against PyTorch's
 // own outputs, so the two implementations of the graph check each other.
+#include "../teacher/fixtures.hpp"
 #include "kdflow/core/error.hpp"
 #include "kdflow/cpu_teacher/engine.hpp"
 #include "kdflow/cpu_teacher/npy.hpp"
@@ -23,25 +24,9 @@ namespace {
 namespace fs = std::filesystem;
 using teacher::Shape;
 
-fs::path fixture_dir(const char* sub) {
-  const char* dir = std::getenv("KDFLOW_FIXTURES");
-  if (dir == nullptr) throw std::runtime_error("KDFLOW_FIXTURES is not set (ctest sets it)");
-  return fs::path(dir) / sub;
-}
-
-nlohmann::json manifest(const fs::path& dir) {
-  std::ifstream in(dir / "manifest.json");
-  return nlohmann::json::parse(in);
-}
-
-double normalized_error(const std::vector<float>& a, const std::vector<float>& ref) {
-  double diff = 0, scale = 1e-30;
-  for (std::size_t i = 0; i < ref.size(); ++i) {
-    diff = std::max(diff, std::abs(double(a[i]) - ref[i]));
-    scale = std::max(scale, std::abs(double(ref[i])));
-  }
-  return diff / scale;
-}
+using test::fixture_dir;
+using test::manifest;
+using test::normalized_error;
 
 std::vector<float> run_torch(const teacher::Teacher& t, const std::vector<float>& x) {
   const TorchTeacher torch_teacher(t.graph(), "cpu");

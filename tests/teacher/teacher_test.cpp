@@ -6,6 +6,7 @@
 // - replicas running concurrently give the same answers as one replica alone;
 // - bad input (unsupported op, wrong opset, corrupt or truncated file, shape mismatch) is an
 //   InputError naming the file and what is wrong.
+#include "fixtures.hpp"
 #include "kdflow/core/error.hpp"
 #include "kdflow/cpu_teacher/engine.hpp"
 #include "kdflow/cpu_teacher/npy.hpp"
@@ -26,26 +27,9 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// KDFLOW_FIXTURES (set by ctest) holds models/ (PyTorch exports) and ops/ (single ops).
-fs::path fixture_dir(const char* sub) {
-  const char* dir = std::getenv("KDFLOW_FIXTURES");
-  if (dir == nullptr) throw std::runtime_error("KDFLOW_FIXTURES is not set (ctest sets it)");
-  return fs::path(dir) / sub;
-}
-
-nlohmann::json manifest(const fs::path& dir) {
-  std::ifstream in(dir / "manifest.json");
-  return nlohmann::json::parse(in);
-}
-
-double normalized_error(const std::vector<float>& a, const std::vector<float>& ref) {
-  double diff = 0, scale = 1e-30;
-  for (std::size_t i = 0; i < ref.size(); ++i) {
-    diff = std::max(diff, std::abs(double(a[i]) - ref[i]));
-    scale = std::max(scale, std::abs(double(ref[i])));
-  }
-  return diff / scale;
-}
+using test::fixture_dir;
+using test::manifest;
+using test::normalized_error;
 
 std::vector<float> random_input(const Shape& shape) {
   static std::mt19937 rng(std::random_device{}());

@@ -1,0 +1,38 @@
+// The teacher fixtures the tests share: KDFLOW_FIXTURES (set by ctest) holds models/ (PyTorch
+// exports with PyTorch's outputs) and ops/ (single ops), each with a manifest.json.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <stdexcept>
+#include <vector>
+
+namespace kdflow::test {
+
+inline std::filesystem::path fixture_dir(const char* sub) {
+  const char* dir = std::getenv("KDFLOW_FIXTURES");
+  if (dir == nullptr) throw std::runtime_error("KDFLOW_FIXTURES is not set (ctest sets it)");
+  return std::filesystem::path(dir) / sub;
+}
+
+inline nlohmann::json manifest(const std::filesystem::path& dir) {
+  std::ifstream in(dir / "manifest.json");
+  return nlohmann::json::parse(in);
+}
+
+// max |a - ref| / max |ref|
+inline double normalized_error(const std::vector<float>& a, const std::vector<float>& ref) {
+  double diff = 0, scale = 1e-30;
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    diff = std::max(diff, std::abs(double(a[i]) - ref[i]));
+    scale = std::max(scale, std::abs(double(ref[i])));
+  }
+  return diff / scale;
+}
+
+} // namespace kdflow::test
