@@ -156,14 +156,20 @@ int bench_overlap_command(const OverlapArgs& args) {
         {"step_ms", 1e3 * s / static_cast<double>(med.steps)},
         {"seconds", s},
         {"steps", med.steps},
-        {"student_idle_fraction", student_runs(mode) ? json(med.student_wait_s / s) : json()},
+        // The student's device idle: the window less its steps (its waits for a batch left out;
+        // in serial-cpu the load and the CPU teacher run outside the steps).
+        {"student_idle_fraction",
+         student_runs(mode) ? json(std::clamp(1.0 - med.student_busy_s / s, 0.0, 1.0)) : json()},
         {"loader_busy_fraction", med.loader_work_s / (s * loaders)},
         {"teacher_busy_fraction", med.teacher_work_s / (s * replicas)},
         {"wait_s",
          {{"student", med.student_wait_s},
           {"loader", med.loader_wait_s},
           {"teacher", med.teacher_wait_s}}},
-        {"busy_s", {{"loader", med.loader_work_s}, {"teacher", med.teacher_work_s}}},
+        {"busy_s",
+         {{"student", med.student_busy_s},
+          {"loader", med.loader_work_s},
+          {"teacher", med.teacher_work_s}}},
         {"ring_ready_mean", med.ring_ready}};
   }
   trace::set_active(nullptr);

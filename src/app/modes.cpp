@@ -72,9 +72,12 @@ Rep run_rep(const Setup& setup, Mode mode) {
     if (mode == Mode::serial_cpu) pipeline.produce_serially(b);
     std::uint32_t samples = 0;
     if (trainer) {
+      const auto s0 = Clock::now();
       const auto stats = trainer->step(b);
       if (!stats) break;
       samples = stats->samples;
+      if (b >= setup.warmup)
+        rep.student_busy_s += std::chrono::duration<double>(Clock::now() - s0).count();
     } else {
       trace::Span wait("wait", b);
       const auto slot = ring.acquire_ready(b);
@@ -109,6 +112,7 @@ Rep run_rep(const Setup& setup, Mode mode) {
     return static_cast<double>(after.stages[i].wait_ns - before.stages[i].wait_ns) / 1e9;
   };
   rep.student_wait_s = waited(RingStage::student);
+  rep.student_busy_s = std::max(0.0, rep.student_busy_s - rep.student_wait_s);
   rep.loader_wait_s = waited(RingStage::loader);
   rep.teacher_wait_s = waited(RingStage::teacher);
   rep.loader_work_s = std::max(0.0, static_cast<double>(loader_busy) / 1e9 - rep.loader_wait_s);

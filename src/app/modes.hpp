@@ -31,6 +31,7 @@ struct Rep {
   double seconds = 0;
   std::uint64_t samples = 0, steps = 0;
   double student_wait_s = 0; // the student (or the drain) waiting for a ready batch
+  double student_busy_s = 0; // in its steps, those waits left out (a colocated teacher counts)
   double loader_work_s = 0;  // loader bodies, their waits for a free slot left out
   double teacher_work_s = 0; // teacher bodies, their waits for a loaded batch left out
   double loader_wait_s = 0, teacher_wait_s = 0;
