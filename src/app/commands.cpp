@@ -1,5 +1,5 @@
 // Registers every subcommand of DESIGN.md. Each one's action is set by its callback, so run() only
-// calls what the user chose; subcommands whose issue is not built yet say so and exit 2.
+// calls what the user chose.
 #include "commands.hpp"
 
 #include "pipeline.hpp"
