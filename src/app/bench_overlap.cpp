@@ -12,16 +12,12 @@
 #include "kdflow/core/error.hpp"
 #include "kdflow/core/log.hpp"
 #include "kdflow/core/trace.hpp"
-#include "kdflow/gpu_student/pinned_host.hpp"
 #include "kdflow/gpu_student/torch_teacher.hpp"
-#include "kdflow/gpu_student/trainer.hpp"
 
 #include <sys/utsname.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -33,7 +29,6 @@ namespace kdflow::app {
 namespace {
 
 namespace fs = std::filesystem;
-using Clock = std::chrono::steady_clock;
 using nlohmann::json;
 
 std::string machine_text() {

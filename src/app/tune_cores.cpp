@@ -1,6 +1,5 @@
 #include "tune_cores.hpp"
 
-#include "commands.hpp"
 #include "modes.hpp"
 #include "pipeline.hpp"
 
@@ -144,8 +143,7 @@ int tune_cores_command(const TuneArgs& args) {
       args.budget_s / (1.2 * (0.5 * static_cast<double>(profiles) + static_cast<double>(verifies))),
       0.3, 5.0);
   const auto setup_for = [&](double seconds) {
-    Setup s{run, sampler, slots, slots, 10, seconds, trainer_options(run, 1 << 20), nullptr};
-    return s;
+    return Setup{run, sampler, slots, slots, 10, seconds, trainer_options(run, 1 << 20), nullptr};
   };
   const auto use = [&](const Candidate& c) {
     run.plan = c.plan;
