@@ -1,4 +1,4 @@
-// IDX and CIFAR readers with validation of magic numbers, counts, sizes and labels.
+// IDX and CIFAR readers with validation of magic numbers, counts, sizes and labels; image folders.
 #include "kdflow/core/dataset.hpp"
 
 #include "kdflow/core/error.hpp"
@@ -57,7 +57,7 @@ Dataset load_idx(const std::string& dir, Split split, const std::string& name) {
     throw InputError(fmt::format("{}: truncated: {} bytes, the header promises {}", labels_path,
                                  labels.size(), 8 + n));
   std::vector<std::uint8_t> pixels(images.begin() + 16, images.end());
-  std::vector<std::uint8_t> lab(labels.begin() + 8, labels.end());
+  std::vector<std::uint16_t> lab(labels.begin() + 8, labels.end());
   for (std::size_t i = 0; i < n; ++i)
     if (lab[i] >= 10)
       throw InputError(
@@ -78,7 +78,8 @@ Dataset load_cifar(const std::string& dir, Split split, bool hundred) {
       files.push_back(find_file(dir, {fmt::format("data_batch_{}.bin", k)}));
   const std::size_t label_bytes = hundred ? 2 : 1, record = label_bytes + 3072;
   const int classes = hundred ? 100 : 10;
-  std::vector<std::uint8_t> pixels, labels;
+  std::vector<std::uint8_t> pixels;
+  std::vector<std::uint16_t> labels;
   for (const auto& f : files) {
     const auto bytes = read_file_maybe_gz(f);
     if (bytes.empty() || bytes.size() % record != 0)
@@ -99,6 +100,11 @@ Dataset load_cifar(const std::string& dir, Split split, bool hundred) {
   return Dataset(std::move(pixels), std::move(labels), 3, 32, 32, classes,
                  fmt::format("{} {} ({})", hundred ? "cifar100" : "cifar10",
                              split == Split::train ? "train" : "test", dir));
+}
+
+std::string folder_split(const std::string& dir, Split split) {
+  if (split == Split::train) return find_file(dir, {"train"});
+  return find_file(dir, {"val", "test"});
 }
 
 } // namespace
@@ -127,7 +133,7 @@ std::vector<std::uint8_t> read_file_maybe_gz(const std::string& path) {
   return out;
 }
 
-Dataset::Dataset(std::vector<std::uint8_t> pixels, std::vector<std::uint8_t> labels, int channels,
+Dataset::Dataset(std::vector<std::uint8_t> pixels, std::vector<std::uint16_t> labels, int channels,
                  int height, int width, int classes, std::string source)
     : pixels_(std::move(pixels)), labels_(std::move(labels)), channels_(channels), height_(height),
       width_(width), classes_(classes), source_(std::move(source)) {
@@ -137,15 +143,59 @@ Dataset::Dataset(std::vector<std::uint8_t> pixels, std::vector<std::uint8_t> lab
                                  pixels_.size(), labels_.size(), sample_bytes()));
 }
 
-Dataset Dataset::load(const std::string& format, const std::string& path, Split split) {
+Dataset::Dataset(std::shared_ptr<const ImageFolder> folder, const ImageGeometry& geometry,
+                 std::string source)
+    : labels_(folder->labels), channels_(3), height_(geometry.size), width_(geometry.size),
+      classes_(static_cast<int>(folder->classes.size())), source_(std::move(source)),
+      class_names_(folder->classes), folder_(std::move(folder)), geometry_(geometry) {}
+
+std::span<const std::uint8_t> Dataset::image(std::size_t i) const {
+  if (folder_) throw std::logic_error(source_ + ": decoded on demand; use sample()");
+  return {pixels_.data() + i * sample_bytes(), sample_bytes()};
+}
+
+std::span<const std::uint8_t> Dataset::sample(std::size_t i, SampleScratch& scratch,
+                                              CropPosition crop) const {
+  if (!folder_) return {pixels_.data() + i * sample_bytes(), sample_bytes()};
+  scratch.pixels.resize(sample_bytes());
+  scratch.decoder.decode(folder_->files[i], geometry_, crop, scratch.pixels.data());
+  return scratch.pixels;
+}
+
+Dataset Dataset::load(const std::string& format, const std::string& path, Split split,
+                      const ImageGeometry& geometry) {
   if (!fs::is_directory(path))
     throw InputError(fmt::format("data.path = '{}': no such folder", path));
   if (format == "fashion-mnist" || format == "mnist") return load_idx(path, split, format);
   if (format == "cifar10" || format == "cifar100")
     return load_cifar(path, split, format == "cifar100");
-  throw InputError(fmt::format(
-      "data.dataset = '{}': not supported by this build (fashion-mnist, mnist, cifar10, cifar100)",
-      format));
+  if (format == "folder") {
+    if (geometry.size < 1 || geometry.resize < geometry.size)
+      throw InputError(fmt::format("data.resize = {}: smaller than data.image_size = {}",
+                                   geometry.resize, geometry.size));
+    const std::string root = folder_split(path, split);
+    auto folder = std::make_shared<const ImageFolder>(list_image_folder(root));
+    const std::string source = fmt::format(
+        "folder {} ({}: {} images, {} classes{})", split == Split::train ? "train" : "test", root,
+        folder->files.size(), folder->classes.size(),
+        folder->ignored > 0 ? fmt::format(", {} other files ignored", folder->ignored) : "");
+    Dataset lazy(std::move(folder), geometry, source);
+    if (split == Split::train) return lazy;
+    // The test split is evaluated whole, every epoch: decoded once, centre crops.
+    std::vector<std::uint8_t> pixels(lazy.size() * lazy.sample_bytes());
+    SampleScratch scratch;
+    for (std::size_t i = 0; i < lazy.size(); ++i) {
+      const auto s = lazy.sample(i, scratch);
+      std::copy(s.begin(), s.end(), pixels.begin() + static_cast<std::ptrdiff_t>(i * s.size()));
+    }
+    Dataset decoded(std::move(pixels), lazy.labels_, 3, geometry.size, geometry.size, lazy.classes_,
+                    source);
+    decoded.class_names_ = lazy.class_names_;
+    return decoded;
+  }
+  throw InputError(fmt::format("data.dataset = '{}': not supported (fashion-mnist, mnist, "
+                               "cifar10, cifar100, folder)",
+                               format));
 }
 
 } // namespace kdflow

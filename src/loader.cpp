@@ -85,7 +85,8 @@ SlotLayout loader_layout(const Dataset& d, std::size_t batch_size, bool float_in
 
 void fill_batch(const Dataset& d, const Sampler& sampler, const AugmentConfig& aug,
                 std::uint64_t global_batch, const Slot& slot, const LoaderRegions& regions,
-                std::vector<std::uint32_t>& indices) {
+                LoaderScratch& scratch) {
+  auto& indices = scratch.indices;
   const std::size_t per_epoch = sampler.batches_per_epoch();
   const std::uint64_t epoch = global_batch / per_epoch;
   const std::size_t b = global_batch % per_epoch;
@@ -108,7 +109,13 @@ void fill_batch(const Dataset& d, const Sampler& sampler, const AugmentConfig& a
     const int dx =
         p > 0 ? static_cast<int>((r >> 16) % static_cast<std::uint64_t>(2 * p + 1)) - p : 0;
     const bool flip = aug.augment && aug.hflip && ((r >> 40) & 1);
-    const std::uint8_t* src = d.image(index).data();
+    CropPosition crop; // where a decoded image's crop sits
+    if (aug.augment) {
+      const std::uint64_t q = mix(r);
+      crop = {static_cast<float>(q & 0xffff) / 65535.f,
+              static_cast<float>((q >> 16) & 0xffff) / 65535.f};
+    }
+    const std::uint8_t* src = d.sample(index, scratch.sample, crop).data();
     for (int ch = 0; ch < c; ++ch) {
       const float scale = as_float ? 1.f / (255.f * aug.std[static_cast<std::size_t>(ch)]) : 0.f;
       const float shift =
@@ -154,8 +161,9 @@ void fill_batch(const Dataset& d, const Sampler& sampler, const AugmentConfig& a
 std::vector<float> normalized_images(const Dataset& dataset, const AugmentConfig& augment) {
   const std::size_t plane = static_cast<std::size_t>(dataset.height()) * dataset.width();
   std::vector<float> out(dataset.size() * dataset.sample_bytes());
+  SampleScratch scratch;
   for (std::size_t i = 0; i < dataset.size(); ++i) {
-    const std::uint8_t* src = dataset.image(i).data();
+    const std::uint8_t* src = dataset.sample(i, scratch).data();
     float* dst = out.data() + i * dataset.sample_bytes();
     for (std::size_t k = 0; k < dataset.sample_bytes(); ++k) {
       const auto ch = k / plane;
@@ -173,10 +181,10 @@ std::unique_ptr<StageGraph> start_loaders(oneapi::tbb::task_arena& arena, int wo
   if (augment.normalize && (augment.mean.size() != static_cast<std::size_t>(dataset.channels()) ||
                             augment.std.size() != static_cast<std::size_t>(dataset.channels())))
     throw InputError(fmt::format("normalization needs {} mean and std values", dataset.channels()));
-  // Index scratch per worker, sized once: no allocation per batch.
-  auto scratch =
-      std::make_shared<std::vector<std::vector<std::uint32_t>>>(static_cast<std::size_t>(workers));
-  for (auto& s : *scratch) s.reserve(sampler.config().batch_size);
+  // Scratch per worker, sized once (a decoder's buffers grow to the largest image): no allocation
+  // per batch.
+  auto scratch = std::make_shared<std::vector<LoaderScratch>>(static_cast<std::size_t>(workers));
+  for (auto& s : *scratch) s.indices.reserve(sampler.config().batch_size);
   auto stage = std::make_unique<StageGraph>(
       "loader", arena, workers, ring, RingStage::loader, end,
       [&ring, &dataset, &sampler, &augment, regions, first_batch, publish_to,

@@ -26,6 +26,17 @@ int main(int argc, char** argv) {
   } catch (const InputError& e) {
     fmt::print(stderr, "kdflow: {}\n", e.what());
     return kExitBadInput;
+  } catch (const StageError& e) {
+    // A stage that stopped on bad input (an image a loader could not decode) is bad input too.
+    try {
+      std::rethrow_if_nested(e);
+    } catch (const InputError&) {
+      fmt::print(stderr, "kdflow: {}\n", e.what());
+      return kExitBadInput;
+    } catch (...) {
+    }
+    fmt::print(stderr, "kdflow: error: {}\n", e.what());
+    return kExitFailure;
   } catch (const Interrupted& e) {
     fmt::print(stderr, "kdflow: interrupted: {}\n", e.what());
     return kExitInterrupted;

@@ -31,6 +31,9 @@ Normalization dataset_normalization(const std::string& dataset) {
   if (dataset == "mnist") return {{0.1307f}, {0.3081f}};
   if (dataset == "cifar10") return {{0.4914f, 0.4822f, 0.4465f}, {0.2470f, 0.2435f, 0.2616f}};
   if (dataset == "cifar100") return {{0.5071f, 0.4865f, 0.4409f}, {0.2673f, 0.2564f, 0.2762f}};
+  // Image folders: ImageNet's statistics, what torchvision's pretrained pipelines use (computing a
+  // folder's own would mean decoding all of it before the first step).
+  if (dataset == "folder") return {{0.485f, 0.456f, 0.406f}, {0.229f, 0.224f, 0.225f}};
   throw InputError(fmt::format("data.mean/data.std = auto: no built-in statistics for "
                                "data.dataset = {}; give them as lists",
                                dataset));
@@ -115,11 +118,11 @@ student::TrainerOptions trainer_options(const RunInputs& run, std::int64_t total
 RunInputs prepare_run(const Config& config) {
   const std::string format = config.get_string("data.dataset");
   const std::string path = config.get_string("data.path");
-  if (format == "folder")
-    throw NotBuiltError("data.dataset = folder: image folders are not built yet in this version");
+  const ImageGeometry geometry{static_cast<int>(config.get_int("data.image_size")),
+                               static_cast<int>(config.get_int("data.resize"))};
   RunInputs run{config,
-                Dataset::load(format, path, Split::train),
-                Dataset::load(format, path, Split::test),
+                Dataset::load(format, path, Split::train, geometry),
+                Dataset::load(format, path, Split::test, geometry),
                 {},
                 {},
                 affinity::Topology::load(),
@@ -127,6 +130,9 @@ RunInputs prepare_run(const Config& config) {
                 config.get_double("kd.alpha") > 0,
                 nullptr,
                 {}};
+  if (run.train.class_names() != run.test.class_names())
+    throw InputError(fmt::format("{} and {} have different class folders: labels would disagree",
+                                 run.train.source(), run.test.source()));
   const auto channels = static_cast<std::size_t>(run.train.channels());
   const std::string mean = config.get_string("data.mean"), std_dev = config.get_string("data.std");
   run.augment.mean = mean == "auto" ? dataset_normalization(format).mean

@@ -116,7 +116,7 @@ private:
   std::unique_ptr<StageGraph> loaders_;
   std::vector<std::unique_ptr<StageGraph>> teachers_;
   std::unique_ptr<StageGraph> replay_;
-  std::vector<std::uint32_t> serial_scratch_;
+  LoaderScratch serial_scratch_;
   std::uint64_t serial_loader_ns_ = 0, serial_teacher_ns_ = 0;
 };
 

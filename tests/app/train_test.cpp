@@ -1,6 +1,7 @@
 // `kdflow train` end to end, as a user runs it: the binary in a child process on real
 // Fashion-MNIST, with a small fixture teacher (an MLP exported by PyTorch) so each run takes
 // seconds. Resume exactness, interrupts, SIGKILL during saves, and every bad input of the issue.
+#include "../core/image_files.hpp"
 #include "kdflow_process.hpp"
 
 #include <gtest/gtest.h>
@@ -253,6 +254,48 @@ TEST(Train, AlphaZeroTrainsWithoutRunningTheTeacher) {
   const json s = summary(out);
   EXPECT_TRUE(s["teacher_test_accuracy"].is_null());
   EXPECT_TRUE(s["plan"]["teacher"].empty());
+}
+
+TEST(Train, ImageFolderTrainsWithATeacherAndBadImagesAreExit2) {
+  // 10 classes of JPEGs and PNGs (40 x 48) decoded by the loader cores, resized to 36 and cropped
+  // to 32: the fixture ResNet-18 (3 x 32 x 32, 10 classes) teaches an MLP student.
+  const fs::path root = scratch("folder_data");
+  kdflow::test::write_image_folder(root, 10, 2, 40, 48);
+  const auto folder_args = [&](const fs::path& out) {
+    std::vector<std::string> args = {"train", "--out", out.string()};
+    for (const std::string& set : std::vector<std::string>{
+             "data.dataset=folder", "data.path=" + root.string(), "data.image_size=32",
+             "data.resize=36", "data.batch_size=4", "data.pad_crop=2", "data.hflip=true",
+             "teacher.model=" + fixture("resnet18_opset17.onnx").string(), "student.arch=mlp",
+             "student.width=0.25", "train.epochs=2", "ring.slots=4"}) {
+      args.push_back("--set");
+      args.push_back(set);
+    }
+    return args;
+  };
+  const fs::path out = scratch("folder_run");
+  const Result r = run(folder_args(out), out);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const json s = summary(out);
+  EXPECT_EQ(s.at("steps").get<int>(), 10);
+  EXPECT_TRUE(s.at("teacher_test_accuracy").is_number());
+
+  // A training image cut short: found by a loader mid-run, exit 2 naming it.
+  const fs::path bad = root / "train" / "class_t" / "img0.jpg";
+  const std::string jpeg = read_text(bad);
+  std::ofstream(bad, std::ios::binary | std::ios::trunc) << jpeg.substr(0, jpeg.size() / 2);
+  const fs::path out_bad = scratch("folder_bad");
+  Result b = run(folder_args(out_bad), out_bad);
+  EXPECT_EQ(b.code, 2);
+  expect_one_line_naming(b.err, bad.string());
+  std::ofstream(bad, std::ios::binary | std::ios::trunc) << jpeg;
+
+  // A class missing from the test split: labels would disagree.
+  fs::rename(root / "val" / "class_q", root / "class_q_aside");
+  const fs::path out_classes = scratch("folder_classes");
+  b = run(folder_args(out_classes), out_classes);
+  EXPECT_EQ(b.code, 2);
+  expect_one_line_naming(b.err, "different class folders");
 }
 
 TEST(Train, NonFiniteLossAbortsOrIsSkipped) {

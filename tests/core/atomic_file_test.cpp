@@ -94,9 +94,11 @@ TEST(AtomicFile, SigkillDuringWritesNeverLeavesATornFile) {
     EXPECT_TRUE(got == pattern(1 << 20, 0) || got == pattern(1 << 20, 1));
   }
   // Killed writers leave temporaries: recognisable, so readers skip them.
-  for (const auto& e : fs::directory_iterator(p.parent_path()))
-    if (e.path() != p && e.path().filename().string().starts_with(p.filename().string()))
+  for (const auto& e : fs::directory_iterator(p.parent_path())) {
+    if (e.path() != p && e.path().filename().string().starts_with(p.filename().string())) {
       EXPECT_TRUE(is_atomic_temporary(e.path())) << e.path();
+    }
+  }
 }
 
 } // namespace

@@ -1,6 +1,8 @@
 // Sampler, augmentation and loader workers: permutations cover every sample once per epoch,
 // shards are disjoint, crops and flips move pixels where they should, and batches are
 // byte-identical with 1 and with 2 loader threads (same seed) on the real Fashion-MNIST.
+#include "image_files.hpp"
+
 #include "kdflow/core/loader.hpp"
 
 #include <gtest/gtest.h>
@@ -69,7 +71,7 @@ TEST(Augment, CropShiftsAndFlipMirrors) {
   const SlotLayout layout = loader_layout(d, 1, false);
   SlotRing ring(layout, 2, allocate_locked(2 * layout.slot_bytes()));
   const LoaderRegions regions{0, 1, 2};
-  std::vector<std::uint32_t> scratch;
+  LoaderScratch scratch;
   AugmentConfig aug;
   aug.normalize = false;
   aug.pad_crop = 2;
@@ -108,19 +110,20 @@ TEST(Augment, CropShiftsAndFlipMirrors) {
 }
 
 // Runs `workers` loader threads over `batches` batches and returns a checksum per batch.
-std::vector<std::uint64_t> load_with(int workers, const Dataset& d, std::uint64_t batches) {
+std::vector<std::uint64_t> load_with(int workers, const Dataset& d, std::uint64_t batches,
+                                     std::size_t batch_size = 64) {
   oneapi::tbb::global_control parallelism(oneapi::tbb::global_control::max_allowed_parallelism,
                                           static_cast<std::size_t>(workers) + 1);
   SamplerConfig sc;
-  sc.batch_size = 64;
+  sc.batch_size = batch_size;
   sc.seed = 1234;
   const Sampler s(d.size(), sc);
   AugmentConfig aug;
   aug.pad_crop = 2;
   aug.hflip = true;
-  aug.mean = {0.286f};
-  aug.std = {0.353f};
-  const SlotLayout layout = loader_layout(d, 64, true);
+  aug.mean.assign(static_cast<std::size_t>(d.channels()), 0.286f);
+  aug.std.assign(static_cast<std::size_t>(d.channels()), 0.353f);
+  const SlotLayout layout = loader_layout(d, batch_size, true);
   SlotRing ring(layout, 4, allocate_locked(4 * layout.slot_bytes()));
   oneapi::tbb::task_arena arena(workers, 0);
   auto loaders =
@@ -150,6 +153,22 @@ TEST(Loader, BatchesAreByteIdenticalWithOneAndTwoThreads) {
   const auto two = load_with(2, d, batches);
   EXPECT_EQ(one, two);
   EXPECT_EQ(std::set<std::uint64_t>(one.begin(), one.end()).size(), one.size()); // batches differ
+}
+
+TEST(Loader, ImageFolderBatchesAreByteIdenticalWithOneAndTwoThreads) {
+  // Decoded on the loader threads, random crops of the resized images: still a function of (seed,
+  // epoch, sample) alone.
+  const auto root = std::filesystem::temp_directory_path() /
+                    ("kdflow_loader_folder_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(root);
+  test::write_image_folder(root, 3, 8, 40, 52);
+  const Dataset d = Dataset::load("folder", root.string(), Split::train, {24, 32});
+  const std::uint64_t batches = Sampler(d.size(), SamplerConfig{4}).batches_per_epoch() * 2 + 3;
+  const auto one = load_with(1, d, batches, 4);
+  const auto two = load_with(2, d, batches, 4);
+  EXPECT_EQ(one, two);
+  EXPECT_EQ(std::set<std::uint64_t>(one.begin(), one.end()).size(), one.size());
+  std::filesystem::remove_all(root);
 }
 
 } // namespace

@@ -1,9 +1,13 @@
-// Datasets held in memory as uint8 images (N x C x H x W) with labels: IDX (MNIST, Fashion-MNIST;
-// raw or .gz) and CIFAR-10/100 binary batches. Every header, count and label is validated; a bad
-// file is an InputError naming it (and the record or offset).
+// Datasets as uint8 images (N x C x H x W) with labels: IDX (MNIST, Fashion-MNIST; raw or .gz) and
+// CIFAR-10/100 binary batches held in memory, and image folders, whose training split stays on disk
+// and is decoded by the loader cores batch by batch. Every header, count and label is validated; a
+// bad file is an InputError naming it (and the record or offset).
 #pragma once
 
+#include "kdflow/core/image_folder.hpp"
+
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -12,11 +16,20 @@ namespace kdflow {
 
 enum class Split { train, test };
 
+// One thread's means of reading samples that are decoded on demand (an image folder's).
+struct SampleScratch {
+  ImageDecoder decoder;
+  std::vector<std::uint8_t> pixels;
+};
+
 class Dataset {
 public:
-  // format: "fashion-mnist" | "mnist" | "cifar10" | "cifar100"; `path` is the folder holding the
-  // files under their usual names.
-  static Dataset load(const std::string& format, const std::string& path, Split split);
+  // format: "fashion-mnist" | "mnist" | "cifar10" | "cifar100" | "folder"; `path` is the folder
+  // holding the files under their usual names (folder: `path/train/<class>/*` and
+  // `path/val/<class>/*` or `path/test/<class>/*`, 3 channels, `geometry.size` square). A folder's
+  // test split is decoded once here (centre crop); its training split on demand by sample().
+  static Dataset load(const std::string& format, const std::string& path, Split split,
+                      const ImageGeometry& geometry = {});
 
   [[nodiscard]] std::size_t size() const { return labels_.size(); }
   [[nodiscard]] int channels() const { return channels_; }
@@ -26,21 +39,35 @@ public:
   [[nodiscard]] std::size_t sample_bytes() const {
     return static_cast<std::size_t>(channels_) * height_ * width_;
   }
-  [[nodiscard]] std::span<const std::uint8_t> image(std::size_t i) const {
-    return {pixels_.data() + i * sample_bytes(), sample_bytes()};
-  }
+  // Whether samples are decoded on demand (an image folder's training split): image() is then
+  // unavailable and sample() decodes.
+  [[nodiscard]] bool decodes() const { return folder_ != nullptr; }
+  // Sample i of a dataset held in memory.
+  [[nodiscard]] std::span<const std::uint8_t> image(std::size_t i) const;
+  // Sample i, C x H x W: in memory, a view; decoded, read, resized and cropped at `crop` into
+  // `scratch` (an InputError naming the file if it does not decode).
+  [[nodiscard]] std::span<const std::uint8_t> sample(std::size_t i, SampleScratch& scratch,
+                                                     CropPosition crop = {}) const;
   [[nodiscard]] int label(std::size_t i) const { return labels_[i]; }
   [[nodiscard]] const std::string& source() const { return source_; }
+  // Class names where the format has them (an image folder's sorted folder names), else empty.
+  [[nodiscard]] const std::vector<std::string>& class_names() const { return class_names_; }
 
   // For tests and synthetic data: takes the arrays as they are (validated).
-  Dataset(std::vector<std::uint8_t> pixels, std::vector<std::uint8_t> labels, int channels,
+  Dataset(std::vector<std::uint8_t> pixels, std::vector<std::uint16_t> labels, int channels,
           int height, int width, int classes, std::string source);
 
 private:
+  Dataset(std::shared_ptr<const ImageFolder> folder, const ImageGeometry& geometry,
+          std::string source);
+
   std::vector<std::uint8_t> pixels_;
-  std::vector<std::uint8_t> labels_;
+  std::vector<std::uint16_t> labels_;
   int channels_ = 0, height_ = 0, width_ = 0, classes_ = 0;
   std::string source_;
+  std::vector<std::string> class_names_;
+  std::shared_ptr<const ImageFolder> folder_; // set: decoded on demand
+  ImageGeometry geometry_;
 };
 
 // Whole-file read, gunzipped when the name ends in .gz; InputError naming the file otherwise.

@@ -62,10 +62,19 @@ struct LoaderRegions {
 SlotLayout loader_layout(const Dataset& dataset, std::size_t batch_size, bool float_inputs,
                          std::vector<RegionSpec> extra = {});
 
-// Writes batch `global_batch` (epoch and position derived from the sampler) into `slot`.
+// One loader body's working memory, grown once: the batch's dataset indices, and the decoder and
+// pixel buffer of a dataset decoded on demand.
+struct LoaderScratch {
+  std::vector<std::uint32_t> indices;
+  SampleScratch sample;
+};
+
+// Writes batch `global_batch` (epoch and position derived from the sampler) into `slot`. A dataset
+// decoded on demand (an image folder) is decoded here, on the calling core, its crop placed at
+// random when augmenting and centred otherwise.
 void fill_batch(const Dataset& dataset, const Sampler& sampler, const AugmentConfig& augment,
                 std::uint64_t global_batch, const Slot& slot, const LoaderRegions& regions,
-                std::vector<std::uint32_t>& scratch);
+                LoaderScratch& scratch);
 
 // The whole dataset as float32 (x / 255 - mean[c]) / std[c], N x C x H x W: evaluation input.
 std::vector<float> normalized_images(const Dataset& dataset, const AugmentConfig& augment);

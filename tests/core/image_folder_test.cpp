@@ -1,0 +1,276 @@
+// Image folders on JPEG and PNG files the test writes: listing (classes by sorted folder name),
+// decoding against the pixels that were written (exact for PNG, close for JPEG), crops, resizing
+// (box reduction exact, bilinear exact on linear ramps, DCT-scaled JPEG close), the Dataset built
+// on them, and every bad input: each an InputError of one line naming the file or folder.
+#include "image_files.hpp"
+
+#include "kdflow/core/dataset.hpp"
+#include "kdflow/core/error.hpp"
+#include "kdflow/core/image_folder.hpp"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <functional>
+
+namespace kdflow {
+namespace {
+
+namespace fs = std::filesystem;
+using test::Pixels;
+
+fs::path fresh_dir(const std::string& name) {
+  const fs::path d =
+      fs::temp_directory_path() / ("kdflow_images_" + std::to_string(::getpid())) / name;
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const InputError& e) {
+    EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos);
+    return e.what();
+  }
+  ADD_FAILURE() << "no InputError";
+  return {};
+}
+
+// Decodes `path` with `g` at `crop`: 3 x size x size planar.
+std::vector<std::uint8_t> decode(const fs::path& path, ImageGeometry g, CropPosition crop = {}) {
+  ImageDecoder decoder;
+  std::vector<std::uint8_t> out(static_cast<std::size_t>(3 * g.size * g.size));
+  decoder.decode(path.string(), g, crop, out.data());
+  return out;
+}
+
+std::uint8_t planar(const std::vector<std::uint8_t>& out, int size, int c, int y, int x) {
+  return out[(static_cast<std::size_t>(c) * size + y) * size + x];
+}
+
+TEST(ImageDecoder, PngCropsAreExactAtEveryPosition) {
+  const fs::path dir = fresh_dir("png_crop");
+  const Pixels p = test::random_pixels(30, 40, 3, 7); // shorter side 30 = resize: no resampling
+  test::write_png(dir / "a.png", p);
+  const ImageGeometry g{24, 30};
+  for (const CropPosition crop :
+       {CropPosition{0, 0}, CropPosition{}, CropPosition{1, 1}, CropPosition{0.25f, 0.75f}}) {
+    const auto out = decode(dir / "a.png", g, crop);
+    const int oy = static_cast<int>(std::lround(crop.y * (30 - 24)));
+    const int ox = static_cast<int>(std::lround(crop.x * (40 - 24)));
+    int wrong = 0;
+    for (int c = 0; c < 3; ++c)
+      for (int y = 0; y < 24; ++y)
+        for (int x = 0; x < 24; ++x) wrong += planar(out, 24, c, y, x) != p.at(oy + y, ox + x, c);
+    EXPECT_EQ(wrong, 0) << "crop at " << crop.y << ", " << crop.x;
+  }
+}
+
+TEST(ImageDecoder, GreyAndAlphaPngBecomeRgb) {
+  const fs::path dir = fresh_dir("png_kinds");
+  const Pixels grey = test::random_pixels(16, 16, 1, 3);
+  test::write_png(dir / "grey.png", grey);
+  const auto g = decode(dir / "grey.png", {16, 16});
+  for (int c = 0; c < 3; ++c)
+    for (int y = 0; y < 16; ++y)
+      for (int x = 0; x < 16; ++x) ASSERT_EQ(planar(g, 16, c, y, x), grey.at(y, x, 0));
+  // Opaque pixels keep their colour; a transparent one is composited on black.
+  Pixels rgba = test::random_pixels(8, 8, 4, 5);
+  for (int k = 0; k < 64; ++k) rgba.data[static_cast<std::size_t>(k) * 4 + 3] = 255;
+  rgba.data[3] = 0;
+  test::write_png(dir / "rgba.png", rgba);
+  const auto a = decode(dir / "rgba.png", {8, 8});
+  EXPECT_EQ(planar(a, 8, 0, 0, 0), 0);
+  EXPECT_EQ(planar(a, 8, 2, 7, 7), rgba.at(7, 7, 2));
+}
+
+TEST(ImageDecoder, LargeDownscalesAverageBlocks) {
+  // 64 x 96 to shorter side 16: 4 x 4 blocks averaged, then no resampling left.
+  const fs::path dir = fresh_dir("png_box");
+  const Pixels p = test::random_pixels(64, 96, 3, 11);
+  test::write_png(dir / "a.png", p);
+  const auto out = decode(dir / "a.png", {16, 16}, {0, 0});
+  for (int c = 0; c < 3; ++c)
+    for (int y = 0; y < 16; ++y)
+      for (int x = 0; x < 16; ++x) {
+        int sum = 0;
+        for (int dy = 0; dy < 4; ++dy)
+          for (int dx = 0; dx < 4; ++dx) sum += p.at(4 * y + dy, 4 * x + dx, c);
+        ASSERT_EQ(planar(out, 16, c, y, x), (sum + 8) / 16) << c << " " << y << " " << x;
+      }
+}
+
+TEST(ImageDecoder, BilinearResizeIsExactOnLinearRamps) {
+  // A linear ramp stays linear under bilinear sampling: the value at an output pixel is the ramp at
+  // the source coordinate of its centre, (i + 0.5) * scale - 0.5 (pixel centres aligned).
+  const fs::path dir = fresh_dir("png_ramp");
+  const int h = 40, w = 50;
+  Pixels p{h, w, 3, std::vector<std::uint8_t>(static_cast<std::size_t>(h) * w * 3)};
+  for (int y = 0; y < h; ++y)
+    for (int x = 0; x < w; ++x) {
+      p.data[(static_cast<std::size_t>(y) * w + x) * 3 + 0] = static_cast<std::uint8_t>(4 * x);
+      p.data[(static_cast<std::size_t>(y) * w + x) * 3 + 1] = static_cast<std::uint8_t>(5 * y);
+      p.data[(static_cast<std::size_t>(y) * w + x) * 3 + 2] = 77;
+    }
+  test::write_png(dir / "ramp.png", p);
+  const ImageGeometry g{24, 32}; // 40 x 50 -> 32 x 40, crop 24 x 24 centred at (4, 8)
+  const auto out = decode(dir / "ramp.png", g);
+  const double scale = 40.0 / 32.0;
+  for (int y = 0; y < 24; ++y)
+    for (int x = 0; x < 24; ++x) {
+      const double sx = std::clamp((8 + x + 0.5) * scale - 0.5, 0.0, w - 1.0);
+      const double sy = std::clamp((4 + y + 0.5) * scale - 0.5, 0.0, h - 1.0);
+      EXPECT_NEAR(planar(out, 24, 0, y, x), 4 * sx, 0.51) << y << " " << x;
+      EXPECT_NEAR(planar(out, 24, 1, y, x), 5 * sy, 0.51) << y << " " << x;
+      EXPECT_EQ(planar(out, 24, 2, y, x), 77);
+    }
+}
+
+TEST(ImageDecoder, JpegDecodesCloseToWhatWasWritten) {
+  const fs::path dir = fresh_dir("jpeg");
+  const Pixels p = test::smooth_pixels(48, 64, 21);
+  test::write_jpeg(dir / "a.jpg", p, 98);
+  const auto out = decode(dir / "a.jpg", {40, 48}); // crop only: centred at (4, 12)
+  double total = 0;
+  int worst = 0;
+  for (int c = 0; c < 3; ++c)
+    for (int y = 0; y < 40; ++y)
+      for (int x = 0; x < 40; ++x) {
+        const int d = std::abs(planar(out, 40, c, y, x) - p.at(4 + y, 12 + x, c));
+        total += d;
+        worst = std::max(worst, d);
+      }
+  EXPECT_LT(total / (3 * 40 * 40), 1.0);
+  EXPECT_LE(worst, 4);
+  // Grey JPEG: three equal channels.
+  const Pixels grey = test::random_pixels(16, 16, 1, 2);
+  test::write_jpeg(dir / "grey.jpg", grey, 90);
+  const auto g = decode(dir / "grey.jpg", {16, 16});
+  for (int k = 0; k < 256; ++k)
+    ASSERT_EQ(g[static_cast<std::size_t>(k)], g[256 + static_cast<std::size_t>(k)]);
+}
+
+TEST(ImageDecoder, LargeJpegUsesDctScalingAndStaysClose) {
+  // 384 x 512 to shorter side 64: decoded at 1/4 (96 x 128), then resized; compare with the
+  // smooth content the image was made from, sampled at the output pixels' centres.
+  const fs::path dir = fresh_dir("jpeg_big");
+  const Pixels p = test::smooth_pixels(384, 512, 4);
+  test::write_jpeg(dir / "big.jpg", p, 95);
+  const auto out = decode(dir / "big.jpg", {64, 64});
+  const double scale = 384.0 / 64.0; // resized 64 x 85, crop 64 x 64 centred at (0, 10)
+  const int ox = static_cast<int>(std::lround(0.5 * (85 - 64)));
+  double total = 0;
+  for (int c = 0; c < 3; ++c)
+    for (int y = 0; y < 64; ++y)
+      for (int x = 0; x < 64; ++x) {
+        const int sy = std::clamp(static_cast<int>((y + 0.5) * scale), 0, 383);
+        const int sx = std::clamp(static_cast<int>((ox + x + 0.5) * scale), 0, 511);
+        total += std::abs(planar(out, 64, c, y, x) - p.at(sy, sx, c));
+      }
+  EXPECT_LT(total / (3 * 64 * 64), 3.0);
+}
+
+TEST(ImageFolder, ListsClassesBySortedNameAndIgnoresOtherFiles) {
+  const fs::path root = fresh_dir("list");
+  test::write_image_folder(root, 3, 2, 12, 12);
+  test::write_bytes(root / "train" / "class_z" / "notes.txt", {'h', 'i'});
+  test::write_bytes(root / "train" / "class_z" / ".hidden.jpg", {'x'});
+  test::write_bytes(root / "train" / "README", {'x'});
+  const ImageFolder f = list_image_folder((root / "train").string());
+  EXPECT_EQ(f.classes, (std::vector<std::string>{"class_x", "class_y", "class_z"}));
+  ASSERT_EQ(f.files.size(), 6u);
+  EXPECT_EQ(f.labels, (std::vector<std::uint16_t>{0, 0, 1, 1, 2, 2}));
+  EXPECT_NE(f.files[0].find("class_x/img0.jpg"), std::string::npos);
+  EXPECT_NE(f.files[5].find("class_z/img1.png"), std::string::npos);
+  EXPECT_EQ(f.ignored, 2u); // notes.txt and README; hidden files are not counted
+}
+
+TEST(ImageFolder, DatasetDecodesTrainOnDemandAndTestOnce) {
+  const fs::path root = fresh_dir("dataset");
+  test::write_image_folder(root, 2, 3, 20, 30);
+  const ImageGeometry g{16, 20};
+  const Dataset train = Dataset::load("folder", root.string(), Split::train, g);
+  const Dataset test = Dataset::load("folder", root.string(), Split::test, g);
+  EXPECT_TRUE(train.decodes());
+  EXPECT_FALSE(test.decodes());
+  EXPECT_EQ(train.size(), 6u);
+  EXPECT_EQ(train.classes(), 2);
+  EXPECT_EQ(train.channels(), 3);
+  EXPECT_EQ(train.height(), 16);
+  EXPECT_EQ(train.width(), 16);
+  EXPECT_EQ(train.class_names(), test.class_names());
+  EXPECT_EQ(train.label(0), 0);
+  EXPECT_EQ(train.label(5), 1);
+  // Same files in both splits here: the test split holds the training split's centre crops.
+  SampleScratch scratch;
+  for (std::size_t i = 0; i < train.size(); ++i) {
+    const auto s = train.sample(i, scratch);
+    EXPECT_TRUE(std::equal(s.begin(), s.end(), test.image(i).begin())) << i;
+  }
+  EXPECT_THROW((void)train.image(0), std::logic_error);
+}
+
+TEST(ImageFolder, BadInputsAreOneLineNamingTheFileOrFolder) {
+  const fs::path root = fresh_dir("bad");
+  EXPECT_NE(error_of([&] {
+              Dataset::load("folder", root.string(), Split::train);
+            }).find((root / "train").string()),
+            std::string::npos); // where kdflow looked
+  fs::create_directories(root / "train");
+  EXPECT_NE(
+      error_of([&] { list_image_folder((root / "train").string()); }).find("no class folders"),
+      std::string::npos);
+  fs::create_directories(root / "train" / "cat");
+  fs::create_directories(root / "train" / "dog");
+  test::write_png(root / "train" / "cat" / "a.png", test::random_pixels(8, 8, 3, 1));
+  const std::string empty = error_of([&] { list_image_folder((root / "train").string()); });
+  EXPECT_NE(empty.find("dog"), std::string::npos);
+  EXPECT_NE(empty.find("empty class folder"), std::string::npos);
+
+  test::write_bytes(root / "train" / "dog" / "b.jpg", {'n', 'o', 't', ' ', 'j', 'p', 'g'});
+  const std::string not_image = error_of([&] { list_image_folder((root / "train").string()); });
+  EXPECT_NE(not_image.find("b.jpg"), std::string::npos);
+
+  // Truncated JPEG and PNG pass the signature check and fail to decode, named.
+  const auto jpeg = test::jpeg_bytes(test::smooth_pixels(32, 32, 1), 90);
+  test::write_bytes(root / "train" / "dog" / "b.jpg",
+                    std::vector<std::uint8_t>(
+                        jpeg.begin(), jpeg.begin() + static_cast<std::ptrdiff_t>(jpeg.size() / 2)));
+  const ImageFolder f = list_image_folder((root / "train").string());
+  ImageDecoder decoder;
+  std::vector<std::uint8_t> out(3 * 8 * 8);
+  const std::string truncated = error_of([&] {
+    decoder.decode(f.files[1], {8, 8}, {}, out.data());
+  });
+  EXPECT_NE(truncated.find("b.jpg"), std::string::npos);
+  EXPECT_NE(truncated.find("undecodable JPEG"), std::string::npos);
+  std::ifstream in(root / "train" / "cat" / "a.png", std::ios::binary);
+  std::vector<std::uint8_t> png((std::istreambuf_iterator<char>(in)),
+                                std::istreambuf_iterator<char>());
+  png.resize(png.size() - 20); // IDAT cut short, IEND gone
+  test::write_bytes(root / "train" / "cat" / "a.png", png);
+  const std::string bad_png = error_of([&] { decoder.decode(f.files[0], {8, 8}, {}, out.data()); });
+  EXPECT_NE(bad_png.find("a.png"), std::string::npos);
+  EXPECT_NE(bad_png.find("undecodable PNG"), std::string::npos);
+  // A file that vanished after listing.
+  fs::remove(root / "train" / "cat" / "a.png");
+  EXPECT_NE(error_of([&] {
+              decoder.decode(f.files[0], {8, 8}, {}, out.data());
+            }).find("a.png"),
+            std::string::npos);
+  // Geometry: resize below the crop.
+  EXPECT_NE(error_of([&] {
+              Dataset::load("folder", root.string(), Split::train, {32, 16});
+            }).find("data.resize"),
+            std::string::npos);
+  // A test split that is missing names both places looked.
+  const std::string no_test =
+      error_of([&] { Dataset::load("folder", root.string(), Split::test); });
+  EXPECT_NE(no_test.find("val"), std::string::npos);
+  EXPECT_NE(no_test.find("test"), std::string::npos);
+}
+
+} // namespace
+} // namespace kdflow
