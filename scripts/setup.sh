@@ -19,6 +19,7 @@ apt_packages=(
   libboost-dev libreaderwriterqueue-dev relacy-dev
   libturbojpeg0-dev libpng-dev zlib1g-dev
   dataset-fashion-mnist gnuplot-nox
+  python3-pil python3-numpy  # the loader benchmark's peer, for Debian's /usr/bin/python3
 )
 # oneDNN 3.2 built for the TBB CPU runtime needs oneTBB 2021.x and the Intel compiler runtime
 # (libimf, libintlc) it was built with; both come from PyPI so that the

@@ -20,6 +20,36 @@ std::uint64_t mix(std::uint64_t x) { // splitmix64 finalizer
   return x ^ (x >> 31);
 }
 
+// One h x w plane, shifted by (dy, dx) (zeros where the shift uncovers nothing) and mirrored if
+// `flip`, through `convert`. Row by row over the valid columns only, so that the inner loops have
+// no branches and vectorize: this loop is the loader's cost after decoding.
+template <typename Out, typename Convert>
+void shift_plane(const std::uint8_t* src, Out* dst, int h, int w, int dy, int dx, bool flip,
+                 Convert convert) {
+  const Out zero = convert(0);
+  // Output column x reads source column (flip ? w - 1 - x : x) + dx, valid within [0, w).
+  const int lo = flip ? std::max(0, dx) : std::max(0, -dx);
+  const int hi = flip ? std::min(w, w + dx) : std::min(w, w - dx);
+  for (int y = 0; y < h; ++y) {
+    Out* out = dst + static_cast<std::ptrdiff_t>(y) * w;
+    const int sy = y + dy;
+    if (sy < 0 || sy >= h || lo >= hi) {
+      std::fill_n(out, w, zero);
+      continue;
+    }
+    const std::uint8_t* row = src + static_cast<std::ptrdiff_t>(sy) * w;
+    std::fill_n(out, lo, zero);
+    if (flip) {
+      const std::uint8_t* mirrored = row + (w - 1 + dx);
+      for (int x = lo; x < hi; ++x) out[x] = convert(mirrored[-x]);
+    } else {
+      const std::uint8_t* shifted = row + dx;
+      for (int x = lo; x < hi; ++x) out[x] = convert(shifted[x]);
+    }
+    std::fill_n(out + hi, w - hi, zero);
+  }
+}
+
 } // namespace
 
 Sampler::Sampler(std::size_t dataset_size, SamplerConfig config)
@@ -117,26 +147,15 @@ void fill_batch(const Dataset& d, const Sampler& sampler, const AugmentConfig& a
     }
     const std::uint8_t* src = d.sample(index, scratch.sample, crop).data();
     for (int ch = 0; ch < c; ++ch) {
-      const float scale = as_float ? 1.f / (255.f * aug.std[static_cast<std::size_t>(ch)]) : 0.f;
-      const float shift =
-          as_float ? -aug.mean[static_cast<std::size_t>(ch)] / aug.std[static_cast<std::size_t>(ch)]
-                   : 0.f;
-      const std::size_t base =
-          (i * static_cast<std::size_t>(c) + static_cast<std::size_t>(ch)) * plane;
-      for (int y = 0; y < h; ++y) {
-        const int sy = y + dy;
-        for (int x = 0; x < w; ++x) {
-          const int sx = (flip ? w - 1 - x : x) + dx;
-          const std::uint8_t v = sy < 0 || sy >= h || sx < 0 || sx >= w
-                                     ? 0
-                                     : src[static_cast<std::size_t>(ch) * plane +
-                                           static_cast<std::size_t>(sy) * w + sx];
-          const std::size_t o = base + static_cast<std::size_t>(y) * w + x;
-          if (as_float)
-            out_f[o] = static_cast<float>(v) * scale + shift;
-          else
-            out_u[o] = v;
-        }
+      const auto k = static_cast<std::size_t>(ch);
+      const std::uint8_t* plane_in = src + k * plane;
+      const std::size_t base = (i * static_cast<std::size_t>(c) + k) * plane;
+      if (as_float) {
+        const float scale = 1.f / (255.f * aug.std[k]), shift = -aug.mean[k] / aug.std[k];
+        shift_plane(plane_in, out_f + base, h, w, dy, dx, flip,
+                    [=](std::uint8_t v) { return static_cast<float>(v) * scale + shift; });
+      } else {
+        shift_plane(plane_in, out_u + base, h, w, dy, dx, flip, [](std::uint8_t v) { return v; });
       }
     }
   }
