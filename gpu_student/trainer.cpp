@@ -56,6 +56,11 @@ struct Trainer::Impl {
       amp_dtype = amp == "fp16" ? torch::kHalf : torch::kBFloat16;
       loss_scaling = amp == "fp16";
     }
+    if (!o.input_scale.empty()) {
+      const auto c = static_cast<std::int64_t>(o.input_scale.size());
+      input_scale = torch::tensor(o.input_scale).view({1, c, 1, 1}).to(device);
+      input_shift = torch::tensor(o.input_shift).view({1, c, 1, 1}).to(device);
+    }
     torch::manual_seed(o.seed);
     net = make_student(o.model.arch, o.model.width, o.model.channels, o.model.height,
                        o.model.width_px, o.model.classes);
@@ -98,6 +103,15 @@ struct Trainer::Impl {
   std::int64_t step = 0;
   std::int64_t skipped = 0;
   std::shared_ptr<const TorchTeacher> colocated;
+  torch::Tensor input_scale, input_shift; // uint8 slots: normalized here, [1, C, 1, 1]
+
+  // The batch's inputs as the network takes them: float32 slots as they are, uint8 normalized.
+  torch::Tensor network_input(const torch::Tensor& slot_inputs) const {
+    if (slot_inputs.scalar_type() != torch::kByte) return slot_inputs;
+    if (!input_scale.defined())
+      throw std::logic_error("uint8 input slots need TrainerOptions::input_scale/input_shift");
+    return slot_inputs.to(torch::kFloat) * input_scale + input_shift;
+  }
 };
 
 Trainer::Trainer(const TrainerOptions& options, SlotRing& ring, StepRegions regions)
@@ -120,7 +134,8 @@ std::optional<StepStats> Trainer::step(std::uint64_t batch) {
   trace::Span span("step", batch);
   const std::int64_t n = b->samples;
   const auto& o = m.options;
-  const torch::Tensor x = b->regions[m.regions.inputs].slice(0, 0, n);
+  const torch::Tensor inputs = m.network_input(b->regions[m.regions.inputs]);
+  const torch::Tensor x = inputs.slice(0, 0, n);
   const torch::Tensor y = b->regions[m.regions.labels].slice(0, 0, n);
   const double lr = m.lr_at(m.step);
   m.set_lr(lr);
@@ -138,8 +153,7 @@ std::optional<StepStats> Trainer::step(std::uint64_t batch) {
   if (o.kd_alpha > 0 && m.colocated) {
     // The colocated baseline: the teacher's forward pass on this device, before the student's.
     trace::Span forward("teacher", batch);
-    teacher = m.colocated->impl().forward(b->regions[m.regions.inputs])[0].slice(0, 0, n).to(
-        torch::kFloat);
+    teacher = m.colocated->impl().forward(inputs)[0].slice(0, 0, n).to(torch::kFloat);
   } else if (o.kd_alpha > 0 && m.regions.teacher_logits) {
     teacher = b->regions[*m.regions.teacher_logits].slice(0, 0, n);
   }

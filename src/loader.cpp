@@ -52,6 +52,9 @@ void shift_plane(const std::uint8_t* src, Out* dst, int h, int w, int dy, int dx
 
 } // namespace
 
+float channel_scale(const AugmentConfig& a, std::size_t c) { return 1.f / (255.f * a.std[c]); }
+float channel_shift(const AugmentConfig& a, std::size_t c) { return -a.mean[c] / a.std[c]; }
+
 Sampler::Sampler(std::size_t dataset_size, SamplerConfig config)
     : size_(dataset_size), config_(config) {
   if (config.batch_size == 0) throw InputError("data.batch_size must be at least 1");
@@ -151,7 +154,7 @@ void fill_batch(const Dataset& d, const Sampler& sampler, const AugmentConfig& a
       const std::uint8_t* plane_in = src + k * plane;
       const std::size_t base = (i * static_cast<std::size_t>(c) + k) * plane;
       if (as_float) {
-        const float scale = 1.f / (255.f * aug.std[k]), shift = -aug.mean[k] / aug.std[k];
+        const float scale = channel_scale(aug, k), shift = channel_shift(aug, k);
         shift_plane(plane_in, out_f + base, h, w, dy, dx, flip,
                     [=](std::uint8_t v) { return static_cast<float>(v) * scale + shift; });
       } else {
@@ -177,18 +180,24 @@ void fill_batch(const Dataset& d, const Sampler& sampler, const AugmentConfig& a
   slot.header().epoch = static_cast<std::uint32_t>(epoch);
 }
 
+void normalize_images(const std::uint8_t* src, float* dst, std::size_t samples, int channels,
+                      std::size_t plane, const AugmentConfig& augment) {
+  for (std::size_t i = 0; i < samples * static_cast<std::size_t>(channels); ++i) {
+    const std::size_t ch = i % static_cast<std::size_t>(channels);
+    const float scale = channel_scale(augment, ch), shift = channel_shift(augment, ch);
+    const std::uint8_t* in = src + i * plane;
+    float* out = dst + i * plane;
+    for (std::size_t k = 0; k < plane; ++k) out[k] = static_cast<float>(in[k]) * scale + shift;
+  }
+}
+
 std::vector<float> normalized_images(const Dataset& dataset, const AugmentConfig& augment) {
   const std::size_t plane = static_cast<std::size_t>(dataset.height()) * dataset.width();
   std::vector<float> out(dataset.size() * dataset.sample_bytes());
   SampleScratch scratch;
-  for (std::size_t i = 0; i < dataset.size(); ++i) {
-    const std::uint8_t* src = dataset.sample(i, scratch).data();
-    float* dst = out.data() + i * dataset.sample_bytes();
-    for (std::size_t k = 0; k < dataset.sample_bytes(); ++k) {
-      const auto ch = k / plane;
-      dst[k] = (static_cast<float>(src[k]) / 255.f - augment.mean[ch]) / augment.std[ch];
-    }
-  }
+  for (std::size_t i = 0; i < dataset.size(); ++i)
+    normalize_images(dataset.sample(i, scratch).data(), out.data() + i * dataset.sample_bytes(), 1,
+                     dataset.channels(), plane, augment);
   return out;
 }
 

@@ -112,6 +112,11 @@ student::TrainerOptions trainer_options(const RunInputs& run, std::int64_t total
   topt.kd_temperature = config.get_double("kd.temperature");
   topt.skip_nonfinite = config.get_string("train.on_nonfinite") == "skip";
   topt.seed = static_cast<std::uint64_t>(config.get_int("train.seed"));
+  if (!run.augment.normalize)
+    for (std::size_t c = 0; c < run.augment.mean.size(); ++c) {
+      topt.input_scale.push_back(channel_scale(run.augment, c));
+      topt.input_shift.push_back(channel_shift(run.augment, c));
+    }
   return topt;
 }
 
@@ -139,6 +144,7 @@ RunInputs prepare_run(const Config& config) {
                                     : parse_floats(mean, "data.mean", channels, false);
   run.augment.std = std_dev == "auto" ? dataset_normalization(format).std
                                       : parse_floats(std_dev, "data.std", channels, true);
+  run.augment.normalize = config.get_string("data.slot_dtype") == "float32";
   run.augment.pad_crop = static_cast<int>(config.get_int("data.pad_crop"));
   run.augment.hflip = config.get_bool("data.hflip");
   run.sampler.batch_size = static_cast<std::size_t>(config.get_int("data.batch_size"));
@@ -229,7 +235,7 @@ SlotLayout CpuPipeline::layout_for(const RunInputs& run) {
     const teacher::Shape out = run.teacher->output_shape(0);
     extra.push_back({"logits", DType::f32, {out[0], out[1]}});
   }
-  return loader_layout(run.train, run.sampler.batch_size, true, std::move(extra));
+  return loader_layout(run.train, run.sampler.batch_size, run.augment.normalize, std::move(extra));
 }
 
 CpuPipeline::CpuPipeline(const RunInputs& run, const Sampler& sampler, std::uint32_t slots,
@@ -252,9 +258,13 @@ CpuPipeline::CpuPipeline(const RunInputs& run, const Sampler& sampler, std::uint
       teacher_arenas_.push_back(
           std::make_unique<affinity::PinnedArena>(run.topology, cpus, "teacher", first_index));
       first_index += static_cast<int>(cpus.size());
-      // Each replica's buffers are first touched on its own cores (its NUMA node).
-      run_in_arena(teacher_arenas_.back()->arena(),
-                   [&] { replicas_.push_back(std::make_unique<teacher::Replica>(run.teacher)); });
+      // Each replica's buffers are first touched on its own cores (its NUMA node); with uint8
+      // slots, so is its float32 copy of the batch's inputs.
+      run_in_arena(teacher_arenas_.back()->arena(), [&] {
+        replicas_.push_back(std::make_unique<teacher::Replica>(run.teacher));
+        if (!run.augment.normalize)
+          teacher_inputs_.emplace_back(run.sampler.batch_size * run.train.sample_bytes(), 0.f);
+      });
     }
   }
 }
@@ -296,24 +306,36 @@ void CpuPipeline::start(std::uint64_t first_batch, std::uint64_t batches,
   }
   if (!teacher) return;
   for (std::size_t k = 0; k < replicas_.size(); ++k) {
-    teacher::Replica& replica = *replicas_[k];
-    const std::size_t inputs = regions_.loader.inputs, logits = *regions_.logits;
     SlotRing& ring = *ring_;
     teachers_.push_back(std::make_unique<StageGraph>(
         "teacher", teacher_arenas_[k]->arena(), 1, ring, RingStage::teacher, batches,
-        [&ring, &replica, inputs, logits](std::uint64_t b, int) {
+        [this, &ring, k](std::uint64_t b, int) {
           auto slot = ring.acquire_filled(b);
           if (!slot) return false;
           {
             trace::Span span("teacher", b);
-            float* outputs[] = {slot->region<float>(logits).data()};
-            replica.run(slot->region<float>(inputs).data(), outputs);
+            run_teacher(k, *slot);
           }
           ring.publish(*slot, SlotState::teaching, SlotState::ready);
           return true;
         }));
     teachers_.back()->start();
   }
+}
+
+void CpuPipeline::run_teacher(std::size_t k, const Slot& slot) {
+  float* outputs[] = {slot.region<float>(*regions_.logits).data()};
+  if (run_.augment.normalize) {
+    replicas_[k]->run(slot.region<float>(regions_.loader.inputs).data(), outputs);
+    return;
+  }
+  // uint8 slots: the teacher's float32 inputs, normalized as the loader would have.
+  const Dataset& d = run_.train;
+  std::vector<float>& input = teacher_inputs_[k];
+  normalize_images(slot.region<std::uint8_t>(regions_.loader.inputs).data(), input.data(),
+                   run_.sampler.batch_size, d.channels(),
+                   static_cast<std::size_t>(d.height()) * d.width(), run_.augment);
+  replicas_[k]->run(input.data(), outputs);
 }
 
 void CpuPipeline::produce_serially(std::uint64_t b) {
@@ -338,8 +360,7 @@ void CpuPipeline::produce_serially(std::uint64_t b) {
   t0 = Clock::now();
   run_in_arena(teacher_arenas_[0]->arena(), [&] {
     trace::Span span("teacher", b);
-    float* outputs[] = {slot->region<float>(*regions_.logits).data()};
-    replicas_[0]->run(slot->region<float>(regions_.loader.inputs).data(), outputs);
+    run_teacher(0, *slot);
   });
   serial_teacher_ns_ += nanos(t0);
   ring_->publish(*slot, SlotState::teaching, SlotState::ready);

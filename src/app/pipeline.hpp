@@ -105,6 +105,9 @@ public:
   [[nodiscard]] const RunInputs& run() const { return run_; }
 
 private:
+  // Replica k's forward pass on `slot`'s inputs into its logits region.
+  void run_teacher(std::size_t k, const Slot& slot);
+
   const RunInputs& run_;
   const Sampler& sampler_;
   SlotRegions regions_;
@@ -116,6 +119,7 @@ private:
   std::unique_ptr<StageGraph> loaders_;
   std::vector<std::unique_ptr<StageGraph>> teachers_;
   std::unique_ptr<StageGraph> replay_;
+  std::vector<std::vector<float>> teacher_inputs_; // per replica, uint8 slots only
   LoaderScratch serial_scratch_;
   std::uint64_t serial_loader_ns_ = 0, serial_teacher_ns_ = 0;
 };

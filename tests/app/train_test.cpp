@@ -298,6 +298,22 @@ TEST(Train, ImageFolderTrainsWithATeacherAndBadImagesAreExit2) {
   expect_one_line_naming(b.err, "different class folders");
 }
 
+TEST(Train, Uint8SlotsTrainAsFloat32SlotsDo) {
+  // data.slot_dtype = uint8: the loaders write pixels, the teacher and the student normalize them
+  // with the loader's arithmetic. The runs agree up to float rounding order.
+  const fs::path f32 = scratch("slots_f32"), u8 = scratch("slots_u8");
+  const Result a = run(with(base_args(f32), {"train.max_steps=30"}), f32);
+  ASSERT_EQ(a.code, 0) << a.err;
+  const Result b = run(with(base_args(u8), {"train.max_steps=30", "data.slot_dtype=uint8"}), u8);
+  ASSERT_EQ(b.code, 0) << b.err;
+  const json sa = summary(f32), sb = summary(u8);
+  EXPECT_LT(sb.at("ring").at("slot_bytes").get<double>(),
+            0.5 * sa.at("ring").at("slot_bytes").get<double>()); // 1 byte a pixel, not 4
+  EXPECT_NEAR(sa.at("test_accuracy").get<double>(), sb.at("test_accuracy").get<double>(), 0.005);
+  EXPECT_NEAR(sa.at("teacher_test_accuracy").get<double>(),
+              sb.at("teacher_test_accuracy").get<double>(), 1e-9);
+}
+
 TEST(Train, NonFiniteLossAbortsOrIsSkipped) {
   const fs::path out = scratch("nonfinite");
   // A normalization that overflows float32: infinite inputs, non-finite teacher logits and loss.

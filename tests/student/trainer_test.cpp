@@ -2,6 +2,7 @@
 // loss is the KD/CE mix its alpha says, the schedule warms up and decays, and a checkpoint restores
 // the exact state.
 #include "kdflow/core/error.hpp"
+#include "kdflow/core/loader.hpp"
 #include "kdflow/gpu_student/pinned_host.hpp"
 #include "kdflow/gpu_student/trainer.hpp"
 
@@ -89,6 +90,50 @@ TEST(Trainer, LossMixesKdAndCeByAlpha) {
     }
     EXPECT_NEAR(s->loss, alpha * s->kd_loss + (1 - alpha) * s->ce_loss, 1e-5);
   }
+}
+
+TEST(Trainer, Uint8SlotsAreNormalizedOnTheDeviceAsTheLoaderWould) {
+  // The same pixels in a uint8 ring (normalized by the trainer) and in a float32 ring (normalized
+  // by the loader's code): the same losses and parameters, step after step.
+  AugmentConfig aug;
+  aug.mean = {0.3f};
+  aug.std = {0.35f};
+  auto o = options("cnn", 1, 28);
+  o.input_scale = {channel_scale(aug, 0)};
+  o.input_shift = {channel_shift(aug, 0)};
+  const SlotLayout u8({{"inputs", DType::u8, {kBatch, 1, 28, 28}},
+                       {"labels", DType::i64, {kBatch}},
+                       {"logits", DType::f32, {kBatch, 10}}});
+  SlotRing bytes(u8, kSlots, allocate_pinned_for_device(kSlots * u8.slot_bytes()));
+  Fixture floats(1, 28, 28);
+  Trainer on_bytes(o, bytes, {0, 1, 2}), on_floats(o, floats.ring, {0, 1, 2});
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal;
+  for (std::uint64_t b = 0; b < 3; ++b) {
+    auto s8 = bytes.acquire_free(b);
+    auto sf = floats.ring.acquire_free(b);
+    s8->header().samples = sf->header().samples = kBatch;
+    for (auto& v : s8->region<std::uint8_t>(0)) v = static_cast<std::uint8_t>(rng() & 0xff);
+    normalize_images(s8->region<std::uint8_t>(0).data(), sf->region<float>(0).data(), kBatch, 1,
+                     28 * 28, aug);
+    for (std::int64_t i = 0; i < kBatch; ++i)
+      s8->region<std::int64_t>(1)[static_cast<std::size_t>(i)] =
+          sf->region<std::int64_t>(1)[static_cast<std::size_t>(i)] =
+              (i + static_cast<std::int64_t>(b)) % 10;
+    for (std::size_t i = 0; i < s8->region<float>(2).size(); ++i)
+      s8->region<float>(2)[i] = sf->region<float>(2)[i] = 3 * normal(rng);
+    bytes.publish(*s8, SlotState::filling, SlotState::ready);
+    floats.ring.publish(*sf, SlotState::filling, SlotState::ready);
+    const auto a = on_bytes.step(b), c = on_floats.step(b);
+    ASSERT_TRUE(a && c);
+    EXPECT_NEAR(a->loss, c->loss, 1e-5 * std::abs(c->loss)) << "step " << b;
+  }
+  const auto pa = on_bytes.state_vector(), pc = on_floats.state_vector();
+  ASSERT_EQ(pa.size(), pc.size());
+  double worst = 0;
+  for (std::size_t i = 0; i < pa.size(); ++i)
+    worst = std::max(worst, double(std::abs(pa[i] - pc[i])));
+  EXPECT_LT(worst, 1e-5);
 }
 
 TEST(Trainer, ScheduleWarmsUpThenFollowsTheCosine) {

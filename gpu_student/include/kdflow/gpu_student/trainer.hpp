@@ -39,6 +39,9 @@ struct TrainerOptions {
   double kd_alpha = 0.9, kd_temperature = 4.0;
   bool skip_nonfinite = false;
   std::uint64_t seed = 42;
+  // uint8 input slots: x * input_scale[c] + input_shift[c] per channel on the student's device
+  // (the loader's normalization, kdflow::channel_scale/shift). Empty: the slots hold float32.
+  std::vector<float> input_scale, input_shift;
 };
 
 // Region indices of the slot layout the step reads.

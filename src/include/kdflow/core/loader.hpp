@@ -48,10 +48,16 @@ struct AugmentConfig {
   int pad_crop = 0;        // random crop back to the image size after padding this many pixels
   bool hflip = false;      // random horizontal flip
   bool normalize = true;   // float32 output: (x / 255 - mean[c]) / std[c]; false: uint8 as stored
+                           // (data.slot_dtype = uint8: the consumers normalize)
   std::vector<float> mean; // per channel
   std::vector<float> std;
   bool augment = true; // false: evaluation (no crop, no flip), normalization still applies
 };
+
+// Normalization as one multiply and add per pixel, x * scale + shift = (x / 255 - mean) / std, the
+// same wherever it is computed (loader, teacher input, the student's device).
+float channel_scale(const AugmentConfig& augment, std::size_t channel);
+float channel_shift(const AugmentConfig& augment, std::size_t channel);
 
 // Region indices of the slot layout the loader writes.
 struct LoaderRegions {
@@ -75,6 +81,11 @@ struct LoaderScratch {
 void fill_batch(const Dataset& dataset, const Sampler& sampler, const AugmentConfig& augment,
                 std::uint64_t global_batch, const Slot& slot, const LoaderRegions& regions,
                 LoaderScratch& scratch);
+
+// `samples` C x H x W uint8 images to float32 (x / 255 - mean[c]) / std[c], computed exactly as the
+// loader computes float32 slots, so that every consumer of uint8 slots sees the same values.
+void normalize_images(const std::uint8_t* src, float* dst, std::size_t samples, int channels,
+                      std::size_t plane, const AugmentConfig& augment);
 
 // The whole dataset as float32 (x / 255 - mean[c]) / std[c], N x C x H x W: evaluation input.
 std::vector<float> normalized_images(const Dataset& dataset, const AugmentConfig& augment);
