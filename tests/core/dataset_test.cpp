@@ -1,5 +1,6 @@
 // Dataset readers on the real Fashion-MNIST (Debian's dataset-fashion-mnist) and on CIFAR and IDX
 // files the test writes, including every bad-input case: each an InputError naming the file.
+#include "input_error.hpp"
 #include "kdflow/core/dataset.hpp"
 #include "kdflow/core/error.hpp"
 
@@ -17,16 +18,7 @@ namespace {
 namespace fs = std::filesystem;
 const std::string kFashion = "/usr/share/datasets/fashion-mnist";
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const InputError& e) {
-    EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos);
-    return e.what();
-  }
-  ADD_FAILURE() << "no InputError";
-  return {};
-}
+using test::error_of;
 
 fs::path fresh_dir(const std::string& name) {
   const fs::path d = fs::temp_directory_path() / ("kdflow_" + name);

@@ -3,6 +3,7 @@
 // (box reduction exact, bilinear exact on linear ramps, DCT-scaled JPEG close), the Dataset built
 // on them, and every bad input: each an InputError of one line naming the file or folder.
 #include "image_files.hpp"
+#include "input_error.hpp"
 
 #include "kdflow/core/dataset.hpp"
 #include "kdflow/core/error.hpp"
@@ -27,16 +28,7 @@ fs::path fresh_dir(const std::string& name) {
   return d;
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const InputError& e) {
-    EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos);
-    return e.what();
-  }
-  ADD_FAILURE() << "no InputError";
-  return {};
-}
+using test::error_of;
 
 // Decodes `path` with `g` at `crop`: 3 x size x size planar.
 std::vector<std::uint8_t> decode(const fs::path& path, ImageGeometry g, CropPosition crop = {}) {
