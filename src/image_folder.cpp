@@ -168,7 +168,7 @@ struct ImageDecoder::Impl {
     int sw = w, sh = h;
     for (int k = 0; k < factors; ++k) { // the smallest scaled size that is still large enough
       const int kw = TJSCALED(w, scaling[k]), kh = TJSCALED(h, scaling[k]);
-      if (std::min(kw, kh) >= at_least && kw * kh < sw * sh) {
+      if (std::min(kw, kh) >= at_least && std::int64_t{kw} * kh < std::int64_t{sw} * sh) {
         sw = kw;
         sh = kh;
       }
