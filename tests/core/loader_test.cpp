@@ -10,6 +10,7 @@
 #include <oneapi/tbb/global_control.h>
 
 #include <map>
+#include <random>
 #include <set>
 
 #include <fmt/format.h>
@@ -122,6 +123,45 @@ TEST(Augment, CropShiftsAndFlipMirrors) {
   auto slot = fring.acquire_free(0);
   fill_batch(d, s, aug, 0, *slot, regions, scratch);
   EXPECT_FLOAT_EQ(slot->region<float>(0)[5], (12.f / 255.f - 0.5f) / 0.25f); // pixel (1, 1) = 12
+}
+
+TEST(Augment, Uint8SlotsNormalizedLaterEqualFloat32Slots) {
+  // data.slot_dtype = uint8 hands pixels on and normalize_images (the teacher's side) normalizes
+  // them: the same bits as a float32 slot, and (x / 255 - mean) / std by the definition.
+  std::mt19937 rng(5);
+  std::vector<std::uint8_t> px(6 * 3 * 5 * 7);
+  for (auto& v : px) v = static_cast<std::uint8_t>(rng() & 0xff);
+  const Dataset d(px, {0, 1, 2, 3, 4, 5}, 3, 5, 7, 10, "synthetic");
+  SamplerConfig sc;
+  sc.batch_size = 4;
+  const Sampler s(d.size(), sc);
+  AugmentConfig aug;
+  aug.pad_crop = 2;
+  aug.hflip = true;
+  aug.mean = {0.4f, 0.5f, 0.6f};
+  aug.std = {0.2f, 0.25f, 0.3f};
+  LoaderScratch scratch;
+  for (std::uint64_t b = 0; b < 6; ++b) {
+    aug.normalize = true;
+    const SlotLayout fl = loader_layout(d, 4, true);
+    SlotRing floats(fl, 2, allocate_locked(2 * fl.slot_bytes()));
+    auto f = floats.acquire_free(0);
+    fill_batch(d, s, aug, b, *f, {0, 1, 2}, scratch);
+    aug.normalize = false;
+    const SlotLayout bl = loader_layout(d, 4, false);
+    SlotRing bytes(bl, 2, allocate_locked(2 * bl.slot_bytes()));
+    auto u = bytes.acquire_free(0);
+    fill_batch(d, s, aug, b, *u, {0, 1, 2}, scratch);
+    std::vector<float> later(f->region<float>(0).size());
+    normalize_images(u->region<std::uint8_t>(0).data(), later.data(), 4, 3, 5 * 7, aug);
+    const auto direct = f->region<float>(0);
+    const auto pixels = u->region<std::uint8_t>(0);
+    for (std::size_t k = 0; k < later.size(); ++k) {
+      ASSERT_EQ(later[k], direct[k]) << "batch " << b << " value " << k;
+      const std::size_t ch = (k / 35) % 3;
+      ASSERT_NEAR(later[k], (pixels[k] / 255.f - aug.mean[ch]) / aug.std[ch], 1e-5);
+    }
+  }
 }
 
 // Runs `workers` loader threads over `batches` batches and returns a checksum per batch.
