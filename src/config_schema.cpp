@@ -195,6 +195,23 @@ const std::vector<ConfigKey>& config_schema() {
        {},
        0,
        4096},
+      {"cores.elastic", T::boolean, true,
+       "kd-ctl: while training, move CPUs between the loader pool and the teacher replicas when "
+       "the student waits for the slower of them (false: the plan stays as it starts)"},
+      {"cores.elastic_window_s",
+       T::real,
+       1.0,
+       "kd-ctl's measurement window in seconds (a move needs two windows that agree)",
+       {},
+       0.05,
+       3600.0},
+      {"cores.elastic_margin",
+       T::real,
+       0.1,
+       "kd-ctl moves a CPU only when that predicts at least this much more throughput (hysteresis)",
+       {},
+       0.0,
+       10.0},
   };
   return schema;
 }

@@ -205,7 +205,8 @@ std::unique_ptr<StageGraph> start_loaders(oneapi::tbb::task_arena& arena, int wo
                                           SlotRing& ring, const Dataset& dataset,
                                           const Sampler& sampler, const AugmentConfig& augment,
                                           const LoaderRegions& regions, std::uint64_t first_batch,
-                                          std::uint64_t end, SlotState publish_to) {
+                                          std::uint64_t end, SlotState publish_to,
+                                          StageTotals* totals) {
   if (augment.normalize && (augment.mean.size() != static_cast<std::size_t>(dataset.channels()) ||
                             augment.std.size() != static_cast<std::size_t>(dataset.channels())))
     throw InputError(fmt::format("normalization needs {} mean and std values", dataset.channels()));
@@ -226,7 +227,8 @@ std::unique_ptr<StageGraph> start_loaders(oneapi::tbb::task_arena& arena, int wo
         }
         ring.publish(*slot, SlotState::filling, publish_to);
         return true;
-      });
+      },
+      totals);
   stage->start();
   return stage;
 }

@@ -14,9 +14,10 @@ namespace kdflow {
 namespace flow = oneapi::tbb::flow;
 
 StageGraph::StageGraph(std::string name, oneapi::tbb::task_arena& arena, int concurrency,
-                       SlotRing& ring, RingStage stage, std::uint64_t end, Body body)
+                       SlotRing& ring, RingStage stage, std::uint64_t end, Body body,
+                       StageTotals* totals)
     : name_(std::move(name)), arena_(arena), concurrency_(concurrency), ring_(ring), stage_(stage),
-      end_(end), body_(std::move(body)) {}
+      end_(end), body_(std::move(body)), totals_(totals) {}
 
 StageGraph::~StageGraph() { wait(); }
 
@@ -51,20 +52,24 @@ void StageGraph::run() {
           int worker = 0;
           free_workers.try_pop(worker); // never empty: at most `concurrency` bodies run
           const auto t0 = std::chrono::steady_clock::now();
+          bool done = false;
           try {
-            if (!body_(batch, worker))
-              stopping_.store(true, std::memory_order_release);
-            else
-              batches_.fetch_add(1, std::memory_order_relaxed);
+            done = body_(batch, worker);
+            if (!done) stopping_.store(true, std::memory_order_release);
           } catch (...) {
             stopping_.store(true, std::memory_order_release);
             ring_.fail(name_, std::current_exception());
           }
-          busy_ns_.fetch_add(
+          const auto ns =
               static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
                                              std::chrono::steady_clock::now() - t0)
-                                             .count()),
-              std::memory_order_relaxed);
+                                             .count());
+          busy_ns_.fetch_add(ns, std::memory_order_relaxed);
+          if (done) batches_.fetch_add(1, std::memory_order_relaxed);
+          if (totals_) {
+            totals_->busy_ns.fetch_add(ns, std::memory_order_relaxed);
+            if (done) totals_->batches.fetch_add(1, std::memory_order_relaxed);
+          }
           free_workers.push(worker);
           return flow::continue_msg{};
         });

@@ -12,9 +12,11 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <ranges>
 #include <sstream>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 namespace kdflow::app {
@@ -246,44 +248,82 @@ CpuPipeline::CpuPipeline(const RunInputs& run, const Sampler& sampler, std::uint
   if (run.teacher_runs) regions_.logits = layout.index_of("logits");
   ring_ = std::make_unique<SlotRing>(std::move(layout), slots, std::move(memory));
 
-  // Every arena's workers come from oneTBB's one global pool: size it for all of them.
+  // Every arena's workers come from oneTBB's one global pool: size it for all of them (kd-ctl's
+  // moves keep the sum).
   std::size_t threads = run.plan.loader.size();
   for (const auto& cpus : run.plan.teacher) threads += cpus.size();
   parallelism_ = std::make_unique<oneapi::tbb::global_control>(
       oneapi::tbb::global_control::max_allowed_parallelism, threads + 1);
   loader_arena_ = std::make_unique<affinity::PinnedArena>(run.topology, run.plan.loader, "loader");
+  assignment_.loader = run.plan.loader;
   if (run.teacher_runs) {
     int first_index = 0;
     for (const auto& cpus : run.plan.teacher) {
-      teacher_arenas_.push_back(
-          std::make_unique<affinity::PinnedArena>(run.topology, cpus, "teacher", first_index));
+      teachers_.push_back(make_teacher(cpus, first_index));
       first_index += static_cast<int>(cpus.size());
-      // Each replica's buffers are first touched on its own cores (its NUMA node); with uint8
-      // slots, so is its float32 copy of the batch's inputs.
-      run_in_arena(teacher_arenas_.back()->arena(), [&] {
-        replicas_.push_back(std::make_unique<teacher::Replica>(run.teacher));
-        if (!run.augment.normalize)
-          teacher_inputs_.emplace_back(run.sampler.batch_size * run.train.sample_bytes(), 0.f);
-      });
     }
+    assignment_.teacher = run.plan.teacher;
   }
+  replica_count_.store(teachers_.size());
 }
 
 CpuPipeline::~CpuPipeline() { stop(); }
 
+std::unique_ptr<CpuPipeline::TeacherUnit> CpuPipeline::make_teacher(const affinity::CpuList& cpus,
+                                                                    int first_index) {
+  auto unit = std::make_unique<TeacherUnit>();
+  unit->arena =
+      std::make_unique<affinity::PinnedArena>(run_.topology, cpus, "teacher", first_index);
+  // The replica's buffers are first touched on its own cores (its NUMA node); with uint8 slots, so
+  // is its float32 copy of the batch's inputs.
+  run_in_arena(unit->arena->arena(), [&] {
+    unit->replica = std::make_unique<teacher::Replica>(run_.teacher);
+    if (!run_.augment.normalize)
+      unit->inputs.assign(run_.sampler.batch_size * run_.train.sample_bytes(), 0.f);
+  });
+  return unit;
+}
+
+void CpuPipeline::start_teacher(TeacherUnit& unit) {
+  SlotRing& ring = *ring_;
+  unit.graph = std::make_unique<StageGraph>(
+      "teacher", unit.arena->arena(), 1, ring, RingStage::teacher, end_,
+      [this, &ring, u = &unit](std::uint64_t b, int) {
+        auto slot = ring.acquire_filled(b);
+        if (!slot) return false;
+        {
+          trace::Span span("teacher", b);
+          run_teacher(*u, *slot);
+        }
+        ring.publish(*slot, SlotState::teaching, SlotState::ready);
+        return true;
+      },
+      &teacher_totals_);
+  unit.graph->start();
+}
+
+void CpuPipeline::start_loader_graph() {
+  loaders_ = start_loaders(loader_arena_->arena(), static_cast<int>(loader_arena_->cpus().size()),
+                           *ring_, run_.train, sampler_, run_.augment, regions_.loader,
+                           first_batch_, end_, after_load_, &loader_totals_);
+}
+
 void CpuPipeline::start(std::uint64_t first_batch, std::uint64_t batches,
                         const StartOptions& options) {
+  std::lock_guard lock(structure_mutex_);
   const bool teacher = run_.teacher_runs && options.teacher;
-  const SlotState after_load = teacher ? SlotState::filled : SlotState::ready;
+  first_batch_ = first_batch;
+  end_ = batches;
+  after_load_ = teacher ? SlotState::filled : SlotState::ready;
   if (options.source == Source::loaders) {
-    loaders_ = start_loaders(loader_arena_->arena(), static_cast<int>(run_.plan.loader.size()),
-                             *ring_, run_.train, sampler_, run_.augment, regions_.loader,
-                             first_batch, batches, after_load);
+    loaders_run_ = true;
+    start_loader_graph();
   } else {
     // The first lap loads each slot; later laps hand the same bytes on. Synthetic logits: fixed
     // normal values, what a student step costs does not depend on them.
     SlotRing& ring = *ring_;
     const std::uint32_t slots = ring.slots();
+    const SlotState after_load = after_load_;
     replay_ = std::make_unique<StageGraph>(
         "replay", loader_arena_->arena(), 1, ring, RingStage::loader, batches,
         [this, &ring, slots, first_batch, after_load, teacher](std::uint64_t b, int) {
@@ -301,41 +341,26 @@ void CpuPipeline::start(std::uint64_t first_batch, std::uint64_t batches,
           }
           ring.publish(*slot, SlotState::filling, after_load);
           return true;
-        });
+        },
+        &loader_totals_);
     replay_->start();
   }
   if (!teacher) return;
-  for (std::size_t k = 0; k < replicas_.size(); ++k) {
-    SlotRing& ring = *ring_;
-    teachers_.push_back(std::make_unique<StageGraph>(
-        "teacher", teacher_arenas_[k]->arena(), 1, ring, RingStage::teacher, batches,
-        [this, &ring, k](std::uint64_t b, int) {
-          auto slot = ring.acquire_filled(b);
-          if (!slot) return false;
-          {
-            trace::Span span("teacher", b);
-            run_teacher(k, *slot);
-          }
-          ring.publish(*slot, SlotState::teaching, SlotState::ready);
-          return true;
-        }));
-    teachers_.back()->start();
-  }
+  for (auto& unit : teachers_) start_teacher(*unit);
 }
 
-void CpuPipeline::run_teacher(std::size_t k, const Slot& slot) {
+void CpuPipeline::run_teacher(TeacherUnit& unit, const Slot& slot) {
   float* outputs[] = {slot.region<float>(*regions_.logits).data()};
   if (run_.augment.normalize) {
-    replicas_[k]->run(slot.region<float>(regions_.loader.inputs).data(), outputs);
+    unit.replica->run(slot.region<float>(regions_.loader.inputs).data(), outputs);
     return;
   }
   // uint8 slots: the teacher's float32 inputs, normalized as the loader would have.
   const Dataset& d = run_.train;
-  std::vector<float>& input = teacher_inputs_[k];
-  normalize_images(slot.region<std::uint8_t>(regions_.loader.inputs).data(), input.data(),
+  normalize_images(slot.region<std::uint8_t>(regions_.loader.inputs).data(), unit.inputs.data(),
                    run_.sampler.batch_size, d.channels(),
                    static_cast<std::size_t>(d.height()) * d.width(), run_.augment);
-  replicas_[k]->run(input.data(), outputs);
+  unit.replica->run(unit.inputs.data(), outputs);
 }
 
 void CpuPipeline::produce_serially(std::uint64_t b) {
@@ -358,9 +383,10 @@ void CpuPipeline::produce_serially(std::uint64_t b) {
   slot = ring_->acquire_filled(b);
   if (!slot) return;
   t0 = Clock::now();
-  run_in_arena(teacher_arenas_[0]->arena(), [&] {
+  TeacherUnit& unit = *teachers_[0];
+  run_in_arena(unit.arena->arena(), [&] {
     trace::Span span("teacher", b);
-    run_teacher(0, *slot);
+    run_teacher(unit, *slot);
   });
   serial_teacher_ns_ += nanos(t0);
   ring_->publish(*slot, SlotState::teaching, SlotState::ready);
@@ -368,20 +394,215 @@ void CpuPipeline::produce_serially(std::uint64_t b) {
 
 void CpuPipeline::stop() {
   ring_->close();
-  for (auto& t : teachers_) t->wait();
+  {
+    std::lock_guard lock(control_mutex_);
+    control_stop_ = true;
+  }
+  control_wake_.notify_all();
+  // A move in progress ends: the closed ring releases every body it waits for.
+  if (controller_.joinable()) controller_.join();
+  std::lock_guard lock(structure_mutex_);
+  stopped_ = true;
+  for (auto& unit : teachers_)
+    if (unit->graph) unit->graph->wait();
   if (loaders_) loaders_->wait();
   if (replay_) replay_->wait();
 }
 
 std::uint64_t CpuPipeline::loader_busy_ns() const {
-  return serial_loader_ns_ + (loaders_ ? loaders_->busy_ns() : 0) +
-         (replay_ ? replay_->busy_ns() : 0);
+  return serial_loader_ns_ + loader_totals_.busy_ns.load(std::memory_order_relaxed);
 }
 
 std::uint64_t CpuPipeline::teacher_busy_ns() const {
-  std::uint64_t total = serial_teacher_ns_;
-  for (const auto& t : teachers_) total += t->busy_ns();
-  return total;
+  return serial_teacher_ns_ + teacher_totals_.busy_ns.load(std::memory_order_relaxed);
+}
+
+affinity::PoolAssignment CpuPipeline::assignment() const {
+  std::lock_guard lock(record_mutex_);
+  return assignment_;
+}
+
+nlohmann::json CpuPipeline::elastic_summary() const {
+  std::lock_guard lock(record_mutex_);
+  return {{"windows", windows_},
+          {"moves", moves_},
+          {"loader", assignment_.loader},
+          {"teacher", assignment_.teacher}};
+}
+
+namespace {
+
+// The widest replica of the plan: kd-ctl's replicas grow up to it.
+int replica_width(const affinity::Plan& plan) {
+  std::size_t width = 1;
+  for (const auto& r : plan.teacher) width = std::max(width, r.size());
+  return static_cast<int>(width);
+}
+
+} // namespace
+
+std::optional<std::string> CpuPipeline::start_elastic(ElasticSettings settings) {
+  if (!run_.teacher_runs || !loaders_run_ || teachers_.empty())
+    return std::string("no teacher runs beside the loaders");
+  const affinity::PoolAssignment now = assignment();
+  const int width = replica_width(run_.plan);
+  if (!affinity::move_cpu(now, affinity::Move::to_teacher, run_.plan.student, width) &&
+      !affinity::move_cpu(now, affinity::Move::to_loader, run_.plan.student, width))
+    return fmt::format("no CPU can move between the loaders ({}) and the teacher ({}): each pool "
+                       "keeps one and the student's stays with it",
+                       affinity::format_cpus(now.loader),
+                       affinity::format_cpus(run_.plan.teacher.front()));
+  controller_ = std::thread([this, s = std::move(settings)]() mutable { control(std::move(s)); });
+  return std::nullopt;
+}
+
+namespace {
+
+struct Snapshot {
+  std::chrono::steady_clock::time_point time;
+  RingStats ring;
+  std::uint64_t loader_busy_ns, loader_batches, teacher_busy_ns, teacher_batches;
+};
+
+affinity::StageWindow stage_window(std::uint64_t busy0, std::uint64_t busy1, std::uint64_t batches0,
+                                   std::uint64_t batches1, const RingStats::Stage& ring0,
+                                   const RingStats::Stage& ring1, int cores, int bodies) {
+  // A body's time includes its wait for the slot; the ring counts those waits apart.
+  const double busy = static_cast<double>(busy1 - busy0);
+  const double waited = static_cast<double>(ring1.wait_ns - ring0.wait_ns);
+  return {batches1 - batches0, std::max(0.0, busy - waited) / 1e9, cores, bodies};
+}
+
+} // namespace
+
+void CpuPipeline::control(ElasticSettings settings) {
+  affinity::pin_this_thread(run_.topology, run_.plan.student, "kd-ctl");
+  affinity::ElasticPolicy policy(settings.policy);
+  const int width = replica_width(run_.plan);
+  const auto started = std::chrono::steady_clock::now();
+  const auto snapshot = [this] {
+    return Snapshot{std::chrono::steady_clock::now(), ring_->stats(),
+                    loader_totals_.busy_ns.load(),    loader_totals_.batches.load(),
+                    teacher_totals_.busy_ns.load(),   teacher_totals_.batches.load()};
+  };
+  const auto window = std::chrono::duration<double>(settings.window_s);
+  Snapshot before = snapshot();
+  for (;;) {
+    {
+      std::unique_lock lock(control_mutex_);
+      if (control_wake_.wait_for(lock, window, [this] { return control_stop_; })) return;
+    }
+    const Snapshot after = snapshot();
+    const affinity::PoolAssignment now = assignment();
+    int teacher_cores = 0;
+    for (const auto& r : now.teacher) teacher_cores += static_cast<int>(r.size());
+    const auto loader_cores = static_cast<int>(now.loader.size());
+    constexpr int L = static_cast<int>(RingStage::loader), T = static_cast<int>(RingStage::teacher),
+                  S = static_cast<int>(RingStage::student);
+    affinity::ElasticWindow w;
+    w.seconds = std::chrono::duration<double>(after.time - before.time).count();
+    w.student_wait_s =
+        static_cast<double>(after.ring.stages[S].wait_ns - before.ring.stages[S].wait_ns) / 1e9;
+    w.loader = stage_window(before.loader_busy_ns, after.loader_busy_ns, before.loader_batches,
+                            after.loader_batches, before.ring.stages[L], after.ring.stages[L],
+                            loader_cores, loader_cores);
+    w.teacher = stage_window(before.teacher_busy_ns, after.teacher_busy_ns, before.teacher_batches,
+                             after.teacher_batches, before.ring.stages[T], after.ring.stages[T],
+                             teacher_cores, static_cast<int>(now.teacher.size()));
+    before = after;
+    const auto to_teacher =
+        affinity::move_cpu(now, affinity::Move::to_teacher, run_.plan.student, width);
+    const auto to_loader =
+        affinity::move_cpu(now, affinity::Move::to_loader, run_.plan.student, width);
+    const affinity::ElasticDecision d =
+        policy.observe(w, to_teacher.has_value(), to_loader.has_value());
+    {
+      std::lock_guard lock(record_mutex_);
+      ++windows_;
+    }
+    if (d.move == affinity::Move::none) continue;
+    const affinity::PoolAssignment& next =
+        d.move == affinity::Move::to_teacher ? *to_teacher : *to_loader;
+    const auto t0 = std::chrono::steady_clock::now();
+    if (!reassign(next)) return;
+    policy.moved();
+    const nlohmann::json record = {
+        {"event", "elastic"},
+        {"time_s", std::chrono::duration<double>(t0 - started).count()},
+        {"batch", first_batch_ + after.ring.stages[S].acquisitions},
+        {"move", affinity::move_name(d.move)},
+        {"reason", d.reason},
+        {"student_wait", w.student_wait_s / std::max(1e-9, w.seconds)},
+        {"loader_batches_per_s", d.loader_rate},
+        {"teacher_batches_per_s", d.teacher_rate},
+        {"predicted_batches_per_s", d.predicted_rate},
+        {"from", {{"loader", now.loader}, {"teacher", now.teacher}}},
+        {"to", {{"loader", next.loader}, {"teacher", next.teacher}}},
+        {"move_ms",
+         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count()}};
+    {
+      std::lock_guard lock(record_mutex_);
+      moves_.push_back(record);
+    }
+    log_info(fmt::format(
+        "kd-ctl: {} (loaders {}, teacher {}): {}", affinity::move_name(d.move),
+        affinity::format_cpus(next.loader),
+        fmt::join(next.teacher | std::views::transform(affinity::format_cpus), " | "), d.reason));
+    if (settings.on_move) settings.on_move(record);
+    before = snapshot(); // the move's own time is not measured
+  }
+}
+
+bool CpuPipeline::reassign(const affinity::PoolAssignment& to) {
+  std::lock_guard lock(structure_mutex_);
+  if (stopped_ || ring_->closed()) return false;
+  const affinity::PoolAssignment from = assignment();
+  const bool ok = to.loader.size() < from.loader.size()
+                      ? rebuild_loaders(to.loader) && rebuild_teachers(to.teacher)
+                      : rebuild_teachers(to.teacher) && rebuild_loaders(to.loader);
+  if (!ok) return false;
+  std::lock_guard record(record_mutex_);
+  assignment_ = to;
+  return true;
+}
+
+bool CpuPipeline::rebuild_loaders(const affinity::CpuList& cpus) {
+  if (cpus == loader_arena_->cpus()) return true;
+  loaders_->request_stop();
+  loaders_->wait();
+  if (ring_->closed()) return false;
+  loaders_.reset();
+  loader_arena_.reset(); // its workers return to oneTBB's pool; the new arena's are re-pinned
+  loader_arena_ = std::make_unique<affinity::PinnedArena>(run_.topology, cpus, "loader");
+  start_loader_graph();
+  return true;
+}
+
+bool CpuPipeline::rebuild_teachers(const std::vector<affinity::CpuList>& replicas) {
+  int first_index = 0;
+  for (std::size_t k = 0; k < std::max(replicas.size(), teachers_.size()); ++k) {
+    const bool keep =
+        k < replicas.size() && k < teachers_.size() && teachers_[k]->arena->cpus() == replicas[k];
+    if (!keep && k < teachers_.size()) {
+      teachers_[k]->graph->request_stop();
+      teachers_[k]->graph->wait();
+      if (ring_->closed()) return false;
+    }
+    if (k < replicas.size()) {
+      if (!keep) {
+        auto unit = make_teacher(replicas[k], first_index);
+        start_teacher(*unit);
+        if (k < teachers_.size())
+          teachers_[k] = std::move(unit);
+        else
+          teachers_.push_back(std::move(unit));
+      }
+      first_index += static_cast<int>(replicas[k].size());
+    }
+  }
+  teachers_.resize(replicas.size());
+  replica_count_.store(teachers_.size(), std::memory_order_relaxed);
+  return true;
 }
 
 } // namespace kdflow::app

@@ -3,6 +3,7 @@
 // (the slot ring in pinned memory, the pinned loader and teacher arenas, their stage graphs).
 #pragma once
 
+#include "kdflow/affinity/elastic.hpp"
 #include "kdflow/affinity/pinning.hpp"
 #include "kdflow/affinity/plan.hpp"
 #include "kdflow/core/config.hpp"
@@ -15,11 +16,17 @@
 
 #include <oneapi/tbb/global_control.h>
 
+#include <atomic>
+#include <condition_variable>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
+#include <thread>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 namespace kdflow::app {
 
@@ -60,6 +67,14 @@ struct SlotRegions {
   std::optional<std::size_t> logits; // the teacher's output region
 };
 
+// kd-ctl's settings (cores.elastic*).
+struct ElasticSettings {
+  affinity::ElasticOptions policy;
+  double window_s = 1.0; // measurement window
+  // Called on kd-ctl's thread after each move with its record (a metrics.jsonl line).
+  std::function<void(const nlohmann::json&)> on_move;
+};
+
 // The CPU half of the pipeline. Construction builds the ring and the pinned arenas (and the teacher
 // replicas); start() starts the stage graphs: ring batches [0, batches) carry the sampler's
 // batches first_batch + b.
@@ -90,23 +105,55 @@ public:
   // runs the teacher on it on the first replica's cores, one after the other, and leaves it ready
   // (a hand-written loop's order of work, for the serial baseline).
   void produce_serially(std::uint64_t b);
-  // Closes the ring and waits for every stage. Idempotent.
+  // Closes the ring, stops kd-ctl and waits for every stage. Idempotent.
   void stop();
+
+  // After start() with the loaders as the source: starts kd-ctl, a thread (pinned beside the
+  // student) that measures the stages every window and moves one CPU at a time between the loader
+  // pool and the teacher replicas (affinity::ElasticPolicy decides, move_cpu picks the CPU) within
+  // the plan's loader and teacher CPUs. Returns why it did not start when no CPU can move.
+  std::optional<std::string> start_elastic(ElasticSettings settings);
+  // The CPUs each pool holds now.
+  [[nodiscard]] affinity::PoolAssignment assignment() const;
+  // kd-ctl's record: windows observed, every move, the assignment now.
+  [[nodiscard]] nlohmann::json elastic_summary() const;
 
   [[nodiscard]] SlotRing& ring() { return *ring_; }
   [[nodiscard]] const SlotRegions& regions() const { return regions_; }
+  // Replica k's arena (before start(): kd-ctl may replace it later).
   [[nodiscard]] oneapi::tbb::task_arena* teacher_arena(std::size_t k) {
-    return k < teacher_arenas_.size() ? &teacher_arenas_[k]->arena() : nullptr;
+    return k < teachers_.size() ? &teachers_[k]->arena->arena() : nullptr;
   }
-  [[nodiscard]] std::size_t replicas() const { return teacher_arenas_.size(); }
+  [[nodiscard]] std::size_t replicas() const {
+    return replica_count_.load(std::memory_order_relaxed);
+  }
   // Busy time summed over the stage's workers (ns), for utilisation figures.
   [[nodiscard]] std::uint64_t loader_busy_ns() const;
   [[nodiscard]] std::uint64_t teacher_busy_ns() const;
   [[nodiscard]] const RunInputs& run() const { return run_; }
 
 private:
-  // Replica k's forward pass on `slot`'s inputs into its logits region.
-  void run_teacher(std::size_t k, const Slot& slot);
+  // One teacher replica: its pinned arena, its oneDNN replica (buffers first touched on its
+  // cores), its float32 inputs (uint8 slots only) and, once started, its stage graph. Bodies hold
+  // a pointer to it: kd-ctl may add and remove replicas while others run.
+  struct TeacherUnit {
+    std::unique_ptr<affinity::PinnedArena> arena;
+    std::unique_ptr<teacher::Replica> replica;
+    std::vector<float> inputs;
+    std::unique_ptr<StageGraph> graph; // destroyed first: it waits for its bodies
+  };
+  std::unique_ptr<TeacherUnit> make_teacher(const affinity::CpuList& cpus, int first_index);
+  void start_teacher(TeacherUnit& unit);
+  void start_loader_graph();
+  // The replica's forward pass on `slot`'s inputs into its logits region.
+  void run_teacher(TeacherUnit& unit, const Slot& slot);
+  // kd-ctl's loop, and one move: the giving pool is rebuilt first, then the taking one, each while
+  // the other stage runs (a stage being stopped finishes its batches only while the stages around
+  // it go on). False when the pipeline stopped meanwhile.
+  void control(ElasticSettings settings);
+  bool reassign(const affinity::PoolAssignment& to);
+  bool rebuild_loaders(const affinity::CpuList& cpus);
+  bool rebuild_teachers(const std::vector<affinity::CpuList>& replicas);
 
   const RunInputs& run_;
   const Sampler& sampler_;
@@ -114,14 +161,31 @@ private:
   std::unique_ptr<SlotRing> ring_;
   std::unique_ptr<oneapi::tbb::global_control> parallelism_;
   std::unique_ptr<affinity::PinnedArena> loader_arena_;
-  std::vector<std::unique_ptr<affinity::PinnedArena>> teacher_arenas_;
-  std::vector<std::unique_ptr<teacher::Replica>> replicas_;
   std::unique_ptr<StageGraph> loaders_;
-  std::vector<std::unique_ptr<StageGraph>> teachers_;
+  std::vector<std::unique_ptr<TeacherUnit>> teachers_;
   std::unique_ptr<StageGraph> replay_;
-  std::vector<std::vector<float>> teacher_inputs_; // per replica, uint8 slots only
+  StageTotals loader_totals_, teacher_totals_;
+  std::atomic<std::size_t> replica_count_{0};
   LoaderScratch serial_scratch_;
   std::uint64_t serial_loader_ns_ = 0, serial_teacher_ns_ = 0;
+
+  // What start() was asked for, for the graphs kd-ctl starts later.
+  std::uint64_t first_batch_ = 0, end_ = 0;
+  SlotState after_load_ = SlotState::filled;
+  bool loaders_run_ = false;
+
+  // Structure (arenas, graphs, replicas): kd-ctl's moves against stop(). Never taken by the student
+  // on its hot path; a move holds it while stages drain, which needs the student to go on.
+  std::mutex structure_mutex_;
+  bool stopped_ = false;
+  mutable std::mutex record_mutex_; // the assignment and kd-ctl's record (cold, short)
+  affinity::PoolAssignment assignment_;
+  std::vector<nlohmann::json> moves_;
+  std::uint64_t windows_ = 0;
+  std::thread controller_;
+  std::mutex control_mutex_;
+  std::condition_variable control_wake_;
+  bool control_stop_ = false;
 };
 
 } // namespace kdflow::app

@@ -23,6 +23,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <mutex>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -260,6 +261,16 @@ int train_command(const TrainArgs& args) {
   write_file_atomic(out / "config.toml", config.to_toml());
   std::ofstream metrics(out / "metrics.jsonl", resume_from ? std::ios::app : std::ios::trunc);
   if (!metrics) throw InputError(fmt::format("cannot write {}", (out / "metrics.jsonl").string()));
+  std::mutex metrics_mutex; // the student's lines and kd-ctl's moves
+  const auto write_metrics = [&](const json& line) {
+    std::lock_guard lock(metrics_mutex);
+    metrics << line.dump() << '\n' << std::flush;
+  };
+  // kd-ctl writes metrics: on every way out, it stops (with the pipeline) before they close.
+  struct StopFirst {
+    CpuPipeline& pipeline;
+    ~StopFirst() { pipeline.stop(); }
+  } stop_first{pipeline};
 
   AugmentConfig eval = run.augment;
   eval.augment = false;
@@ -315,6 +326,15 @@ int train_command(const TrainArgs& args) {
   const auto loop_start = Clock::now();
   const std::uint64_t begin = next_batch;
   pipeline.start(begin, last - begin);
+  std::optional<std::string> elastic_off = "cores.elastic = false";
+  if (config.get_bool("cores.elastic")) {
+    ElasticSettings elastic;
+    elastic.policy.margin = config.get_double("cores.elastic_margin");
+    elastic.window_s = config.get_double("cores.elastic_window_s");
+    elastic.on_move = write_metrics;
+    elastic_off = pipeline.start_elastic(std::move(elastic));
+    if (elastic_off) log_info(fmt::format("kd-ctl off: {}", *elastic_off));
+  }
   Interval interval;
   std::uint64_t samples = 0;
   bool interrupted = false;
@@ -357,7 +377,7 @@ int train_command(const TrainArgs& args) {
                                             : 0.0},
           {"ring_ready", ring.occupancy[static_cast<int>(SlotState::ready)]},
           {"skipped_steps", trainer.skipped_steps()}};
-      metrics << line.dump() << '\n' << std::flush;
+      write_metrics(line);
       if (!progress.terminal())
         log_info(fmt::format("step {}/{} epoch {} loss {:.4f} lr {:.4f} {:.0f} samples/s",
                              trainer.steps_done(), last, epoch + 1, line["loss"].get<double>(),
@@ -429,6 +449,8 @@ int train_command(const TrainArgs& args) {
         {"parameters", trainer.parameters()}}},
       {"teacher", run.teacher_runs ? json(run.teacher_path) : json(nullptr)},
       {"plan", affinity::to_json(run.plan)},
+      {"elastic", elastic_off ? json{{"active", false}, {"reason", *elastic_off}}
+                              : json{{"active", true}, {"kd_ctl", pipeline.elastic_summary()}}},
       {"ring",
        {{"slots", slots},
         {"slot_bytes", layout.slot_bytes()},

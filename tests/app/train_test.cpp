@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -28,6 +29,17 @@ namespace {
 
 using namespace kdflow_test;
 using nlohmann::json;
+
+// The CPUs this process may run on.
+std::vector<int> allowed_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  std::vector<int> out;
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return out;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &set)) out.push_back(c);
+  return out;
+}
 
 // A fast run: MLP student and MLP fixture teacher, batch 64, one loader and one teacher thread.
 std::vector<std::string> base_args(const fs::path& out) {
@@ -86,8 +98,11 @@ TEST(Train, RunsAndWritesTheRunFolder) {
   // Four metric lines (every 5 steps), each with the keys of DESIGN.md.
   std::ifstream metrics(out / "metrics.jsonl");
   int lines = 0;
-  for (std::string line; std::getline(metrics, line); ++lines) {
+  for (std::string line; std::getline(metrics, line);) {
     const json m = json::parse(line);
+    if (m.value("event", "") == "elastic")
+      continue; // kd-ctl's moves, on machines with CPUs to move
+    ++lines;
     for (const char* key : {"step", "epoch", "loss", "kd_loss", "ce_loss", "lr", "samples_per_s",
                             "student_wait_ms", "teacher_busy", "ring_ready"})
       EXPECT_TRUE(m.contains(key)) << key;
@@ -254,6 +269,65 @@ TEST(Train, AlphaZeroTrainsWithoutRunningTheTeacher) {
   const json s = summary(out);
   EXPECT_TRUE(s["teacher_test_accuracy"].is_null());
   EXPECT_TRUE(s["plan"]["teacher"].empty());
+  EXPECT_FALSE(s["elastic"]["active"].get<bool>()) << "no teacher: nothing for kd-ctl to balance";
+}
+
+// kd-ctl from a deliberately unbalanced plan: every CPU but one on the loaders, one teacher CPU,
+// the committed Fashion-MNIST CNN teacher (~10 ms a batch a core) against a tiny student: the
+// loaders are ~100x faster per core, so the balanced plan is one loader CPU and the rest teaching.
+// kd-ctl must get there by loader->teacher moves only, each logged in metrics.jsonl, while the run
+// trains every step. Needs 4 CPUs (the student's, two loaders, one teacher); up to 6 are used.
+TEST(Train, ElasticControllerBalancesAnUnbalancedPlan) {
+  const std::vector<int> cpus = allowed_cpus();
+  if (cpus.size() < 4)
+    GTEST_SKIP() << "kd-ctl needs a CPU it can move: 4 CPUs (student, 2 loaders, 1 teacher); this "
+                    "machine allows "
+                 << cpus.size() << " (its policy is tested on a model in kdflow_affinity_tests)";
+  const std::size_t used = std::min<std::size_t>(cpus.size(), 6);
+  std::string loaders;
+  for (std::size_t i = 1; i + 1 < used; ++i) {
+    if (i > 1) loaders += ',';
+    loaders += std::to_string(cpus[i]);
+  }
+  const fs::path out = scratch("elastic");
+  const std::vector<std::string> args = with(
+      base_args(out),
+      {"teacher.model=" + (fs::path(KDFLOW_SOURCE_DIR) / "models" / "fmnist_teacher.onnx").string(),
+       "student.width=0.0625", "cores.student_cpus=" + std::to_string(cpus[0]),
+       "cores.loader_cpus=" + loaders, "cores.teacher_cpus=" + std::to_string(cpus[used - 1]),
+       "cores.elastic_window_s=0.25", "train.max_steps=1500", "train.log_every=100"});
+  const Result r = run(args, out);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const json s = summary(out);
+  EXPECT_EQ(s["steps"], 1500) << "every batch trained through the moves";
+  ASSERT_TRUE(s["elastic"]["active"].get<bool>()) << s["elastic"].dump();
+  const json& ctl = s["elastic"]["kd_ctl"];
+  EXPECT_EQ(ctl["loader"].size(), 1u) << ctl.dump();
+  std::size_t teacher_cores = 0;
+  for (const auto& replica : ctl["teacher"]) teacher_cores += replica.size();
+  EXPECT_EQ(teacher_cores, used - 2) << ctl.dump();
+  EXPECT_EQ(ctl["moves"].size(), used - 3) << "one move per CPU, none back: " << ctl.dump();
+  for (const auto& move : ctl["moves"]) EXPECT_EQ(move["move"], "loader->teacher");
+  // Each move is a metrics.jsonl line with what justified it.
+  std::ifstream metrics(out / "metrics.jsonl");
+  std::size_t events = 0;
+  for (std::string line; std::getline(metrics, line);) {
+    const json m = json::parse(line);
+    if (m.value("event", "") != "elastic") continue;
+    ++events;
+    EXPECT_GT(m["predicted_batches_per_s"].get<double>(), m["teacher_batches_per_s"].get<double>());
+    EXPECT_GT(m["student_wait"].get<double>(), 0.05);
+  }
+  EXPECT_EQ(events, ctl["moves"].size());
+}
+
+TEST(Train, ElasticOffKeepsThePlan) {
+  const fs::path out = scratch("elastic_off");
+  const Result r = run(with(base_args(out), {"cores.elastic=false", "train.max_steps=10"}), out);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const json s = summary(out);
+  EXPECT_FALSE(s["elastic"]["active"].get<bool>());
+  EXPECT_EQ(s["elastic"]["reason"], "cores.elastic = false");
 }
 
 TEST(Train, ImageFolderTrainsWithATeacherAndBadImagesAreExit2) {

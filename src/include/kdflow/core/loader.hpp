@@ -95,11 +95,12 @@ std::vector<float> normalized_images(const Dataset& dataset, const AugmentConfig
 // runs), until ring batch `end` or close. Ring batch b holds the sampler's batch first_batch + b
 // (a resumed run starts its ring at 0 mid-epoch). An exception fails the ring with stage "loader".
 // ring, dataset, sampler and augment must outlive the returned stage (it waits when destroyed);
-// regions are copied.
+// regions are copied; `totals`, when given, accumulates the stage's figures (StageGraph).
 std::unique_ptr<StageGraph> start_loaders(oneapi::tbb::task_arena& arena, int workers,
                                           SlotRing& ring, const Dataset& dataset,
                                           const Sampler& sampler, const AugmentConfig& augment,
                                           const LoaderRegions& regions, std::uint64_t first_batch,
-                                          std::uint64_t end, SlotState publish_to);
+                                          std::uint64_t end, SlotState publish_to,
+                                          StageTotals* totals = nullptr);
 
 } // namespace kdflow

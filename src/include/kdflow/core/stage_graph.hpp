@@ -19,6 +19,13 @@
 
 namespace kdflow {
 
+// What a stage did across the graphs that ran it (kd-ctl replaces a stage's graph when it moves
+// cores; the stage's figures go on).
+struct StageTotals {
+  std::atomic<std::uint64_t> busy_ns{0}; // time inside bodies, summed over workers
+  std::atomic<std::uint64_t> batches{0}; // batches completed
+};
+
 class StageGraph {
 public:
   // Claims batch's slot, does the stage's work, hands the slot on. Returns false when the ring was
@@ -27,9 +34,10 @@ public:
   using Body = std::function<bool(std::uint64_t batch, int worker)>;
 
   // Batches [.., end) of `stage`'s tickets. An exception in a body fails the ring with `name` as
-  // the stage, which stops every stage and reaches the student as a StageError.
+  // the stage, which stops every stage and reaches the student as a StageError. `totals`, when
+  // given, accumulates the graph's figures too (it must outlive the graph).
   StageGraph(std::string name, oneapi::tbb::task_arena& arena, int concurrency, SlotRing& ring,
-             RingStage stage, std::uint64_t end, Body body);
+             RingStage stage, std::uint64_t end, Body body, StageTotals* totals = nullptr);
   // Waits for the graph (close the ring first to stop it early).
   ~StageGraph();
   StageGraph(const StageGraph&) = delete;
@@ -39,6 +47,10 @@ public:
   void start();
   // Blocks until the source has stopped and every body has returned. Idempotent.
   void wait();
+  // The source takes no further ticket; the batches already taken are finished (their bodies may
+  // wait for the stages around them, so those must keep running). Then wait(), and a new graph of
+  // the same stage goes on from the next ticket: no batch is lost or done twice.
+  void request_stop() { stopping_.store(true, std::memory_order_release); }
   [[nodiscard]] bool finished() const { return finished_.load(std::memory_order_acquire); }
 
   [[nodiscard]] const std::string& name() const { return name_; }
@@ -63,6 +75,7 @@ private:
   std::condition_variable done_;
   std::atomic<std::uint64_t> busy_ns_{0};
   std::atomic<std::uint64_t> batches_{0};
+  StageTotals* totals_;
 };
 
 } // namespace kdflow
