@@ -56,6 +56,11 @@ def cases():
     c["conv_same_upper"] = model([node("Conv", ["x", "w"], auto_pad="SAME_UPPER", strides=[2, 2])], X, [const("w", rand(5, 4, 4, 4))])
     c["conv_same_lower"] = model([node("Conv", ["x", "w"], auto_pad="SAME_LOWER", strides=[2, 3])], X, [const("w", rand(5, 4, 2, 3))])
     c["conv_valid"] = model([node("Conv", ["x", "w"], auto_pad="VALID", kernel_shape=[3, 5])], X, [const("w", rand(3, 4, 3, 5))])
+    # Kernel taps that read only padding (trimmed at load): 3x3 on a 1x1 map, stride 2 on 2x2,
+    # dilated and grouped on a 1-row map (rows trimmed, columns kept).
+    c["conv_taps_in_padding"] = model([node("Conv", ["x", "w", "b"], pads=[1, 1, 1, 1])], (2, 8, 1, 1), [const("w", rand(6, 8, 3, 3)), const("b", rand(6))])
+    c["conv_taps_in_padding_stride"] = model([node("Conv", ["x", "w"], strides=[2, 2], pads=[1, 1, 1, 1])], (2, 4, 2, 2), [const("w", rand(5, 4, 3, 3))])
+    c["conv_taps_in_padding_dilated"] = model([node("Conv", ["x", "w"], group=2, dilations=[2, 2], pads=[2, 2, 2, 2])], (2, 4, 1, 3), [const("w", rand(4, 2, 3, 3))])
     c["batchnorm_alone"] = model([node("BatchNormalization", ["x", "s", "bb", "m", "v"], epsilon=1e-3)], X,
                                  [const("s", rand(4)), const("bb", rand(4)), const("m", rand(4)), const("v", np.abs(rand(4)) + 0.5)])
     c["conv_bn_relu"] = model([node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("BatchNormalization", ["c", "s", "bb", "m", "v"], ["d"], name="bn"),
