@@ -314,7 +314,49 @@ private:
                                  g_.file, node.describe(), op));
   }
 
+  // A convolution the passes unrolled into a matrix product (unroll_tiny_maps): its input and
+  // output held channels-last, each sample's map is one row of a matrix, so the product runs as an
+  // inner product (the batch as its rows) over views of the same bytes.
+  void unrolled_conv(const Node& node) {
+    const Shape& xs = g_.shape(node.inputs[0]);
+    const Shape& os = g_.shape(node.outputs[0]);
+    const Shape& ws = g_.shape(node.inputs[1]);
+    const auto tag = memory::format_tag::acdb;
+    const memory::desc src_map(dims_of(xs), act_, tag), dst_map(dims_of(os), act_, tag);
+    const memory::desc src_row({xs[0], ws[1]}, act_, memory::format_tag::ab);
+    const memory::desc dst_row({os[0], ws[0]}, act_, memory::format_tag::ab);
+    const memory::desc w_user({ws[0], ws[1]}, dt::f32, memory::format_tag::oi);
+    const memory::desc any_w({ws[0], ws[1]}, act_, memory::format_tag::any);
+    const bool has_bias = node.inputs.size() > 2 && !node.inputs[2].empty();
+    const memory::desc bias_md({ws[0]}, dt::f32, memory::format_tag::a);
+    const auto attr = attr_with(node);
+    const auto pd =
+        has_bias
+            ? dnnl::inner_product_forward::primitive_desc(p_.eng,
+                                                          dnnl::prop_kind::forward_inference,
+                                                          src_row, any_w, bias_md, dst_row, attr)
+            : dnnl::inner_product_forward::primitive_desc(
+                  p_.eng, dnnl::prop_kind::forward_inference, src_row, any_w, dst_row, attr);
+    ArgRef src = get(node.inputs[0], src_map);
+    src.md = src_row;
+    const PostOp* sum = sum_post(node);
+    // With a residual sum it accumulates into the other operand (channels-last, dead after it).
+    ArgRef dst = sum ? get(sum->sum_input, dst_map) : new_buffer(dst_map);
+    ArgRef dst_view = dst;
+    dst_view.md = dst_row;
+    std::vector<std::pair<int, ArgRef>> args = {
+        {DNNL_ARG_SRC, src},
+        {DNNL_ARG_WEIGHTS, weight(g_.constants.at(node.inputs[1]).f, w_user, pd.weights_desc())},
+        {DNNL_ARG_DST, dst_view}};
+    if (has_bias)
+      args.emplace_back(DNNL_ARG_BIAS, weight(g_.constants.at(node.inputs[2]).f, bias_md, bias_md));
+    add_primitive(dnnl::inner_product_forward(pd), std::move(args), node.describe(),
+                  pd.scratchpad_desc());
+    set(node.outputs[0], dst);
+  }
+
   void conv(const Node& node) {
+    if (node.has("kdflow_unrolled")) return unrolled_conv(node);
     const Shape& xs = g_.shape(node.inputs[0]);
     const Shape& ws = g_.shape(node.inputs[1]);
     const Shape& os = g_.shape(node.outputs[0]);
