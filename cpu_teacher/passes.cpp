@@ -141,6 +141,21 @@ bool fold_batchnorm(Graph& g) {
   return false;
 }
 
+// A 2-D convolution with constant weights, as the shape passes read it.
+struct ConvGeometry {
+  Shape x, out;
+  const Tensor* w;
+  std::vector<std::int64_t> strides, dilations, pads;
+};
+std::optional<ConvGeometry> conv_geometry(const Graph& g, const Node& conv) {
+  if (conv.op != "Conv" || !g.is_constant(conv.inputs[1])) return std::nullopt;
+  const Tensor& w = g.constants.at(conv.inputs[1]);
+  ConvGeometry c{g.shape(conv.inputs[0]),   g.shape(conv.outputs[0]),    &w,
+                 conv.ints_attr("strides"), conv.ints_attr("dilations"), conv.ints_attr("pads")};
+  if (c.x.size() != 4 || w.shape.size() != 4) return std::nullopt;
+  return c;
+}
+
 // The kernel taps a convolution keeps along one spatial axis: those some output position reads
 // inside the input (the rest multiply padding). nullopt when nothing can be cut exactly.
 struct AxisTrim {
@@ -177,13 +192,11 @@ std::optional<AxisTrim> trim_axis(std::int64_t in, std::int64_t out, std::int64_
 // (which AMX's kernels compute at full cost: 6.6 ms instead of 0.1 for such a layer at batch 64).
 bool trim_padding_taps(Graph& g) {
   for (auto& conv : g.nodes) {
-    if (conv.op != "Conv" || !g.is_constant(conv.inputs[1])) continue;
-    const Shape& xs = g.shape(conv.inputs[0]);
-    const Shape& os = g.shape(conv.outputs[0]);
-    const Tensor& w = g.constants.at(conv.inputs[1]);
-    if (xs.size() != 4 || w.shape.size() != 4) continue;
-    const auto s = conv.ints_attr("strides"), d = conv.ints_attr("dilations"),
-               pads = conv.ints_attr("pads");
+    const auto geo = conv_geometry(g, conv);
+    if (!geo) continue;
+    const Shape &xs = geo->x, &os = geo->out;
+    const Tensor& w = *geo->w;
+    const auto &s = geo->strides, &d = geo->dilations, &pads = geo->pads;
     std::optional<AxisTrim> axes[2];
     for (std::size_t a = 0; a < 2; ++a)
       axes[a] = trim_axis(xs[2 + a], os[2 + a], w.shape[2 + a], s[a], d[a], pads[a], pads[2 + a]);
@@ -230,15 +243,11 @@ std::int64_t axis_pairs(std::int64_t in, std::int64_t out, std::int64_t kernel, 
 // 25% more multiply-adds than the valid taps, and its matrix stays under 64 MiB.
 bool unroll_tiny_maps(Graph& g) {
   for (auto& conv : g.nodes) {
-    if (conv.op != "Conv" || conv.has("kdflow_unrolled") || !g.is_constant(conv.inputs[1]) ||
-        conv.int_attr("group", 1) != 1)
-      continue;
-    const Shape& xs = g.shape(conv.inputs[0]);
-    const Shape& os = g.shape(conv.outputs[0]);
-    const Tensor& w = g.constants.at(conv.inputs[1]);
-    if (xs.size() != 4 || w.shape.size() != 4) continue;
-    const auto s = conv.ints_attr("strides"), d = conv.ints_attr("dilations"),
-               pads = conv.ints_attr("pads");
+    const auto geo = conv_geometry(g, conv);
+    if (!geo || conv.has("kdflow_unrolled") || conv.int_attr("group", 1) != 1) continue;
+    const Shape &xs = geo->x, &os = geo->out;
+    const Tensor& w = *geo->w;
+    const auto &s = geo->strides, &d = geo->dilations, &pads = geo->pads;
     const std::int64_t dense = os[2] * xs[2] * os[3] * xs[3];
     const std::int64_t valid = axis_pairs(xs[2], os[2], w.shape[2], s[0], d[0], pads[0]) *
                                axis_pairs(xs[3], os[3], w.shape[3], s[1], d[1], pads[1]);

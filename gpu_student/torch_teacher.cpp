@@ -126,7 +126,14 @@ std::vector<torch::Tensor> TorchTeacher::Impl::forward(const torch::Tensor& inpu
     const torch::Tensor& x = value(node.inputs[0]);
     torch::Tensor y;
     std::vector<torch::Tensor> many;
-    if (op == "Conv") {
+    if (op == "Conv" && node.has("kdflow_unrolled")) {
+      // Unrolled by the passes (unroll_tiny_maps): channels-last rows times the unrolled kernel.
+      const torch::Tensor& w = value(node.inputs[1]);
+      const torch::Tensor rows = x.permute({0, 2, 3, 1}).reshape({x.size(0), w.size(1)});
+      y = torch::matmul(rows, w.reshape({w.size(0), w.size(1)}).t());
+      if (node.inputs.size() > 2 && !node.inputs[2].empty()) y = y + value(node.inputs[2]);
+      y = y.reshape({os[0], os[2], os[3], os[1]}).permute({0, 3, 1, 2}).contiguous();
+    } else if (op == "Conv") {
       const auto s = node.ints_attr("strides"), d = node.ints_attr("dilations"),
                  p = node.ints_attr("pads");
       const torch::Tensor bias = node.inputs.size() > 2 && !node.inputs[2].empty()
