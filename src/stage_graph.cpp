@@ -60,14 +60,11 @@ void StageGraph::run() {
             stopping_.store(true, std::memory_order_release);
             ring_.fail(name_, std::current_exception());
           }
-          const auto ns =
-              static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                             std::chrono::steady_clock::now() - t0)
-                                             .count());
-          busy_ns_.fetch_add(ns, std::memory_order_relaxed);
-          if (done) batches_.fetch_add(1, std::memory_order_relaxed);
           if (totals_) {
-            totals_->busy_ns.fetch_add(ns, std::memory_order_relaxed);
+            const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                std::chrono::steady_clock::now() - t0);
+            totals_->busy_ns.fetch_add(static_cast<std::uint64_t>(ns.count()),
+                                       std::memory_order_relaxed);
             if (done) totals_->batches.fetch_add(1, std::memory_order_relaxed);
           }
           free_workers.push(worker);

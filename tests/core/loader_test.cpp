@@ -181,8 +181,9 @@ std::vector<std::uint64_t> load_with(int workers, const Dataset& d, std::uint64_
   const SlotLayout layout = loader_layout(d, batch_size, true);
   SlotRing ring(layout, 4, allocate_locked(4 * layout.slot_bytes()));
   oneapi::tbb::task_arena arena(workers, 0);
-  auto loaders =
-      start_loaders(arena, workers, ring, d, s, aug, {0, 1, 2}, 0, batches, SlotState::ready);
+  StageTotals totals;
+  auto loaders = start_loaders(arena, workers, ring, d, s, aug, {0, 1, 2}, 0, batches,
+                               SlotState::ready, &totals);
   std::vector<std::uint64_t> sums;
   for (std::uint64_t b = 0; b < batches; ++b) {
     auto slot = ring.acquire_ready(b);
@@ -195,7 +196,7 @@ std::vector<std::uint64_t> load_with(int workers, const Dataset& d, std::uint64_
   }
   ring.close();
   loaders->wait();
-  EXPECT_EQ(loaders->batches(), batches);
+  EXPECT_EQ(totals.batches.load(), batches);
   return sums;
 }
 

@@ -35,7 +35,7 @@ public:
 
   // Batches [.., end) of `stage`'s tickets. An exception in a body fails the ring with `name` as
   // the stage, which stops every stage and reaches the student as a StageError. `totals`, when
-  // given, accumulates the graph's figures too (it must outlive the graph).
+  // given, accumulates its body time and batches (it must outlive the graph).
   StageGraph(std::string name, oneapi::tbb::task_arena& arena, int concurrency, SlotRing& ring,
              RingStage stage, std::uint64_t end, Body body, StageTotals* totals = nullptr);
   // Waits for the graph (close the ring first to stop it early).
@@ -54,9 +54,6 @@ public:
   [[nodiscard]] bool finished() const { return finished_.load(std::memory_order_acquire); }
 
   [[nodiscard]] const std::string& name() const { return name_; }
-  // Time spent inside bodies, summed over workers, and batches completed.
-  [[nodiscard]] std::uint64_t busy_ns() const { return busy_ns_.load(std::memory_order_relaxed); }
-  [[nodiscard]] std::uint64_t batches() const { return batches_.load(std::memory_order_relaxed); }
 
 private:
   void run(); // the driver task inside the arena
@@ -73,8 +70,6 @@ private:
   std::atomic<bool> finished_{false};
   std::mutex done_mutex_; // cold path: the end of the stage
   std::condition_variable done_;
-  std::atomic<std::uint64_t> busy_ns_{0};
-  std::atomic<std::uint64_t> batches_{0};
   StageTotals* totals_;
 };
 
