@@ -5,6 +5,7 @@
 #include "kdflow/core/trace.hpp"
 #include "kdflow/gpu_student/versions.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -14,6 +15,7 @@
 #include <random>
 #include <ranges>
 #include <sstream>
+#include <stdexcept>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -554,7 +556,20 @@ void CpuPipeline::control(ElasticSettings settings) {
 }
 
 bool CpuPipeline::reassign(const affinity::PoolAssignment& to) {
+  const auto threads = [](const affinity::CpuList& loader,
+                          const std::vector<affinity::CpuList>& teacher) {
+    std::size_t n = loader.size();
+    for (const auto& cpus : teacher) n += cpus.size();
+    return n;
+  };
+  if (to.loader.empty() || to.teacher.empty() ||
+      std::ranges::any_of(to.teacher, [](const affinity::CpuList& r) { return r.empty(); }) ||
+      threads(to.loader, to.teacher) > threads(run_.plan.loader, run_.plan.teacher))
+    throw std::invalid_argument("reassign: each pool needs a CPU, and all of them no more than the "
+                                "plan's loader and teacher CPUs");
   std::lock_guard lock(structure_mutex_);
+  if (!run_.teacher_runs || !loaders_run_)
+    throw std::invalid_argument("reassign: the loaders and the teacher are not running");
   if (stopped_ || ring_->closed()) return false;
   const affinity::PoolAssignment from = assignment();
   const bool ok = to.loader.size() < from.loader.size()

@@ -117,13 +117,21 @@ public:
   [[nodiscard]] affinity::PoolAssignment assignment() const;
   // kd-ctl's record: windows observed, every move, the assignment now.
   [[nodiscard]] nlohmann::json elastic_summary() const;
+  // Moves the pools to `to` now, as kd-ctl does for each move it decides: the giving pool is
+  // rebuilt first, then the taking one, each while the other stage runs (a stage being stopped
+  // finishes its batches only while the stages around it go on). `to` may hold no more CPUs in all
+  // than the plan's loaders and teachers (oneTBB's pool is sized for them): std::invalid_argument.
+  // False when the pipeline stopped meanwhile. Serialized with kd-ctl's own moves.
+  bool reassign(const affinity::PoolAssignment& to);
 
   [[nodiscard]] SlotRing& ring() { return *ring_; }
   [[nodiscard]] const SlotRegions& regions() const { return regions_; }
-  // Replica k's arena (before start(): kd-ctl may replace it later).
+  // Replica k's arena and the loaders' arena (a move replaces them: read them before start() or on
+  // the thread that calls reassign()).
   [[nodiscard]] oneapi::tbb::task_arena* teacher_arena(std::size_t k) {
     return k < teachers_.size() ? &teachers_[k]->arena->arena() : nullptr;
   }
+  [[nodiscard]] oneapi::tbb::task_arena& loader_arena() { return loader_arena_->arena(); }
   [[nodiscard]] std::size_t replicas() const {
     return replica_count_.load(std::memory_order_relaxed);
   }
@@ -147,11 +155,8 @@ private:
   void start_loader_graph();
   // The replica's forward pass on `slot`'s inputs into its logits region.
   void run_teacher(TeacherUnit& unit, const Slot& slot);
-  // kd-ctl's loop, and one move: the giving pool is rebuilt first, then the taking one, each while
-  // the other stage runs (a stage being stopped finishes its batches only while the stages around
-  // it go on). False when the pipeline stopped meanwhile.
+  // kd-ctl's loop.
   void control(ElasticSettings settings);
-  bool reassign(const affinity::PoolAssignment& to);
   bool rebuild_loaders(const affinity::CpuList& cpus);
   bool rebuild_teachers(const std::vector<affinity::CpuList>& replicas);
 
