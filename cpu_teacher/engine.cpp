@@ -314,17 +314,38 @@ private:
                                  g_.file, node.describe(), op));
   }
 
-  // A convolution the passes unrolled into a matrix product (unroll_tiny_maps): its input and
-  // output held channels-last, each sample's map is one row of a matrix, so the product runs as an
-  // inner product (the batch as its rows) over views of the same bytes.
-  void unrolled_conv(const Node& node) {
+  // A pointwise convolution (1x1, stride 1, no padding, one group) reading a channels-last tensor
+  // that its residual operand, if any, shares: with channels-last input and output every pixel of
+  // the batch is a row of one matrix product. oneDNN's 1x1 convolution blocks its rows within one
+  // image's map, so on small maps (2x2: four rows) its kernels starve; the inner product blocks
+  // all N*H*W rows at once.
+  bool pointwise_on_channels_last(const Node& node) {
+    if (node.int_attr("group", 1) != 1) return false;
+    const Shape& ws = g_.shape(node.inputs[1]);
+    if (ws.size() != 4 || ws[2] != 1 || ws[3] != 1) return false;
+    for (const auto v : node.ints_attr("strides"))
+      if (v != 1) return false;
+    for (const auto v : node.ints_attr("pads"))
+      if (v != 0) return false;
+    const auto last = [&](const std::string& value) {
+      return at(value).md == memory::desc(dims_of(g_.shape(value)), act_, memory::format_tag::acdb);
+    };
+    const PostOp* sum = sum_post(node);
+    return last(node.inputs[0]) && (!sum || last(sum->sum_input));
+  }
+
+  // A convolution run as one inner product over channels-last views of its input and output:
+  // either unrolled by the passes (unroll_tiny_maps: each sample's whole map is one row, the
+  // weights are OC*OH*OW x C*IH*IW) or pointwise (each pixel is a row, the weights OC x C).
+  void matrix_conv(const Node& node) {
     const Shape& xs = g_.shape(node.inputs[0]);
     const Shape& os = g_.shape(node.outputs[0]);
     const Shape& ws = g_.shape(node.inputs[1]);
+    const std::int64_t rows = node.has("kdflow_unrolled") ? xs[0] : xs[0] * xs[2] * xs[3];
     const auto tag = memory::format_tag::acdb;
     const memory::desc src_map(dims_of(xs), act_, tag), dst_map(dims_of(os), act_, tag);
-    const memory::desc src_row({xs[0], ws[1]}, act_, memory::format_tag::ab);
-    const memory::desc dst_row({os[0], ws[0]}, act_, memory::format_tag::ab);
+    const memory::desc src_row({rows, ws[1]}, act_, memory::format_tag::ab);
+    const memory::desc dst_row({rows, ws[0]}, act_, memory::format_tag::ab);
     const memory::desc w_user({ws[0], ws[1]}, dt::f32, memory::format_tag::oi);
     const memory::desc any_w({ws[0], ws[1]}, act_, memory::format_tag::any);
     const bool has_bias = node.inputs.size() > 2 && !node.inputs[2].empty();
@@ -356,7 +377,7 @@ private:
   }
 
   void conv(const Node& node) {
-    if (node.has("kdflow_unrolled")) return unrolled_conv(node);
+    if (node.has("kdflow_unrolled") || pointwise_on_channels_last(node)) return matrix_conv(node);
     const Shape& xs = g_.shape(node.inputs[0]);
     const Shape& ws = g_.shape(node.inputs[1]);
     const Shape& os = g_.shape(node.outputs[0]);
@@ -376,18 +397,30 @@ private:
     const bool has_bias = node.inputs.size() > 2 && !node.inputs[2].empty();
     const memory::desc bias_md({ws[0]}, dt::f32, memory::format_tag::a);
     const PostOp* sum = sum_post(node);
-    // With a residual sum the conv writes over the other operand's buffer, in its layout.
-    const memory::desc dst_md =
-        sum ? at(sum->sum_input).md : memory::desc(dims_of(os), act_, memory::format_tag::any);
     const auto attr = attr_with(node);
-    const auto pd =
-        has_bias
-            ? dnnl::convolution_forward::primitive_desc(
-                  p_.eng, dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
-                  any_src, any_w, bias_md, dst_md, strides, dil, pl, pr, attr)
-            : dnnl::convolution_forward::primitive_desc(
-                  p_.eng, dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
-                  any_src, any_w, dst_md, strides, dil, pl, pr, attr);
+    const auto make = [&](const memory::desc& dst_md) {
+      return has_bias ? dnnl::convolution_forward::primitive_desc(
+                            p_.eng, dnnl::prop_kind::forward_inference,
+                            dnnl::algorithm::convolution_direct, any_src, any_w, bias_md, dst_md,
+                            strides, dil, pl, pr, attr)
+                      : dnnl::convolution_forward::primitive_desc(
+                            p_.eng, dnnl::prop_kind::forward_inference,
+                            dnnl::algorithm::convolution_direct, any_src, any_w, dst_md, strides,
+                            dil, pl, pr, attr);
+    };
+    // Activations are channels-last (acdb) between convolutions: left to choose, neighbouring
+    // convolutions pick different layouts (resnet18's 8x8 maps: aBcd16b beside acdb) and reorders
+    // run inside the graph; channels-last also lets pointwise convolutions run as inner products
+    // (matrix_conv). Where this CPU has no fast channels-last kernel for it (oneDNN falls back to
+    // a reference or im2col-GEMM one), oneDNN chooses. With a residual sum the conv writes over the
+    // other operand's buffer, in its layout.
+    auto pd = make(sum ? at(sum->sum_input).md
+                       : memory::desc(dims_of(os), act_, memory::format_tag::acdb));
+    if (!sum) {
+      const std::string impl = pd.impl_info_str();
+      if (impl.starts_with("ref") || impl.starts_with("gemm:"))
+        pd = make(memory::desc(dims_of(os), act_, memory::format_tag::any));
+    }
     const ArgRef src = get(node.inputs[0], pd.src_desc());
     const ArgRef w = weight(g_.constants.at(node.inputs[1]).f, w_user, pd.weights_desc());
     const ArgRef dst = sum ? at(sum->sum_input) : new_buffer(pd.dst_desc());
