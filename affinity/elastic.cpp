@@ -99,9 +99,7 @@ std::optional<PoolAssignment> move_cpu(const PoolAssignment& from, Move move,
     return to;
   }
   if (move == Move::to_loader) {
-    std::size_t cores = 0;
-    for (const auto& r : to.teacher) cores += r.size();
-    if (cores < 2) return std::nullopt;
+    if (cpu_count(to.teacher) < 2) return std::nullopt;
     CpuList& last = to.teacher.back();
     const int cpu = last.front();
     last.erase(last.begin());

@@ -23,6 +23,12 @@ int logical_ancestor(hwloc_topology_t topo, hwloc_obj_t obj, hwloc_obj_type_t ty
 
 } // namespace
 
+std::size_t cpu_count(const std::vector<CpuList>& lists) {
+  std::size_t n = 0;
+  for (const auto& cpus : lists) n += cpus.size();
+  return n;
+}
+
 std::string format_cpus(const CpuList& cpus) {
   std::string out;
   for (std::size_t i = 0; i < cpus.size();) {

@@ -252,8 +252,7 @@ CpuPipeline::CpuPipeline(const RunInputs& run, const Sampler& sampler, std::uint
 
   // Every arena's workers come from oneTBB's one global pool: size it for all of them (kd-ctl's
   // moves keep the sum).
-  std::size_t threads = run.plan.loader.size();
-  for (const auto& cpus : run.plan.teacher) threads += cpus.size();
+  const std::size_t threads = run.plan.loader.size() + affinity::cpu_count(run.plan.teacher);
   parallelism_ = std::make_unique<oneapi::tbb::global_control>(
       oneapi::tbb::global_control::max_allowed_parallelism, threads + 1);
   loader_arena_ = std::make_unique<affinity::PinnedArena>(run.topology, run.plan.loader, "loader");
@@ -496,8 +495,7 @@ void CpuPipeline::control(ElasticSettings settings) {
     }
     const Snapshot after = snapshot();
     const affinity::PoolAssignment now = assignment();
-    int teacher_cores = 0;
-    for (const auto& r : now.teacher) teacher_cores += static_cast<int>(r.size());
+    const auto teacher_cores = static_cast<int>(affinity::cpu_count(now.teacher));
     const auto loader_cores = static_cast<int>(now.loader.size());
     constexpr int L = static_cast<int>(RingStage::loader), T = static_cast<int>(RingStage::teacher),
                   S = static_cast<int>(RingStage::student);
@@ -556,15 +554,10 @@ void CpuPipeline::control(ElasticSettings settings) {
 }
 
 bool CpuPipeline::reassign(const affinity::PoolAssignment& to) {
-  const auto threads = [](const affinity::CpuList& loader,
-                          const std::vector<affinity::CpuList>& teacher) {
-    std::size_t n = loader.size();
-    for (const auto& cpus : teacher) n += cpus.size();
-    return n;
-  };
   if (to.loader.empty() || to.teacher.empty() ||
       std::ranges::any_of(to.teacher, [](const affinity::CpuList& r) { return r.empty(); }) ||
-      threads(to.loader, to.teacher) > threads(run_.plan.loader, run_.plan.teacher))
+      to.loader.size() + affinity::cpu_count(to.teacher) >
+          run_.plan.loader.size() + affinity::cpu_count(run_.plan.teacher))
     throw std::invalid_argument("reassign: each pool needs a CPU, and all of them no more than the "
                                 "plan's loader and teacher CPUs");
   std::lock_guard lock(structure_mutex_);

@@ -65,5 +65,7 @@ private:
 
 // "0-3,8,10-11"
 std::string format_cpus(const CpuList& cpus);
+// How many CPUs several lists hold in all (the teacher replicas', for instance).
+std::size_t cpu_count(const std::vector<CpuList>& lists);
 
 } // namespace kdflow::affinity
