@@ -9,6 +9,7 @@
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -55,8 +56,20 @@ struct Step {
   Kernel kernel;
   std::vector<std::pair<int, ArgRef>> args; // (DNNL_ARG_*, operand); kernels: positional
   std::string label;
+  std::string kind; // StepInfo::kind
   bool reorder = false;
 };
+
+// The implementation oneDNN chose for a primitive ("jit_dw:avx512_core_bf16").
+std::string impl_of(const dnnl::primitive& prim) {
+  const_dnnl_primitive_desc_t pd = nullptr;
+  const char* impl = nullptr;
+  if (dnnl_primitive_get_primitive_desc(prim.get(), &pd) != dnnl_success ||
+      dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) != dnnl_success ||
+      impl == nullptr)
+    return "unknown";
+  return impl;
+}
 
 memory::dims dims_of(const Shape& s) { return memory::dims(s.begin(), s.end()); }
 
@@ -171,6 +184,7 @@ private:
     s.prim = dnnl::reorder(pd);
     s.args = {{DNNL_ARG_FROM, src}, {DNNL_ARG_TO, dst}};
     s.label = "reorder " + label;
+    s.kind = "reorder";
     s.reorder = true;
     p_.steps.push_back(std::move(s));
   }
@@ -226,6 +240,7 @@ private:
     s.prim = std::move(prim);
     s.args = std::move(args);
     s.label = label;
+    s.kind = kind_;
     p_.steps.push_back(std::move(s));
   }
 
@@ -234,6 +249,7 @@ private:
     s.kernel = std::move(k);
     for (auto& o : operands) s.args.emplace_back(0, std::move(o));
     s.label = label + " (plain kernel)";
+    s.kind = kind_;
     p_.steps.push_back(std::move(s));
   }
 
@@ -287,6 +303,7 @@ private:
   // --- nodes ---------------------------------------------------------------------------------
   void add_node(const Node& node) {
     const std::string& op = node.op;
+    kind_ = op;
     if (op == "Conv") return conv(node);
     if (op == "Gemm" || op == "MatMul") {
       if (g_.is_constant(node.inputs[1])) return inner_product(node);
@@ -338,6 +355,7 @@ private:
   // either unrolled by the passes (unroll_tiny_maps: each sample's whole map is one row, the
   // weights are OC*OH*OW x C*IH*IW) or pointwise (each pixel is a row, the weights OC x C).
   void matrix_conv(const Node& node) {
+    kind_ = node.has("kdflow_unrolled") ? "Conv (unrolled)" : "Conv (pointwise)";
     const Shape& xs = g_.shape(node.inputs[0]);
     const Shape& os = g_.shape(node.outputs[0]);
     const Shape& ws = g_.shape(node.inputs[1]);
@@ -384,6 +402,7 @@ private:
     if (!g_.is_constant(node.inputs[1]))
       throw InputError(fmt::format("{}: {}: weights must be constant", g_.file, node.describe()));
     const std::int64_t group = node.int_attr("group", 1);
+    if (group > 1) kind_ = group == xs[1] && ws[0] == group ? "Conv (depthwise)" : "Conv (grouped)";
     const auto s = node.ints_attr("strides"), d = node.ints_attr("dilations"),
                pads = node.ints_attr("pads");
     const memory::dims strides = {s[0], s[1]}, dil = {d[0] - 1, d[1] - 1};
@@ -788,6 +807,7 @@ private:
   std::vector<std::pair<std::string, ArgRef>> converted_;
   std::set<std::string> skipped_;
   std::map<std::string, std::string> flat_source_;
+  std::string kind_; // StepInfo::kind of the steps the current node adds
 };
 
 } // namespace
@@ -822,6 +842,13 @@ std::size_t Teacher::steps() const { return plan_->steps.size(); }
 std::size_t Teacher::reorders() const {
   return static_cast<std::size_t>(std::count_if(plan_->steps.begin(), plan_->steps.end(),
                                                 [](const Step& s) { return s.reorder; }));
+}
+
+std::vector<StepInfo> Teacher::step_info() const {
+  std::vector<StepInfo> out;
+  for (const auto& s : plan_->steps)
+    out.push_back({s.label, s.kind, s.prim ? impl_of(*s.prim) : "plain kernel"});
+  return out;
 }
 
 // --- replicas ------------------------------------------------------------------------------------
@@ -913,8 +940,22 @@ Replica::Replica(std::shared_ptr<const Teacher> teacher)
 Replica::~Replica() = default;
 
 void Replica::run(const float* input, std::span<float* const> outputs) {
+  execute(input, outputs, {});
+}
+
+void Replica::run_timed(const float* input, std::span<float* const> outputs,
+                        std::span<double> step_seconds) {
+  if (step_seconds.size() != teacher_->steps())
+    throw std::invalid_argument(fmt::format("teacher: {} step times given, {} steps to time",
+                                            step_seconds.size(), teacher_->steps()));
+  execute(input, outputs, step_seconds);
+}
+
+void Replica::execute(const float* input, std::span<float* const> outputs,
+                      std::span<double> step_seconds) {
   const Teacher::Plan& p = teacher_->plan();
   State& s = *state_;
+  const bool timed = !step_seconds.empty();
   if (outputs.size() != p.outputs.size())
     throw std::invalid_argument(fmt::format("teacher: {} output buffers given, {} expected",
                                             outputs.size(), p.outputs.size()));
@@ -924,8 +965,17 @@ void Replica::run(const float* input, std::span<float* const> outputs) {
   for (std::size_t k = 0; k < outputs.size(); ++k) s.outputs[k].set_data_handle(outputs[k]);
   for (std::size_t i = 0; i < p.steps.size(); ++i) {
     const Step& step = p.steps[i];
+    const auto start =
+        timed ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
+    const auto done = [&] {
+      if (!timed) return;
+      s.stream.wait();
+      step_seconds[i] =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    };
     if (step.prim) {
       step.prim->execute(s.stream, s.args[i]);
+      done();
       continue;
     }
     s.stream.wait(); // plain kernels run on this thread, after the primitives before them
@@ -936,6 +986,7 @@ void Replica::run(const float* input, std::span<float* const> outputs) {
                     : reinterpret_cast<std::byte*>(outputs[static_cast<std::size_t>(ref.index)]) +
                           ref.offset;
     step.kernel(ptrs.data());
+    done();
   }
   s.stream.wait();
 }

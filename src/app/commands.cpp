@@ -81,6 +81,8 @@ Commands::Commands(CLI::App& app) : app_(app) {
       ->check(CLI::IsMember({"fp32", "bf16"}));
   tbench->add_option("--seconds", teacher_.seconds, "measuring time")->capture_default_str();
   tbench->add_option("--json", teacher_.json, "write the result as JSON here");
+  tbench->add_flag("--profile", teacher_.profile,
+                   "also time every step of the plan and report where the time goes, by kind");
   tbench->callback([this] { action_ = [this] { return teacher_bench(teacher_); }; });
 
   auto* cores = app.add_subcommand("cores", "show the topology and the core plan");

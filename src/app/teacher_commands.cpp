@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <chrono>
 #include <fstream>
+#include <map>
 #include <random>
 
 #include <fmt/format.h>
@@ -68,6 +69,60 @@ struct PinnedRun {
   std::vector<std::vector<float>> outs;
   std::vector<float*> ptrs;
 };
+
+// Median time of every step over profiled batches (each step waited for before the next starts),
+// and their sums by kind: where a batch's time goes.
+nlohmann::json step_profile(PinnedRun& pinned, const teacher::Teacher& t, const float* input,
+                            double seconds) {
+  const std::size_t steps = t.steps();
+  std::vector<std::vector<double>> samples(steps);
+  std::vector<double> one(steps);
+  const auto start = std::chrono::steady_clock::now();
+  std::size_t batches = 0;
+  while (batches < 5 ||
+         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() <
+             seconds) {
+    pinned.replica.run_timed(input, pinned.ptrs, one);
+    for (std::size_t i = 0; i < steps; ++i) samples[i].push_back(one[i]);
+    ++batches;
+  }
+  const auto info = t.step_info();
+  double total = 0;
+  std::map<std::string, std::pair<int, double>> kinds; // kind -> (steps, seconds)
+  nlohmann::json rows = nlohmann::json::array();
+  for (std::size_t i = 0; i < steps; ++i) {
+    auto& v = samples[i];
+    std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
+    const double median = v[v.size() / 2];
+    total += median;
+    kinds[info[i].kind].first += 1;
+    kinds[info[i].kind].second += median;
+    rows.push_back({{"label", info[i].label},
+                    {"kind", info[i].kind},
+                    {"impl", info[i].impl},
+                    {"ms", median * 1e3}});
+  }
+  std::vector<std::pair<std::string, std::pair<int, double>>> by_kind(kinds.begin(), kinds.end());
+  std::sort(by_kind.begin(), by_kind.end(),
+            [](const auto& a, const auto& b) { return a.second.second > b.second.second; });
+  nlohmann::json kind_rows = nlohmann::json::array();
+  for (const auto& [kind, v] : by_kind)
+    kind_rows.push_back({{"kind", kind},
+                         {"steps", v.first},
+                         {"ms", v.second * 1e3},
+                         {"share", total > 0 ? v.second / total : 0.0}});
+  return {
+      {"batches", batches}, {"step_ms_sum", total * 1e3}, {"by_kind", kind_rows}, {"steps", rows}};
+}
+
+void print_profile(const nlohmann::json& profile) {
+  fmt::print("where the time goes: {} steps, {:.3f} ms summed (medians of {} batches)\n",
+             profile["steps"].size(), profile["step_ms_sum"].get<double>(),
+             profile["batches"].get<std::size_t>());
+  for (const auto& k : profile["by_kind"])
+    fmt::print("  {:<20} {:>4} steps {:>9.3f} ms {:>5.1f}%\n", k["kind"].get<std::string>(),
+               k["steps"].get<int>(), k["ms"].get<double>(), 100 * k["share"].get<double>());
+}
 
 } // namespace
 
@@ -126,6 +181,7 @@ int teacher_bench(const TeacherArgs& args) {
   for (auto& v : input) v = dist(rng);
   std::vector<double> times;
   teacher::PeakResult peak;
+  nlohmann::json profile;
   pinned.arena.arena().execute([&] {
     for (int i = 0; i < 3; ++i)
       pinned.replica.run(input.data(), pinned.ptrs); // warm-up: JIT, caches, pages
@@ -138,6 +194,7 @@ int teacher_bench(const TeacherArgs& args) {
       times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     }
     peak = teacher::measure_fma_peak(std::min(2.0, std::max(0.5, args.seconds / 4)));
+    if (args.profile) profile = step_profile(pinned, *t, input.data(), args.seconds / 2);
   });
   std::sort(times.begin(), times.end());
   const double median = times[times.size() / 2];
@@ -145,7 +202,7 @@ int teacher_bench(const TeacherArgs& args) {
   const double images = static_cast<double>(args.batch) / median;
   const double gflops = images * summary.flops_per_sample / 1e9;
   const auto info = teacher::onednn_info();
-  const nlohmann::json result = {
+  nlohmann::json result = {
       {"model", args.model},
       {"images_per_s", images},
       {"gflops_per_s", gflops},
@@ -169,6 +226,10 @@ int teacher_bench(const TeacherArgs& args) {
              args.model, images, gflops, 100 * result["peak_fraction"].get<double>(),
              peak.gflops_per_s, args.precision, info.isa, args.batch, pinned.cpus.size(),
              times.size(), median * 1e3);
+  if (args.profile) {
+    print_profile(profile);
+    result["profile"] = profile;
+  }
   if (!args.json.empty()) {
     std::ofstream out(args.json);
     if (!out) throw InputError(fmt::format("{}: cannot write", args.json));

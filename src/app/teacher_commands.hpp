@@ -13,6 +13,7 @@ struct TeacherArgs {
   double seconds = 5.0;
   std::string precision = "fp32";
   std::vector<std::string> features;
+  bool profile = false; // bench: time each step of the plan too
 };
 
 int teacher_info(const TeacherArgs& args);

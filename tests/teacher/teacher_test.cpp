@@ -19,6 +19,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <numeric>
 #include <random>
 #include <thread>
 
@@ -192,6 +194,48 @@ TEST(TeacherModels, MatchPyTorchInFp32AndBf16) {
   }
   EXPECT_GE(static_cast<double>(agree_total) / static_cast<double>(inputs_total), 0.99)
       << agree_total << "/" << inputs_total;
+}
+
+// A timed run is the same computation with a time per step; the steps say what they are, so a
+// profile can tell mobilenet_v2's depthwise convolutions from its pointwise ones.
+TEST(TeacherModels, TimedRunTimesEveryStepAndGivesTheSameAnswers) {
+  const fs::path dir = fixture_dir("models");
+  const std::string path = (dir / "mobilenet_v2_opset13.onnx").string();
+  TeacherOptions opts;
+  opts.batch = manifest(dir)["batch"];
+  const auto t = Teacher::load(path, opts);
+  const auto x = random_input(t->input_shape());
+  const auto plain = run(t, x);
+
+  std::vector<float> logits(static_cast<std::size_t>(numel(t->output_shape(0))));
+  std::vector<float*> ptrs = {logits.data()};
+  Replica r(t);
+  std::vector<double> times(t->steps(), -1.0);
+  r.run_timed(x.data(), ptrs, times);
+  EXPECT_EQ(logits, plain[0]);
+  for (const double s : times) EXPECT_GE(s, 0.0);
+  EXPECT_GT(std::accumulate(times.begin(), times.end(), 0.0), 0.0);
+
+  const auto info = t->step_info();
+  ASSERT_EQ(info.size(), t->steps());
+  std::map<std::string, int> kinds;
+  for (const auto& step : info) {
+    SCOPED_TRACE(step.label);
+    EXPECT_FALSE(step.label.empty());
+    EXPECT_FALSE(step.impl.empty());
+    EXPECT_NE(step.impl, "unknown");
+    ++kinds[step.kind];
+  }
+  // torchvision's mobilenet_v2: 17 depthwise 3x3 convolutions, a stem convolution, one reorder
+  // of the input and one of the logits; the pointwise ones run as inner products (or unrolled on
+  // the tiny maps).
+  EXPECT_EQ(kinds["Conv (depthwise)"], 17);
+  EXPECT_EQ(kinds["Conv"], 1);
+  EXPECT_EQ(kinds["reorder"], static_cast<int>(t->reorders()));
+  EXPECT_GT(kinds["Conv (pointwise)"], 0);
+
+  std::vector<double> short_times(t->steps() - 1);
+  EXPECT_THROW(r.run_timed(x.data(), ptrs, short_times), std::invalid_argument);
 }
 
 TEST(TeacherModels, ConcurrentReplicasGiveTheSameAnswers) {

@@ -31,6 +31,14 @@ struct TeacherOptions {
 
 class Replica;
 
+// One step of the execution plan, for profiles: what it computes and what runs it.
+struct StepInfo {
+  std::string label; // the node ("Conv 'features.2.conv.1.0'") or the conversion ("reorder ...")
+  std::string kind;  // ONNX op type, convolutions refined: "Conv (depthwise)", "Conv (pointwise)",
+                     // "Conv (unrolled)", "Conv (grouped)"; or "reorder"
+  std::string impl;  // oneDNN's implementation ("brgemm:avx512_core_amx"), or "plain kernel"
+};
+
 class Teacher {
 public:
   static std::shared_ptr<const Teacher> load(const std::string& path,
@@ -43,8 +51,9 @@ public:
   [[nodiscard]] Shape input_shape() const;                     // [batch, sample...]
   [[nodiscard]] std::vector<std::string> output_names() const; // graph outputs, then features
   [[nodiscard]] Shape output_shape(std::size_t k) const;
-  [[nodiscard]] std::size_t steps() const;    // primitives and kernels per batch
-  [[nodiscard]] std::size_t reorders() const; // of which layout/type conversions
+  [[nodiscard]] std::size_t steps() const;               // primitives and kernels per batch
+  [[nodiscard]] std::size_t reorders() const;            // of which layout/type conversions
+  [[nodiscard]] std::vector<StepInfo> step_info() const; // one per step, in execution order
 
   struct Plan;
   [[nodiscard]] const Plan& plan() const { return *plan_; }
@@ -64,10 +73,16 @@ public:
   // One batch: `input` is plain row-major float32 of input_shape(); outputs[k] receives output k
   // (plain float32 of output_shape(k)), e.g. straight into a ring slot. Allocates nothing.
   void run(const float* input, std::span<float* const> outputs);
+  // run(), also timing each step into step_seconds (one entry per Teacher::steps()). Each step is
+  // waited for before the next starts; for profiles (`kdflow teacher bench --profile`).
+  void run_timed(const float* input, std::span<float* const> outputs,
+                 std::span<double> step_seconds);
 
   [[nodiscard]] const Teacher& teacher() const { return *teacher_; }
 
 private:
+  void execute(const float* input, std::span<float* const> outputs, std::span<double> step_seconds);
+
   struct State;
   std::shared_ptr<const Teacher> teacher_;
   std::unique_ptr<State> state_;

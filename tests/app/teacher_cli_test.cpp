@@ -1,0 +1,95 @@
+// `kdflow teacher info|infer|bench` end to end: the binary in a child process on the fixture
+// models, as a user runs it. infer's .npy must hold PyTorch's answers, bench --profile must account
+// for every step of the plan, and bad input must be one line on stderr and exit code 2.
+#include "kdflow_process.hpp"
+
+#include "kdflow/cpu_teacher/npy.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <numeric>
+
+#include <nlohmann/json.hpp>
+
+namespace {
+
+using namespace kdflow_test;
+using nlohmann::json;
+
+TEST(TeacherCli, InferWritesPyTorchsAnswers) {
+  const fs::path out = scratch("infer") / "logits.npy";
+  fs::create_directories(out.parent_path());
+  const auto r = run({"teacher", "infer", "--model", fixture("resnet18_opset17.onnx").string(),
+                      "--input", fixture("resnet18_opset17.input.npy").string(), "--output",
+                      out.string(), "--threads", "1"},
+                     out);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto got = kdflow::teacher::read_npy(out.string());
+  const auto ref = kdflow::teacher::read_npy(fixture("resnet18_opset17.output.npy").string());
+  ASSERT_EQ(got.shape, ref.shape);
+  double diff = 0, scale = 0;
+  for (std::size_t i = 0; i < ref.data.size(); ++i) {
+    diff = std::max(diff, static_cast<double>(std::abs(got.data[i] - ref.data[i])));
+    scale = std::max(scale, static_cast<double>(std::abs(ref.data[i])));
+  }
+  EXPECT_LE(diff / scale, 1e-4);
+}
+
+TEST(TeacherCli, BenchProfileAccountsForEveryStep) {
+  const fs::path out = scratch("bench") / "bench.json";
+  fs::create_directories(out.parent_path());
+  const auto r =
+      run({"teacher", "bench", "--model", fixture("mobilenet_v2_opset13.onnx").string(), "--batch",
+           "8", "--threads", "1", "--seconds", "0.4", "--profile", "--json", out.string()},
+          out);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const json j = json::parse(read_text(out));
+  EXPECT_GT(j.at("images_per_s").get<double>(), 0.0);
+  const json& p = j.at("profile");
+  EXPECT_GE(p.at("batches").get<int>(), 5);
+  double steps_ms = 0;
+  std::map<std::string, int> steps_of;
+  for (const auto& s : p.at("steps")) {
+    EXPECT_GE(s.at("ms").get<double>(), 0.0);
+    EXPECT_FALSE(s.at("impl").get<std::string>().empty());
+    steps_ms += s.at("ms").get<double>();
+    ++steps_of[s.at("kind").get<std::string>()];
+  }
+  EXPECT_NEAR(steps_ms, p.at("step_ms_sum").get<double>(), 1e-9);
+  double kinds_ms = 0, shares = 0;
+  for (const auto& k : p.at("by_kind")) {
+    const std::string kind = k.at("kind");
+    EXPECT_EQ(k.at("steps").get<int>(), steps_of[kind]) << kind;
+    kinds_ms += k.at("ms").get<double>();
+    shares += k.at("share").get<double>();
+  }
+  EXPECT_NEAR(kinds_ms, steps_ms, 1e-9);
+  EXPECT_NEAR(shares, 1.0, 1e-9);
+  EXPECT_EQ(steps_of["Conv (depthwise)"], 17);
+}
+
+TEST(TeacherCli, BadInputIsOneLineAndExitCode2) {
+  const fs::path dir = scratch("bad");
+  fs::create_directories(dir);
+  const std::string missing = (dir / "missing.onnx").string();
+  auto r = run({"teacher", "info", "--model", missing}, dir / "info");
+  EXPECT_EQ(r.code, 2);
+  expect_one_line_naming(r.err, missing);
+
+  const std::string model = fixture("mlp_opset13.onnx").string();
+  r = run({"teacher", "bench", "--model", model, "--batch", "0"}, dir / "batch");
+  EXPECT_EQ(r.code, 2);
+  expect_one_line_naming(r.err, "--batch");
+
+  const std::string input = (dir / "missing.npy").string();
+  r = run({"teacher", "infer", "--model", model, "--input", input, "--output",
+           (dir / "y.npy").string()},
+          dir / "infer");
+  EXPECT_EQ(r.code, 2);
+  expect_one_line_naming(r.err, input);
+  EXPECT_FALSE(fs::exists(dir / "y.npy"));
+}
+
+} // namespace
