@@ -52,9 +52,20 @@ def ort_images_per_s(path, batch, threads, seconds):
 def kdflow_bench(binary, path, batch, threads, precision, seconds):
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         subprocess.run([binary, "teacher", "bench", "--model", path, "--batch", str(batch), "--threads", str(threads),
-                        "--precision", precision, "--seconds", str(seconds), "--json", f.name], check=True,
+                        "--precision", precision, "--seconds", str(seconds), "--profile", "--json", f.name],
+                       check=True,
                        stdout=subprocess.DEVNULL)
         return json.load(open(f.name))
+
+
+def time_by_kind(fp32, bf16):
+    """Per kind of step (kdflow teacher bench --profile): ms per batch in fp32 and bf16, and the
+    speed-up bf16 gives that kind, which says where bf16's overall ratio comes from."""
+    ms = {p: {k["kind"]: k["ms"] for k in run["profile"]["by_kind"]} for p, run in (("fp32", fp32), ("bf16", bf16))}
+    kinds = sorted(set(ms["fp32"]) | set(ms["bf16"]), key=lambda k: -ms["fp32"].get(k, 0.0))
+    return {k: {"fp32_ms": ms["fp32"].get(k, 0.0), "bf16_ms": ms["bf16"].get(k, 0.0),
+                "bf16_speedup": ms["fp32"].get(k, 0.0) / ms["bf16"][k] if ms["bf16"].get(k) else None}
+            for k in kinds}
 
 
 def main():
@@ -87,7 +98,8 @@ def main():
                        "bf16_vs_kdflow_fp32": bf16["images_per_s"] / fp32["images_per_s"],
                        "fp32_peak_fraction": fp32["peak_fraction"], "bf16_peak_fraction": bf16["peak_fraction"],
                        "peak_gflops_per_s": fp32["peak_gflops_per_s"], "isa": fp32["isa"],
-                       "native_bf16": bf16["native_bf16"]}
+                       "native_bf16": bf16["native_bf16"],
+                       "time_by_kind": time_by_kind(fp32, bf16)}
                 result["runs"].append(run)
                 print(f"{name:13s} {threads} thr: ORT {ort_rate:8.1f}  kdflow fp32 {fp32['images_per_s']:8.1f} "
                       f"({run['fp32_vs_onnxruntime']:.2f}x ORT, {100 * fp32['peak_fraction']:.0f}% peak)  "
