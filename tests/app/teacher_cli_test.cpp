@@ -1,15 +1,14 @@
 // `kdflow teacher info|infer|bench` end to end: the binary in a child process on the fixture
 // models, as a user runs it. infer's .npy must hold PyTorch's answers, bench --profile must account
 // for every step of the plan, and bad input must be one line on stderr and exit code 2.
+#include "../teacher/fixtures.hpp"
 #include "kdflow_process.hpp"
 
 #include "kdflow/cpu_teacher/npy.hpp"
 
 #include <gtest/gtest.h>
 
-#include <cmath>
 #include <map>
-#include <numeric>
 
 #include <nlohmann/json.hpp>
 
@@ -29,12 +28,7 @@ TEST(TeacherCli, InferWritesPyTorchsAnswers) {
   const auto got = kdflow::teacher::read_npy(out.string());
   const auto ref = kdflow::teacher::read_npy(fixture("resnet18_opset17.output.npy").string());
   ASSERT_EQ(got.shape, ref.shape);
-  double diff = 0, scale = 0;
-  for (std::size_t i = 0; i < ref.data.size(); ++i) {
-    diff = std::max(diff, static_cast<double>(std::abs(got.data[i] - ref.data[i])));
-    scale = std::max(scale, static_cast<double>(std::abs(ref.data[i])));
-  }
-  EXPECT_LE(diff / scale, 1e-4);
+  EXPECT_LE(kdflow::test::normalized_error(got.data, ref.data), 1e-4);
 }
 
 TEST(TeacherCli, BenchProfileAccountsForEveryStep) {
