@@ -5,6 +5,7 @@
 
 #include "kdflow/core/error.hpp"
 #include "kdflow/cpu_teacher/reference.hpp"
+#include "kdflow/cpu_teacher/versions.hpp"
 
 #include <oneapi/dnnl/dnnl.hpp>
 
@@ -816,6 +817,14 @@ std::shared_ptr<const Teacher> Teacher::load(const std::string& path,
                                              const TeacherOptions& options) {
   if (options.batch < 1)
     throw InputError(fmt::format("teacher batch {} must be at least 1", options.batch));
+  // Refused, not emulated: oneDNN has no bf16 kernels below AVX512_BF16 for most primitives (the
+  // build fails deep inside a primitive descriptor), and where it emulates them it is slower than
+  // fp32, which defeats the point of asking for bf16.
+  if (options.precision == Precision::bf16 && !has_native_bf16())
+    throw InputError(fmt::format(
+        "{}: teacher.precision = bf16 needs a CPU with AVX512_BF16 or AMX, and this one runs "
+        "oneDNN's {} ISA; use fp32 (teacher.precision = fp32, or --precision fp32)",
+        path, onednn_info().isa));
   std::shared_ptr<Teacher> t(new Teacher());
   t->plan_ = std::make_unique<Plan>();
   LoadOptions lo;

@@ -330,6 +330,10 @@ bool fuse_residual(Graph& g) {
       if (g.shape(other) != g.shape(mine)) continue;
       const int q = producer(g, other);
       if (q < 0 || q >= p) continue; // other must be ready before the conv writes over it
+      // Nor may the conv read it: a convolution written over its own input reads neighbours it
+      // has already overwritten (relu(x) -> conv -> + relu(x): wrong sums, by thread timing).
+      const auto& conv_inputs = g.nodes[static_cast<std::size_t>(p)].inputs;
+      if (std::find(conv_inputs.begin(), conv_inputs.end(), other) != conv_inputs.end()) continue;
       bool dead = true;              // no reader of other may run after the conv
       for (const auto reader : g.consumers(other))
         if (reader != i && static_cast<int>(reader) > p) dead = false;

@@ -1,7 +1,9 @@
 // SlotFeeder: in-order batches from the ring as tensors; releases gated by CUDA events.
 #include "kdflow/gpu_student/slot_feeder.hpp"
 
+#include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <cuda_runtime_api.h>
 
 namespace kdflow::student {
 
@@ -36,8 +38,10 @@ SlotFeeder::SlotFeeder(SlotRing& ring, torch::Device device) : ring_(ring), devi
   copy_stream_ = c10::cuda::getStreamFromPool(/*isHighPriority=*/true, device_.index());
   // Allocated once: nothing is allocated per batch.
   const auto bytes = static_cast<std::int64_t>(ring_.layout().slot_bytes());
-  for (std::uint32_t i = 0; i < ring_.slots(); ++i)
+  for (std::uint32_t i = 0; i < ring_.slots(); ++i) {
     device_buffers_.push_back(torch::empty({bytes}, torch::dtype(torch::kUInt8).device(device_)));
+    device_views_.push_back(region_views(ring_.layout(), device_buffers_.back()));
+  }
   copied_.resize(ring_.slots());
   consumed_.resize(ring_.slots());
 }
@@ -61,25 +65,28 @@ std::optional<DeviceBatch> SlotFeeder::next(std::uint64_t batch) {
   }
 
   reap();
+  // The copies in flight hold slots that only this thread releases, and the producers may be
+  // waiting for one of them to fill this very batch: release them (each once its copy is done)
+  // before waiting, or the two sides would wait on each other. A student that synchronizes every
+  // step (the trainer does) has nothing in flight here.
+  while (!in_flight_.empty() && !ring_.ready_now(batch)) release_oldest();
   auto slot = ring_.acquire_ready(batch);
   if (!slot) return std::nullopt;
   const std::uint32_t i = slot->index();
   c10::cuda::CUDAGuard guard(device_);
   const auto compute = c10::cuda::getCurrentCUDAStream(device_.index());
-  {
-    c10::cuda::CUDAStreamGuard on_copy(*copy_stream_);
-    // The buffer may still be read by the step of batch - slots: the copy waits for that step.
-    if (consumed_[i].isCreated()) consumed_[i].block(*copy_stream_);
-    const auto host = torch::from_blob(
-        slot->data(), {static_cast<std::int64_t>(ring_.layout().slot_bytes())}, torch::kUInt8);
-    device_buffers_[i].copy_(host, /*non_blocking=*/true);
-    copied_[i].record(*copy_stream_);
-  }
+  // The buffer may still be read by the step of batch - slots: the copy waits for that step.
+  if (consumed_[i].isCreated()) consumed_[i].block(*copy_stream_);
+  // The runtime's copy, not Tensor::copy_: no dispatch or tensor made per batch, and the slab is
+  // page-locked, so this is one DMA that returns at once.
+  C10_CUDA_CHECK(cudaMemcpyAsync(device_buffers_[i].data_ptr(), slot->data(),
+                                 ring_.layout().slot_bytes(), cudaMemcpyHostToDevice,
+                                 copy_stream_->stream()));
+  copied_[i].record(*copy_stream_);
   copied_[i].block(compute); // the step waits on the GPU, the host goes on
   in_flight_.push_back({*slot, i});
   current_buffer_ = i;
-  return DeviceBatch{batch, slot->header().samples,
-                     region_views(ring_.layout(), device_buffers_[i])};
+  return DeviceBatch{batch, slot->header().samples, device_views_[i]};
 }
 
 void SlotFeeder::finish_step() {
@@ -107,11 +114,13 @@ void SlotFeeder::drain() {
     finish_step();
     return;
   }
-  while (!in_flight_.empty()) {
-    copied_[in_flight_.front().buffer].synchronize();
-    ring_.release(in_flight_.front().slot);
-    in_flight_.pop_front();
-  }
+  while (!in_flight_.empty()) release_oldest();
+}
+
+void SlotFeeder::release_oldest() {
+  copied_[in_flight_.front().buffer].synchronize();
+  ring_.release(in_flight_.front().slot);
+  in_flight_.pop_front();
 }
 
 } // namespace kdflow::student

@@ -12,6 +12,7 @@
 #include "torch_util.hpp"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/cuda/CUDAContext.h>
 #include <torch/torch.h>
 
 #include <cmath>
@@ -44,14 +45,31 @@ std::string describe(const TrainerOptions& o) {
                      o.model.width_px, o.model.classes, o.optimizer);
 }
 
+// Hopper, Ampere and Ada compute in bf16; Volta and Turing (7.x) do not.
+constexpr int kBf16CapabilityMajor = 8;
+
 } // namespace
+
+std::string resolve_amp(const std::string& requested, int capability_major,
+                        const std::string& gpu) {
+  if (capability_major == 0) return "off"; // the CPU student trains in fp32
+  const bool bf16 = capability_major >= kBf16CapabilityMajor;
+  if (requested == "auto") return bf16 ? "bf16" : "fp16";
+  if (requested == "bf16" && !bf16)
+    throw InputError(fmt::format("train.amp = bf16: {} (compute capability {}.x) has no bf16 "
+                                 "arithmetic; use fp16 (with loss scaling), off, or auto",
+                                 gpu, capability_major));
+  return requested;
+}
 
 struct Trainer::Impl {
   Impl(const TrainerOptions& o, SlotRing& ring, StepRegions r)
       : options(o), device(pick_device(o.device)), regions(r), feeder(ring, device) {
     if (device.is_cpu()) at::set_num_threads(std::max(1, o.threads));
     if (device.is_cuda()) {
-      const std::string amp = o.amp == "auto" ? "bf16" : o.amp;
+      const cudaDeviceProp& prop = *at::cuda::getDeviceProperties(device.index());
+      device_name = fmt::format("cuda:{} ({})", device.index(), prop.name);
+      const std::string amp = resolve_amp(o.amp, prop.major, device_name);
       autocast = amp != "off";
       amp_dtype = amp == "fp16" ? torch::kHalf : torch::kBFloat16;
       loss_scaling = amp == "fp16";
@@ -91,6 +109,7 @@ struct Trainer::Impl {
 
   TrainerOptions options;
   torch::Device device;
+  std::string device_name = "cpu";
   StepRegions regions;
   SlotFeeder feeder;
   std::shared_ptr<Net> net;
@@ -319,10 +338,7 @@ std::string Trainer::load(const std::filesystem::path& path) {
 std::int64_t Trainer::steps_done() const { return impl_->step; }
 std::int64_t Trainer::skipped_steps() const { return impl_->skipped; }
 
-std::string Trainer::device() const {
-  if (!impl_->device.is_cuda()) return "cpu";
-  return fmt::format("cuda:{}", impl_->device.index());
-}
+std::string Trainer::device() const { return impl_->device_name; }
 
 std::string Trainer::precision() const {
   if (!impl_->autocast) return "fp32";

@@ -7,7 +7,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 deps=${KDFLOW_DEPS:-$HOME/.cache/kdflow}
 venv=$deps/venv
-stamp_version=4   # bump when the package lists below change
+stamp_version=5   # bump when the package lists below change
 
 apt_packages=(
   build-essential cmake ninja-build pkg-config git ca-certificates
@@ -25,7 +25,7 @@ apt_packages=(
 # (libimf, libintlc) it was built with; both come from PyPI so that the
 # process holds exactly one libtbb. torch 2.11.0 matches the lent GPU machines (CUDA 13.0).
 pip_packages=(
-  torch==2.11.0
+  torch==2.11.0 torchvision==0.26.0 pillow
   onednn-devel-cpu-tbb==2023.2.0 onednn-cpu-tbb==2023.2.0
   tbb-devel==2021.13.1 tbb==2021.13.1 intel-cmplr-lib-rt==2023.2.0
   numpy onnx onnxruntime

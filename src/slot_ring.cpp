@@ -101,6 +101,12 @@ std::optional<Slot> SlotRing::acquire_ready(std::uint64_t batch) {
   return acquire(batch, SlotState::ready, SlotState::in_flight, RingStage::student);
 }
 
+bool SlotRing::ready_now(std::uint64_t batch) const {
+  if (failed_.load(std::memory_order_acquire)) return true;
+  const std::uint32_t word = words_[batch % slots_].value.load(std::memory_order_acquire);
+  return sp::decide(word, batch / slots_, SlotState::ready, /*drains=*/true) != sp::Decision::wait;
+}
+
 void SlotRing::advance(Word& w, std::uint32_t delta, [[maybe_unused]] std::uint32_t expect) {
   // seq_cst (not just release, which already publishes the slot's contents to the next claimer)
   // so that the sleepers check below cannot miss a waiter that is about to park.

@@ -12,6 +12,7 @@
 #include "kdflow/core/error.hpp"
 #include "kdflow/core/log.hpp"
 #include "kdflow/core/trace.hpp"
+#include "kdflow/gpu_student/h2d.hpp"
 #include "kdflow/gpu_student/torch_teacher.hpp"
 
 #include <sys/utsname.h>
@@ -86,6 +87,29 @@ void write_plot(const fs::path& png, const json& report) {
     throw std::runtime_error(
         fmt::format("--plot {}: gnuplot failed ({}); scripts/setup.sh installs gnuplot-nox",
                     png.string(), err.empty() ? "is it installed?" : err));
+}
+
+// H2D bandwidth of the ring's slots against cudaMemcpy from pinned memory, at the run's slot size
+// and at 64 MiB a copy (where both should reach the link's rate); null without a CUDA device.
+json h2d_report(const RunInputs& run, std::uint32_t slots) {
+  constexpr std::size_t kLargeBytes = std::size_t{64} << 20;
+  constexpr double kBytesPerWindow = 2e9; // about 0.1 s of copying at PCIe 5 rates
+  const auto measure = [&](const SlotLayout& layout) -> json {
+    const auto copies = static_cast<std::uint64_t>(std::clamp(
+        kBytesPerWindow / static_cast<double>(layout.slot_bytes()), 50.0, 20000.0));
+    const auto m = student::measure_h2d(layout, slots, copies);
+    if (!m) return nullptr;
+    return {{"bytes_per_copy", m->bytes},
+            {"copies", m->copies},
+            {"slots_gb_per_s", m->slots_gb_per_s},
+            {"memcpy_pinned_gb_per_s", m->memcpy_gb_per_s},
+            {"ratio", m->ratio()},
+            {"slot_memory", m->slot_memory}};
+  };
+  json run_slots = measure(CpuPipeline::layout_for(run));
+  if (run_slots.is_null()) return nullptr;
+  const SlotLayout large({{"bytes", DType::u8, {static_cast<std::int64_t>(kLargeBytes)}}});
+  return {{"run_slots", run_slots}, {"large_slots", measure(large)}};
 }
 
 } // namespace
@@ -204,7 +228,7 @@ int bench_overlap_command(const OverlapArgs& args) {
                    {"warmup_steps", warmup},
                    {"steps", steps},
                    {"repetitions", args.repeats}}},
-                 {"h2d", nullptr}}; // CUDA only: not measured by this version
+                 {"h2d", h2d_report(run, slots)}};
 
   fmt::print("\n{:<14} {:>10} {:>8} {:>9} {:>8} {:>8} {:>8} {:>6}\n", "mode", "samples/s",
              "step ms", "vs ideal", "st.idle", "loader", "teacher", "ready");
@@ -224,6 +248,13 @@ int bench_overlap_command(const OverlapArgs& args) {
              ideal, bottleneck, report["efficiency"].get<double>(),
              report["speedup_vs_serial_cpu"].get<double>(),
              report["speedup_vs_colocated"].get<double>(), device, plan_summary);
+
+  if (const json& h = report["h2d"]; !h.is_null())
+    for (const char* which : {"run_slots", "large_slots"})
+      fmt::print("H2D {} ({} B a copy): slots {:.2f} GB/s, pinned cudaMemcpy {:.2f} GB/s ({:.2f})\n",
+                 which, h[which]["bytes_per_copy"].get<std::size_t>(),
+                 h[which]["slots_gb_per_s"].get<double>(),
+                 h[which]["memcpy_pinned_gb_per_s"].get<double>(), h[which]["ratio"].get<double>());
 
   if (!args.json.empty()) write_file_atomic(args.json, report.dump(2) + "\n");
   if (!args.trace.empty()) {

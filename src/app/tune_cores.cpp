@@ -127,13 +127,15 @@ int tune_cores_command(const TuneArgs& args) {
     throw InputError("tune-cores: no valid plan on this machine's allowed CPUs (one core: every "
                      "role shares it; use cores.plan = auto)");
 
-  // Distinct stage configurations to profile.
-  std::map<affinity::CpuList, double> loader_rate;
+  // Distinct stage configurations to profile (at most: loader sets beyond the first that outruns
+  // the student are skipped, and so are the teacher configurations only their plans use).
+  std::map<affinity::CpuList, double> loader_rate; // ordered by size: each set extends the last
   std::map<std::pair<std::vector<affinity::CpuList>, std::string>, double> teacher_rate;
   for (const auto& c : all) {
     loader_rate[c.plan.loader] = 0;
     if (run.teacher_runs) teacher_rate[{c.plan.teacher, c.precision}] = 0;
   }
+  const std::vector<Candidate> every = all; // what --exhaustive measures
   const std::size_t profiles = 1 + loader_rate.size() + teacher_rate.size();
   const std::size_t verifies =
       std::min<std::size_t>(static_cast<std::size_t>(args.verify), all.size());
@@ -157,14 +159,37 @@ int tune_cores_command(const TuneArgs& args) {
   use(all.front());
   const double student_rate = run_rep(setup_for(0.5 * window), Mode::student_alone).rate();
   log_info(fmt::format("[{:5.1f} s] student alone: {:.0f} samples/s", elapsed(), student_rate));
-  for (auto& [cpus, rate] : loader_rate) {
+  // More loader CPUs than it takes to outrun the student cannot raise a plan's rate (the slowest
+  // stage's) but take CPUs from the teacher: once a loader set is faster than the student by
+  // kLoaderHeadroom, the larger sets are dominated, and neither they nor the teacher
+  // configurations only their plans use are profiled. --exhaustive measures them all the same.
+  constexpr double kLoaderHeadroom = 1.25;
+  json dominated = json::array();
+  for (auto it = loader_rate.begin(); it != loader_rate.end(); ++it) {
     Candidate c = all.front();
-    c.plan.loader = cpus;
+    c.plan.loader = it->first;
     use(c);
-    rate = run_rep(setup_for(0.5 * window), Mode::loader_alone).rate();
+    it->second = run_rep(setup_for(0.5 * window), Mode::loader_alone).rate();
     log_info(fmt::format("[{:5.1f} s] loaders on {}: {:.0f} samples/s", elapsed(),
-                         affinity::format_cpus(cpus), rate));
+                         affinity::format_cpus(it->first), it->second));
+    if (it->second >= kLoaderHeadroom * student_rate) {
+      for (auto rest = std::next(it); rest != loader_rate.end(); ++rest)
+        dominated.push_back(rest->first);
+      loader_rate.erase(std::next(it), loader_rate.end());
+      break;
+    }
   }
+  std::erase_if(all, [&](const Candidate& c) { return !loader_rate.contains(c.plan.loader); });
+  std::erase_if(teacher_rate, [&](const auto& entry) {
+    return std::none_of(all.begin(), all.end(), [&](const Candidate& c) {
+      return c.plan.teacher == entry.first.first && c.precision == entry.first.second;
+    });
+  });
+  if (!dominated.empty())
+    log_info(fmt::format("tune-cores: {} larger loader set(s) dominated (the loaders on {} "
+                         "already outrun the student); {} plan(s) and {} teacher profile(s) left",
+                         dominated.size(), affinity::format_cpus(loader_rate.rbegin()->first),
+                         all.size(), teacher_rate.size()));
   for (auto& [key, rate] : teacher_rate) {
     Candidate c = all.front();
     c.plan.teacher = key.first;
@@ -236,7 +261,11 @@ int tune_cores_command(const TuneArgs& args) {
       {"measured_samples_per_s", winner->measured},
       {"bottleneck", winner->bottleneck},
       {"profiles",
-       {{"student_samples_per_s", student_rate}, {"loader", loaders}, {"teacher", teachers_json}}},
+       {{"student_samples_per_s", student_rate},
+        {"loader", loaders},
+        {"teacher", teachers_json},
+        {"dominated_loader_sets", dominated}}},
+      {"valid_plans", every.size()},
       {"candidates", candidates_json},
       {"tuning_s", tuning_s},
       {"budget_s", args.budget_s},
@@ -254,7 +283,7 @@ int tune_cores_command(const TuneArgs& args) {
     std::string best_label;
     json tried = json::array();
     double winner_there = 0;
-    for (const auto& c : all) {
+    for (const auto& c : every) {
       use(c);
       const double rate = run_rep(setup_for(window), Mode::overlapped).rate();
       log_info(fmt::format("exhaustive: {}: {:.0f} samples/s", c.label(), rate));
@@ -263,7 +292,7 @@ int tune_cores_command(const TuneArgs& args) {
         best = rate;
         best_label = c.label();
       }
-      if (&c == &*winner) winner_there = rate;
+      if (c.label() == winner->label()) winner_there = rate;
     }
     const double exhaustive_s = std::chrono::duration<double>(Clock::now() - t0).count();
     report["exhaustive"] = {{"plans", tried},

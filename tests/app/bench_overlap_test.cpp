@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <iostream>
 #include <map>
 #include <set>
 
@@ -45,6 +47,10 @@ std::vector<std::string> small_run(const fs::path& dir) {
           "--plot",
           (dir / "modes.png").string()};
 }
+
+// setup.sh installs gnuplot; the lent GPU machine has none (../shared/GPU.md), and there the
+// test checks everything but the picture.
+bool have_gnuplot() { return std::system("command -v gnuplot >/dev/null 2>&1") == 0; }
 
 struct Span {
   std::string name;
@@ -93,7 +99,9 @@ std::vector<Span> named(const std::map<std::string, std::vector<Span>>& threads,
 TEST(BenchOverlap, WritesJsonTraceAndPlotThatAgreeWithTheModes) {
   const fs::path dir = scratch("overlap");
   fs::create_directories(dir);
-  const Result r = run(small_run(dir), dir / "run");
+  auto args = small_run(dir);
+  if (!have_gnuplot()) args.resize(args.size() - 2);
+  const Result r = run(args, dir / "run");
   ASSERT_EQ(r.code, 0) << r.err;
 
   const json report = json::parse(read_text(dir / "overlap.json"));
@@ -119,7 +127,18 @@ TEST(BenchOverlap, WritesJsonTraceAndPlotThatAgreeWithTheModes) {
   const double idle = report.at("student_idle_fraction");
   EXPECT_GE(idle, 0.0);
   EXPECT_LE(idle, 1.0);
-  EXPECT_EQ(report.at("device"), "cpu");
+  expect_student_device(report.at("device"));
+  // H2D bandwidth: ring slots against cudaMemcpy from pinned memory, on a CUDA student only.
+  if (gpu_visible()) {
+    for (const char* which : {"run_slots", "large_slots"}) {
+      const json& h = report.at("h2d").at(which);
+      EXPECT_GT(h.at("slots_gb_per_s").get<double>(), 0) << which;
+      EXPECT_GT(h.at("memcpy_pinned_gb_per_s").get<double>(), 0) << which;
+      EXPECT_EQ(h.at("slot_memory"), "cuda-pinned") << which;
+    }
+  } else {
+    EXPECT_TRUE(report.at("h2d").is_null());
+  }
   EXPECT_FALSE(report.at("plan").at("student").empty());
   EXPECT_TRUE(report.at("versions").contains("kdflow"));
 
@@ -150,7 +169,12 @@ TEST(BenchOverlap, WritesJsonTraceAndPlotThatAgreeWithTheModes) {
   // Where the spans run: the student's steps on kd-student, the CPU teacher on its own thread
   // (colocated: the student's thread).
   EXPECT_FALSE(modes.at("overlapped").at("kd-student").empty());
-  EXPECT_TRUE(modes.at("overlapped").count("kd-teacher-0"));
+  // (Some replica's: with several, a short run may give every batch to one of them.)
+  std::size_t on_teacher_threads = 0;
+  for (const auto& [thread, spans] : modes.at("overlapped"))
+    if (thread.starts_with("kd-teacher-"))
+      on_teacher_threads += named({{thread, spans}}, "teacher").size();
+  EXPECT_GT(on_teacher_threads, 0u);
   EXPECT_FALSE(named({{"kd-student", modes.at("colocated").at("kd-student")}}, "teacher").empty());
   // The pipeline overlaps the teacher with the student's steps; the serial loop never does.
   EXPECT_TRUE(
@@ -160,6 +184,10 @@ TEST(BenchOverlap, WritesJsonTraceAndPlotThatAgreeWithTheModes) {
   EXPECT_FALSE(
       any_overlap(named(modes.at("serial-cpu"), "load"), named(modes.at("serial-cpu"), "teacher")));
 
+  if (!have_gnuplot()) {
+    std::cout << "no gnuplot here: --plot not checked\n";
+    return;
+  }
   const std::string png = read_text(dir / "modes.png");
   ASSERT_GT(png.size(), 1000u);
   EXPECT_EQ(png.substr(0, 8), std::string("\x89PNG\r\n\x1a\n", 8));

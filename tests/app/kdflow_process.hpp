@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 extern char** environ;
 
 namespace kdflow_test {
@@ -40,7 +42,8 @@ struct Child {
   fs::path err;
 };
 
-inline Child spawn(std::vector<std::string> args, const fs::path& err) {
+inline Child spawn(std::vector<std::string> args, const fs::path& err,
+                   const fs::path& out = "/dev/null") {
   args.insert(args.begin(), KDFLOW_BIN);
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
@@ -49,7 +52,8 @@ inline Child spawn(std::vector<std::string> args, const fs::path& err) {
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, err.c_str(),
                                    O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
+  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, out.c_str(),
+                                   O_WRONLY | O_CREAT | O_TRUNC, 0644);
   Child c;
   c.err = err;
   EXPECT_EQ(posix_spawn(&c.pid, KDFLOW_BIN, &actions, nullptr, argv.data(), environ), 0);
@@ -81,6 +85,27 @@ inline Result run(const std::vector<std::string>& args, const fs::path& out) {
   const Child c = spawn(args, err);
   const int code = wait_exit(c);
   return {code, read_text(err)};
+}
+
+// Whether kdflow sees a GPU here (`kdflow cores --json` lists it): the student then trains on
+// CUDA under student.device = auto, and the tests expect its device to say so.
+inline bool gpu_visible() {
+  static const bool visible = [] {
+    const fs::path out = scratch("cores.json");
+    const Child c = spawn({"cores", "--json"}, out.string() + ".stderr", out);
+    EXPECT_EQ(wait_exit(c), 0) << read_text(out.string() + ".stderr");
+    const auto cores = nlohmann::json::parse(read_text(out), nullptr, false);
+    return !cores.is_discarded() && !cores["topology"]["gpus"].empty();
+  }();
+  return visible;
+}
+
+// The device a run reports: "cpu", or "cuda:0 (<name>)" where a GPU is visible.
+inline void expect_student_device(const std::string& device) {
+  if (gpu_visible())
+    EXPECT_EQ(device.rfind("cuda:0 (", 0), 0u) << device;
+  else
+    EXPECT_EQ(device, "cpu");
 }
 
 // One line on stderr, naming `what`.

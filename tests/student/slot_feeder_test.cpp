@@ -6,7 +6,10 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <future>
 #include <random>
+#include <thread>
 
 namespace kdflow::student {
 namespace {
@@ -93,6 +96,54 @@ TEST(SlotFeeder, CudaSlotReturnsOnlyAfterItsCopyEvent) {
   feeder.drain();
   EXPECT_EQ(count(ring, SlotState::free), kSlots);
   EXPECT_EQ(feeder.in_flight(), 0u);
+}
+
+// A consumer that never waits for the GPU (no per-step host synchronization, as a faster trainer
+// would run) against a producer thread, through 3 slots: every batch arrives once, in order, with
+// its own bytes, although each "step" is slow on the GPU and the copies run ahead of it. Catches
+// two faults the CPU path cannot show: a copy overwriting a device buffer that a queued step has
+// not read yet (the consumed event), and the feeder waiting for a batch while it holds, in
+// flight, the slot the producer needs to fill that batch (a hang, turned into a failure here).
+TEST(SlotFeeder, CudaConsumerThatNeverSynchronizesGetsEveryBatchOnce) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device here";
+  constexpr std::uint64_t kBatches = 3000;
+  const SlotLayout l = layout();
+  SlotRing ring(l, kSlots, allocate_pinned_for_device(kSlots * l.slot_bytes()));
+  const torch::Device cuda(torch::kCUDA, 0);
+  SlotFeeder feeder(ring, cuda);
+  std::thread producer([&] {
+    for (std::uint64_t b = 0; b < kBatches; ++b) {
+      auto s = ring.acquire_free(b);
+      if (!s) return;
+      s->header().samples = 4;
+      for (float& v : s->region<float>(0)) v = static_cast<float>(b);
+      ring.publish(*s, SlotState::filling, SlotState::ready);
+    }
+  });
+  const auto work = torch::randn({512, 512}, torch::device(cuda));
+  const auto seen = torch::zeros({static_cast<std::int64_t>(kBatches)}, torch::device(cuda));
+  auto consumer = std::async(std::launch::async, [&] {
+    for (std::uint64_t b = 0; b < kBatches; ++b) {
+      auto batch = feeder.next(b);
+      if (!batch) return b;
+      // A slow step queued on the GPU before it reads the batch's bytes.
+      if (b % 7 == 0) (void)torch::mm(work, work).sum();
+      seen.narrow(0, static_cast<std::int64_t>(b), 1)
+          .copy_(batch->regions[0].view({-1}).narrow(0, 11, 1));
+      feeder.finish_step();
+    }
+    feeder.drain();
+    return kBatches;
+  });
+  const bool finished = consumer.wait_for(std::chrono::seconds(120)) == std::future_status::ready;
+  if (!finished) ring.close(); // unblocks both sides so the test can fail instead of hanging
+  const std::uint64_t consumed = consumer.get();
+  producer.join();
+  ASSERT_TRUE(finished) << "the feeder and the producer waited on each other";
+  ASSERT_EQ(consumed, kBatches);
+  const auto expected = torch::arange(static_cast<std::int64_t>(kBatches), torch::kFloat);
+  EXPECT_TRUE(torch::equal(seen.cpu(), expected));
+  EXPECT_EQ(count(ring, SlotState::free), kSlots);
 }
 
 } // namespace

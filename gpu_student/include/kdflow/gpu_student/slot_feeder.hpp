@@ -49,7 +49,8 @@ public:
   [[nodiscard]] bool on_cuda() const { return device_.is_cuda(); }
 
 private:
-  void reap(); // releases, in order, the slots whose copy events completed
+  void reap();           // releases, in order, the slots whose copy events completed
+  void release_oldest(); // waits for the oldest copy in flight and releases its slot
 
   struct InFlight {
     Slot slot;
@@ -62,6 +63,7 @@ private:
   std::optional<std::uint32_t> current_buffer_; // CUDA: the device buffer the step reads
   // CUDA: one device buffer per slot; events for "copy done" and "step done with this buffer".
   std::vector<torch::Tensor> device_buffers_;
+  std::vector<std::vector<torch::Tensor>> device_views_; // each buffer's regions, made once
   std::vector<at::cuda::CUDAEvent> copied_;
   std::vector<at::cuda::CUDAEvent> consumed_;
   std::optional<c10::cuda::CUDAStream> copy_stream_;

@@ -76,6 +76,10 @@ public:
   // Student: waits for ready, claims it (ready -> in_flight). After close() it still hands out the
   // batches that are ready (drain), then nullopt; after fail() it throws the stage's StageError.
   [[nodiscard]] std::optional<Slot> acquire_ready(std::uint64_t batch);
+  // Whether acquire_ready(batch) would return without waiting (the batch is ready, or the ring is
+  // closed or failed). A consumer that holds slots only it can release (a CUDA student's copies in
+  // flight) asks first, and releases them before it waits: the producers may need those slots.
+  [[nodiscard]] bool ready_now(std::uint64_t batch) const;
 
   // Hands a claimed slot on: filling -> filled (to the teacher), teaching -> ready, or
   // filling -> ready when no teacher runs (kd.alpha = 0).

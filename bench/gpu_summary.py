@@ -1,0 +1,160 @@
+#!/usr/bin/env python3
+"""The table scripts/gpu_check.sh prints last: reads what its phases wrote into one folder (ctest's
+log, bench-overlap and tune-cores JSON, the training runs' metrics) and says, for each target of
+the GPU check, the figure and whether it was met. Standard library only (any python3).
+
+Usage: gpu_summary.py WORK_DIR [--json OUT.json]
+"""
+import json
+import math
+import os
+import re
+import statistics
+import sys
+
+
+def load(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def metrics(path):
+    """Losses of a run's metrics.jsonl by step (elastic events left out)."""
+    out = {}
+    try:
+        with open(path) as f:
+            for line in f:
+                m = json.loads(line)
+                if "event" not in m:
+                    out[m["step"]] = m
+    except OSError:
+        pass
+    return out
+
+
+def ctest_summary(work):
+    try:
+        text = open(os.path.join(work, "ctest.log")).read()
+    except OSError:
+        return None
+    m = re.search(r"(\d+)% tests passed, (\d+) tests failed out of (\d+)", text)
+    failed = re.findall(r"^\s*\d+ - (\S+) \((Failed|Timeout|Not Run|SEGFAULT|Subprocess aborted)", text, re.M)
+    skipped = re.findall(r"Test\s+#\d+: (\S+) \.+\*+Skipped", text)
+    if not m:
+        return {"parsed": False}
+    total, nfail = int(m.group(3)), int(m.group(2))
+    return {"total": total, "failed": nfail, "failed_tests": [f[0] for f in failed],
+            "skipped_tests": skipped}
+
+
+def overlap_row(report):
+    modes = report["modes"]
+    rate = {k: v["samples_per_s"] for k, v in modes.items()}
+    teacher_bound_or_equal = rate["teacher-alone"] >= rate["student-alone"]
+    vs_student = rate["overlapped"] / rate["student-alone"]
+    idle = report.get("student_idle_fraction")
+    h2d = report.get("h2d") or {}
+    return {
+        "device": report.get("device"),
+        "plan": report.get("plan_summary"),
+        "student": f'{report["setup"]["student"]} x{report["setup"]["student_width"]}, batch {report["setup"]["batch"]}',
+        "teacher_precision": report["setup"]["teacher_precision"],
+        "samples_per_s": rate,
+        "ideal": report["ideal_samples_per_s"],
+        "bottleneck": report.get("bottleneck"),
+        "efficiency": report["efficiency"],
+        "overlapped_vs_student_alone": vs_student,
+        "student_idle_fraction": idle,
+        "speedup_vs_serial_cpu": report["speedup_vs_serial_cpu"],
+        "speedup_vs_colocated": report["speedup_vs_colocated"],
+        # The target applies where the CPU teacher can keep up with the student alone.
+        "target_applies": teacher_bound_or_equal,
+        "target_met": (vs_student >= 0.95 and (idle is None or idle < 0.05)) if teacher_bound_or_equal else None,
+        "h2d": h2d,
+    }
+
+
+def follow(work):
+    cuda, cpu = metrics(os.path.join(work, "follow_cuda", "metrics.jsonl")), metrics(
+        os.path.join(work, "follow_cpu", "metrics.jsonl"))
+    steps = sorted(set(cuda) & set(cpu))
+    if not steps:
+        return None
+    rel = [abs(cuda[s]["loss"] - cpu[s]["loss"]) / max(1e-12, abs(cpu[s]["loss"])) for s in steps]
+    return {"steps": len(steps), "max_rel_loss_diff": max(rel), "median_rel_loss_diff": statistics.median(rel),
+            "first_step_rel_diff": rel[0], "last_loss_cuda": cuda[steps[-1]]["loss"],
+            "last_loss_cpu": cpu[steps[-1]]["loss"]}
+
+
+def main():
+    work = sys.argv[1]
+    out = {"ctest": ctest_summary(work)}
+    for setup in ("default", "default_tuned", "gpu"):
+        r = load(os.path.join(work, f"overlap_{setup}.json"))
+        out[f"overlap_{setup}"] = overlap_row(r) if r else None
+    s = load(os.path.join(work, "train_cuda", "summary.json"))
+    out["train_cuda"] = {k: s.get(k) for k in ("device", "precision", "steps", "test_accuracy", "samples_per_s",
+                                                "student_stall_fraction", "wall_s")} if s else None
+    out["cuda_follows_cpu"] = follow(work)
+    t = load(os.path.join(work, "tune_default.json"))
+    out["tune_exhaustive"] = t.get("exhaustive") if t else None
+    if out["tune_exhaustive"]:
+        out["tune_exhaustive"] = {k: v for k, v in out["tune_exhaustive"].items() if k != "plans"}
+        out["tune_exhaustive"]["plans"] = len(t["exhaustive"]["plans"])
+    try:
+        tune_log = open(os.path.join(work, "ctest_tune.log")).read()
+        m = re.search(r"(\d+)% tests passed, (\d+) tests failed out of (\d+)", tune_log)
+        out["ctest_elastic_pipeline_tuner"] = m.group(0) if m else "not parsed"
+    except OSError:
+        out["ctest_elastic_pipeline_tuner"] = None
+
+    lines = []
+    c = out["ctest"]
+    if c and c.get("parsed", True):
+        lines.append(f"ctest: {c['total'] - c['failed']}/{c['total']} passed"
+                     + (f"; failed: {', '.join(c['failed_tests'])}" if c["failed"] else "")
+                     + (f"; skipped: {', '.join(c['skipped_tests'])}" if c["skipped_tests"] else "; none skipped"))
+    else:
+        lines.append("ctest: not run or not parsed")
+    for setup in ("default", "default_tuned", "gpu"):
+        r = out[f"overlap_{setup}"]
+        if not r:
+            lines.append(f"bench-overlap {setup}: not run")
+            continue
+        sps = r["samples_per_s"]
+        lines.append(f"bench-overlap {setup}: {r['student']}, teacher {r['teacher_precision']}, {r['device']}, plan {r['plan']}")
+        lines.append("  " + "  ".join(f"{k} {v:,.0f}" for k, v in sps.items()))
+        idle = r["student_idle_fraction"]
+        met = {None: "n/a (student slower than the teacher)", True: "met", False: "NOT met"}[r["target_met"]]
+        lines.append(f"  overlapped/student-alone {r['overlapped_vs_student_alone']:.3f}, efficiency {r['efficiency']:.3f}"
+                     f" ({r['bottleneck']}-bound), GPU idle {100 * idle:.1f}%, vs serial-cpu {r['speedup_vs_serial_cpu']:.2f}x,"
+                     f" vs colocated {r['speedup_vs_colocated']:.2f}x; target >=0.95 and idle <5%: {met}")
+        for which, h in (r["h2d"] or {}).items():
+            if h:
+                lines.append(f"  H2D {which} ({h['bytes_per_copy']:,} B): slots {h['slots_gb_per_s']:.1f} GB/s, pinned cudaMemcpy "
+                             f"{h['memcpy_pinned_gb_per_s']:.1f} GB/s, ratio {h['ratio']:.3f} (target >= 0.85: "
+                             f"{'met' if h['ratio'] >= 0.85 else 'NOT met'})")
+    t = out["train_cuda"]
+    if t:
+        lines.append(f"train (CUDA, {t['precision']}): {t['steps']} steps, test accuracy {100 * t['test_accuracy']:.2f}%, "
+                     f"{t['samples_per_s']:,.0f} samples/s, stall {100 * (t['student_stall_fraction'] or 0):.1f}%")
+    f = out["cuda_follows_cpu"]
+    if f:
+        lines.append(f"CUDA vs CPU student, same seed, {f['steps']} steps: loss rel. diff max {f['max_rel_loss_diff']:.4f}, "
+                     f"median {f['median_rel_loss_diff']:.4f}, first step {f['first_step_rel_diff']:.5f}")
+    lines.append(f"elastic/pipeline/tuner tests: {out['ctest_elastic_pipeline_tuner']}")
+    e = out["tune_exhaustive"]
+    if e:
+        lines.append(f"tune-cores vs exhaustive ({e['plans']} plans): tuned plan at {e['tuned_vs_best']:.3f} of the best "
+                     f"(target >= 0.95: {'met' if e['tuned_vs_best'] >= 0.95 else 'NOT met'}), time ratio {e['time_ratio']:.2f} "
+                     f"(target <= 0.33: {'met' if e['time_ratio'] <= 1 / 3 else 'NOT met'})")
+    print("\n".join(lines))
+    with open(os.path.join(work, "summary.json"), "w") as fh:
+        json.dump(out, fh, indent=2, default=lambda x: None if isinstance(x, float) and math.isnan(x) else x)
+
+
+if __name__ == "__main__":
+    main()
