@@ -64,8 +64,23 @@ if(KD_WITH_TORCH)
   if(NOT DEFINED ENV{TORCH_CUDA_ARCH_LIST} AND NOT TORCH_CUDA_ARCH_LIST)
     set(TORCH_CUDA_ARCH_LIST "8.0;9.0")
   endif()
-  find_package(Torch REQUIRED CONFIG)
+  # TorchConfig finds its libraries with find_library(... PATHS <torch>/lib), which searches the
+  # system's folders first: with Debian's python3-torch installed it would link /usr/lib's libc10
+  # (1.13) into a 2.11 build. Each library it looks for is named here from the venv's torch, so
+  # no other copy on the machine can be picked (kdflow_linked_libraries checks the binaries).
   set(KD_TORCH_LIBDIR "${KD_SITE_PACKAGES}/torch/lib")
+  foreach(_kd_pair c10_LIBRARY:c10 TORCH_LIBRARY:torch C10_CUDA_LIBRARY:c10_cuda
+                   CAFFE2_NVRTC_LIBRARY:caffe2_nvrtc kineto_LIBRARY:kineto)
+    string(REPLACE ":" ";" _kd_pair "${_kd_pair}")
+    list(GET _kd_pair 0 _kd_var)
+    list(GET _kd_pair 1 _kd_name)
+    if(EXISTS "${KD_TORCH_LIBDIR}/lib${_kd_name}.so")
+      set(${_kd_var} "${KD_TORCH_LIBDIR}/lib${_kd_name}.so" CACHE FILEPATH "" FORCE)
+    else()
+      set(${_kd_var} "${_kd_var}-NOTFOUND" CACHE FILEPATH "" FORCE) # never a system copy
+    endif()
+  endforeach()
+  find_package(Torch REQUIRED CONFIG)
   list(APPEND CMAKE_BUILD_RPATH "${KD_TORCH_LIBDIR}")
   list(APPEND CMAKE_INSTALL_RPATH "${KD_TORCH_LIBDIR}")
   if(TARGET CUDA::cudart)
