@@ -40,16 +40,22 @@ double time_slots(const SlotLayout& layout, std::uint32_t slots, std::uint64_t c
     }
   });
   Clock::time_point t0;
-  for (std::uint64_t b = 0; b < total; ++b) {
-    if (b == slots) {
-      feeder.drain();
-      t0 = Clock::now();
+  try {
+    for (std::uint64_t b = 0; b < total; ++b) {
+      if (b == slots) {
+        feeder.drain();
+        t0 = Clock::now();
+      }
+      if (!feeder.next(b)) break;
+      feeder.finish_step();
     }
-    if (!feeder.next(b)) break;
-    feeder.finish_step();
+    feeder.drain();
+    C10_CUDA_CHECK(cudaDeviceSynchronize());
+  } catch (...) {
+    ring.close(); // the producer stops waiting for slots, and can be joined
+    producer.join();
+    throw;
   }
-  feeder.drain();
-  C10_CUDA_CHECK(cudaDeviceSynchronize());
   const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   producer.join();
   return seconds;

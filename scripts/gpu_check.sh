@@ -15,7 +15,8 @@
 #                and bench-overlap of the default job on the tuned plan
 #       placement  (not in the default set) the GPU-sized job with its loader and teacher on CPUs
 #                far from the student's
-#     (all of them by default). Everything lands in $OUT/gpu_check.tar.gz; the table printed last
+#       install  (not in the default set) nothing but the set-up, for commands run after it
+#     (all but the last two when none is named). Everything lands in $OUT/gpu_check.tar.gz; the table printed last
 #     (bench/gpu_summary.py, also $OUT/summary.txt) summarises it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -83,6 +84,8 @@ install_bundle() {
 }
 
 kdflow=build/release/src/kdflow
+
+phase_install() { :; }
 
 phase_tests() {
   timeout "${KD_CTEST_LIMIT_S:-360}" ctest --test-dir build/release -j 8 --timeout 300 --output-on-failure \

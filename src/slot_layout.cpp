@@ -24,16 +24,6 @@ std::size_t dtype_size(DType dtype) {
   return 0;
 }
 
-std::string_view dtype_name(DType dtype) {
-  switch (dtype) {
-  case DType::u8: return "uint8";
-  case DType::i32: return "int32";
-  case DType::f32: return "float32";
-  case DType::i64: return "int64";
-  }
-  return "?";
-}
-
 SlotLayout::SlotLayout(std::vector<RegionSpec> regions, std::size_t alignment) {
   if (alignment < kMinAlignment || (alignment & (alignment - 1)) != 0)
     throw InputError(fmt::format("slot layout: alignment {} must be a power of two >= {}",

@@ -149,13 +149,9 @@ int Commands::show_cores() {
     gpu_local = topology.numa_cpus(cores_.gpu_numa);
     gpus.push_back({{"name", "described GPU"}, {"local_cpus", *gpu_local}});
   } else if (!synthetic) {
-    for (int d = 0; d < student::cuda_device_count(); ++d) {
-      const std::string bus = student::cuda_pci_bus_id(d);
-      auto local = topology.pci_local_cpus(bus);
-      // hwloc may not see the GPU's locality (no PCI info in a container): all allowed CPUs.
-      if (!local) local = topology.allowed_cpus();
-      if (d == 0) gpu_local = local;
-      gpus.push_back({{"name", fmt::format("cuda:{} {}", d, bus)}, {"local_cpus", *local}});
+    for (const auto& gpu : gpu_localities(topology)) {
+      if (!gpu_local) gpu_local = gpu.local_cpus;
+      gpus.push_back({{"name", gpu.name}, {"local_cpus", gpu.local_cpus}});
     }
   }
   const affinity::Plan plan = affinity::plan_from_config(config, topology, gpu_local);

@@ -124,6 +124,16 @@ student::TrainerOptions trainer_options(const RunInputs& run, std::int64_t total
   return topt;
 }
 
+std::vector<affinity::GpuLocality> gpu_localities(const affinity::Topology& topology) {
+  std::vector<affinity::GpuLocality> out;
+  for (int d = 0; d < student::cuda_device_count(); ++d) {
+    const std::string bus = student::cuda_pci_bus_id(d);
+    out.push_back({fmt::format("cuda:{} {}", d, bus),
+                   topology.pci_local_cpus(bus).value_or(topology.allowed_cpus())});
+  }
+  return out;
+}
+
 RunInputs prepare_run(const Config& config) {
   const std::string format = config.get_string("data.dataset");
   const std::string path = config.get_string("data.path");
@@ -159,10 +169,8 @@ RunInputs prepare_run(const Config& config) {
                                  run.sampler.batch_size, run.train.size(), run.train.source()));
 
   std::optional<affinity::CpuList> gpu_local;
-  if (student::cuda_device_count() > 0) {
-    gpu_local = run.topology.pci_local_cpus(student::cuda_pci_bus_id(0));
-    if (!gpu_local) gpu_local = run.topology.allowed_cpus();
-  }
+  if (const auto gpus = gpu_localities(run.topology); !gpus.empty())
+    gpu_local = gpus.front().local_cpus; // the student's device, cuda:0
   run.plan = affinity::plan_from_config(config, run.topology, gpu_local);
 
   if (run.teacher_runs) {

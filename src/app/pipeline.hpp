@@ -52,6 +52,10 @@ Config resolve_config(const std::string& file, const std::vector<std::string>& s
 // file, or both sides of a mismatch (teacher classes vs dataset classes, input shapes).
 RunInputs prepare_run(const Config& config);
 
+// Every CUDA device with the allowed CPUs nearest it (all allowed CPUs where hwloc does not know
+// the device's locality, as in a container without PCI information); empty without a GPU.
+std::vector<affinity::GpuLocality> gpu_localities(const affinity::Topology& topology);
+
 // The student's options from the run's configuration; `total_steps` is the schedule's length.
 student::TrainerOptions trainer_options(const RunInputs& run, std::int64_t total_steps);
 

@@ -150,42 +150,46 @@ TEST(Trainer, ScheduleWarmsUpThenFollowsTheCosine) {
   EXPECT_NEAR(t.lr_at(100), 0.0, 1e-12);
 }
 
+// Straight: 4 steps. Split: 2 steps, save, a fresh trainer of another initialisation loads and
+// does 2 more on the same data. Both end in the same state, bit for bit.
+void expect_checkpoint_restores_exactly(const TrainerOptions& o, const std::filesystem::path& path) {
+  Fixture a(1, 28, 28);
+  Trainer straight(o, a.ring, {0, 1, 2});
+  for (std::uint64_t b = 0; b < 4; ++b) {
+    a.produce(b);
+    ASSERT_TRUE(straight.step(b));
+  }
+  Fixture b1(1, 28, 28);
+  {
+    Trainer first(o, b1.ring, {0, 1, 2});
+    for (std::uint64_t b = 0; b < 2; ++b) {
+      b1.produce(b);
+      ASSERT_TRUE(first.step(b));
+    }
+    first.save(path, "{\"next\": 2}");
+  }
+  Fixture b2(1, 28, 28);
+  auto o2 = o;
+  o2.seed = 999; // a different initialisation: the checkpoint must overwrite all of it
+  Trainer second(o2, b2.ring, {0, 1, 2});
+  EXPECT_EQ(second.load(path), "{\"next\": 2}");
+  EXPECT_EQ(second.steps_done(), 2);
+  // The resumed ring starts at batch 0 again, carrying data batches 2 and 3.
+  for (std::uint64_t b = 0; b < 2; ++b) {
+    b2.produce(b, b + 2);
+    ASSERT_TRUE(second.step(b));
+  }
+  EXPECT_EQ(second.state_vector(), straight.state_vector());
+}
+
 TEST(Trainer, CheckpointRestoresTheExactState) {
   const auto dir = std::filesystem::temp_directory_path() / "kdflow_trainer_test";
   std::filesystem::create_directories(dir);
-  const auto path = dir / "a.ckpt";
   for (const char* optimizer : {"sgd", "adamw"}) {
     SCOPED_TRACE(optimizer);
     auto o = options("cnn", 1, 28);
     o.optimizer = optimizer;
-    // Straight: 4 steps. Split: 2 steps, save, a fresh trainer loads and does 2 more.
-    Fixture a(1, 28, 28);
-    Trainer straight(o, a.ring, {0, 1, 2});
-    for (std::uint64_t b = 0; b < 4; ++b) {
-      a.produce(b);
-      ASSERT_TRUE(straight.step(b));
-    }
-    Fixture b1(1, 28, 28);
-    {
-      Trainer first(o, b1.ring, {0, 1, 2});
-      for (std::uint64_t b = 0; b < 2; ++b) {
-        b1.produce(b);
-        ASSERT_TRUE(first.step(b));
-      }
-      first.save(path, "{\"next\": 2}");
-    }
-    Fixture b2(1, 28, 28);
-    auto o2 = o;
-    o2.seed = 999; // a different initialisation: the checkpoint must overwrite all of it
-    Trainer second(o2, b2.ring, {0, 1, 2});
-    EXPECT_EQ(second.load(path), "{\"next\": 2}");
-    EXPECT_EQ(second.steps_done(), 2);
-    // The resumed ring starts at batch 0 again, carrying data batches 2 and 3.
-    for (std::uint64_t b = 0; b < 2; ++b) {
-      b2.produce(b, b + 2);
-      ASSERT_TRUE(second.step(b));
-    }
-    EXPECT_EQ(second.state_vector(), straight.state_vector());
+    expect_checkpoint_restores_exactly(o, dir / "a.ckpt");
   }
 }
 
@@ -251,35 +255,11 @@ TEST(Trainer, CudaStudentFollowsTheCpuStudent) {
 
 TEST(Trainer, CudaCheckpointRestoresTheExactState) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device here";
-  const auto path = std::filesystem::temp_directory_path() / "kdflow_trainer_cuda.ckpt";
   auto o = options("mlp", 1, 28);
   o.device = "cuda";
   o.optimizer = "adamw";
-  Fixture a(1, 28, 28);
-  Trainer straight(o, a.ring, {0, 1, 2});
-  for (std::uint64_t b = 0; b < 4; ++b) {
-    a.produce(b);
-    ASSERT_TRUE(straight.step(b));
-  }
-  Fixture b1(1, 28, 28);
-  {
-    Trainer first(o, b1.ring, {0, 1, 2});
-    for (std::uint64_t b = 0; b < 2; ++b) {
-      b1.produce(b);
-      ASSERT_TRUE(first.step(b));
-    }
-    first.save(path, "{}");
-  }
-  Fixture b2(1, 28, 28);
-  auto o2 = o;
-  o2.seed = 999;
-  Trainer second(o2, b2.ring, {0, 1, 2});
-  second.load(path);
-  for (std::uint64_t b = 0; b < 2; ++b) {
-    b2.produce(b, b + 2);
-    ASSERT_TRUE(second.step(b));
-  }
-  EXPECT_EQ(second.state_vector(), straight.state_vector());
+  expect_checkpoint_restores_exactly(o,
+                                     std::filesystem::temp_directory_path() / "kdflow_cuda.ckpt");
 }
 
 } // namespace

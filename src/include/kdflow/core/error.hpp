@@ -15,12 +15,6 @@ public:
   using std::runtime_error::runtime_error;
 };
 
-// A subcommand that is declared by DESIGN.md but not built yet (exit 2: the user asked for it).
-class NotBuiltError : public InputError {
-public:
-  using InputError::InputError;
-};
-
 // The run was interrupted (SIGINT/SIGTERM) after its state was saved.
 class Interrupted : public std::runtime_error {
 public:

@@ -16,7 +16,6 @@ namespace kdflow {
 enum class DType : std::uint8_t { u8, i32, i64, f32 };
 
 std::size_t dtype_size(DType dtype);
-std::string_view dtype_name(DType dtype);
 
 struct RegionSpec {
   std::string name;
