@@ -180,22 +180,30 @@ RunInputs prepare_run(const Config& config) {
           "teacher.model = {}: no such file (from {}: the default teacher is trained by "
           "scripts/train_fmnist_teacher.py; kd.alpha = 0 trains without one)",
           run.teacher_path, std::filesystem::current_path().string()));
-    teacher::TeacherOptions options;
-    options.batch = static_cast<std::int64_t>(run.sampler.batch_size);
-    options.precision = teacher::parse_precision(config.get_string("teacher.precision"));
-    options.sample_shape =
-        teacher::Shape{run.train.channels(), run.train.height(), run.train.width()};
-    run.teacher = teacher::Teacher::load(run.teacher_path, options);
-    const teacher::Shape out = run.teacher->output_shape(0);
-    if (out.size() != 2 || out[1] != run.train.classes())
-      throw InputError(fmt::format(
-          "teacher {} outputs {} per sample but the dataset {} ({}) has {} classes: "
-          "teacher.model and data.dataset disagree",
-          run.teacher_path,
-          out.size() == 2 ? fmt::format("{} logits", out[1]) : "a " + shape_text(out) + " tensor",
-          format, path, run.train.classes()));
+    run.teacher =
+        load_run_teacher(run, teacher::parse_precision(config.get_string("teacher.precision")));
   }
   return run;
+}
+
+std::shared_ptr<const teacher::Teacher> load_run_teacher(const RunInputs& run,
+                                                         teacher::Precision precision) {
+  teacher::TeacherOptions options;
+  options.batch = static_cast<std::int64_t>(run.sampler.batch_size);
+  options.precision = precision;
+  options.sample_shape =
+      teacher::Shape{run.train.channels(), run.train.height(), run.train.width()};
+  auto loaded = teacher::Teacher::load(run.teacher_path, options);
+  const teacher::Shape out = loaded->output_shape(0);
+  if (out.size() != 2 || out[1] != run.train.classes())
+    throw InputError(fmt::format(
+        "teacher {} outputs {} per sample but the dataset {} ({}) has {} classes: "
+        "teacher.model and data.dataset disagree",
+        run.teacher_path,
+        out.size() == 2 ? fmt::format("{} logits", out[1]) : "a " + shape_text(out) + " tensor",
+        run.config.get_string("data.dataset"), run.config.get_string("data.path"),
+        run.train.classes()));
+  return loaded;
 }
 
 void run_in_arena(oneapi::tbb::task_arena& arena, const std::function<void()>& fn) {

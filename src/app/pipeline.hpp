@@ -52,6 +52,11 @@ Config resolve_config(const std::string& file, const std::vector<std::string>& s
 // file, or both sides of a mismatch (teacher classes vs dataset classes, input shapes).
 RunInputs prepare_run(const Config& config);
 
+// The run's teacher (run.teacher_path) at the run's batch in `precision`, with every check
+// prepare_run makes: its input takes the dataset's samples, its logits are the dataset's classes.
+std::shared_ptr<const teacher::Teacher> load_run_teacher(const RunInputs& run,
+                                                         teacher::Precision precision);
+
 // Every CUDA device with the allowed CPUs nearest it (all allowed CPUs where hwloc does not know
 // the device's locality, as in a container without PCI information); empty without a GPU.
 std::vector<affinity::GpuLocality> gpu_localities(const affinity::Topology& topology);

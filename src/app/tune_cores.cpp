@@ -117,10 +117,7 @@ int tune_cores_command(const TuneArgs& args) {
   std::map<std::string, std::shared_ptr<const teacher::Teacher>> teachers;
   for (const auto& p : precisions) {
     if (!run.teacher_runs) break;
-    teacher::TeacherOptions options;
-    options.batch = static_cast<std::int64_t>(run.sampler.batch_size);
-    options.precision = teacher::parse_precision(p);
-    teachers[p] = teacher::Teacher::load(run.teacher_path, options);
+    teachers[p] = load_run_teacher(run, teacher::parse_precision(p));
   }
   std::vector<Candidate> all = candidates(run, precisions);
   if (all.empty())
