@@ -334,7 +334,7 @@ bool fuse_residual(Graph& g) {
       // has already overwritten (relu(x) -> conv -> + relu(x): wrong sums, by thread timing).
       const auto& conv_inputs = g.nodes[static_cast<std::size_t>(p)].inputs;
       if (std::find(conv_inputs.begin(), conv_inputs.end(), other) != conv_inputs.end()) continue;
-      bool dead = true;              // no reader of other may run after the conv
+      bool dead = true; // no reader of other may run after the conv
       for (const auto reader : g.consumers(other))
         if (reader != i && static_cast<int>(reader) > p) dead = false;
       for (const auto& n : g.nodes)

@@ -95,8 +95,8 @@ json h2d_report(const RunInputs& run, std::uint32_t slots) {
   constexpr std::size_t kLargeBytes = std::size_t{64} << 20;
   constexpr double kBytesPerWindow = 2e9; // ~40 ms at the 55 GB/s of an H100 on PCIe 5
   const auto measure = [&](const SlotLayout& layout) -> json {
-    const auto copies = static_cast<std::uint64_t>(std::clamp(
-        kBytesPerWindow / static_cast<double>(layout.slot_bytes()), 50.0, 20000.0));
+    const auto copies = static_cast<std::uint64_t>(
+        std::clamp(kBytesPerWindow / static_cast<double>(layout.slot_bytes()), 50.0, 20000.0));
     const auto m = student::measure_h2d(layout, slots, copies);
     if (!m) return nullptr;
     return {{"bytes_per_copy", m->bytes},
@@ -251,10 +251,11 @@ int bench_overlap_command(const OverlapArgs& args) {
 
   if (const json& h = report["h2d"]; !h.is_null())
     for (const char* which : {"run_slots", "large_slots"})
-      fmt::print("H2D {} ({} B a copy): slots {:.2f} GB/s, pinned cudaMemcpy {:.2f} GB/s ({:.2f})\n",
-                 which, h[which]["bytes_per_copy"].get<std::size_t>(),
-                 h[which]["slots_gb_per_s"].get<double>(),
-                 h[which]["memcpy_pinned_gb_per_s"].get<double>(), h[which]["ratio"].get<double>());
+      fmt::print(
+          "H2D {} ({} B a copy): slots {:.2f} GB/s, pinned cudaMemcpy {:.2f} GB/s ({:.2f})\n",
+          which, h[which]["bytes_per_copy"].get<std::size_t>(),
+          h[which]["slots_gb_per_s"].get<double>(),
+          h[which]["memcpy_pinned_gb_per_s"].get<double>(), h[which]["ratio"].get<double>());
 
   if (!args.json.empty()) write_file_atomic(args.json, report.dump(2) + "\n");
   if (!args.trace.empty()) {

@@ -251,27 +251,26 @@ int tune_cores_command(const TuneArgs& args) {
   for (const auto& [key, rate] : teacher_rate)
     teachers_json.push_back(
         {{"replicas", key.first}, {"precision", key.second}, {"samples_per_s", rate}});
-  json report = {
-      {"plan", affinity::to_json(winner->plan)},
-      {"teacher_precision", winner->precision},
-      {"predicted_samples_per_s", winner->predicted},
-      {"measured_samples_per_s", winner->measured},
-      {"bottleneck", winner->bottleneck},
-      {"profiles",
-       {{"student_samples_per_s", student_rate},
-        {"loader", loaders},
-        {"teacher", teachers_json},
-        {"dominated_loader_sets", dominated}}},
-      {"valid_plans", every.size()},
-      {"candidates", candidates_json},
-      {"tuning_s", tuning_s},
-      {"budget_s", args.budget_s},
-      {"window_s", window},
-      {"setup",
-       {{"teacher", run.teacher_path},
-        {"student", config.get_string("student.arch")},
-        {"batch", run.sampler.batch_size},
-        {"ring_slots", slots}}}};
+  json report = {{"plan", affinity::to_json(winner->plan)},
+                 {"teacher_precision", winner->precision},
+                 {"predicted_samples_per_s", winner->predicted},
+                 {"measured_samples_per_s", winner->measured},
+                 {"bottleneck", winner->bottleneck},
+                 {"profiles",
+                  {{"student_samples_per_s", student_rate},
+                   {"loader", loaders},
+                   {"teacher", teachers_json},
+                   {"dominated_loader_sets", dominated}}},
+                 {"valid_plans", every.size()},
+                 {"candidates", candidates_json},
+                 {"tuning_s", tuning_s},
+                 {"budget_s", args.budget_s},
+                 {"window_s", window},
+                 {"setup",
+                  {{"teacher", run.teacher_path},
+                   {"student", config.get_string("student.arch")},
+                   {"batch", run.sampler.batch_size},
+                   {"ring_slots", slots}}}};
 
   if (args.exhaustive) {
     // Every valid plan as a real pipeline run, the same window as a verification.

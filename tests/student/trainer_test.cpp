@@ -152,7 +152,8 @@ TEST(Trainer, ScheduleWarmsUpThenFollowsTheCosine) {
 
 // Straight: 4 steps. Split: 2 steps, save, a fresh trainer of another initialisation loads and
 // does 2 more on the same data. Both end in the same state, bit for bit.
-void expect_checkpoint_restores_exactly(const TrainerOptions& o, const std::filesystem::path& path) {
+void expect_checkpoint_restores_exactly(const TrainerOptions& o,
+                                        const std::filesystem::path& path) {
   Fixture a(1, 28, 28);
   Trainer straight(o, a.ring, {0, 1, 2});
   for (std::uint64_t b = 0; b < 4; ++b) {

@@ -64,9 +64,9 @@ public:
 };
 
 // The student's mixed precision, chosen once for its device: "off" on the CPU (autocast is for
-// CUDA only). On CUDA, `auto` is bf16 where the GPU computes in bf16 (compute capability 8.0 and up)
-// and fp16 with loss scaling before that; bf16 asked of an older GPU is an InputError naming it.
-// `gpu` names the device for that message ("" on the CPU).
+// CUDA only). On CUDA, `auto` is bf16 where the GPU computes in bf16 (compute capability 8.0 and
+// up) and fp16 with loss scaling before that; bf16 asked of an older GPU is an InputError naming
+// it. `gpu` names the device for that message ("" on the CPU).
 std::string resolve_amp(const std::string& requested, int capability_major, const std::string& gpu);
 
 class Trainer {
