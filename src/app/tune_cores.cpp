@@ -117,7 +117,10 @@ int tune_cores_command(const TuneArgs& args) {
   std::map<std::string, std::shared_ptr<const teacher::Teacher>> teachers;
   for (const auto& p : precisions) {
     if (!run.teacher_runs) break;
-    teachers[p] = load_run_teacher(run, teacher::parse_precision(p));
+    // prepare_run already loaded the configured precision.
+    teachers[p] = p == teacher::precision_name(run.teacher->precision())
+                      ? run.teacher
+                      : load_run_teacher(run, teacher::parse_precision(p));
   }
   std::vector<Candidate> all = candidates(run, precisions);
   if (all.empty())
