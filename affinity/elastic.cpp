@@ -1,3 +1,5 @@
+// The elastic policy (elastic.hpp): from each window's stage rates and work, whether one CPU should
+// move between the loader pool and the teacher replicas, and which CPU (move_cpu).
 #include "kdflow/affinity/elastic.hpp"
 
 #include <algorithm>

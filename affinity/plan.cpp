@@ -45,7 +45,6 @@ Plan plan_auto(const Topology& topology, const PlanRequest& request) {
         break;
       }
   plan.student = {student->pus[0]};
-  plan.copy = plan.student;
 
   // The other cores, those on the student's NUMA node first (loaders write into the ring's slab,
   // which lives there).
@@ -102,8 +101,8 @@ Plan plan_auto(const Topology& topology, const PlanRequest& request) {
 void validate(Plan& plan, const Topology& topology, bool teacher_runs) {
   const CpuList allowed = topology.allowed_cpus();
   const std::set<int> allowed_set(allowed.begin(), allowed.end());
-  std::vector<std::pair<std::string, CpuList>> roles = {
-      {"student", plan.student}, {"copy", plan.copy}, {"loader", plan.loader}};
+  std::vector<std::pair<std::string, CpuList>> roles = {{"student", plan.student},
+                                                        {"loader", plan.loader}};
   for (std::size_t i = 0; i < plan.teacher.size(); ++i)
     roles.emplace_back(fmt::format("teacher[{}]", i), plan.teacher[i]);
 
@@ -127,14 +126,13 @@ void validate(Plan& plan, const Topology& topology, bool teacher_runs) {
     if (plan.teacher[i].empty())
       throw InputError(fmt::format("core plan: role 'teacher[{}]' has no CPU", i));
 
-  // Overlaps: copy may share the student's CPUs; loaders may too on machines of under 3 cores.
+  // Overlaps: loaders may share the student's CPUs on machines of under 3 cores.
   const bool small = topology.cores().size() < 3;
   const auto may_share = [&](const std::string& a, const std::string& b) {
     const auto pair_is = [&](const char* x, const char* y) {
       return (a == x && b == y) || (a == y && b == x);
     };
-    return pair_is("copy", "student") ||
-           (small && (pair_is("loader", "student") || pair_is("loader", "copy"))) ||
+    return (small && pair_is("loader", "student")) ||
            (topology.cores().size() < 2); // one core: everything shares it
   };
   for (std::size_t i = 0; i < roles.size(); ++i)
@@ -155,7 +153,7 @@ void validate(Plan& plan, const Topology& topology, bool teacher_runs) {
     if (!used.count(c)) plan.spare.push_back(c);
 }
 
-Plan read_plan_file(const std::filesystem::path& path) {
+PlanFile read_plan_file(const std::filesystem::path& path) {
   std::ifstream in(path);
   if (!in) throw InputError(fmt::format("{}: cannot read the core plan file", path.string()));
   nlohmann::json doc;
@@ -163,6 +161,15 @@ Plan read_plan_file(const std::filesystem::path& path) {
     doc = nlohmann::json::parse(in);
   } catch (const nlohmann::json::parse_error& e) {
     throw InputError(fmt::format("{}: not valid JSON (byte {})", path.string(), e.byte));
+  }
+  PlanFile file;
+  // "-": the plan was tuned without a teacher (kd.alpha = 0).
+  if (const auto p = doc.find("teacher_precision");
+      doc.contains("plan") && p != doc.end() && *p != "-") {
+    if (!p->is_string() || (*p != "fp32" && *p != "bf16"))
+      throw InputError(fmt::format("{}: key 'teacher_precision' = {}: not \"fp32\" or \"bf16\"",
+                                   path.string(), p->dump()));
+    file.teacher_precision = p->get<std::string>();
   }
   const nlohmann::json& j = doc.contains("plan") ? doc["plan"] : doc;
   if (!j.is_object())
@@ -180,13 +187,14 @@ Plan read_plan_file(const std::filesystem::path& path) {
     }
     return out;
   };
-  Plan plan;
+  Plan& plan = file.plan;
   plan.source = path.string();
+  std::optional<CpuList> copy;
   for (const auto& [key, value] : j.items()) {
     if (key == "student")
       plan.student = cpu_list(value, key);
     else if (key == "copy")
-      plan.copy = cpu_list(value, key);
+      copy = cpu_list(value, key);
     else if (key == "loader")
       plan.loader = cpu_list(value, key);
     else if (key == "spare")
@@ -203,8 +211,20 @@ Plan read_plan_file(const std::filesystem::path& path) {
       throw InputError(fmt::format("{}: unknown key '{}' in the core plan", path.string(), key));
     }
   }
-  if (plan.copy.empty()) plan.copy = plan.student;
-  return plan;
+  // The device copies are issued from the student's thread: "copy" (as to_json writes it) may only
+  // name the student's CPUs.
+  if (copy && *copy != plan.student)
+    throw InputError(
+        fmt::format("{}: key 'copy' = {} differs from 'student' = {}: the device copies "
+                    "are issued from the student's thread (leave 'copy' out)",
+                    path.string(), format_cpus(*copy), format_cpus(plan.student)));
+  return file;
+}
+
+nlohmann::json plan_file_json(const Plan& plan, const std::string& teacher_precision) {
+  nlohmann::json doc = {{"plan", to_json(plan)}};
+  if (!teacher_precision.empty()) doc["teacher_precision"] = teacher_precision;
+  return doc;
 }
 
 CpuList parse_cpus(const std::string& text, const std::string& key) {
@@ -250,7 +270,6 @@ Plan plan_from_config(const Config& config, const Topology& topology,
     if (loader.empty())
       throw InputError("cores.loader_cpus: empty while other cores.*_cpus are set");
     plan.student = parse_cpus(student, "cores.student_cpus");
-    plan.copy = plan.student;
     plan.loader = parse_cpus(loader, "cores.loader_cpus");
     std::size_t pos = 0;
     while (!teacher.empty() && pos <= teacher.size()) {
@@ -263,7 +282,7 @@ Plan plan_from_config(const Config& config, const Topology& topology,
   }
   const std::string& source = config.get_string("cores.plan");
   if (source != "auto") {
-    Plan plan = read_plan_file(source);
+    Plan plan = read_plan_file(source).plan;
     validate(plan, topology, teacher_runs);
     return plan;
   }
@@ -276,8 +295,9 @@ Plan plan_from_config(const Config& config, const Topology& topology,
 }
 
 nlohmann::json to_json(const Plan& plan) {
-  return {{"student", plan.student}, {"copy", plan.copy},   {"loader", plan.loader},
-          {"teacher", plan.teacher}, {"spare", plan.spare}, {"source", plan.source}};
+  // "copy": where the device copies are issued from, the student's thread.
+  return {{"student", plan.student}, {"copy", plan.student}, {"loader", plan.loader},
+          {"teacher", plan.teacher}, {"spare", plan.spare},  {"source", plan.source}};
 }
 
 nlohmann::json to_json(const Topology& topology) {
@@ -308,7 +328,7 @@ std::string format_plan(const Plan& plan, const Topology& topology) {
     out += fmt::format("  {:<12} {:>7}  {}\n", role, cpus.size(), format_cpus(sorted(cpus)));
   };
   row("student", plan.student);
-  row("copy", plan.copy);
+  row("copy", plan.student);
   row("loader", plan.loader);
   for (std::size_t i = 0; i < plan.teacher.size(); ++i)
     row(fmt::format("teacher[{}]", i), plan.teacher[i]);

@@ -2,7 +2,7 @@
 #include "kdflow/gpu_student/h2d.hpp"
 
 #include "kdflow/gpu_student/pinned_host.hpp"
-#include "kdflow/gpu_student/slot_feeder.hpp"
+#include "slot_feeder.hpp"
 
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>

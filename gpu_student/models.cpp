@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 namespace kdflow::student {
 namespace {
@@ -159,42 +160,67 @@ struct MobileNetV2 : Net {
   nn::Linear fc{nullptr};
 };
 
+// The student registry: each architecture once, with how it is built. A new student is an entry
+// here (TorchScript students will be one too); the config schema takes its names from this list.
+struct StudentEntry {
+  const char* name;
+  bool convolutional; // halves the resolution up to 3 times: needs at least 8x8 inputs
+  std::shared_ptr<Net> (*make)(const StudentSpec& spec);
+};
+
+std::shared_ptr<Net> make_resnet(const StudentSpec& s, std::vector<std::int64_t> widths,
+                                 std::vector<int> blocks) {
+  for (auto& w : widths) w = scaled(w, s.width);
+  return std::make_shared<ResNet>(s.channels, std::move(widths), std::move(blocks), s.classes);
+}
+
+const StudentEntry kStudents[] = {
+    {"mlp", false,
+     [](const StudentSpec& s) -> std::shared_ptr<Net> {
+       return std::make_shared<Mlp>(s.channels * s.height * s.width_px, scaled(256, s.width),
+                                    s.classes);
+     }},
+    {"cnn", true,
+     [](const StudentSpec& s) -> std::shared_ptr<Net> {
+       return std::make_shared<Cnn>(s.channels, s.width, s.classes);
+     }},
+    {"resnet20", true,
+     [](const StudentSpec& s) {
+       return make_resnet(s, {16, 32, 64}, {3, 3, 3});
+     }},
+    {"resnet56", true,
+     [](const StudentSpec& s) {
+       return make_resnet(s, {16, 32, 64}, {9, 9, 9});
+     }},
+    {"resnet18", true,
+     [](const StudentSpec& s) {
+       return make_resnet(s, {64, 128, 256, 512}, {2, 2, 2, 2});
+     }},
+    {"mobilenetv2", true,
+     [](const StudentSpec& s) -> std::shared_ptr<Net> {
+       return std::make_shared<MobileNetV2>(s.channels, s.width, s.classes);
+     }},
+};
+
 } // namespace
 
-const std::vector<std::string>& student_archs() {
-  static const std::vector<std::string> names = {"mlp",      "cnn",      "resnet20",
-                                                 "resnet56", "resnet18", "mobilenetv2"};
+std::vector<std::string> student_names() {
+  std::vector<std::string> names;
+  for (const auto& e : kStudents) names.emplace_back(e.name);
   return names;
 }
 
-std::shared_ptr<Net> make_student(const std::string& arch, double width, std::int64_t channels,
-                                  std::int64_t height, std::int64_t width_px,
-                                  std::int64_t classes) {
+std::shared_ptr<Net> make_student(const StudentSpec& spec) {
+  const auto entry = std::find_if(std::begin(kStudents), std::end(kStudents),
+                                  [&](const StudentEntry& e) { return spec.arch == e.name; });
+  if (entry == std::end(kStudents))
+    throw InputError(fmt::format("student.arch = {}: unknown (one of {})", spec.arch,
+                                 fmt::join(student_names(), ", ")));
   // Every conv net halves the resolution at most 3 times: 8x8 is the least that keeps a pixel.
-  const bool conv_net = arch != "mlp";
-  if (conv_net && (height < 8 || width_px < 8))
-    throw InputError(fmt::format("student.arch = {}: the input ({}x{}) is smaller than 8x8", arch,
-                                 height, width_px));
-  if (arch == "mlp")
-    return std::make_shared<Mlp>(channels * height * width_px, scaled(256, width), classes);
-  if (arch == "cnn") return std::make_shared<Cnn>(channels, width, classes);
-  if (arch == "resnet20" || arch == "resnet56") {
-    const int n = arch == "resnet20" ? 3 : 9;
-    return std::make_shared<ResNet>(
-        channels,
-        std::vector<std::int64_t>{scaled(16, width), scaled(32, width), scaled(64, width)},
-        std::vector<int>{n, n, n}, classes);
-  }
-  if (arch == "resnet18")
-    return std::make_shared<ResNet>(channels,
-                                    std::vector<std::int64_t>{scaled(64, width), scaled(128, width),
-                                                              scaled(256, width),
-                                                              scaled(512, width)},
-                                    std::vector<int>{2, 2, 2, 2}, classes);
-  if (arch == "mobilenetv2") return std::make_shared<MobileNetV2>(channels, width, classes);
-  throw InputError(fmt::format("student.arch = {}: unknown (one of mlp, cnn, resnet20, resnet56, "
-                               "resnet18, mobilenetv2)",
-                               arch));
+  if (entry->convolutional && (spec.height < 8 || spec.width_px < 8))
+    throw InputError(fmt::format("student.arch = {}: the input ({}x{}) is smaller than 8x8",
+                                 spec.arch, spec.height, spec.width_px));
+  return entry->make(spec);
 }
 
 } // namespace kdflow::student

@@ -2,6 +2,8 @@
 // come from the data. Private to gpu_student (includes torch).
 #pragma once
 
+#include "kdflow/gpu_student/students.hpp"
+
 #include <torch/torch.h>
 
 #include <cstdint>
@@ -15,12 +17,8 @@ struct Net : torch::nn::Module {
   virtual torch::Tensor forward(torch::Tensor x) = 0;
 };
 
-// arch: mlp | cnn | resnet20 | resnet56 | resnet18 | mobilenetv2. InputError for an unknown name
-// or an input too small for the network's strides.
-std::shared_ptr<Net> make_student(const std::string& arch, double width, std::int64_t channels,
-                                  std::int64_t height, std::int64_t width_px, std::int64_t classes);
-
-// The architectures make_student knows.
-const std::vector<std::string>& student_archs();
+// The registry's network for `spec`. InputError for an unknown name or an input too small for the
+// network's strides.
+std::shared_ptr<Net> make_student(const StudentSpec& spec);
 
 } // namespace kdflow::student

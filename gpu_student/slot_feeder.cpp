@@ -1,5 +1,5 @@
 // SlotFeeder: in-order batches from the ring as tensors; releases gated by CUDA events.
-#include "kdflow/gpu_student/slot_feeder.hpp"
+#include "slot_feeder.hpp"
 
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>

@@ -226,13 +226,13 @@ std::vector<torch::Tensor> TorchTeacher::Impl::forward(const torch::Tensor& inpu
   return out;
 }
 
-TorchTeacher::TorchTeacher(const teacher::Graph& graph, const std::string& device,
-                           const std::string& precision)
+TorchTeacher::TorchTeacher(const teacher::Graph& graph, const Device& device,
+                           teacher::Precision precision)
     : impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
   m.graph = graph;
-  m.device = pick_device(device);
-  m.bf16 = precision == "bf16" && m.device.is_cuda();
+  m.device = to_torch(device);
+  m.bf16 = precision == teacher::Precision::bf16 && m.device.is_cuda();
   for (const Node& node : graph.nodes)
     if (!supported_ops().count(node.op))
       throw InputError(fmt::format("{} in {}: {} is not supported by the LibTorch executor",

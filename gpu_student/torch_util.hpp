@@ -1,7 +1,7 @@
 // Small LibTorch helpers the student's modules share.
 #pragma once
 
-#include "kdflow/core/error.hpp"
+#include "kdflow/gpu_student/device.hpp"
 
 #include <ATen/autocast_mode.h>
 #include <torch/torch.h>
@@ -10,13 +10,10 @@
 
 namespace kdflow::student {
 
-// "cpu", "cuda" or "auto" (CUDA when one is visible); InputError for cuda without a device.
-inline torch::Device pick_device(const std::string& wanted) {
-  const bool cuda = torch::cuda::is_available();
-  if (wanted == "cuda" && !cuda)
-    throw InputError("student.device = cuda: no CUDA device is visible to this process");
-  return (wanted == "cuda" || (wanted == "auto" && cuda)) ? torch::Device(torch::kCUDA, 0)
-                                                          : torch::Device(torch::kCPU);
+// The run's device (resolved once, device.hpp) as LibTorch's.
+inline torch::Device to_torch(const Device& device) {
+  return device.is_cuda() ? torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(device.index))
+                          : torch::Device(torch::kCPU);
 }
 
 // Scoped autocast on CUDA; a no-op when off.

@@ -6,8 +6,8 @@
 #include "kdflow/core/error.hpp"
 #include "kdflow/core/log.hpp"
 #include "kdflow/core/trace.hpp"
-#include "kdflow/gpu_student/slot_feeder.hpp"
 #include "models.hpp"
+#include "slot_feeder.hpp"
 #include "torch_teacher_impl.hpp"
 #include "torch_util.hpp"
 
@@ -64,7 +64,7 @@ std::string resolve_amp(const std::string& requested, int capability_major,
 
 struct Trainer::Impl {
   Impl(const TrainerOptions& o, SlotRing& ring, StepRegions r)
-      : options(o), device(pick_device(o.device)), regions(r), feeder(ring, device) {
+      : options(o), device(to_torch(o.device)), regions(r), feeder(ring, device) {
     if (device.is_cpu()) at::set_num_threads(std::max(1, o.threads));
     if (device.is_cuda()) {
       const cudaDeviceProp& prop = *at::cuda::getDeviceProperties(device.index());
@@ -80,8 +80,7 @@ struct Trainer::Impl {
       input_shift = torch::tensor(o.input_shift).view({1, c, 1, 1}).to(device);
     }
     torch::manual_seed(o.seed);
-    net = make_student(o.model.arch, o.model.width, o.model.channels, o.model.height,
-                       o.model.width_px, o.model.classes);
+    net = make_student(o.model);
     net->to(device);
     if (o.optimizer == "adamw")
       optimizer = std::make_unique<torch::optim::AdamW>(

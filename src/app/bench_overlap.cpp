@@ -6,6 +6,7 @@
 #include "commands.hpp"
 #include "modes.hpp"
 #include "pipeline.hpp"
+#include "run.hpp"
 
 #include "kdflow/affinity/pinning.hpp"
 #include "kdflow/core/atomic_file.hpp"
@@ -145,8 +146,8 @@ int bench_overlap_command(const OverlapArgs& args) {
               args.min_seconds,
               trainer_options(run, static_cast<std::int64_t>(warmup + steps)),
               nullptr};
-  setup.colocated = std::make_shared<const student::TorchTeacher>(
-      run.teacher->graph(), setup.options.device, config.get_string("teacher.precision"));
+  setup.colocated = std::make_shared<const student::TorchTeacher>(run.teacher->graph(), run.device,
+                                                                  run.precision);
 
   trace::Recorder recorder;
   if (!args.trace.empty()) trace::set_active(&recorder);
@@ -221,7 +222,7 @@ int bench_overlap_command(const OverlapArgs& args) {
                   {{"dataset", config.get_string("data.dataset")},
                    {"batch", run.sampler.batch_size},
                    {"teacher", run.teacher_path},
-                   {"teacher_precision", config.get_string("teacher.precision")},
+                   {"teacher_precision", teacher::precision_name(run.precision)},
                    {"student", config.get_string("student.arch")},
                    {"student_width", config.get_double("student.width")},
                    {"ring_slots", slots},

@@ -1,8 +1,8 @@
-// Registers every subcommand of DESIGN.md. Each one's action is set by its callback, so run() only
-// calls what the user chose.
+// Registers every subcommand of docs/DESIGN.md. Each one's action is set by its callback, so run()
+// only calls what the user chose.
 #include "commands.hpp"
 
-#include "pipeline.hpp"
+#include "run.hpp"
 
 #include "kdflow/affinity/plan.hpp"
 #include "kdflow/affinity/versions.hpp"

@@ -1,4 +1,4 @@
-// The subcommands of DESIGN.md, registered on a CLI11 app; run() executes the one the user chose.
+// The subcommands of docs/DESIGN.md, registered on a CLI11 app; run() executes the one chosen.
 #pragma once
 
 #include <functional>

@@ -1,5 +1,5 @@
 // The kdflow executable: parses the command line, runs one subcommand, and maps what it throws to
-// the exit codes of DESIGN.md in one place.
+// the exit codes of docs/DESIGN.md in one place.
 #include "commands.hpp"
 
 #include "kdflow/core/error.hpp"

@@ -1,11 +1,12 @@
+// The measuring modes (modes.hpp): one repetition assembles the run's pipeline and student, feeds
+// them from the loaders or from the benchmark's own producers, and measures its window.
 #include "modes.hpp"
 
-#include "kdflow/affinity/pinning.hpp"
 #include "kdflow/core/trace.hpp"
-#include "kdflow/gpu_student/pinned_host.hpp"
 
 #include <algorithm>
 #include <chrono>
+#include <random>
 #include <stdexcept>
 
 #include <fmt/format.h>
@@ -28,34 +29,129 @@ const char* mode_name(Mode m) {
 
 bool student_runs(Mode m) { return m != Mode::teacher_alone && m != Mode::loader_alone; }
 
+namespace {
+
+// The benchmark's own producers, in place of the loader stage: what the modes that measure the
+// stages after the loaders, or a hand-written loop, need. Their loading counts as loader work.
+class BenchProducer {
+public:
+  BenchProducer(CpuPipeline& pipeline, const Sampler& sampler)
+      : pipeline_(pipeline), sampler_(sampler) {}
+  ~BenchProducer() {
+    // Whatever way the repetition ends: the closed ring stops the replay, which is then waited for.
+    pipeline_.ring().close();
+    if (replay_) replay_->wait();
+  }
+  BenchProducer(const BenchProducer&) = delete;
+  BenchProducer& operator=(const BenchProducer&) = delete;
+
+  // A replay of the first lap: each slot is loaded once, then handed on again as it is. The
+  // logits region gets fixed normal values unless the teacher runs (what a student step costs
+  // does not depend on them).
+  void start_replay(std::uint64_t batches, bool teacher) {
+    SlotRing& ring = pipeline_.ring();
+    const std::uint32_t slots = ring.slots();
+    const SlotState after_load = pipeline_.after_load();
+    replay_ = std::make_unique<StageGraph>(
+        "replay", pipeline_.loader_arena(), 1, ring, RingStage::loader, batches,
+        [this, &ring, slots, after_load, teacher](std::uint64_t b, int) {
+          auto slot = ring.acquire_free(b);
+          if (!slot) return false;
+          if (b < slots) {
+            trace::Span span("load", b);
+            load(b, *slot);
+            if (const auto& logits = pipeline_.regions().logits; logits && !teacher) {
+              std::mt19937 rng(static_cast<std::uint32_t>(b));
+              std::normal_distribution<float> normal(0.f, 2.f);
+              for (float& v : slot->region<float>(*logits)) v = normal(rng);
+            }
+          }
+          ring.publish(*slot, SlotState::filling, after_load);
+          return true;
+        },
+        &totals_);
+    replay_->start();
+  }
+
+  // One thread's loop: the calling thread loads batch `b` on the loader cores, then runs the
+  // teacher on it on the first replica's cores, one after the other, and leaves it ready.
+  void produce_serially(std::uint64_t b) {
+    SlotRing& ring = pipeline_.ring();
+    const bool teacher = pipeline_.run().teacher_runs;
+    auto slot = ring.acquire_free(b);
+    if (!slot) return;
+    const auto t0 = Clock::now();
+    run_in_arena(pipeline_.loader_arena(), [&] {
+      trace::Span span("load", b);
+      load(b, *slot);
+    });
+    totals_.busy_ns.fetch_add(static_cast<std::uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count()));
+    ring.publish(*slot, SlotState::filling, teacher ? SlotState::filled : SlotState::ready);
+    if (!teacher) return;
+    slot = ring.acquire_filled(b);
+    if (!slot) return;
+    pipeline_.teach_now(*slot);
+    ring.publish(*slot, SlotState::teaching, SlotState::ready);
+  }
+
+  [[nodiscard]] std::uint64_t busy_ns() const { return totals_.busy_ns.load(); }
+
+private:
+  void load(std::uint64_t b, const Slot& slot) {
+    const RunInputs& run = pipeline_.run();
+    fill_batch(run.train, sampler_, run.augment, b, slot, pipeline_.regions().loader, scratch_);
+  }
+
+  CpuPipeline& pipeline_;
+  const Sampler& sampler_;
+  LoaderScratch scratch_; // one producer thread at a time
+  StageTotals totals_;
+  std::unique_ptr<StageGraph> replay_;
+};
+
+StudentLogits student_logits(Mode mode) {
+  switch (mode) {
+  case Mode::teacher_alone:
+  case Mode::loader_alone: return StudentLogits::none;
+  case Mode::colocated: return StudentLogits::colocated;
+  default: return StudentLogits::teacher;
+  }
+}
+
+} // namespace
+
 Rep run_rep(const Setup& setup, Mode mode) {
   const RunInputs& run = setup.run;
-  const SlotLayout layout = CpuPipeline::layout_for(run);
-  CpuPipeline pipeline(run, setup.sampler, setup.slots,
-                       student::allocate_pinned_for_device(
-                           setup.slots * layout.slot_bytes(),
-                           affinity::bind_to_numa_of(run.topology, run.plan.student)));
+  Assembled parts = assemble(run, setup.sampler, setup.slots, setup.options, student_logits(mode),
+                             setup.colocated);
+  CpuPipeline& pipeline = *parts.pipeline;
+  student::Trainer* trainer = parts.trainer.get();
   SlotRing& ring = pipeline.ring();
-  std::unique_ptr<student::Trainer> trainer;
-  if (student_runs(mode)) {
-    student::StepRegions regions{pipeline.regions().loader.inputs, pipeline.regions().loader.labels,
-                                 pipeline.regions().logits};
-    if (mode == Mode::colocated) regions.teacher_logits.reset();
-    trainer = std::make_unique<student::Trainer>(setup.options, ring, regions);
-    if (mode == Mode::colocated) trainer->set_colocated_teacher(setup.colocated);
-  }
+  BenchProducer producer(pipeline, setup.sampler);
   // Fast modes (a loader alone runs thousands of batches a second) continue past `steps` until the
   // window has lasted min_seconds; the ring is closed then, which stops the producers.
   const std::uint64_t total = setup.warmup + setup.steps * 1000;
-  using Source = CpuPipeline::Source;
   switch (mode) {
-  case Mode::student_alone: pipeline.start(0, total, {Source::replay, false}); break;
-  case Mode::teacher_alone: pipeline.start(0, total, {Source::replay, true}); break;
+  case Mode::student_alone:
+    pipeline.start(0, total, {.loaders = false, .teacher = false});
+    producer.start_replay(total, false);
+    break;
+  case Mode::teacher_alone:
+    pipeline.start(0, total, {.loaders = false, .teacher = true});
+    producer.start_replay(total, true);
+    break;
   case Mode::loader_alone:
-  case Mode::colocated: pipeline.start(0, total, {Source::loaders, false}); break;
-  case Mode::overlapped: pipeline.start(0, total, {Source::loaders, true}); break;
-  case Mode::serial_cpu: break; // the loop below produces each batch itself
+  case Mode::colocated: pipeline.start(0, total, {.loaders = true, .teacher = false}); break;
+  case Mode::overlapped: pipeline.start(0, total, {.loaders = true, .teacher = true}); break;
+  case Mode::serial_cpu:
+    // The loop below produces each batch itself; the stages do not run.
+    pipeline.start(0, total, {.loaders = false, .teacher = false});
+    break;
   }
+  const auto loader_busy_ns = [&] {
+    return pipeline.loader_totals().busy_ns.load() + producer.busy_ns();
+  };
 
   Rep rep;
   RingStats before{};
@@ -66,10 +162,10 @@ Rep run_rep(const Setup& setup, Mode mode) {
       if (trainer) trainer->drain(); // the device's queue too: the window starts empty
       t0 = Clock::now();
       before = ring.stats();
-      loader_before = pipeline.loader_busy_ns();
-      teacher_before = pipeline.teacher_busy_ns();
+      loader_before = loader_busy_ns();
+      teacher_before = pipeline.teacher_totals().busy_ns.load();
     }
-    if (mode == Mode::serial_cpu) pipeline.produce_serially(b);
+    if (mode == Mode::serial_cpu) producer.produce_serially(b);
     std::uint32_t samples = 0;
     if (trainer) {
       const auto s0 = Clock::now();
@@ -100,23 +196,23 @@ Rep run_rep(const Setup& setup, Mode mode) {
   }
   rep.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   const RingStats after = ring.stats();
-  const std::uint64_t loader_busy = pipeline.loader_busy_ns() - loader_before;
-  const std::uint64_t teacher_busy = pipeline.teacher_busy_ns() - teacher_before;
+  const std::uint64_t loader_busy = loader_busy_ns() - loader_before;
+  const std::uint64_t teacher_busy = pipeline.teacher_totals().busy_ns.load() - teacher_before;
   pipeline.stop();
   ring.rethrow_if_failed();
   if (rep.steps < setup.steps)
     throw std::runtime_error(fmt::format("{}: the pipeline ended after {} of {} measured steps",
                                          mode_name(mode), rep.steps, setup.steps));
-  const auto waited = [&](RingStage s) {
+  const auto wait_ns = [&](RingStage s) {
     const auto i = static_cast<std::size_t>(s);
-    return static_cast<double>(after.stages[i].wait_ns - before.stages[i].wait_ns) / 1e9;
+    return after.stages[i].wait_ns - before.stages[i].wait_ns;
   };
-  rep.student_wait_s = waited(RingStage::student);
+  rep.student_wait_s = static_cast<double>(wait_ns(RingStage::student)) / 1e9;
   rep.student_busy_s = std::max(0.0, rep.student_busy_s - rep.student_wait_s);
-  rep.loader_wait_s = waited(RingStage::loader);
-  rep.teacher_wait_s = waited(RingStage::teacher);
-  rep.loader_work_s = std::max(0.0, static_cast<double>(loader_busy) / 1e9 - rep.loader_wait_s);
-  rep.teacher_work_s = std::max(0.0, static_cast<double>(teacher_busy) / 1e9 - rep.teacher_wait_s);
+  rep.loader_wait_s = static_cast<double>(wait_ns(RingStage::loader)) / 1e9;
+  rep.teacher_wait_s = static_cast<double>(wait_ns(RingStage::teacher)) / 1e9;
+  rep.loader_work_s = stage_work_s(loader_busy, wait_ns(RingStage::loader));
+  rep.teacher_work_s = stage_work_s(teacher_busy, wait_ns(RingStage::teacher));
   rep.ring_ready /= static_cast<double>(std::max<std::uint64_t>(1, rep.steps));
   return rep;
 }

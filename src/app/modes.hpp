@@ -9,6 +9,7 @@
 #pragma once
 
 #include "pipeline.hpp"
+#include "run.hpp"
 
 #include "kdflow/gpu_student/torch_teacher.hpp"
 #include "kdflow/gpu_student/trainer.hpp"

@@ -1,16 +1,18 @@
-// The training run. The main thread is the student (pinned as kd-student); the loader and teacher
-// stages run as flow graphs in their pinned arenas (pipeline.hpp). The run folder holds the
-// resolved config, metrics.jsonl, summary.json and atomic checkpoints; SIGINT/SIGTERM finish the
-// step, save and exit 130 (a second signal exits at once).
+// The training run, as its phases: resolve, start (with resume), the step loop (evaluations and
+// checkpoints inside it), finish. The main thread is the student (pinned as kd-student); the
+// loader and teacher stages run as flow graphs in their pinned arenas (pipeline.hpp). The run
+// folder holds the resolved config, metrics.jsonl, summary.json and atomic checkpoints;
+// SIGINT/SIGTERM finish the step, save and exit 130 (a second signal exits at once).
 #include "train.hpp"
 
+#include "kd_ctl.hpp"
 #include "pipeline.hpp"
+#include "run.hpp"
 
 #include "kdflow/affinity/pinning.hpp"
 #include "kdflow/core/atomic_file.hpp"
 #include "kdflow/core/error.hpp"
 #include "kdflow/core/log.hpp"
-#include "kdflow/gpu_student/pinned_host.hpp"
 #include "kdflow/gpu_student/trainer.hpp"
 
 #include <unistd.h>
@@ -90,7 +92,7 @@ std::string value_text(const Config& c, const ConfigKey& key) {
 
 json trajectory_keys(const Config& config) {
   json out = json::object();
-  for (const auto& key : config_schema())
+  for (const auto& key : config.schema())
     if (shapes_trajectory(key.name)) out[key.name] = value_text(config, key);
   return out;
 }
@@ -170,200 +172,254 @@ struct Interval {
   std::uint64_t wait_ns = 0, teacher_ns = 0;
 };
 
-} // namespace
-
-int train_command(const TrainArgs& args) {
-  const auto started = Clock::now();
-  const Config config = resolve_config(args.config, args.sets, args.cores);
-
-  const fs::path out = args.out;
-  const fs::path ckpt_dir = out / "checkpoints";
-  // Pick the checkpoint to resume from before anything is written.
-  std::optional<fs::path> resume_from;
+// The checkpoint a run continues from, picked before anything is written: --resume auto (the
+// folder's last, if any), a path, or none (a folder that holds checkpoints is then refused).
+std::optional<fs::path> checkpoint_to_resume(const TrainArgs& args, const fs::path& ckpt_dir) {
   if (args.resume == "auto") {
     const auto found = list_checkpoints(ckpt_dir);
-    if (!found.empty()) resume_from = found.back();
-  } else if (!args.resume.empty()) {
+    if (!found.empty()) return found.back();
+    return std::nullopt;
+  }
+  if (!args.resume.empty()) {
     if (!fs::is_regular_file(args.resume))
       throw InputError(fmt::format("--resume {}: no such checkpoint file", args.resume));
-    resume_from = fs::path(args.resume);
-  } else if (!list_checkpoints(ckpt_dir).empty()) {
+    return fs::path(args.resume);
+  }
+  if (!list_checkpoints(ckpt_dir).empty())
     throw InputError(fmt::format(
         "{} already holds checkpoints of a run: continue it with --resume auto, or choose "
         "another --out",
         ckpt_dir.string()));
+  return std::nullopt;
+}
+
+// One training run. The constructor resolves it; train_command calls the phases in order.
+class TrainRun {
+public:
+  explicit TrainRun(const TrainArgs& args);
+  ~TrainRun();
+  TrainRun(const TrainRun&) = delete;
+  TrainRun& operator=(const TrainRun&) = delete;
+
+  // The student thread pinned, the pipeline and the student assembled, the checkpoint restored (a
+  // bad one fails here, before anything in the run folder changes), the folder's files opened,
+  // the teacher's own test accuracy measured.
+  void start();
+  // From the resume point to the end (or a stop signal): steps, metrics lines, evaluations at
+  // epoch ends, checkpoints.
+  void step_loop();
+  // The last evaluation, summary.json; Interrupted (exit 130) after a signal.
+  int finish();
+
+private:
+  void resume(const fs::path& from);
+  void start_kd_ctl();
+  void evaluate(double epoch);
+  void save(std::uint64_t next_batch);
+  [[nodiscard]] std::string run_state(std::uint64_t next_batch) const;
+  void write_metrics(const json& line);
+  [[nodiscard]] double wall_s() const {
+    return previous_wall_s_ + std::chrono::duration<double>(Clock::now() - started_).count();
   }
 
-  RunInputs run = prepare_run(config);
-  const Sampler sampler(run.train.size(), run.sampler);
-  const auto per_epoch = static_cast<std::uint64_t>(sampler.batches_per_epoch());
-  const auto epochs = static_cast<std::uint64_t>(config.get_int("train.epochs"));
-  const std::uint64_t schedule = epochs * per_epoch;
-  const auto max_steps = static_cast<std::uint64_t>(config.get_int("train.max_steps"));
-  const std::uint64_t last = max_steps > 0 ? std::min(schedule, max_steps) : schedule;
+  const Clock::time_point started_ = Clock::now();
+  const Config config_;
+  const fs::path out_, ckpt_dir_;
+  const std::optional<fs::path> resume_from_;
+  RunInputs run_;
+  const Sampler sampler_;
+  const std::uint64_t per_epoch_, epochs_, last_; // last: the run's end (epochs or max_steps)
+  const std::uint32_t slots_;
+  student::TrainerOptions options_;
+  Assembled parts_;
+  student::Trainer* trainer_ = nullptr;
+  CpuPipeline* pipeline_ = nullptr;
 
+  std::ofstream metrics_;
+  std::mutex metrics_mutex_;      // the student's lines and kd-ctl's moves
+  std::unique_ptr<KdCtl> kd_ctl_; // after metrics_: it writes them until it stops
+  std::optional<std::string> elastic_off_ = "cores.elastic = false";
+
+  std::vector<float> test_images_;
+  std::vector<std::int64_t> test_labels_;
+  std::uint64_t next_batch_ = 0;
+  double best_accuracy_ = 0, test_accuracy_ = 0;
+  std::optional<double> teacher_accuracy_;
+  json evaluations_ = json::array();
+  double previous_wall_s_ = 0;
+  double eval_s_ = 0, save_s_ = 0; // time outside the steps, for the steady-state rate
+  double loop_s_ = 0;
+  std::uint64_t samples_ = 0;
+  std::uint64_t stall_ns_ = 0;
+  bool interrupted_ = false;
+};
+
+TrainRun::TrainRun(const TrainArgs& args)
+    : config_(resolve_config(args.config, args.sets, args.cores)), out_(args.out),
+      ckpt_dir_(out_ / "checkpoints"), resume_from_(checkpoint_to_resume(args, ckpt_dir_)),
+      run_(prepare_run(config_)), sampler_(run_.train.size(), run_.sampler),
+      per_epoch_(sampler_.batches_per_epoch()),
+      epochs_(static_cast<std::uint64_t>(config_.get_int("train.epochs"))), last_([&] {
+        const auto max_steps = static_cast<std::uint64_t>(config_.get_int("train.max_steps"));
+        return max_steps > 0 ? std::min(epochs_ * per_epoch_, max_steps) : epochs_ * per_epoch_;
+      }()),
+      slots_(static_cast<std::uint32_t>(config_.get_int("ring.slots"))) {}
+
+TrainRun::~TrainRun() {
+  // kd-ctl may be in a move, which waits for the stages to drain: stop the pipeline first.
+  if (pipeline_) pipeline_->stop();
+}
+
+void TrainRun::start() {
   // The student thread: pinned before torch starts its own threads (they inherit the binding).
-  affinity::pin_this_thread(run.topology, run.plan.student, "kd-student");
+  affinity::pin_this_thread(run_.topology, run_.plan.student, "kd-student");
+  options_ = trainer_options(run_, static_cast<std::int64_t>(epochs_ * per_epoch_));
+  parts_ = assemble(run_, sampler_, slots_, options_, StudentLogits::teacher);
+  trainer_ = parts_.trainer.get();
+  pipeline_ = parts_.pipeline.get();
+  if (resume_from_) resume(*resume_from_);
 
-  const student::TrainerOptions topt = trainer_options(run, static_cast<std::int64_t>(schedule));
+  fs::create_directories(ckpt_dir_);
+  write_file_atomic(out_ / "config.toml", config_.to_toml());
+  metrics_.open(out_ / "metrics.jsonl", resume_from_ ? std::ios::app : std::ios::trunc);
+  if (!metrics_)
+    throw InputError(fmt::format("cannot write {}", (out_ / "metrics.jsonl").string()));
 
-  // The ring's memory: pinned for the GPU where there is one, bound to the student's NUMA node.
-  const SlotLayout layout = CpuPipeline::layout_for(run);
-  const auto slots = static_cast<std::uint32_t>(config.get_int("ring.slots"));
-  CpuPipeline pipeline(
-      run, sampler, slots,
-      student::allocate_pinned_for_device(
-          slots * layout.slot_bytes(), affinity::bind_to_numa_of(run.topology, run.plan.student)));
-  student::StepRegions step_regions{pipeline.regions().loader.inputs,
-                                    pipeline.regions().loader.labels, pipeline.regions().logits};
-  student::Trainer trainer(topt, pipeline.ring(), step_regions);
-
-  // Resume: a bad checkpoint fails here, before anything in the run folder changes.
-  std::uint64_t next_batch = 0;
-  double best_accuracy = 0, test_accuracy = 0;
-  std::optional<double> teacher_accuracy;
-  json evaluations = json::array();
-  double previous_wall_s = 0;
-  if (resume_from) {
-    json state;
-    try {
-      state = json::parse(trainer.load(*resume_from));
-      const json written = state.value("config", json::object());
-      const json expected = trajectory_keys(config);
-      for (const auto& [key, value] : expected.items()) {
-        const std::string was = written.value(key, std::string("<absent>"));
-        if (was != value)
-          throw InputError(fmt::format(
-              "checkpoint {} was written with {} = {}; this run has {} (resume with the same "
-              "settings, or start a new --out)",
-              resume_from->string(), key, was, value.get<std::string>()));
-      }
-      next_batch = state.at("next_batch").get<std::uint64_t>();
-      best_accuracy = state.value("best_test_accuracy", 0.0);
-      test_accuracy = state.value("test_accuracy", 0.0);
-      evaluations = state.value("evaluations", json::array());
-      previous_wall_s = state.value("wall_s", 0.0);
-      if (const auto t = state.value("teacher_test_accuracy", json()); t.is_number())
-        teacher_accuracy = t.get<double>();
-    } catch (const json::exception& e) {
-      throw InputError(fmt::format("checkpoint {}: its run state is unreadable ({})",
-                                   resume_from->string(), e.what()));
-    }
-    if (next_batch > last)
-      throw InputError(fmt::format("checkpoint {} is at batch {}, past this run's end ({}): raise "
-                                   "train.epochs or train.max_steps to continue it",
-                                   resume_from->string(), next_batch, last));
-    log_info(fmt::format("resuming from {}: step {}, batch {} of {}", resume_from->string(),
-                         trainer.steps_done(), next_batch, last));
-  }
-
-  fs::create_directories(ckpt_dir);
-  write_file_atomic(out / "config.toml", config.to_toml());
-  std::ofstream metrics(out / "metrics.jsonl", resume_from ? std::ios::app : std::ios::trunc);
-  if (!metrics) throw InputError(fmt::format("cannot write {}", (out / "metrics.jsonl").string()));
-  std::mutex metrics_mutex; // the student's lines and kd-ctl's moves
-  const auto write_metrics = [&](const json& line) {
-    std::lock_guard lock(metrics_mutex);
-    metrics << line.dump() << '\n' << std::flush;
-  };
-  // kd-ctl writes metrics: on every way out, it stops (with the pipeline) before they close.
-  struct StopFirst {
-    CpuPipeline& pipeline;
-    ~StopFirst() { pipeline.stop(); }
-  } stop_first{pipeline};
-
-  AugmentConfig eval = run.augment;
+  AugmentConfig eval = run_.augment;
   eval.augment = false;
-  const std::vector<float> test_images = normalized_images(run.test, eval);
-  std::vector<std::int64_t> test_labels(run.test.size());
-  for (std::size_t i = 0; i < run.test.size(); ++i) test_labels[i] = run.test.label(i);
-  if (run.teacher_runs && !teacher_accuracy) {
-    teacher_accuracy = teacher_test_accuracy(run, test_images, *pipeline.teacher_arena(0));
+  test_images_ = normalized_images(run_.test, eval);
+  test_labels_.resize(run_.test.size());
+  for (std::size_t i = 0; i < run_.test.size(); ++i) test_labels_[i] = run_.test.label(i);
+  if (run_.teacher_runs && !teacher_accuracy_) {
+    teacher_accuracy_ = teacher_test_accuracy(run_, test_images_, *pipeline_->teacher_arena(0));
     log_info(fmt::format("teacher {}: test accuracy {:.4f} ({} precision, {} replica(s))",
-                         run.teacher_path, *teacher_accuracy,
-                         config.get_string("teacher.precision"), pipeline.replicas()));
+                         run_.teacher_path, *teacher_accuracy_,
+                         teacher::precision_name(run_.precision), pipeline_->replicas()));
   }
   log_info(fmt::format("student {} ({} parameters) on {}, {}; {} steps of batch {} ({} per epoch)",
-                       topt.model.arch, trainer.parameters(), trainer.device(), trainer.precision(),
-                       last, run.sampler.batch_size, per_epoch));
+                       options_.model.arch, trainer_->parameters(), trainer_->device(),
+                       trainer_->precision(), last_, run_.sampler.batch_size, per_epoch_));
+}
 
-  const std::int64_t keep = config.get_int("train.keep_checkpoints");
-  const auto every = static_cast<std::uint64_t>(config.get_int("train.checkpoint_every"));
-  const auto log_every = static_cast<std::uint64_t>(config.get_int("train.log_every"));
-  auto run_state = [&](std::uint64_t next) {
-    return json{
-        {"next_batch", next},
-        {"config", trajectory_keys(config)},
-        {"best_test_accuracy", best_accuracy},
-        {"test_accuracy", test_accuracy},
-        {"teacher_test_accuracy", teacher_accuracy ? json(*teacher_accuracy) : json(nullptr)},
-        {"evaluations", evaluations},
-        {"wall_s", previous_wall_s + std::chrono::duration<double>(Clock::now() - started).count()}}
-        .dump();
-  };
-  double eval_s = 0, save_s = 0; // time outside the steps, for the steady-state rate
-  auto save = [&](std::uint64_t next) {
-    const auto t0 = Clock::now();
-    const fs::path path = checkpoint_name(ckpt_dir, trainer.steps_done());
-    trainer.save(path, run_state(next));
-    auto all = list_checkpoints(ckpt_dir);
-    for (std::size_t i = 0; i + static_cast<std::size_t>(keep) < all.size(); ++i)
-      fs::remove(all[i]);
-    save_s += std::chrono::duration<double>(Clock::now() - t0).count();
-  };
-  auto evaluate = [&](double epoch) {
-    const auto t0 = Clock::now();
-    test_accuracy = trainer.evaluate(test_images, test_labels);
-    best_accuracy = std::max(best_accuracy, test_accuracy);
-    evaluations.push_back(
-        {{"epoch", epoch}, {"step", trainer.steps_done()}, {"test_accuracy", test_accuracy}});
-    eval_s += std::chrono::duration<double>(Clock::now() - t0).count();
-  };
+void TrainRun::resume(const fs::path& from) {
+  try {
+    const json state = json::parse(trainer_->load(from));
+    const json written = state.value("config", json::object());
+    const json expected = trajectory_keys(config_);
+    for (const auto& [key, value] : expected.items()) {
+      const std::string was = written.value(key, std::string("<absent>"));
+      if (was != value)
+        throw InputError(fmt::format(
+            "checkpoint {} was written with {} = {}; this run has {} (resume with the same "
+            "settings, or start a new --out)",
+            from.string(), key, was, value.get<std::string>()));
+    }
+    next_batch_ = state.at("next_batch").get<std::uint64_t>();
+    best_accuracy_ = state.value("best_test_accuracy", 0.0);
+    test_accuracy_ = state.value("test_accuracy", 0.0);
+    evaluations_ = state.value("evaluations", json::array());
+    previous_wall_s_ = state.value("wall_s", 0.0);
+    if (const auto t = state.value("teacher_test_accuracy", json()); t.is_number())
+      teacher_accuracy_ = t.get<double>();
+  } catch (const json::exception& e) {
+    throw InputError(
+        fmt::format("checkpoint {}: its run state is unreadable ({})", from.string(), e.what()));
+  }
+  if (next_batch_ > last_)
+    throw InputError(fmt::format("checkpoint {} is at batch {}, past this run's end ({}): raise "
+                                 "train.epochs or train.max_steps to continue it",
+                                 from.string(), next_batch_, last_));
+  log_info(fmt::format("resuming from {}: step {}, batch {} of {}", from.string(),
+                       trainer_->steps_done(), next_batch_, last_));
+}
 
+void TrainRun::write_metrics(const json& line) {
+  std::lock_guard lock(metrics_mutex_);
+  metrics_ << line.dump() << '\n' << std::flush;
+}
+
+std::string TrainRun::run_state(std::uint64_t next_batch) const {
+  return json{
+      {"next_batch", next_batch},
+      {"config", trajectory_keys(config_)},
+      {"best_test_accuracy", best_accuracy_},
+      {"test_accuracy", test_accuracy_},
+      {"teacher_test_accuracy", teacher_accuracy_ ? json(*teacher_accuracy_) : json(nullptr)},
+      {"evaluations", evaluations_},
+      {"wall_s", wall_s()}}
+      .dump();
+}
+
+void TrainRun::save(std::uint64_t next_batch) {
+  const auto t0 = Clock::now();
+  trainer_->save(checkpoint_name(ckpt_dir_, trainer_->steps_done()), run_state(next_batch));
+  const auto keep = static_cast<std::size_t>(config_.get_int("train.keep_checkpoints"));
+  auto all = list_checkpoints(ckpt_dir_);
+  for (std::size_t i = 0; i + keep < all.size(); ++i) fs::remove(all[i]);
+  save_s_ += std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+void TrainRun::evaluate(double epoch) {
+  const auto t0 = Clock::now();
+  test_accuracy_ = trainer_->evaluate(test_images_, test_labels_);
+  best_accuracy_ = std::max(best_accuracy_, test_accuracy_);
+  evaluations_.push_back(
+      {{"epoch", epoch}, {"step", trainer_->steps_done()}, {"test_accuracy", test_accuracy_}});
+  eval_s_ += std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+void TrainRun::start_kd_ctl() {
+  if (!config_.get_bool("cores.elastic")) return;
+  elastic_off_ = KdCtl::why_not(*pipeline_);
+  if (elastic_off_) {
+    log_info(fmt::format("kd-ctl off: {}", *elastic_off_));
+    return;
+  }
+  ElasticSettings elastic;
+  elastic.policy.margin = config_.get_double("cores.elastic_margin");
+  elastic.window_s = config_.get_double("cores.elastic_window_s");
+  elastic.on_move = [this](const json& record) { write_metrics(record); };
+  kd_ctl_ = std::make_unique<KdCtl>(*pipeline_, std::move(elastic));
+}
+
+void TrainRun::step_loop() {
+  const auto every = static_cast<std::uint64_t>(config_.get_int("train.checkpoint_every"));
+  const auto log_every = static_cast<std::uint64_t>(config_.get_int("train.log_every"));
   // The pipeline runs from the resume point to the end.
   StopSignals signals;
   Progress progress(::isatty(STDERR_FILENO) == 1);
   const auto loop_start = Clock::now();
-  const std::uint64_t begin = next_batch;
-  pipeline.start(begin, last - begin);
-  std::optional<std::string> elastic_off = "cores.elastic = false";
-  if (config.get_bool("cores.elastic")) {
-    ElasticSettings elastic;
-    elastic.policy.margin = config.get_double("cores.elastic_margin");
-    elastic.window_s = config.get_double("cores.elastic_window_s");
-    elastic.on_move = write_metrics;
-    elastic_off = pipeline.start_elastic(std::move(elastic));
-    if (elastic_off) log_info(fmt::format("kd-ctl off: {}", *elastic_off));
-  }
+  const std::uint64_t begin = next_batch_;
+  pipeline_->start(begin, last_ - begin);
+  start_kd_ctl();
   Interval interval;
-  std::uint64_t samples = 0;
-  bool interrupted = false;
-  const RingStats ring_before = pipeline.ring().stats();
+  const RingStats ring_before = pipeline_->ring().stats();
   std::uint64_t last_wait_ns = ring_before.stages[2].wait_ns;
   std::uint64_t last_teacher_ns = 0;
-  for (std::uint64_t b = begin; b < last; ++b) {
-    const auto stats = trainer.step(b - begin);
+  for (std::uint64_t b = begin; b < last_; ++b) {
+    const auto stats = trainer_->step(b - begin);
     if (!stats) break;
-    samples += stats->samples;
+    samples_ += stats->samples;
     interval.loss += stats->loss * stats->samples;
     interval.kd += stats->kd_loss * stats->samples;
     interval.ce += stats->ce_loss * stats->samples;
     interval.correct += stats->correct;
     interval.samples += stats->samples;
     ++interval.steps;
-    const std::uint64_t epoch = b / per_epoch;
-    const bool epoch_end = (b + 1) % per_epoch == 0;
+    const std::uint64_t epoch = b / per_epoch_;
+    const bool epoch_end = (b + 1) % per_epoch_ == 0;
     const auto now = Clock::now();
     const double elapsed = std::chrono::duration<double>(now - loop_start).count();
-    const double rate = static_cast<double>(samples) / std::max(1e-9, elapsed);
-    const RingStats ring = pipeline.ring().stats();
-    if ((b + 1) % log_every == 0 || epoch_end || b + 1 == last) {
+    const double rate = static_cast<double>(samples_) / std::max(1e-9, elapsed);
+    const RingStats ring = pipeline_->ring().stats();
+    if ((b + 1) % log_every == 0 || epoch_end || b + 1 == last_) {
       const double span = std::chrono::duration<double>(now - interval.start).count();
-      const std::uint64_t wait_ns = ring.stages[2].wait_ns, teacher_ns = pipeline.teacher_busy_ns();
-      const double replicas = static_cast<double>(std::max<std::size_t>(1, pipeline.replicas()));
+      const std::uint64_t wait_ns = ring.stages[2].wait_ns,
+                          teacher_ns = pipeline_->teacher_totals().busy_ns.load();
+      const double replicas = static_cast<double>(std::max<std::size_t>(1, pipeline_->replicas()));
       const double n = static_cast<double>(std::max<std::int64_t>(1, interval.samples));
       const json line = {
-          {"step", trainer.steps_done()},
+          {"step", trainer_->steps_done()},
           {"epoch", epoch},
           {"loss", interval.loss / n},
           {"kd_loss", interval.kd / n},
@@ -372,15 +428,15 @@ int train_command(const TrainArgs& args) {
           {"lr", stats->lr},
           {"samples_per_s", static_cast<double>(interval.samples) / std::max(1e-9, span)},
           {"student_wait_ms", static_cast<double>(wait_ns - last_wait_ns) / 1e6},
-          {"teacher_busy", run.teacher_runs ? static_cast<double>(teacher_ns - last_teacher_ns) /
-                                                  (span * 1e9 * replicas)
-                                            : 0.0},
+          {"teacher_busy", run_.teacher_runs ? static_cast<double>(teacher_ns - last_teacher_ns) /
+                                                   (span * 1e9 * replicas)
+                                             : 0.0},
           {"ring_ready", ring.occupancy[static_cast<int>(SlotState::ready)]},
-          {"skipped_steps", trainer.skipped_steps()}};
+          {"skipped_steps", trainer_->skipped_steps()}};
       write_metrics(line);
       if (!progress.terminal())
         log_info(fmt::format("step {}/{} epoch {} loss {:.4f} lr {:.4f} {:.0f} samples/s",
-                             trainer.steps_done(), last, epoch + 1, line["loss"].get<double>(),
+                             trainer_->steps_done(), last_, epoch + 1, line["loss"].get<double>(),
                              stats->lr, line["samples_per_s"].get<double>()));
       last_wait_ns = wait_ns;
       last_teacher_ns = teacher_ns;
@@ -389,86 +445,97 @@ int train_command(const TrainArgs& args) {
     if (progress.due())
       progress.show(fmt::format(
           "epoch {}/{} step {}/{} loss {:.4f} acc {:.1f}% {:.0f} samples/s ETA {} ring {}/{}",
-          epoch + 1, epochs, b + 1, last, stats->loss,
+          epoch + 1, epochs_, b + 1, last_, stats->loss,
           100.0 * static_cast<double>(stats->correct) / std::max<std::uint32_t>(1, stats->samples),
           rate,
-          clock_text(static_cast<double>(last - b - 1) *
+          clock_text(static_cast<double>(last_ - b - 1) *
                      (elapsed / static_cast<double>(b + 1 - begin))),
-          ring.occupancy[static_cast<int>(SlotState::ready)], slots));
+          ring.occupancy[static_cast<int>(SlotState::ready)], slots_));
     if (epoch_end) {
       evaluate(static_cast<double>(epoch + 1));
       progress.line(fmt::format(
-          "epoch {}/{}: test accuracy {:.4f}{} ({:.0f} samples/s)", epoch + 1, epochs,
-          test_accuracy,
-          teacher_accuracy ? fmt::format(" (teacher {:.4f})", *teacher_accuracy) : std::string(),
+          "epoch {}/{}: test accuracy {:.4f}{} ({:.0f} samples/s)", epoch + 1, epochs_,
+          test_accuracy_,
+          teacher_accuracy_ ? fmt::format(" (teacher {:.4f})", *teacher_accuracy_) : std::string(),
           rate));
     }
     if (StopSignals::requested()) {
-      interrupted = true;
+      interrupted_ = true;
       save(b + 1);
       break;
     }
-    if (epoch_end || (every > 0 && trainer.steps_done() % static_cast<std::int64_t>(every) == 0) ||
-        b + 1 == last)
+    if (epoch_end ||
+        (every > 0 && trainer_->steps_done() % static_cast<std::int64_t>(every) == 0) ||
+        b + 1 == last_)
       save(b + 1);
   }
-  pipeline.stop();
-  trainer.drain();
+  pipeline_->stop();
+  trainer_->drain();
   progress.finish();
-  pipeline.ring().rethrow_if_failed();
-  const bool finished_epoch = last % per_epoch == 0;
-  if (!interrupted && !finished_epoch)
-    evaluate(static_cast<double>(last) / static_cast<double>(per_epoch));
-
-  const double loop_s = std::chrono::duration<double>(Clock::now() - loop_start).count();
-  const RingStats ring = pipeline.ring().stats();
-  const double stall_ns =
-      static_cast<double>(ring.stages[2].wait_ns - ring_before.stages[2].wait_ns);
+  pipeline_->ring().rethrow_if_failed();
+  loop_s_ = std::chrono::duration<double>(Clock::now() - loop_start).count();
+  stall_ns_ = pipeline_->ring().stats().stages[2].wait_ns - ring_before.stages[2].wait_ns;
+}
+int TrainRun::finish() {
+  const bool finished_epoch = last_ % per_epoch_ == 0;
+  if (!interrupted_ && !finished_epoch)
+    evaluate(static_cast<double>(last_) / static_cast<double>(per_epoch_));
+  const double loop_s = loop_s_;
+  const auto stall_ns = static_cast<double>(stall_ns_);
   json summary = {
-      {"test_accuracy", test_accuracy},
-      {"best_test_accuracy", best_accuracy},
-      {"teacher_test_accuracy", teacher_accuracy ? json(*teacher_accuracy) : json(nullptr)},
-      {"epochs", static_cast<double>(trainer.steps_done()) / static_cast<double>(per_epoch)},
-      {"steps", trainer.steps_done()},
-      {"wall_s", previous_wall_s + std::chrono::duration<double>(Clock::now() - started).count()},
+      {"test_accuracy", test_accuracy_},
+      {"best_test_accuracy", best_accuracy_},
+      {"teacher_test_accuracy", teacher_accuracy_ ? json(*teacher_accuracy_) : json(nullptr)},
+      {"epochs", static_cast<double>(trainer_->steps_done()) / static_cast<double>(per_epoch_)},
+      {"steps", trainer_->steps_done()},
+      {"wall_s", wall_s()},
       {"train_loop_s", loop_s},
-      {"evaluation_s", eval_s},
-      {"checkpoint_s", save_s},
+      {"evaluation_s", eval_s_},
+      {"checkpoint_s", save_s_},
       // Training throughput: the steps' time, evaluations and checkpoint writes left out.
-      {"samples_per_s", static_cast<double>(samples) / std::max(1e-9, loop_s - eval_s - save_s)},
-      {"student_stall_fraction", stall_ns / std::max(1.0, (loop_s - eval_s - save_s) * 1e9)},
-      {"teacher_busy_fraction", run.teacher_runs
-                                    ? static_cast<double>(pipeline.teacher_busy_ns()) /
-                                          (loop_s * 1e9 * static_cast<double>(pipeline.replicas()))
-                                    : 0.0},
-      {"device", trainer.device()},
-      {"precision", trainer.precision()},
+      {"samples_per_s", static_cast<double>(samples_) / std::max(1e-9, loop_s - eval_s_ - save_s_)},
+      {"student_stall_fraction", stall_ns / std::max(1.0, (loop_s - eval_s_ - save_s_) * 1e9)},
+      {"teacher_busy_fraction",
+       run_.teacher_runs ? static_cast<double>(pipeline_->teacher_totals().busy_ns.load()) /
+                               (loop_s * 1e9 * static_cast<double>(pipeline_->replicas()))
+                         : 0.0},
+      {"device", trainer_->device()},
+      {"precision", trainer_->precision()},
       {"student",
-       {{"arch", topt.model.arch},
-        {"width", topt.model.width},
-        {"parameters", trainer.parameters()}}},
-      {"teacher", run.teacher_runs ? json(run.teacher_path) : json(nullptr)},
-      {"plan", affinity::to_json(run.plan)},
-      {"elastic", elastic_off ? json{{"active", false}, {"reason", *elastic_off}}
-                              : json{{"active", true}, {"kd_ctl", pipeline.elastic_summary()}}},
+       {{"arch", options_.model.arch},
+        {"width", options_.model.width},
+        {"parameters", trainer_->parameters()}}},
+      {"teacher", run_.teacher_runs ? json(run_.teacher_path) : json(nullptr)},
+      {"plan", affinity::to_json(run_.plan)},
+      {"elastic", elastic_off_ ? json{{"active", false}, {"reason", *elastic_off_}}
+                               : json{{"active", true}, {"kd_ctl", kd_ctl_->summary()}}},
       {"ring",
-       {{"slots", slots},
-        {"slot_bytes", layout.slot_bytes()},
-        {"memory", memory_kind_name(pipeline.ring().memory_kind())}}},
-      {"skipped_steps", trainer.skipped_steps()},
-      {"interrupted", interrupted},
-      {"evaluations", evaluations},
-      {"state_digest", fmt::format("{:016x}", fnv1a(trainer.state_vector()))}};
-  write_file_atomic(out / "summary.json", summary.dump(2) + "\n");
-  if (interrupted)
+       {{"slots", slots_},
+        {"slot_bytes", pipeline_->ring().layout().slot_bytes()},
+        {"memory", memory_kind_name(pipeline_->ring().memory_kind())}}},
+      {"skipped_steps", trainer_->skipped_steps()},
+      {"interrupted", interrupted_},
+      {"evaluations", evaluations_},
+      {"state_digest", fmt::format("{:016x}", fnv1a(trainer_->state_vector()))}};
+  write_file_atomic(out_ / "summary.json", summary.dump(2) + "\n");
+  if (interrupted_)
     throw Interrupted(fmt::format("interrupted at step {}: checkpoint saved in {}; continue with "
                                   "--resume auto --out {}",
-                                  trainer.steps_done(), ckpt_dir.string(), out.string()));
+                                  trainer_->steps_done(), ckpt_dir_.string(), out_.string()));
   log_info(fmt::format("done: {} steps, test accuracy {:.4f} (best {:.4f}), {:.0f} samples/s; "
                        "run folder {}",
-                       trainer.steps_done(), test_accuracy, best_accuracy,
-                       summary["samples_per_s"].get<double>(), out.string()));
+                       trainer_->steps_done(), test_accuracy_, best_accuracy_,
+                       summary["samples_per_s"].get<double>(), out_.string()));
   return kExitOk;
+}
+
+} // namespace
+
+int train_command(const TrainArgs& args) {
+  TrainRun run(args); // resolve
+  run.start();
+  run.step_loop();
+  return run.finish();
 }
 
 } // namespace kdflow::app

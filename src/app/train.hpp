@@ -1,4 +1,5 @@
-// `kdflow train`: loaders -> teacher replicas -> ring -> student, with the run folder of DESIGN.md.
+// `kdflow train`: loaders -> teacher replicas -> ring -> student, with the run folder described in
+// docs/DESIGN.md.
 #pragma once
 
 #include <string>

@@ -1,7 +1,10 @@
+// `kdflow tune-cores`: profiles each stage alone on the candidate plans, predicts each plan's rate
+// (its slowest stage), verifies the best as the real pipeline and writes the winner as a plan file.
 #include "tune_cores.hpp"
 
 #include "modes.hpp"
 #include "pipeline.hpp"
+#include "run.hpp"
 
 #include "kdflow/affinity/pinning.hpp"
 #include "kdflow/core/atomic_file.hpp"
@@ -12,6 +15,7 @@
 #include <chrono>
 #include <filesystem>
 #include <map>
+#include <optional>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -25,16 +29,19 @@ using nlohmann::json;
 
 struct Candidate {
   affinity::Plan plan;
-  std::string precision;
-  double predicted = 0, measured = 0; // samples/s (measured: 0 until verified)
+  std::optional<teacher::Precision> precision; // none when the teacher does not run
+  double predicted = 0, measured = 0;          // samples/s (measured: 0 until verified)
   std::string bottleneck;
+  [[nodiscard]] std::string precision_text() const {
+    return precision ? teacher::precision_name(*precision) : "-";
+  }
   [[nodiscard]] std::string label() const {
     std::string teacher;
     for (const auto& r : plan.teacher)
       teacher += (teacher.empty() ? "" : " ") + affinity::format_cpus(r);
     return fmt::format("loader {} | teacher {} x{} {}", affinity::format_cpus(plan.loader),
                        plan.teacher.size(), plan.teacher.empty() ? 0 : plan.teacher[0].size(),
-                       precision) +
+                       precision_text()) +
            (teacher.empty() ? "" : " [" + teacher + "]");
   }
 };
@@ -42,7 +49,7 @@ struct Candidate {
 // Every valid plan around the run's student CPU: loader cores, then the teacher's cores split
 // into equal replicas (each a divisor of the count), in each precision this CPU runs natively.
 std::vector<Candidate> candidates(const RunInputs& run,
-                                  const std::vector<std::string>& precisions) {
+                                  const std::vector<teacher::Precision>& precisions) {
   const affinity::Plan& base = run.plan;
   std::vector<int> rest; // first PU of each allowed core the student does not use
   for (const auto& core : run.topology.cores())
@@ -63,6 +70,8 @@ std::vector<Candidate> candidates(const RunInputs& run,
       splits.push_back({{rest.begin(), rest.begin() + static_cast<std::ptrdiff_t>(l)},
                         {rest.begin() + static_cast<std::ptrdiff_t>(l), rest.end()}});
   }
+  std::vector<std::optional<teacher::Precision>> choices(precisions.begin(), precisions.end());
+  if (!run.teacher_runs) choices = {std::nullopt};
   std::vector<Candidate> out;
   for (const auto& [loader, teacher] : splits) {
     std::vector<std::size_t> widths = {0};
@@ -72,7 +81,7 @@ std::vector<Candidate> candidates(const RunInputs& run,
         if (teacher.size() % t == 0) widths.push_back(t);
     }
     for (const std::size_t t : widths)
-      for (const auto& precision : run.teacher_runs ? precisions : std::vector<std::string>{"-"}) {
+      for (const auto precision : choices) {
         Candidate c;
         c.plan = base;
         c.plan.loader = loader;
@@ -112,15 +121,14 @@ int tune_cores_command(const TuneArgs& args) {
   affinity::pin_this_thread(run.topology, run.plan.student, "kd-student");
 
   // The teacher in each precision to try: bf16 only where the CPU runs it natively.
-  std::vector<std::string> precisions = {"fp32"};
-  if (run.teacher_runs && teacher::has_native_bf16()) precisions.push_back("bf16");
-  std::map<std::string, std::shared_ptr<const teacher::Teacher>> teachers;
-  for (const auto& p : precisions) {
+  std::vector<teacher::Precision> precisions = {teacher::Precision::fp32};
+  if (run.teacher_runs && teacher::has_native_bf16())
+    precisions.push_back(teacher::Precision::bf16);
+  std::map<teacher::Precision, std::shared_ptr<const teacher::Teacher>> teachers;
+  for (const auto p : precisions) {
     if (!run.teacher_runs) break;
     // prepare_run already loaded the configured precision.
-    teachers[p] = p == teacher::precision_name(run.teacher->precision())
-                      ? run.teacher
-                      : load_run_teacher(run, teacher::parse_precision(p));
+    teachers[p] = p == run.precision ? run.teacher : load_run_teacher(run, p);
   }
   std::vector<Candidate> all = candidates(run, precisions);
   if (all.empty())
@@ -130,10 +138,10 @@ int tune_cores_command(const TuneArgs& args) {
   // Distinct stage configurations to profile (at most: loader sets beyond the first that outruns
   // the student are skipped, and so are the teacher configurations only their plans use).
   std::map<affinity::CpuList, double> loader_rate; // ordered by size: each set extends the last
-  std::map<std::pair<std::vector<affinity::CpuList>, std::string>, double> teacher_rate;
+  std::map<std::pair<std::vector<affinity::CpuList>, teacher::Precision>, double> teacher_rate;
   for (const auto& c : all) {
     loader_rate[c.plan.loader] = 0;
-    if (run.teacher_runs) teacher_rate[{c.plan.teacher, c.precision}] = 0;
+    if (c.precision) teacher_rate[{c.plan.teacher, *c.precision}] = 0;
   }
   const std::vector<Candidate> every = all; // what --exhaustive measures
   const std::size_t profiles = 1 + loader_rate.size() + teacher_rate.size();
@@ -149,7 +157,10 @@ int tune_cores_command(const TuneArgs& args) {
   };
   const auto use = [&](const Candidate& c) {
     run.plan = c.plan;
-    if (run.teacher_runs) run.teacher = teachers.at(c.precision);
+    if (c.precision) {
+      run.teacher = teachers.at(*c.precision);
+      run.precision = *c.precision;
+    }
   };
   log_info(fmt::format("tune-cores: {} valid plan(s); profiling {} stage configuration(s), then "
                        "verifying {}; budget {:.0f} s",
@@ -197,7 +208,8 @@ int tune_cores_command(const TuneArgs& args) {
     use(c);
     rate = run_rep(setup_for(0.5 * window), Mode::teacher_alone).rate();
     log_info(fmt::format("[{:5.1f} s] teacher {} x{} {}: {:.0f} samples/s", elapsed(),
-                         key.first.size(), key.first[0].size(), key.second, rate));
+                         key.first.size(), key.first[0].size(), teacher::precision_name(key.second),
+                         rate));
   }
   // 2. Predictions: the slowest stage's rate. Ties keep the order below (fewer loader cores,
   // fewer replicas, fp32 first), so equal measurements give the same choice.
@@ -205,7 +217,7 @@ int tune_cores_command(const TuneArgs& args) {
     c.predicted = std::min(student_rate, loader_rate.at(c.plan.loader));
     c.bottleneck = c.predicted == student_rate ? "student" : "loader";
     if (run.teacher_runs) {
-      const double t = teacher_rate.at({c.plan.teacher, c.precision});
+      const double t = teacher_rate.at({c.plan.teacher, *c.precision});
       if (t < c.predicted) {
         c.predicted = t;
         c.bottleneck = "teacher";
@@ -244,7 +256,7 @@ int tune_cores_command(const TuneArgs& args) {
   for (const auto& c : all)
     candidates_json.push_back(
         {{"plan", affinity::to_json(c.plan)},
-         {"teacher_precision", c.precision},
+         {"teacher_precision", c.precision_text()},
          {"predicted_samples_per_s", c.predicted},
          {"measured_samples_per_s", c.measured > 0 ? json(c.measured) : json()},
          {"bottleneck", c.bottleneck}});
@@ -252,28 +264,30 @@ int tune_cores_command(const TuneArgs& args) {
   for (const auto& [cpus, rate] : loader_rate)
     loaders.push_back({{"cpus", cpus}, {"samples_per_s", rate}});
   for (const auto& [key, rate] : teacher_rate)
-    teachers_json.push_back(
-        {{"replicas", key.first}, {"precision", key.second}, {"samples_per_s", rate}});
-  json report = {{"plan", affinity::to_json(winner->plan)},
-                 {"teacher_precision", winner->precision},
-                 {"predicted_samples_per_s", winner->predicted},
-                 {"measured_samples_per_s", winner->measured},
-                 {"bottleneck", winner->bottleneck},
-                 {"profiles",
-                  {{"student_samples_per_s", student_rate},
-                   {"loader", loaders},
-                   {"teacher", teachers_json},
-                   {"dominated_loader_sets", dominated}}},
-                 {"valid_plans", every.size()},
-                 {"candidates", candidates_json},
-                 {"tuning_s", tuning_s},
-                 {"budget_s", args.budget_s},
-                 {"window_s", window},
-                 {"setup",
-                  {{"teacher", run.teacher_path},
-                   {"student", config.get_string("student.arch")},
-                   {"batch", run.sampler.batch_size},
-                   {"ring_slots", slots}}}};
+    teachers_json.push_back({{"replicas", key.first},
+                             {"precision", teacher::precision_name(key.second)},
+                             {"samples_per_s", rate}});
+  // The plan file's own keys (the one format --cores reads), then the tuner's report beside them.
+  json report = affinity::plan_file_json(
+      winner->plan, winner->precision ? teacher::precision_name(*winner->precision) : "");
+  report.update(json{{"predicted_samples_per_s", winner->predicted},
+                     {"measured_samples_per_s", winner->measured},
+                     {"bottleneck", winner->bottleneck},
+                     {"profiles",
+                      {{"student_samples_per_s", student_rate},
+                       {"loader", loaders},
+                       {"teacher", teachers_json},
+                       {"dominated_loader_sets", dominated}}},
+                     {"valid_plans", every.size()},
+                     {"candidates", candidates_json},
+                     {"tuning_s", tuning_s},
+                     {"budget_s", args.budget_s},
+                     {"window_s", window},
+                     {"setup",
+                      {{"teacher", run.teacher_path},
+                       {"student", config.get_string("student.arch")},
+                       {"batch", run.sampler.batch_size},
+                       {"ring_slots", slots}}}});
 
   if (args.exhaustive) {
     // Every valid plan as a real pipeline run, the same window as a verification.

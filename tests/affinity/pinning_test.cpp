@@ -46,7 +46,8 @@ TEST(LivePinning, EveryKdThreadIsBoundToItsRole) {
   const Topology topo = Topology::load();
   const Plan plan = plan_auto(topo, PlanRequest{});
   const std::size_t workers = plan.loader.size() + cpu_count(plan.teacher);
-  // One worker per planned CPU, plus the external thread TBB counts (DESIGN: arenas get their own).
+  // One worker per planned CPU, plus the external thread TBB counts (docs/DESIGN.md: arenas get
+  // their own).
   oneapi::tbb::global_control workers_limit(oneapi::tbb::global_control::max_allowed_parallelism,
                                             workers + 1);
 

@@ -49,7 +49,7 @@ TEST_P(AutoPlan, HoldsItsProperties) {
   };
   ASSERT_EQ(plan.student.size(), 1u);
   claim(plan.student, "student", false);
-  EXPECT_EQ(plan.copy, plan.student);
+  EXPECT_EQ(to_json(plan)["copy"], to_json(plan)["student"]);
   claim(plan.loader, "loader", small);
   ASSERT_FALSE(plan.teacher.empty());
   for (std::size_t i = 0; i < plan.teacher.size(); ++i)
@@ -120,7 +120,7 @@ std::string expect_plan_error(const std::string& json,
   std::ofstream(path) << json;
   const Topology topo = Topology::synthetic(desc);
   try {
-    Plan plan = read_plan_file(path);
+    Plan plan = read_plan_file(path).plan;
     validate(plan, topo, true);
   } catch (const InputError& e) {
     return e.what();
@@ -156,7 +156,7 @@ TEST(PlanFile, AValidFileRoundTrips) {
   PlanRequest req;
   Plan a = plan_auto(topo, req);
   std::ofstream(path) << nlohmann::json{{"plan", to_json(a)}, {"measured", 1.0}}.dump();
-  Plan b = read_plan_file(path);
+  Plan b = read_plan_file(path).plan;
   validate(b, topo, true);
   EXPECT_EQ(a.student, b.student);
   EXPECT_EQ(a.loader, b.loader);

@@ -4,6 +4,7 @@
 // pools trade CPUs. Checked: every batch arrives once, in order, with the sampler's samples and the
 // teacher's logits for them; the arenas the last move built run their workers on its CPUs.
 #include "pipeline.hpp"
+#include "run.hpp"
 
 #include "kdflow/affinity/pinning.hpp"
 #include "kdflow/gpu_student/pinned_host.hpp"

@@ -95,7 +95,7 @@ TEST(Train, RunsAndWritesTheRunFolder) {
   EXPECT_GE(s["teacher_test_accuracy"].get<double>(), 0.0);
   expect_student_device(s["device"]);
   EXPECT_FALSE(s["interrupted"].get<bool>());
-  // Four metric lines (every 5 steps), each with the keys of DESIGN.md.
+  // Four metric lines (every 5 steps), each with the keys of docs/DESIGN.md.
   std::ifstream metrics(out / "metrics.jsonl");
   int lines = 0;
   for (std::string line; std::getline(metrics, line);) {

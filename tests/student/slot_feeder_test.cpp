@@ -2,7 +2,7 @@
 // after the step; on CUDA (compiled in here, skipped at run time without a GPU) the slot returns
 // only once its copy's event has completed, and the device tensors hold the slot's bytes.
 #include "kdflow/gpu_student/pinned_host.hpp"
-#include "kdflow/gpu_student/slot_feeder.hpp"
+#include "slot_feeder.hpp"
 
 #include <gtest/gtest.h>
 

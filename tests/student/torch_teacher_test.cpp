@@ -29,7 +29,7 @@ using test::manifest;
 using test::normalized_error;
 
 std::vector<float> run_torch(const teacher::Teacher& t, const std::vector<float>& x) {
-  const TorchTeacher torch_teacher(t.graph(), "cpu");
+  const TorchTeacher torch_teacher(t.graph(), Device{});
   std::vector<float> out(static_cast<std::size_t>(teacher::numel(t.output_shape(0))));
   float* outputs[] = {out.data()};
   torch_teacher.run(x.data(), outputs);
@@ -82,13 +82,12 @@ TEST(TorchTeacher, PyTorchExportsMatchPyTorch) {
   }
 }
 
+// The device is decided once, before any executor is built: cuda without a GPU is refused there.
 TEST(TorchTeacher, RefusesCudaWithoutADevice) {
   if (torch::cuda::is_available()) GTEST_SKIP() << "a GPU is visible";
-  const fs::path dir = fixture_dir("models");
-  teacher::TeacherOptions options;
-  options.batch = 64;
-  const auto t = teacher::Teacher::load((dir / "mlp_opset13.onnx").string(), options);
-  EXPECT_THROW(TorchTeacher(t->graph(), "cuda"), InputError);
+  EXPECT_THROW(resolve_device("cuda"), InputError);
+  EXPECT_THROW(resolve_device("gpu"), InputError);
+  EXPECT_EQ(resolve_device("auto"), Device{});
 }
 
 } // namespace

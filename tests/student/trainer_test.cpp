@@ -52,7 +52,7 @@ struct Fixture {
 TrainerOptions options(const std::string& arch, std::int64_t c, std::int64_t h) {
   TrainerOptions o;
   o.model = {arch, 0.5, c, h, h, 10};
-  o.device = "cpu";
+  o.device = {};
   o.total_steps = 100;
   o.warmup_steps = 10;
   return o;
@@ -229,7 +229,7 @@ void expect_cuda_follows_cpu(const std::string& arch, const std::string& amp, do
   o.lr = 0.02;
   Fixture on_cpu(1, 28, 28), on_cuda(1, 28, 28);
   Trainer cpu(o, on_cpu.ring, {0, 1, 2});
-  o.device = "cuda";
+  o.device = {Device::Kind::cuda, 0};
   o.amp = amp;
   Trainer cuda(o, on_cuda.ring, {0, 1, 2});
   EXPECT_EQ(cuda.device().rfind("cuda:0 (", 0), 0u) << cuda.device();
@@ -257,7 +257,7 @@ TEST(Trainer, CudaStudentFollowsTheCpuStudent) {
 TEST(Trainer, CudaCheckpointRestoresTheExactState) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device here";
   auto o = options("mlp", 1, 28);
-  o.device = "cuda";
+  o.device = {Device::Kind::cuda, 0};
   o.optimizer = "adamw";
   expect_checkpoint_restores_exactly(o,
                                      std::filesystem::temp_directory_path() / "kdflow_cuda.ckpt");

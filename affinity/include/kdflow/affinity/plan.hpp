@@ -16,8 +16,8 @@
 namespace kdflow::affinity {
 
 struct Plan {
-  CpuList student;              // one CPU near the GPU; its SMT siblings stay idle
-  CpuList copy;                 // the device-copy thread; shares the student's core
+  CpuList student;              // one CPU near the GPU (it issues the device copies too); its SMT
+                                // siblings stay idle
   CpuList loader;               // the loader pool
   std::vector<CpuList> teacher; // one CPU set per teacher replica (one thread per CPU)
   CpuList spare;                // unused: SMT siblings and what no role needs
@@ -37,9 +37,17 @@ struct PlanRequest {
 // on 1 core every role shares it.
 Plan plan_auto(const Topology& topology, const PlanRequest& request);
 
-// Reads {"student": [..], "copy": [..], "loader": [..], "teacher": [[..], ..]} (also accepted
-// nested under "plan", as tune-cores writes it). Errors name the file and key, InputError.
-Plan read_plan_file(const std::filesystem::path& path);
+// A plan file, the one format tune-cores writes and --cores / cores.plan read: {"plan": {"student":
+// [..], "copy": [..], "loader": [..], "teacher": [[..], ..]}, "teacher_precision": "fp32" | "bf16"}
+// beside the tuner's report (other keys); a bare plan object is accepted too.
+struct PlanFile {
+  Plan plan;
+  std::string teacher_precision; // empty when the file does not say
+};
+// Errors name the file and key, InputError.
+PlanFile read_plan_file(const std::filesystem::path& path);
+// The plan file's own keys, for a writer to add its report to.
+nlohmann::json plan_file_json(const Plan& plan, const std::string& teacher_precision);
 
 // Throws InputError naming the role and CPUs when the plan is impossible here: a CPU not allowed to
 // this process, roles that overlap (only copy, and on machines of fewer than 3 cores the loaders,

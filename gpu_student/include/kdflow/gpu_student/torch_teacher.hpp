@@ -4,7 +4,9 @@
 // graph independent of oneDNN for the tests. Torch-free header.
 #pragma once
 
+#include "kdflow/cpu_teacher/engine.hpp"
 #include "kdflow/cpu_teacher/graph.hpp"
+#include "kdflow/gpu_student/device.hpp"
 
 #include <memory>
 #include <span>
@@ -14,11 +16,11 @@ namespace kdflow::student {
 
 class TorchTeacher {
 public:
-  // Copies the graph's weights to `device` ("cpu", "cuda" or "auto") once. `precision` "fp32" or
-  // "bf16" (bf16: autocast on CUDA, as a mixed-precision colocated teacher runs; fp32 on the CPU).
-  // InputError naming the node for an op variant this executor does not run.
-  TorchTeacher(const teacher::Graph& graph, const std::string& device,
-               const std::string& precision = "fp32");
+  // Copies the graph's weights to `device` once. bf16: autocast on CUDA, as a mixed-precision
+  // colocated teacher runs (fp32 on the CPU). InputError naming the node for an op variant this
+  // executor does not run.
+  TorchTeacher(const teacher::Graph& graph, const Device& device,
+               teacher::Precision precision = teacher::Precision::fp32);
   ~TorchTeacher();
   TorchTeacher(const TorchTeacher&) = delete;
   TorchTeacher& operator=(const TorchTeacher&) = delete;

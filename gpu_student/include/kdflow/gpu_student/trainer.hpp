@@ -6,6 +6,8 @@
 #pragma once
 
 #include "kdflow/core/slot_ring.hpp"
+#include "kdflow/gpu_student/device.hpp"
+#include "kdflow/gpu_student/students.hpp"
 #include "kdflow/gpu_student/torch_teacher.hpp"
 
 #include <cstdint>
@@ -19,16 +21,10 @@
 
 namespace kdflow::student {
 
-struct StudentSpec {
-  std::string arch = "cnn";
-  double width = 1.0; // channel multiplier
-  std::int64_t channels = 1, height = 28, width_px = 28, classes = 10;
-};
-
 struct TrainerOptions {
   StudentSpec model;
-  std::string device = "auto"; // auto | cpu | cuda
-  int threads = 1;             // intra-op threads on the CPU
+  Device device;   // resolved once (resolve_device)
+  int threads = 1; // intra-op threads on the CPU
   std::string optimizer = "sgd";
   double lr = 0.05, momentum = 0.9, weight_decay = 5e-4;
   bool nesterov = true;

@@ -1,17 +1,14 @@
 // The schema of kdflow's configuration: every key, its default and its rule, in one table. Later
 // modules add their keys here so that `config.toml` always lists the whole resolved configuration.
 #include "kdflow/core/config.hpp"
+#include "kdflow/core/dataset.hpp"
 
 namespace kdflow {
 
 const std::vector<ConfigKey>& config_schema() {
   using T = ConfigType;
   static const std::vector<ConfigKey> schema = {
-      {"data.dataset",
-       T::string,
-       std::string("fashion-mnist"),
-       "dataset format",
-       {"fashion-mnist", "mnist", "cifar10", "cifar100", "folder"}},
+      {"data.dataset", T::string, std::string("fashion-mnist"), "dataset format", dataset_names()},
       {"data.path", T::string, std::string("/usr/share/datasets/fashion-mnist"),
        "folder holding the dataset files (Debian's dataset-fashion-mnist by default; folder: "
        "train/<class>/*.jpg|png and val/ or test/ beside it)"},
@@ -60,11 +57,8 @@ const std::vector<ConfigKey>& config_schema() {
        std::string("fp32"),
        "teacher arithmetic on the CPU",
        {"fp32", "bf16"}},
-      {"student.arch",
-       T::string,
-       std::string("cnn"),
-       "student network",
-       {"mlp", "cnn", "resnet20", "resnet56", "resnet18", "mobilenetv2"}},
+      // Its choices are the student registry's names (the app's run_schema).
+      {"student.arch", T::string, std::string("cnn"), "student network"},
       {"student.width",
        T::real,
        1.0,

@@ -9,6 +9,7 @@
 #include <fstream>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 namespace kdflow {
 namespace {
@@ -162,40 +163,82 @@ std::span<const std::uint8_t> Dataset::sample(std::size_t i, SampleScratch& scra
   return scratch.pixels;
 }
 
+Dataset Dataset::from_folder(const std::string& path, Split split, const ImageGeometry& geometry) {
+  if (geometry.size < 1 || geometry.resize < geometry.size)
+    throw InputError(fmt::format("data.resize = {}: smaller than data.image_size = {}",
+                                 geometry.resize, geometry.size));
+  const std::string root = folder_split(path, split);
+  auto folder = std::make_shared<const ImageFolder>(list_image_folder(root));
+  const std::string source = fmt::format(
+      "folder {} ({}: {} images, {} classes{})", split == Split::train ? "train" : "test", root,
+      folder->files.size(), folder->classes.size(),
+      folder->ignored > 0 ? fmt::format(", {} other files ignored", folder->ignored) : "");
+  Dataset lazy(std::move(folder), geometry, source);
+  if (split == Split::train) return lazy;
+  // The test split is evaluated whole, every epoch: decoded once, centre crops.
+  std::vector<std::uint8_t> pixels(lazy.size() * lazy.sample_bytes());
+  SampleScratch scratch;
+  for (std::size_t i = 0; i < lazy.size(); ++i) {
+    const auto s = lazy.sample(i, scratch);
+    std::copy(s.begin(), s.end(), pixels.begin() + static_cast<std::ptrdiff_t>(i * s.size()));
+  }
+  Dataset decoded(std::move(pixels), lazy.labels_, 3, geometry.size, geometry.size, lazy.classes_,
+                  source);
+  decoded.class_names_ = lazy.class_names_;
+  return decoded;
+}
+
+namespace {
+
+// The dataset registry: each format once, with its reader and its default normalization (the
+// training split's per-channel statistics, pixels scaled to [0, 1]). A new format is an entry here.
+const DatasetFormat kFormats[] = {
+    {"fashion-mnist",
+     [](const std::string& path, Split split, const ImageGeometry&) {
+       return load_idx(path, split, "fashion-mnist");
+     },
+     {{0.2860f}, {0.3530f}}},
+    {"mnist",
+     [](const std::string& path, Split split, const ImageGeometry&) {
+       return load_idx(path, split, "mnist");
+     },
+     {{0.1307f}, {0.3081f}}},
+    {"cifar10",
+     [](const std::string& path, Split split, const ImageGeometry&) {
+       return load_cifar(path, split, false);
+     },
+     {{0.4914f, 0.4822f, 0.4465f}, {0.2470f, 0.2435f, 0.2616f}}},
+    {"cifar100",
+     [](const std::string& path, Split split, const ImageGeometry&) {
+       return load_cifar(path, split, true);
+     },
+     {{0.5071f, 0.4865f, 0.4409f}, {0.2673f, 0.2564f, 0.2762f}}},
+    // ImageNet's statistics, what torchvision's pretrained pipelines use (computing a folder's own
+    // would mean decoding all of it before the first step).
+    {"folder", &Dataset::from_folder, {{0.485f, 0.456f, 0.406f}, {0.229f, 0.224f, 0.225f}}},
+};
+
+} // namespace
+
+std::vector<std::string> dataset_names() {
+  std::vector<std::string> names;
+  for (const auto& f : kFormats) names.emplace_back(f.name);
+  return names;
+}
+
+const DatasetFormat& dataset_format(const std::string& name) {
+  for (const auto& f : kFormats)
+    if (name == f.name) return f;
+  throw InputError(fmt::format("data.dataset = '{}': not supported ({})", name,
+                               fmt::join(dataset_names(), ", ")));
+}
+
 Dataset Dataset::load(const std::string& format, const std::string& path, Split split,
                       const ImageGeometry& geometry) {
+  const DatasetFormat& reader = dataset_format(format);
   if (!fs::is_directory(path))
     throw InputError(fmt::format("data.path = '{}': no such folder", path));
-  if (format == "fashion-mnist" || format == "mnist") return load_idx(path, split, format);
-  if (format == "cifar10" || format == "cifar100")
-    return load_cifar(path, split, format == "cifar100");
-  if (format == "folder") {
-    if (geometry.size < 1 || geometry.resize < geometry.size)
-      throw InputError(fmt::format("data.resize = {}: smaller than data.image_size = {}",
-                                   geometry.resize, geometry.size));
-    const std::string root = folder_split(path, split);
-    auto folder = std::make_shared<const ImageFolder>(list_image_folder(root));
-    const std::string source = fmt::format(
-        "folder {} ({}: {} images, {} classes{})", split == Split::train ? "train" : "test", root,
-        folder->files.size(), folder->classes.size(),
-        folder->ignored > 0 ? fmt::format(", {} other files ignored", folder->ignored) : "");
-    Dataset lazy(std::move(folder), geometry, source);
-    if (split == Split::train) return lazy;
-    // The test split is evaluated whole, every epoch: decoded once, centre crops.
-    std::vector<std::uint8_t> pixels(lazy.size() * lazy.sample_bytes());
-    SampleScratch scratch;
-    for (std::size_t i = 0; i < lazy.size(); ++i) {
-      const auto s = lazy.sample(i, scratch);
-      std::copy(s.begin(), s.end(), pixels.begin() + static_cast<std::ptrdiff_t>(i * s.size()));
-    }
-    Dataset decoded(std::move(pixels), lazy.labels_, 3, geometry.size, geometry.size, lazy.classes_,
-                    source);
-    decoded.class_names_ = lazy.class_names_;
-    return decoded;
-  }
-  throw InputError(fmt::format("data.dataset = '{}': not supported (fashion-mnist, mnist, "
-                               "cifar10, cifar100, folder)",
-                               format));
+  return reader.load(path, split, geometry);
 }
 
 } // namespace kdflow

@@ -26,6 +26,12 @@ struct StageTotals {
   std::atomic<std::uint64_t> batches{0}; // batches completed
 };
 
+// A stage's work in seconds: its bodies' busy time less their waits for a slot (a body's time
+// includes its wait; the ring counts those waits apart, RingStats).
+inline double stage_work_s(std::uint64_t busy_ns, std::uint64_t ring_wait_ns) {
+  return busy_ns > ring_wait_ns ? static_cast<double>(busy_ns - ring_wait_ns) / 1e9 : 0.0;
+}
+
 class StageGraph {
 public:
   // Claims batch's slot, does the stage's work, hands the slot on. Returns false when the ring was

@@ -1,3 +1,5 @@
+// Files written so that a reader never sees half of one: a temporary beside the target, fsync,
+// rename; and checked files (a header with a CRC-32 of the payload) for checkpoints.
 #include "kdflow/core/atomic_file.hpp"
 
 #include "kdflow/core/error.hpp"

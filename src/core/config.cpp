@@ -16,8 +16,7 @@
 namespace kdflow {
 namespace {
 
-const ConfigKey* find_key(std::string_view name) {
-  const auto& schema = config_schema();
+const ConfigKey* find_key(const std::vector<ConfigKey>& schema, std::string_view name) {
   const auto it = std::find_if(schema.begin(), schema.end(),
                                [&](const ConfigKey& k) { return k.name == name; });
   return it == schema.end() ? nullptr : &*it;
@@ -122,8 +121,8 @@ std::optional<ConfigValue> from_node(const ConfigKey& key, const toml::node& nod
 
 } // namespace
 
-Config::Config() {
-  for (const auto& key : config_schema()) values_.emplace(key.name, key.default_value);
+Config::Config(const std::vector<ConfigKey>& schema) : schema_(&schema) {
+  for (const auto& key : schema) values_.emplace(key.name, key.default_value);
 }
 
 void Config::assign(const ConfigKey& key, ConfigValue value, const std::string& origin) {
@@ -159,7 +158,7 @@ void Config::merge_toml(std::string_view text, const std::string& origin) {
                                    origin, section.str()));
     for (const auto& [leaf, value] : *table) {
       const std::string name = fmt::format("{}.{}", section.str(), leaf.str());
-      const ConfigKey* key = find_key(name);
+      const ConfigKey* key = find_key(*schema_, name);
       if (key == nullptr) throw InputError(fmt::format("{}: unknown key '{}'", origin, name));
       auto parsed = from_node(*key, value);
       if (!parsed)
@@ -183,7 +182,7 @@ void Config::set(std::string_view assignment) {
   if (eq == std::string_view::npos || eq == 0)
     throw InputError(fmt::format("--set '{}': expected section.key=value", assignment));
   const std::string_view name = assignment.substr(0, eq);
-  const ConfigKey* key = find_key(name);
+  const ConfigKey* key = find_key(*schema_, name);
   if (key == nullptr) throw InputError(fmt::format("--set: unknown key '{}'", name));
   auto parsed = parse_text(*key, assignment.substr(eq + 1));
   if (!parsed)
@@ -193,7 +192,7 @@ void Config::set(std::string_view assignment) {
 }
 
 const ConfigValue& Config::value_of(std::string_view key, ConfigType type) const {
-  const ConfigKey* k = find_key(key);
+  const ConfigKey* k = find_key(*schema_, key);
   // Asking for a key the schema lacks, or with the wrong type, is a bug in kdflow, not user input.
   if (k == nullptr || k->type != type)
     throw std::logic_error(fmt::format("config key '{}' read as {}", key, type_name(type)));
@@ -216,7 +215,7 @@ const std::string& Config::get_string(std::string_view key) const {
 std::string Config::to_toml() const {
   std::string out = "# kdflow resolved configuration: every key, defaults written out.\n";
   std::string section;
-  for (const auto& key : config_schema()) {
+  for (const auto& key : *schema_) {
     const auto dot = key.name.find('.');
     const std::string sec = key.name.substr(0, dot);
     if (sec != section) {

@@ -28,13 +28,14 @@ struct ConfigKey {
   double max = 1e300;
 };
 
-// Every key kdflow knows, in the order the resolved file lists them.
+// Every key kdflow knows, in the order the resolved file lists them. Keys whose values name a
+// module's registry entry (student.arch) leave their choices to the app, which knows the modules.
 const std::vector<ConfigKey>& config_schema();
 
 class Config {
 public:
-  // All keys at their defaults.
-  Config();
+  // All keys of `schema` (which must outlive the Config) at their defaults.
+  explicit Config(const std::vector<ConfigKey>& schema = config_schema());
 
   // Applies a TOML file on top of the current values; `path` names the file in errors.
   void merge_file(const std::filesystem::path& path);
@@ -50,11 +51,14 @@ public:
 
   // The resolved configuration as TOML, every key written out with its doc comment.
   [[nodiscard]] std::string to_toml() const;
+  // The schema this configuration follows.
+  [[nodiscard]] const std::vector<ConfigKey>& schema() const { return *schema_; }
 
 private:
   const ConfigValue& value_of(std::string_view key, ConfigType type) const;
   void assign(const ConfigKey& key, ConfigValue value, const std::string& origin);
 
+  const std::vector<ConfigKey>* schema_;
   std::map<std::string, ConfigValue, std::less<>> values_;
 };
 

@@ -1,5 +1,6 @@
 // Error types shared by every module. `main` catches these once and maps them to the exit codes of
-// DESIGN.md: InputError -> 2 (one line naming the file, key or node), Interrupted -> 130, others
+// docs/DESIGN.md: InputError -> 2 (one line naming the file, key or node), Interrupted -> 130,
+// others
 // -> 1.
 #pragma once
 
@@ -37,7 +38,7 @@ private:
 [[noreturn]] void throw_errno(int err, const std::string& doing,
                               std::source_location where = std::source_location::current());
 
-// Exit codes (DESIGN.md).
+// Exit codes (docs/DESIGN.md).
 inline constexpr int kExitOk = 0;
 inline constexpr int kExitFailure = 1;
 inline constexpr int kExitBadInput = 2;

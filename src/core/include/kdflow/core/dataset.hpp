@@ -24,12 +24,14 @@ struct SampleScratch {
 
 class Dataset {
 public:
-  // format: "fashion-mnist" | "mnist" | "cifar10" | "cifar100" | "folder"; `path` is the folder
-  // holding the files under their usual names (folder: `path/train/<class>/*` and
-  // `path/val/<class>/*` or `path/test/<class>/*`, 3 channels, `geometry.size` square). A folder's
-  // test split is decoded once here (centre crop); its training split on demand by sample().
+  // format: a name of the registry (dataset_names(): fashion-mnist, mnist, cifar10, cifar100,
+  // folder); `path` is the folder holding the files under their usual names.
   static Dataset load(const std::string& format, const std::string& path, Split split,
                       const ImageGeometry& geometry = {});
+  // An image folder: `path/train/<class>/*` and `path/val/<class>/*` or `path/test/<class>/*`, 3
+  // channels, `geometry.size` square. The test split is decoded once here (centre crop); the
+  // training split on demand by sample().
+  static Dataset from_folder(const std::string& path, Split split, const ImageGeometry& geometry);
 
   [[nodiscard]] std::size_t size() const { return labels_.size(); }
   [[nodiscard]] int channels() const { return channels_; }
@@ -69,6 +71,21 @@ private:
   std::shared_ptr<const ImageFolder> folder_; // set: decoded on demand
   ImageGeometry geometry_;
 };
+
+// One entry of the dataset registry: a format's name, its reader, and its default normalization
+// (data.mean/data.std = auto).
+struct DatasetFormat {
+  const char* name;
+  Dataset (*load)(const std::string& path, Split split, const ImageGeometry& geometry);
+  struct {
+    std::vector<float> mean, std;
+  } normalization;
+};
+
+// The registry's names, in its order (data.dataset's choices).
+std::vector<std::string> dataset_names();
+// The format called `name`; InputError naming data.dataset and the choices otherwise.
+const DatasetFormat& dataset_format(const std::string& name);
 
 // Whole-file read, gunzipped when the name ends in .gz; InputError naming the file otherwise.
 std::vector<std::uint8_t> read_file_maybe_gz(const std::string& path);

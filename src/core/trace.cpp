@@ -1,3 +1,5 @@
+// Trace spans (trace.hpp): one relaxed load when no Recorder is active; when one is, each span is
+// recorded at its end under the recorder's mutex and written once as Chrome trace-event JSON.
 #include "kdflow/core/trace.hpp"
 
 #include "kdflow/core/atomic_file.hpp"

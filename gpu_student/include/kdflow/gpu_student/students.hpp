@@ -1,0 +1,22 @@
+// The student networks kdflow builds, by name: the registry's public face (torch-free). The
+// registry itself, one entry per architecture, is in gpu_student/models.cpp.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace kdflow::student {
+
+// A student to build: its architecture (a registry name), width multiplier, and the data's input
+// shape and class count.
+struct StudentSpec {
+  std::string arch = "cnn";
+  double width = 1.0; // channel multiplier
+  std::int64_t channels = 1, height = 28, width_px = 28, classes = 10;
+};
+
+// The registry's names, in its order (student.arch's choices).
+std::vector<std::string> student_names();
+
+} // namespace kdflow::student

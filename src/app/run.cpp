@@ -1,0 +1,256 @@
+// Resolving a run from its configuration (each input decided once) and assembling its pipeline
+// and student: what train, bench-overlap and tune-cores share (run.hpp).
+#include "run.hpp"
+
+#include "pipeline.hpp"
+
+#include "kdflow/affinity/pinning.hpp"
+#include "kdflow/core/error.hpp"
+#include "kdflow/gpu_student/pinned_host.hpp"
+#include "kdflow/gpu_student/versions.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <exception>
+#include <filesystem>
+#include <sstream>
+
+#include <fmt/format.h>
+
+namespace kdflow::app {
+namespace {
+
+std::vector<float> parse_floats(const std::string& text, const std::string& key,
+                                std::size_t channels, bool positive) {
+  std::vector<float> out;
+  std::stringstream in(text);
+  for (std::string item; std::getline(in, item, ',');) {
+    char* end = nullptr;
+    const float v = std::strtof(item.c_str(), &end);
+    if (item.empty() || end == item.c_str() || *end != '\0' || (positive && !(v > 0)))
+      throw InputError(fmt::format("{} = \"{}\": '{}' is not a {}number", key, text, item,
+                                   positive ? "positive " : ""));
+    out.push_back(v);
+  }
+  if (out.size() == 1 && channels > 1) out.resize(channels, out[0]);
+  if (out.size() != channels)
+    throw InputError(
+        fmt::format("{} = \"{}\": {} values for {} channel(s)", key, text, out.size(), channels));
+  return out;
+}
+
+std::string shape_text(const teacher::Shape& shape) {
+  std::string out;
+  for (std::size_t i = 0; i < shape.size(); ++i) out += (i ? "x" : "") + std::to_string(shape[i]);
+  return out;
+}
+
+} // namespace
+
+const std::vector<ConfigKey>& run_schema() {
+  static const std::vector<ConfigKey> schema = [] {
+    std::vector<ConfigKey> keys = config_schema();
+    for (ConfigKey& key : keys)
+      if (key.name == "student.arch") key.choices = student::student_names();
+    return keys;
+  }();
+  return schema;
+}
+
+Config resolve_config(const std::string& file, const std::vector<std::string>& sets,
+                      const std::string& cores) {
+  Config config(run_schema());
+  if (!file.empty()) config.merge_file(file);
+  // A tune-cores plan carries the teacher precision it was measured with; --set still wins.
+  if (!cores.empty())
+    if (const std::string p = affinity::read_plan_file(cores).teacher_precision; !p.empty())
+      config.set("teacher.precision=" + p);
+  for (const auto& s : sets) config.set(s);
+  if (!cores.empty()) config.set("cores.plan=" + cores);
+  return config;
+}
+
+student::TrainerOptions trainer_options(const RunInputs& run, std::int64_t total_steps) {
+  const Config& config = run.config;
+  student::TrainerOptions topt;
+  topt.model = {config.get_string("student.arch"),
+                config.get_double("student.width"),
+                run.train.channels(),
+                run.train.height(),
+                run.train.width(),
+                run.train.classes()};
+  topt.device = run.device;
+  const auto threads = config.get_int("train.threads");
+  topt.threads =
+      threads > 0 ? static_cast<int>(threads) : static_cast<int>(run.plan.student.size());
+  topt.optimizer = config.get_string("train.optimizer");
+  topt.lr = config.get_double("train.lr");
+  topt.momentum = config.get_double("train.momentum");
+  topt.weight_decay = config.get_double("train.weight_decay");
+  topt.nesterov = config.get_bool("train.nesterov");
+  topt.warmup_steps = config.get_int("train.warmup_steps");
+  topt.total_steps = total_steps;
+  topt.clip_grad_norm = config.get_double("train.clip_grad_norm");
+  topt.amp = config.get_string("train.amp");
+  topt.kd_alpha = config.get_double("kd.alpha");
+  topt.kd_temperature = config.get_double("kd.temperature");
+  topt.skip_nonfinite = config.get_string("train.on_nonfinite") == "skip";
+  topt.seed = static_cast<std::uint64_t>(config.get_int("train.seed"));
+  if (!run.augment.normalize)
+    for (std::size_t c = 0; c < run.augment.mean.size(); ++c) {
+      topt.input_scale.push_back(channel_scale(run.augment, c));
+      topt.input_shift.push_back(channel_shift(run.augment, c));
+    }
+  return topt;
+}
+
+std::vector<affinity::GpuLocality> gpu_localities(const affinity::Topology& topology) {
+  std::vector<affinity::GpuLocality> out;
+  for (int d = 0; d < student::cuda_device_count(); ++d) {
+    const std::string bus = student::cuda_pci_bus_id(d);
+    out.push_back({fmt::format("cuda:{} {}", d, bus),
+                   topology.pci_local_cpus(bus).value_or(topology.allowed_cpus())});
+  }
+  return out;
+}
+
+RunInputs prepare_run(const Config& config) {
+  const std::string format = config.get_string("data.dataset");
+  const std::string path = config.get_string("data.path");
+  const ImageGeometry geometry{static_cast<int>(config.get_int("data.image_size")),
+                               static_cast<int>(config.get_int("data.resize"))};
+  RunInputs run{config,
+                Dataset::load(format, path, Split::train, geometry),
+                Dataset::load(format, path, Split::test, geometry),
+                {},
+                {},
+                affinity::Topology::load(),
+                {},
+                student::resolve_device(config.get_string("student.device")),
+                config.get_double("kd.alpha") > 0,
+                teacher::parse_precision(config.get_string("teacher.precision")),
+                nullptr,
+                {}};
+  if (run.train.class_names() != run.test.class_names())
+    throw InputError(fmt::format("{} and {} have different class folders: labels would disagree",
+                                 run.train.source(), run.test.source()));
+  const auto channels = static_cast<std::size_t>(run.train.channels());
+  const std::string mean = config.get_string("data.mean"), std_dev = config.get_string("data.std");
+  const auto& defaults = dataset_format(format).normalization;
+  run.augment.mean =
+      mean == "auto" ? defaults.mean : parse_floats(mean, "data.mean", channels, false);
+  run.augment.std =
+      std_dev == "auto" ? defaults.std : parse_floats(std_dev, "data.std", channels, true);
+  run.augment.normalize = config.get_string("data.slot_dtype") == "float32";
+  run.augment.pad_crop = static_cast<int>(config.get_int("data.pad_crop"));
+  run.augment.hflip = config.get_bool("data.hflip");
+  run.sampler.batch_size = static_cast<std::size_t>(config.get_int("data.batch_size"));
+  run.sampler.seed = static_cast<std::uint64_t>(config.get_int("train.seed"));
+  run.sampler.drop_last = config.get_bool("data.drop_last");
+  if (run.train.size() < run.sampler.batch_size && run.sampler.drop_last)
+    throw InputError(fmt::format("data.batch_size = {}: larger than the training set of {} ({})",
+                                 run.sampler.batch_size, run.train.size(), run.train.source()));
+
+  std::optional<affinity::CpuList> gpu_local;
+  if (const auto gpus = gpu_localities(run.topology); !gpus.empty())
+    gpu_local = gpus.front().local_cpus; // the student's device, cuda:0
+  run.plan = affinity::plan_from_config(config, run.topology, gpu_local);
+
+  if (run.teacher_runs) {
+    run.teacher_path = config.get_string("teacher.model");
+    if (!std::filesystem::exists(run.teacher_path))
+      throw InputError(fmt::format(
+          "teacher.model = {}: no such file (from {}: the default teacher is trained by "
+          "scripts/train_fmnist_teacher.py; kd.alpha = 0 trains without one)",
+          run.teacher_path, std::filesystem::current_path().string()));
+    run.teacher = load_run_teacher(run, run.precision);
+  }
+  return run;
+}
+
+std::shared_ptr<const teacher::Teacher> load_run_teacher(const RunInputs& run,
+                                                         teacher::Precision precision) {
+  teacher::TeacherOptions options;
+  options.batch = static_cast<std::int64_t>(run.sampler.batch_size);
+  options.precision = precision;
+  options.sample_shape =
+      teacher::Shape{run.train.channels(), run.train.height(), run.train.width()};
+  auto loaded = teacher::Teacher::load(run.teacher_path, options);
+  const teacher::Shape out = loaded->output_shape(0);
+  if (out.size() != 2 || out[1] != run.train.classes())
+    throw InputError(fmt::format(
+        "teacher {} outputs {} per sample but the dataset {} ({}) has {} classes: "
+        "teacher.model and data.dataset disagree",
+        run.teacher_path,
+        out.size() == 2 ? fmt::format("{} logits", out[1]) : "a " + shape_text(out) + " tensor",
+        run.config.get_string("data.dataset"), run.config.get_string("data.path"),
+        run.train.classes()));
+  return loaded;
+}
+
+double teacher_test_accuracy(const RunInputs& run, std::span<const float> images,
+                             oneapi::tbb::task_arena& arena) {
+  const std::int64_t batch = run.teacher->batch();
+  const std::size_t sample = run.test.sample_bytes();
+  const auto classes = static_cast<std::size_t>(run.test.classes());
+  std::size_t correct = 0;
+  run_in_arena(arena, [&] {
+    teacher::Replica replica(run.teacher);
+    std::vector<float> input(static_cast<std::size_t>(batch) * sample, 0.f);
+    std::vector<float> logits(static_cast<std::size_t>(batch) * classes);
+    float* outputs[] = {logits.data()};
+    for (std::size_t i = 0; i < run.test.size(); i += static_cast<std::size_t>(batch)) {
+      const std::size_t n =
+          std::min<std::size_t>(static_cast<std::size_t>(batch), run.test.size() - i);
+      std::copy_n(images.data() + i * sample, n * sample, input.data());
+      std::fill(input.begin() + static_cast<std::ptrdiff_t>(n * sample), input.end(), 0.f);
+      replica.run(input.data(), outputs);
+      for (std::size_t k = 0; k < n; ++k) {
+        const float* row = logits.data() + k * classes;
+        const auto best = std::max_element(row, row + classes) - row;
+        correct += best == run.test.label(i + k);
+      }
+    }
+  });
+  return static_cast<double>(correct) / static_cast<double>(run.test.size());
+}
+
+void Assembled::reset() noexcept {
+  // The student's slots in flight belong to the ring: its stages end first, then the student goes,
+  // then the ring's memory.
+  if (pipeline) pipeline->stop();
+  trainer.reset();
+  pipeline.reset();
+}
+
+Assembled::~Assembled() { reset(); }
+
+Assembled& Assembled::operator=(Assembled&& other) noexcept {
+  if (this != &other) {
+    reset();
+    pipeline = std::move(other.pipeline);
+    trainer = std::move(other.trainer);
+  }
+  return *this;
+}
+
+Assembled assemble(const RunInputs& run, const Sampler& sampler, std::uint32_t slots,
+                   const student::TrainerOptions& options, StudentLogits logits,
+                   std::shared_ptr<const student::TorchTeacher> colocated) {
+  Assembled parts;
+  const SlotLayout layout = CpuPipeline::layout_for(run);
+  parts.pipeline = std::make_unique<CpuPipeline>(
+      run, sampler, slots,
+      student::allocate_pinned_for_device(
+          slots * layout.slot_bytes(), affinity::bind_to_numa_of(run.topology, run.plan.student)));
+  if (logits == StudentLogits::none) return parts;
+  const SlotRegions& r = parts.pipeline->regions();
+  student::StepRegions regions{r.loader.inputs, r.loader.labels, r.logits};
+  if (logits == StudentLogits::colocated) regions.teacher_logits.reset();
+  parts.trainer = std::make_unique<student::Trainer>(options, parts.pipeline->ring(), regions);
+  if (logits == StudentLogits::colocated)
+    parts.trainer->set_colocated_teacher(std::move(colocated));
+  return parts;
+}
+
+} // namespace kdflow::app

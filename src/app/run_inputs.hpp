@@ -1,0 +1,34 @@
+// A run's inputs, each decided once from its configuration (run.hpp resolves them): the data,
+// augmentation and sampler, the core plan, the teacher at its precision, the student's device.
+// What the CPU pipeline reads; it holds no student (device.hpp is a torch-free value type).
+#pragma once
+
+#include "kdflow/affinity/plan.hpp"
+#include "kdflow/affinity/topology.hpp"
+#include "kdflow/core/config.hpp"
+#include "kdflow/core/dataset.hpp"
+#include "kdflow/core/loader.hpp"
+#include "kdflow/cpu_teacher/engine.hpp"
+#include "kdflow/gpu_student/device.hpp"
+
+#include <memory>
+#include <string>
+
+namespace kdflow::app {
+
+struct RunInputs {
+  Config config;
+  Dataset train;
+  Dataset test;
+  AugmentConfig augment; // training augmentation (evaluation: the same with augment = false)
+  SamplerConfig sampler;
+  affinity::Topology topology;
+  affinity::Plan plan;
+  student::Device device;                          // the student's (student.device resolved)
+  bool teacher_runs = false;                       // kd.alpha > 0
+  teacher::Precision precision{};                  // teacher.precision
+  std::shared_ptr<const teacher::Teacher> teacher; // loaded when it runs
+  std::string teacher_path;
+};
+
+} // namespace kdflow::app
