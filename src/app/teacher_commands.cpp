@@ -17,6 +17,7 @@
 #include <chrono>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <random>
 
 #include <fmt/format.h>
@@ -37,11 +38,15 @@ affinity::CpuList teacher_cpus(const affinity::Topology& topo, int threads) {
   return cpus;
 }
 
-std::shared_ptr<const teacher::Teacher> load(const TeacherArgs& args, std::int64_t batch) {
+// The command's teacher at `batch` (and, when given, the samples' shape): --precision and
+// --feature as the user gave them.
+std::shared_ptr<const teacher::Teacher> load(const TeacherArgs& args, std::int64_t batch,
+                                             std::optional<teacher::Shape> sample_shape = {}) {
   teacher::TeacherOptions opts;
   opts.batch = batch;
   opts.precision = teacher::parse_precision(args.precision);
   opts.features = args.features;
+  if (sample_shape) opts.sample_shape = std::move(*sample_shape);
   return teacher::Teacher::load(args.model, opts);
 }
 
@@ -149,12 +154,7 @@ int teacher_infer(const TeacherArgs& args) {
   if (x.shape.size() < 2)
     throw InputError(fmt::format("{}: needs a batch dimension, has shape {}", args.input,
                                  teacher::format_shape(x.shape)));
-  teacher::TeacherOptions opts;
-  opts.batch = x.shape[0];
-  opts.precision = teacher::parse_precision(args.precision);
-  opts.sample_shape = teacher::Shape(x.shape.begin() + 1, x.shape.end());
-  opts.features = args.features;
-  const auto t = teacher::Teacher::load(args.model, opts);
+  const auto t = load(args, x.shape[0], teacher::Shape(x.shape.begin() + 1, x.shape.end()));
   PinnedRun pinned(t, args.threads);
   pinned.run(x.data.data());
   const auto& outs = pinned.outs;
