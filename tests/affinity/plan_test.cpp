@@ -148,6 +148,15 @@ TEST(PlanFile, BadPlansNameTheRole) {
       expect_plan_error(R"({"student":[0],"loader":["a"],"teacher":[[2]]})").find("key 'loader'"),
       std::string::npos);
   EXPECT_NE(expect_plan_error(R"({"student":[0], )").find("not valid JSON"), std::string::npos);
+  // The device copies are issued from the student's thread: a copy role elsewhere is refused.
+  EXPECT_NE(expect_plan_error(R"({"student":[0],"copy":[3],"loader":[1],"teacher":[[2]]})")
+                .find("key 'copy' = 3 differs from 'student' = 0"),
+            std::string::npos);
+  EXPECT_NE(
+      expect_plan_error(
+          R"({"plan":{"student":[0],"loader":[1],"teacher":[[2]]},"teacher_precision":"fp16"})")
+          .find("key 'teacher_precision' = \"fp16\""),
+      std::string::npos);
 }
 
 TEST(PlanFile, AValidFileRoundTrips) {
@@ -155,8 +164,13 @@ TEST(PlanFile, AValidFileRoundTrips) {
   const Topology topo = Topology::synthetic("pack:1 core:4 pu:2");
   PlanRequest req;
   Plan a = plan_auto(topo, req);
-  std::ofstream(path) << nlohmann::json{{"plan", to_json(a)}, {"measured", 1.0}}.dump();
-  Plan b = read_plan_file(path).plan;
+  // The writer's keys, and a report beside them (as tune-cores writes).
+  nlohmann::json doc = plan_file_json(a, "bf16");
+  doc["measured"] = 1.0;
+  std::ofstream(path) << doc.dump();
+  const PlanFile file = read_plan_file(path);
+  EXPECT_EQ(file.teacher_precision, "bf16");
+  Plan b = file.plan;
   validate(b, topo, true);
   EXPECT_EQ(a.student, b.student);
   EXPECT_EQ(a.loader, b.loader);

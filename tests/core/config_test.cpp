@@ -1,9 +1,11 @@
 // Config: defaults, TOML files, --set overrides, and every kind of bad input naming its key.
 #include "kdflow/core/config.hpp"
+#include "kdflow/core/dataset.hpp"
 #include "kdflow/core/error.hpp"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -36,6 +38,22 @@ TEST(Config, EveryKeyHasADefaultOfItsType) {
   }
   EXPECT_EQ(c.get_string("data.dataset"), "fashion-mnist");
   EXPECT_EQ(c.get_string("student.device"), "auto");
+}
+
+// data.dataset's choices are the dataset registry's names; a Config checks against the schema it
+// was given (the app's adds the student registry's names to student.arch).
+TEST(Config, ChoicesComeFromTheRegistryAndTheGivenSchema) {
+  const auto key = [](auto& schema, const std::string& name) {
+    return std::find_if(schema.begin(), schema.end(),
+                        [&](const ConfigKey& k) { return k.name == name; });
+  };
+  EXPECT_EQ(key(config_schema(), "data.dataset")->choices, dataset_names());
+  std::vector<ConfigKey> narrowed = config_schema();
+  key(narrowed, "student.arch")->choices = {"mlp"};
+  Config c(narrowed);
+  EXPECT_EQ(&c.schema(), &narrowed);
+  c.set("student.arch=mlp");
+  expect_input_error([&] { c.set("student.arch=resnet18"); }, {"student.arch", "resnet18", "mlp"});
 }
 
 TEST(Config, FileThenSetOverride) {

@@ -161,5 +161,23 @@ TEST(Cifar, ReadsRecordsAndRejectsBadOnes) {
       std::string::npos);
 }
 
+// The registry is the one list of formats: Dataset::load knows exactly its names, each with a
+// normalization for every channel it reads, and refuses any other name, listing them.
+TEST(DatasetRegistry, LoadKnowsExactlyTheRegisteredFormats) {
+  const std::vector<std::string> names = dataset_names();
+  ASSERT_FALSE(names.empty());
+  for (const auto& name : names) {
+    const DatasetFormat& f = dataset_format(name);
+    EXPECT_EQ(f.name, name);
+    EXPECT_FALSE(f.normalization.mean.empty()) << name;
+    EXPECT_EQ(f.normalization.mean.size(), f.normalization.std.size()) << name;
+    for (const float s : f.normalization.std) EXPECT_GT(s, 0.f) << name;
+  }
+  const std::string error =
+      test::error_of([] { (void)Dataset::load("svhn", "/nonexistent", Split::train); });
+  EXPECT_NE(error.find("data.dataset = 'svhn'"), std::string::npos) << error;
+  for (const auto& name : names) EXPECT_NE(error.find(name), std::string::npos) << error;
+}
+
 } // namespace
 } // namespace kdflow
