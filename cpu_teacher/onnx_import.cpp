@@ -5,6 +5,7 @@
 #include "kdflow/cpu_teacher/reference.hpp"
 
 #include "kdflow/core/error.hpp"
+#include "ops/op_table.hpp"
 
 #include <onnx/checker.h>
 #include <onnx/onnx_pb.h>
@@ -244,8 +245,9 @@ Graph load_onnx(const std::string& path, const LoadOptions& options) {
     node.outputs.assign(np.output().begin(), np.output().end());
     for (const auto& a : np.attribute()) node.attrs[a.name()] = to_attribute(a, dir, path);
     // Drop trailing optional outputs nobody reads (Dropout's mask, BatchNorm's training outputs).
-    while (node.outputs.size() > 1 && (node.outputs.back().empty() ||
-                                       (node.op == "Dropout" || node.op == "BatchNormalization")))
+    const OpDef* op = find_op(node.op);
+    const bool training_outputs = op != nullptr && op->training_outputs;
+    while (node.outputs.size() > 1 && (node.outputs.back().empty() || training_outputs))
       node.outputs.pop_back();
 
     std::vector<Shape> shapes;
@@ -282,14 +284,14 @@ Graph load_onnx(const std::string& path, const LoadOptions& options) {
       g.shapes[node.outputs[k]] = outs[k].shape;
       g.types[node.outputs[k]] = outs[k].type;
     }
-    // Shape depends on shapes only, which are static here: it always folds.
-    const bool fold = all_constant || node.op == "Shape";
-    if (fold) {
+    // An op that reads shapes only (Shape) always folds: shapes are static here.
+    const bool shapes_only = op != nullptr && op->reads_shapes_only;
+    if (all_constant || shapes_only) {
       std::vector<const Tensor*> inputs = constant;
-      Tensor shape_only;
-      if (node.op == "Shape") {
-        shape_only.shape = shapes[0];
-        inputs = {&shape_only};
+      std::vector<Tensor> shape_only(shapes_only ? shapes.size() : 0);
+      for (std::size_t k = 0; k < shape_only.size(); ++k) {
+        shape_only[k].shape = shapes[k];
+        inputs[k] = &shape_only[k];
       }
       auto values = evaluate(node, inputs, outs, g.opset);
       for (std::size_t k = 0; k < values.size(); ++k)

@@ -2,6 +2,9 @@
 // and graph output reads.
 #include "kdflow/cpu_teacher/passes.hpp"
 
+#include "kdflow/cpu_teacher/ops.hpp"
+#include "ops/op_table.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <optional>
@@ -11,15 +14,15 @@
 namespace kdflow::teacher {
 namespace {
 
-bool is_activation(const std::string& op) {
-  return op == "Relu" || op == "LeakyRelu" || op == "Clip" || op == "Sigmoid" ||
-         op == "HardSigmoid" || op == "HardSwish";
+bool is_activation(const Node& n) {
+  const OpDef* op = find_op(n.op);
+  return op != nullptr && op->activation != nullptr;
 }
 
-// A matrix product the engine runs as one oneDNN primitive with post-ops.
-bool takes_post_ops(const Graph& g, const Node& n) {
-  if (n.op == "Conv") return true;
-  return (n.op == "Gemm" || n.op == "MatMul") && g.is_constant(n.inputs[1]);
+// The post-ops the oneDNN primitive that runs `n` can absorb (its op table entry says).
+PostOps post_ops_of(const Graph& g, const Node& n) {
+  const OpDef* op = find_op(n.op);
+  return op != nullptr && op->post_ops != nullptr ? op->post_ops(g, n) : PostOps::none;
 }
 
 void rename_uses(Graph& g, const std::string& from, const std::string& to) {
@@ -46,13 +49,13 @@ void absorb(Graph& g, std::size_t target, PostOp post, std::size_t fused) {
   g.nodes.erase(g.nodes.begin() + static_cast<std::ptrdiff_t>(fused));
 }
 
-// Identity / Dropout / shape-preserving Flatten and Reshape: readers use the input directly.
+// Views that keep their input's shape (Identity, Dropout, a Flatten or Reshape that changes
+// nothing): readers use the input directly.
 bool remove_noops(Graph& g) {
   for (std::size_t i = 0; i < g.nodes.size(); ++i) {
     const Node& n = g.nodes[i];
-    const bool noop =
-        n.op == "Identity" || n.op == "Dropout" ||
-        ((n.op == "Flatten" || n.op == "Reshape") && g.shape(n.inputs[0]) == g.shape(n.outputs[0]));
+    const OpDef* op = find_op(n.op);
+    const bool noop = op != nullptr && op->view && g.shape(n.inputs[0]) == g.shape(n.outputs[0]);
     if (!noop || g.is_output(n.outputs[0]) || g.is_constant(n.inputs[0])) continue;
     const std::string in = n.inputs[0], out = n.outputs[0];
     g.nodes.erase(g.nodes.begin() + static_cast<std::ptrdiff_t>(i));
@@ -297,25 +300,19 @@ bool unroll_tiny_maps(Graph& g) {
 bool fuse_activation(Graph& g) {
   for (std::size_t i = 0; i < g.nodes.size(); ++i) {
     const Node& act = g.nodes[i];
-    if (!is_activation(act.op)) continue;
+    if (!is_activation(act)) continue;
     const int p = producer(g, act.inputs[0]);
-    if (p < 0 || !takes_post_ops(g, g.nodes[p]) || g.consumers(act.inputs[0]).size() != 1 ||
-        g.is_output(act.inputs[0]))
+    if (p < 0 || post_ops_of(g, g.nodes[p]) == PostOps::none ||
+        g.consumers(act.inputs[0]).size() != 1 || g.is_output(act.inputs[0]))
       continue;
-    PostOp post;
-    post.kind = PostOp::Kind::eltwise;
-    post.op = act.op;
-    post.alpha = act.op == "Clip" ? act.float_attr("min", 0) : act.float_attr("alpha", 0);
-    post.beta = act.op == "Clip" ? act.float_attr("max", 0) : act.float_attr("beta", 0);
-    post.fused_node = act.name;
-    absorb(g, static_cast<std::size_t>(p), std::move(post), i);
+    absorb(g, static_cast<std::size_t>(p), activation_post_op(act), i);
     return true;
   }
   return false;
 }
 
-// Add(conv_out, other) -> conv accumulates into other's buffer (sum post-op), when other is dead
-// after the conv runs and shapes match exactly.
+// Add(conv_out, other) -> conv (or another op that takes a sum post-op) accumulates into other's
+// buffer (sum post-op), when other is dead after the conv runs and shapes match exactly.
 bool fuse_residual(Graph& g) {
   for (std::size_t i = 0; i < g.nodes.size(); ++i) {
     const Node& add = g.nodes[i];
@@ -324,7 +321,8 @@ bool fuse_residual(Graph& g) {
       const std::string& mine = add.inputs[static_cast<std::size_t>(side)];
       const std::string& other = add.inputs[static_cast<std::size_t>(1 - side)];
       const int p = producer(g, mine);
-      if (p < 0 || g.nodes[p].op != "Conv" || g.consumers(mine).size() != 1 || g.is_output(mine))
+      if (p < 0 || post_ops_of(g, g.nodes[p]) != PostOps::eltwise_and_sum ||
+          g.consumers(mine).size() != 1 || g.is_output(mine))
         continue;
       if (g.is_constant(other) || other == g.input || g.is_output(other)) continue;
       if (g.shape(other) != g.shape(mine)) continue;
@@ -384,17 +382,9 @@ GraphSummary summarize(const Graph& g) {
         counted.push_back(in);
         s.parameters += g.constants.at(in).size();
       }
-    const Shape& out = g.shape(n.outputs[0]);
-    if (n.op == "Conv") {
-      const Shape& w = g.shape(n.inputs[1]);
-      s.flops_per_sample +=
-          2.0 * static_cast<double>(numel(out) / out[0]) * static_cast<double>(w[1] * w[2] * w[3]);
-    } else if (n.op == "Gemm" || n.op == "MatMul") {
-      const Shape& a = g.shape(n.inputs[0]);
-      const std::int64_t k = n.op == "Gemm" && n.int_attr("transA", 0) ? a[0] : a.back();
-      s.flops_per_sample += 2.0 * static_cast<double>(numel(out)) * static_cast<double>(k) /
-                            static_cast<double>(g.batch);
-    }
+    const OpDef* op = find_op(n.op);
+    if (op != nullptr && op->flops_per_sample != nullptr)
+      s.flops_per_sample += op->flops_per_sample(g, n);
   }
   return s;
 }

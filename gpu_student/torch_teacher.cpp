@@ -1,14 +1,16 @@
 // Each node of the imported graph (after kdflow's passes: batch norms folded into convolutions,
-// activations and residual sums as post-ops) as the matching ATen call. Nothing here is tuned:
-// it is the straightforward LibTorch execution a colocated teacher gets.
+// activations and residual sums as post-ops) as the matching ATen call, from a table keyed by op
+// type. Nothing here is tuned: it is the straightforward LibTorch execution a colocated teacher
+// gets.
 #include "torch_teacher_impl.hpp"
 
 #include "kdflow/core/error.hpp"
+#include "kdflow/cpu_teacher/ops.hpp"
 #include "torch_util.hpp"
 
 #include <algorithm>
 #include <limits>
-#include <set>
+#include <map>
 #include <unordered_map>
 
 #include <fmt/format.h>
@@ -20,50 +22,9 @@ using teacher::Graph;
 using teacher::Node;
 using teacher::PostOp;
 using teacher::Shape;
-
-const std::set<std::string>& supported_ops() {
-  static const std::set<std::string> ops = {"Conv",
-                                            "BatchNormalization",
-                                            "Relu",
-                                            "LeakyRelu",
-                                            "Clip",
-                                            "Sigmoid",
-                                            "HardSigmoid",
-                                            "HardSwish",
-                                            "Add",
-                                            "Sub",
-                                            "Mul",
-                                            "Div",
-                                            "MaxPool",
-                                            "AveragePool",
-                                            "GlobalAveragePool",
-                                            "ReduceMean",
-                                            "Flatten",
-                                            "Reshape",
-                                            "Squeeze",
-                                            "Unsqueeze",
-                                            "Identity",
-                                            "Dropout",
-                                            "Transpose",
-                                            "Concat",
-                                            "Split",
-                                            "Slice",
-                                            "Pad",
-                                            "Gemm",
-                                            "MatMul",
-                                            "Softmax"};
-  return ops;
-}
-
-torch::Tensor activation(const std::string& op, const torch::Tensor& x, float alpha, float beta) {
-  if (op == "Relu") return torch::relu(x);
-  if (op == "LeakyRelu") return torch::leaky_relu(x, alpha);
-  if (op == "Clip") return torch::clamp(x, alpha, beta);
-  if (op == "Sigmoid") return torch::sigmoid(x);
-  if (op == "HardSigmoid") return torch::clamp(x * alpha + beta, 0.0, 1.0);
-  if (op == "HardSwish") return x * torch::clamp(x / 6.0 + 0.5, 0.0, 1.0);
-  throw std::logic_error("activation: " + op);
-}
+using Values = TorchTeacher::Impl::Values;
+using OpFn = TorchTeacher::Impl::OpFn;
+using ActivationFn = TorchTeacher::Impl::ActivationFn;
 
 std::vector<std::int64_t> to_vector(const Shape& s) { return {s.begin(), s.end()}; }
 
@@ -84,7 +45,51 @@ bool symmetric(const std::vector<std::int64_t>& pads) {
   return true;
 }
 
-torch::Tensor pool(const Node& node, const torch::Tensor& x) {
+bool has_input(const Node& node, std::size_t k) {
+  return node.inputs.size() > k && !node.inputs[k].empty();
+}
+
+// --- the LibTorch lowering of each op ------------------------------------------------------------
+
+std::vector<torch::Tensor> conv(const Values& value, const Node& node) {
+  const torch::Tensor& x = value(node.inputs[0]);
+  const torch::Tensor& w = value(node.inputs[1]);
+  if (node.has("kdflow_unrolled")) {
+    // Unrolled by the passes (unroll_tiny_maps): channels-last rows times the unrolled kernel.
+    const Shape& os = value.m.graph.shape(node.outputs[0]);
+    const torch::Tensor rows = x.permute({0, 2, 3, 1}).reshape({x.size(0), w.size(1)});
+    torch::Tensor y = torch::matmul(rows, w.reshape({w.size(0), w.size(1)}).t());
+    if (has_input(node, 2)) y = y + value(node.inputs[2]);
+    return {y.reshape({os[0], os[2], os[3], os[1]}).permute({0, 3, 1, 2}).contiguous()};
+  }
+  const auto s = node.ints_attr("strides"), d = node.ints_attr("dilations"),
+             p = node.ints_attr("pads");
+  const torch::Tensor bias = has_input(node, 2) ? value(node.inputs[2]) : torch::Tensor();
+  const bool even = symmetric(p);
+  return {
+      torch::conv2d(even ? x : torch::constant_pad_nd(x, torch_pads(p, 2), 0), w, bias, s,
+                    even ? std::vector<std::int64_t>{p[0], p[1]} : std::vector<std::int64_t>{0, 0},
+                    d, node.int_attr("group", 1))};
+}
+
+std::vector<torch::Tensor> batchnorm(const Values& value, const Node& node) {
+  return {torch::batch_norm(value(node.inputs[0]), value(node.inputs[1]), value(node.inputs[2]),
+                            value(node.inputs[3]), value(node.inputs[4]), false, 0.0,
+                            node.float_attr("epsilon", 1e-5f), false)};
+}
+
+// An activation node is its input with itself as post-op (Step::post): one code for both.
+std::vector<torch::Tensor> first_input(const Values& value, const Node& node) {
+  return {value(node.inputs[0])};
+}
+
+template <typename F>
+std::vector<torch::Tensor> arithmetic(const Values& value, const Node& node, F&& f) {
+  return {f(value(node.inputs[0]), value(node.inputs[1]))};
+}
+
+std::vector<torch::Tensor> pool(const Values& value, const Node& node) {
+  const torch::Tensor& x = value(node.inputs[0]);
   const auto k = node.ints_attr("kernel_shape"), s = node.ints_attr("strides"),
              d = node.ints_attr("dilations", {1, 1}), p = node.ints_attr("pads");
   const bool ceil = node.int_attr("ceil_mode", 0) != 0;
@@ -92,134 +97,190 @@ torch::Tensor pool(const Node& node, const torch::Tensor& x) {
   const bool is_max = node.op == "MaxPool";
   const bool native = symmetric(p) && p[0] * 2 <= k[0] && p[1] * 2 <= k[1];
   if (native) {
-    if (is_max) return torch::max_pool2d(x, k, s, {p[0], p[1]}, d, ceil);
-    return torch::avg_pool2d(x, k, s, {p[0], p[1]}, ceil, include_pad);
+    if (is_max) return {torch::max_pool2d(x, k, s, {p[0], p[1]}, d, ceil)};
+    return {torch::avg_pool2d(x, k, s, {p[0], p[1]}, ceil, include_pad)};
   }
   // Asymmetric (or wide) padding: pad explicitly, then pool without padding.
   const auto pads = torch_pads(p, 2);
   if (is_max)
-    return torch::max_pool2d(
-        torch::constant_pad_nd(x, pads, -std::numeric_limits<double>::infinity()), k, s, {0, 0}, d,
-        ceil);
+    return {
+        torch::max_pool2d(torch::constant_pad_nd(x, pads, -std::numeric_limits<double>::infinity()),
+                          k, s, {0, 0}, d, ceil)};
   const torch::Tensor sum =
       torch::avg_pool2d(torch::constant_pad_nd(x, pads, 0), k, s, {0, 0}, ceil, true);
-  if (include_pad) return sum;
+  if (include_pad) return {sum};
   // Exclude the padding from each window's count: divide by the pooled mask of real pixels.
   const torch::Tensor ones = torch::ones({1, 1, x.size(2), x.size(3)}, x.options());
-  return sum / torch::avg_pool2d(torch::constant_pad_nd(ones, pads, 0), k, s, {0, 0}, ceil, true);
+  return {sum / torch::avg_pool2d(torch::constant_pad_nd(ones, pads, 0), k, s, {0, 0}, ceil, true)};
+}
+
+std::vector<torch::Tensor> global_average_pool(const Values& value, const Node& node) {
+  return {value(node.inputs[0]).mean({2, 3}, true)};
+}
+
+std::vector<torch::Tensor> reduce_mean(const Values& value, const Node& node) {
+  return {value(node.inputs[0])
+              .mean(node.ints_attr("axes"), true)
+              .reshape(to_vector(value.m.graph.shape(node.outputs[0])))};
+}
+
+std::vector<torch::Tensor> view(const Values& value, const Node& node) {
+  return {value(node.inputs[0]).reshape(to_vector(value.m.graph.shape(node.outputs[0])))};
+}
+
+std::vector<torch::Tensor> transpose(const Values& value, const Node& node) {
+  return {value(node.inputs[0]).permute(node.ints_attr("perm"))};
+}
+
+std::vector<torch::Tensor> concat(const Values& value, const Node& node) {
+  std::vector<torch::Tensor> parts;
+  for (const auto& name : node.inputs) parts.push_back(value(name));
+  return {torch::cat(parts, node.int_attr("axis", 0))};
+}
+
+std::vector<torch::Tensor> split(const Values& value, const Node& node) {
+  return torch::split_with_sizes(value(node.inputs[0]), node.ints_attr("split"),
+                                 node.int_attr("axis", 0));
+}
+
+std::vector<torch::Tensor> slice(const Values& value, const Node& node) {
+  const torch::Tensor& x = value(node.inputs[0]);
+  const Shape& os = value.m.graph.shape(node.outputs[0]);
+  const auto start = node.ints_attr("starts_full"), step = node.ints_attr("steps_full");
+  torch::Tensor y = x;
+  for (std::size_t d = 0; d < os.size(); ++d) {
+    if (step[d] == 1 && start[d] == 0 && os[d] == x.size(static_cast<std::int64_t>(d))) continue;
+    const torch::Tensor index =
+        torch::arange(start[d], start[d] + os[d] * step[d], step[d],
+                      torch::TensorOptions(value.m.device).dtype(torch::kLong));
+    y = y.index_select(static_cast<std::int64_t>(d), index);
+  }
+  return {y};
+}
+
+std::vector<torch::Tensor> pad(const Values& value, const Node& node) {
+  const torch::Tensor& x = value(node.inputs[0]);
+  const auto pads = node.ints_attr("pads");
+  const std::string mode = node.string_attr("mode", "constant");
+  const std::size_t rank = value.m.graph.shape(node.outputs[0]).size();
+  if (mode == "constant")
+    return {torch::constant_pad_nd(x, torch_pads(pads, rank), node.float_attr("value", 0))};
+  // reflect / edge pad the spatial dims only (the importer accepts nothing else).
+  std::vector<std::int64_t> spatial;
+  for (std::size_t d = rank; d-- > 2;) {
+    spatial.push_back(pads[d]);
+    spatial.push_back(pads[d + rank]);
+  }
+  return {at::pad(x, spatial, mode == "reflect" ? "reflect" : "replicate")};
+}
+
+std::vector<torch::Tensor> gemm(const Values& value, const Node& node) {
+  const torch::Tensor& x = value(node.inputs[0]);
+  torch::Tensor a = x.dim() > 2 ? x.reshape({x.size(0), -1}) : x;
+  torch::Tensor b = value(node.inputs[1]);
+  if (node.int_attr("transA", 0)) a = a.t();
+  if (node.int_attr("transB", 0)) b = b.t();
+  torch::Tensor y = torch::matmul(a, b) * node.float_attr("alpha", 1);
+  if (has_input(node, 2)) y = y + value(node.inputs[2]) * node.float_attr("beta", 1);
+  return {y};
+}
+
+std::vector<torch::Tensor> matmul(const Values& value, const Node& node) {
+  return {torch::matmul(value(node.inputs[0]), value(node.inputs[1]))};
+}
+
+std::vector<torch::Tensor> softmax(const Values& value, const Node& node) {
+  const torch::Tensor& x = value(node.inputs[0]);
+  const auto axis = node.int_attr("axis", 1);
+  if (node.int_attr("coerce_2d", 0) != 0)
+    return {torch::softmax(x.flatten(axis), -1).reshape(x.sizes())};
+  return {torch::softmax(x, axis)};
+}
+
+// An entry of the LibTorch op table: the node's call and, for an activation, the function its
+// post-op applies.
+struct TorchOp {
+  OpFn run;
+  ActivationFn activation = nullptr;
+};
+
+TorchOp activation(ActivationFn f) { return {first_input, f}; }
+
+// The LibTorch lowering of every op the teacher's table runs at inference (the tests check that
+// none is missing). Keyed by ONNX op type; after kdflow's passes, as the teacher's engine sees it.
+const std::map<std::string, TorchOp, std::less<>>& torch_ops() {
+  static const std::map<std::string, TorchOp, std::less<>> ops = {
+      {"Conv", {conv}},
+      {"BatchNormalization", {batchnorm}},
+      {"Relu", activation([](const torch::Tensor& x, float, float) { return torch::relu(x); })},
+      {"LeakyRelu", activation([](const torch::Tensor& x, float alpha, float) {
+         return torch::leaky_relu(x, alpha);
+       })},
+      {"Clip", activation([](const torch::Tensor& x, float lo, float hi) {
+         return torch::clamp(x, lo, hi);
+       })},
+      {"Sigmoid",
+       activation([](const torch::Tensor& x, float, float) { return torch::sigmoid(x); })},
+      {"HardSigmoid", activation([](const torch::Tensor& x, float alpha, float beta) {
+         return torch::clamp(x * alpha + beta, 0.0, 1.0);
+       })},
+      {"HardSwish", activation([](const torch::Tensor& x, float, float) {
+         return x * torch::clamp(x / 6.0 + 0.5, 0.0, 1.0);
+       })},
+      {"Add", {[](const Values& v, const Node& n) {
+         return arithmetic(v, n, [](const auto& a, const auto& b) { return a + b; });
+       }}},
+      {"Sub", {[](const Values& v, const Node& n) {
+         return arithmetic(v, n, [](const auto& a, const auto& b) { return a - b; });
+       }}},
+      {"Mul", {[](const Values& v, const Node& n) {
+         return arithmetic(v, n, [](const auto& a, const auto& b) { return a * b; });
+       }}},
+      {"Div", {[](const Values& v, const Node& n) {
+         return arithmetic(v, n, [](const auto& a, const auto& b) { return a / b; });
+       }}},
+      {"MaxPool", {pool}},
+      {"AveragePool", {pool}},
+      {"GlobalAveragePool", {global_average_pool}},
+      {"ReduceMean", {reduce_mean}},
+      {"Flatten", {view}},
+      {"Reshape", {view}},
+      {"Squeeze", {view}},
+      {"Unsqueeze", {view}},
+      {"Identity", {view}},
+      {"Dropout", {view}},
+      {"Transpose", {transpose}},
+      {"Concat", {concat}},
+      {"Split", {split}},
+      {"Slice", {slice}},
+      {"Pad", {pad}},
+      {"Gemm", {gemm}},
+      {"MatMul", {matmul}},
+      {"Softmax", {softmax}},
+  };
+  return ops;
 }
 
 } // namespace
+
+const torch::Tensor& TorchTeacher::Impl::Values::operator()(const std::string& name) const {
+  if (const auto c = m.constants.find(name); c != m.constants.end()) return c->second;
+  return env.at(name);
+}
 
 std::vector<torch::Tensor> TorchTeacher::Impl::forward(const torch::Tensor& input) const {
   torch::NoGradGuard no_grad;
   AutocastScope amp(bf16, torch::kBFloat16);
   std::unordered_map<std::string, torch::Tensor> env;
-  const auto value = [&](const std::string& name) -> const torch::Tensor& {
-    if (const auto c = constants.find(name); c != constants.end()) return c->second;
-    return env.at(name);
-  };
+  const Values value{*this, env};
   env[graph.input] = input;
-  for (const Node& node : graph.nodes) {
-    const std::string& op = node.op;
-    const Shape& os = graph.shape(node.outputs[0]);
-    const torch::Tensor& x = value(node.inputs[0]);
-    torch::Tensor y;
-    std::vector<torch::Tensor> many;
-    if (op == "Conv" && node.has("kdflow_unrolled")) {
-      // Unrolled by the passes (unroll_tiny_maps): channels-last rows times the unrolled kernel.
-      const torch::Tensor& w = value(node.inputs[1]);
-      const torch::Tensor rows = x.permute({0, 2, 3, 1}).reshape({x.size(0), w.size(1)});
-      y = torch::matmul(rows, w.reshape({w.size(0), w.size(1)}).t());
-      if (node.inputs.size() > 2 && !node.inputs[2].empty()) y = y + value(node.inputs[2]);
-      y = y.reshape({os[0], os[2], os[3], os[1]}).permute({0, 3, 1, 2}).contiguous();
-    } else if (op == "Conv") {
-      const auto s = node.ints_attr("strides"), d = node.ints_attr("dilations"),
-                 p = node.ints_attr("pads");
-      const torch::Tensor bias = node.inputs.size() > 2 && !node.inputs[2].empty()
-                                     ? value(node.inputs[2])
-                                     : torch::Tensor();
-      const bool even = symmetric(p);
-      y = torch::conv2d(
-          even ? x : torch::constant_pad_nd(x, torch_pads(p, 2), 0), value(node.inputs[1]), bias, s,
-          even ? std::vector<std::int64_t>{p[0], p[1]} : std::vector<std::int64_t>{0, 0}, d,
-          node.int_attr("group", 1));
-    } else if (op == "BatchNormalization") {
-      y = torch::batch_norm(x, value(node.inputs[1]), value(node.inputs[2]), value(node.inputs[3]),
-                            value(node.inputs[4]), false, 0.0, node.float_attr("epsilon", 1e-5f),
-                            false);
-    } else if (op == "Relu" || op == "LeakyRelu" || op == "Clip" || op == "Sigmoid" ||
-               op == "HardSigmoid" || op == "HardSwish") {
-      const float alpha = op == "Clip" ? node.float_attr("min", 0) : node.float_attr("alpha", 0);
-      const float beta = op == "Clip" ? node.float_attr("max", 0) : node.float_attr("beta", 0);
-      y = activation(op, x, alpha, beta);
-    } else if (op == "Add" || op == "Sub" || op == "Mul" || op == "Div") {
-      const torch::Tensor& b = value(node.inputs[1]);
-      y = op == "Add" ? x + b : op == "Sub" ? x - b : op == "Mul" ? x * b : x / b;
-    } else if (op == "MaxPool" || op == "AveragePool") {
-      y = pool(node, x);
-    } else if (op == "GlobalAveragePool") {
-      y = x.mean({2, 3}, true);
-    } else if (op == "ReduceMean") {
-      y = x.mean(node.ints_attr("axes"), true).reshape(to_vector(os));
-    } else if (op == "Flatten" || op == "Reshape" || op == "Squeeze" || op == "Unsqueeze" ||
-               op == "Identity" || op == "Dropout") {
-      y = x.reshape(to_vector(os));
-    } else if (op == "Transpose") {
-      y = x.permute(node.ints_attr("perm"));
-    } else if (op == "Concat") {
-      std::vector<torch::Tensor> parts;
-      for (const auto& name : node.inputs) parts.push_back(value(name));
-      y = torch::cat(parts, node.int_attr("axis", 0));
-    } else if (op == "Split") {
-      many = torch::split_with_sizes(x, node.ints_attr("split"), node.int_attr("axis", 0));
-    } else if (op == "Slice") {
-      const auto start = node.ints_attr("starts_full"), step = node.ints_attr("steps_full");
-      y = x;
-      for (std::size_t d = 0; d < os.size(); ++d) {
-        if (step[d] == 1 && start[d] == 0 && os[d] == x.size(static_cast<std::int64_t>(d)))
-          continue;
-        const torch::Tensor index = torch::arange(start[d], start[d] + os[d] * step[d], step[d],
-                                                  torch::TensorOptions(device).dtype(torch::kLong));
-        y = y.index_select(static_cast<std::int64_t>(d), index);
-      }
-    } else if (op == "Pad") {
-      const auto pads = node.ints_attr("pads");
-      const std::string mode = node.string_attr("mode", "constant");
-      const std::size_t rank = os.size();
-      if (mode == "constant") {
-        y = torch::constant_pad_nd(x, torch_pads(pads, rank), node.float_attr("value", 0));
-      } else {
-        // reflect / edge pad the spatial dims only (the importer accepts nothing else).
-        std::vector<std::int64_t> spatial;
-        for (std::size_t d = rank; d-- > 2;) {
-          spatial.push_back(pads[d]);
-          spatial.push_back(pads[d + rank]);
-        }
-        y = at::pad(x, spatial, mode == "reflect" ? "reflect" : "replicate");
-      }
-    } else if (op == "Gemm") {
-      torch::Tensor a = x.dim() > 2 ? x.reshape({x.size(0), -1}) : x;
-      torch::Tensor b = value(node.inputs[1]);
-      if (node.int_attr("transA", 0)) a = a.t();
-      if (node.int_attr("transB", 0)) b = b.t();
-      y = torch::matmul(a, b) * node.float_attr("alpha", 1);
-      if (node.inputs.size() > 2 && !node.inputs[2].empty())
-        y = y + value(node.inputs[2]) * node.float_attr("beta", 1);
-    } else if (op == "MatMul") {
-      y = torch::matmul(x, value(node.inputs[1]));
-    } else if (op == "Softmax") {
-      const auto axis = node.int_attr("axis", 1);
-      if (node.int_attr("coerce_2d", 0) != 0)
-        y = torch::softmax(x.flatten(axis), -1).reshape(x.sizes());
-      else
-        y = torch::softmax(x, axis);
-    }
-    for (const PostOp& post : node.post_ops)
-      y = post.kind == PostOp::Kind::sum ? y + value(post.sum_input)
-                                         : activation(post.op, y, post.alpha, post.beta);
-    if (many.empty()) many.push_back(std::move(y));
-    for (std::size_t k = 0; k < many.size(); ++k) env[node.outputs[k]] = std::move(many[k]);
+  for (std::size_t i = 0; i < graph.nodes.size(); ++i) {
+    const Node& node = graph.nodes[i];
+    const Step& step = steps[i];
+    std::vector<torch::Tensor> out = step.run(value, node);
+    for (const auto& [post, act] : step.post)
+      out[0] = act != nullptr ? act(out[0], post.alpha, post.beta) : out[0] + value(post.sum_input);
+    for (std::size_t k = 0; k < out.size(); ++k) env[node.outputs[k]] = std::move(out[k]);
   }
   std::vector<torch::Tensor> out;
   for (const auto& name : graph.outputs) out.push_back(value(name));
@@ -233,10 +294,20 @@ TorchTeacher::TorchTeacher(const teacher::Graph& graph, const Device& device,
   m.graph = graph;
   m.device = to_torch(device);
   m.bf16 = precision == teacher::Precision::bf16 && m.device.is_cuda();
-  for (const Node& node : graph.nodes)
-    if (!supported_ops().count(node.op))
+  for (const Node& node : graph.nodes) {
+    const auto op = torch_ops().find(node.op);
+    if (op == torch_ops().end())
       throw InputError(fmt::format("{} in {}: {} is not supported by the LibTorch executor",
                                    node.describe(), graph.file, node.op));
+    Impl::Step step{op->second.run, {}};
+    if (op->second.activation != nullptr)
+      step.post.emplace_back(teacher::activation_post_op(node), op->second.activation);
+    // The passes fuse the teacher table's activations only, each of which has an entry here.
+    for (const PostOp& post : node.post_ops)
+      step.post.emplace_back(
+          post, post.kind == PostOp::Kind::eltwise ? torch_ops().at(post.op).activation : nullptr);
+    m.steps.push_back(std::move(step));
+  }
   for (const auto& [name, t] : graph.constants) {
     const std::vector<std::int64_t> shape(t.shape.begin(), t.shape.end());
     torch::Tensor host =
@@ -279,5 +350,11 @@ void TorchTeacher::run(const float* input, std::span<float* const> outputs) cons
 }
 
 std::string TorchTeacher::device() const { return impl_->device.str(); }
+
+std::vector<std::string> TorchTeacher::ops() {
+  std::vector<std::string> names;
+  for (const auto& [name, op] : torch_ops()) names.push_back(name);
+  return names;
+}
 
 } // namespace kdflow::student

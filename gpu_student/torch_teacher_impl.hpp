@@ -7,6 +7,8 @@
 
 #include <map>
 #include <string>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace kdflow::student {
@@ -16,6 +18,23 @@ struct TorchTeacher::Impl {
   torch::Device device{torch::kCPU};
   bool bf16 = false;
   std::map<std::string, torch::Tensor> constants; // on the device
+
+  // What a node's LibTorch call reads: the values computed so far, the constants, the graph.
+  struct Values {
+    const Impl& m;
+    const std::unordered_map<std::string, torch::Tensor>& env;
+    [[nodiscard]] const torch::Tensor& operator()(const std::string& name) const;
+  };
+  // A node's outputs (Split has several).
+  using OpFn = std::vector<torch::Tensor> (*)(const Values& value, const teacher::Node& node);
+  using ActivationFn = torch::Tensor (*)(const torch::Tensor& x, float alpha, float beta);
+  // One node's call and its post-ops (an activation and nullptr: a residual sum), taken from the
+  // op table at load so that a batch looks nothing up.
+  struct Step {
+    OpFn run;
+    std::vector<std::pair<teacher::PostOp, ActivationFn>> post;
+  };
+  std::vector<Step> steps; // one per graph node
 
   // The graph's outputs for `input` (on the device, the graph's input shape), without autograd.
   [[nodiscard]] std::vector<torch::Tensor> forward(const torch::Tensor& input) const;

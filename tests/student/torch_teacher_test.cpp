@@ -1,10 +1,12 @@
 // The LibTorch executor of the imported teacher graph (the colocated baseline of bench-overlap):
 // every op fixture against kdflow's oneDNN engine, and whole PyTorch exports against PyTorch's
-// own outputs, so the two implementations of the graph check each other.
+// own outputs, so the two implementations of the graph check each other; and its op table
+// against the teacher's, so that an op added to the teacher without a LibTorch lowering fails here.
 #include "../teacher/fixtures.hpp"
 #include "kdflow/core/error.hpp"
 #include "kdflow/cpu_teacher/engine.hpp"
 #include "kdflow/cpu_teacher/npy.hpp"
+#include "kdflow/cpu_teacher/ops.hpp"
 #include "kdflow/gpu_student/torch_teacher.hpp"
 
 #include <gtest/gtest.h>
@@ -42,6 +44,23 @@ std::vector<float> run_onednn(const std::shared_ptr<const teacher::Teacher>& t,
   float* outputs[] = {out.data()};
   teacher::Replica(t).run(x.data(), outputs);
   return out;
+}
+
+TEST(TorchTeacher, LowersEveryOpTheTeacherRunsAtInference) {
+  const std::vector<std::string> lowered = TorchTeacher::ops();
+  std::vector<std::string> inference;
+  for (const auto& op : teacher::teacher_ops())
+    if (op.runs_at_inference) inference.push_back(op.name);
+  ASSERT_FALSE(inference.empty());
+  const auto in = [](const std::vector<std::string>& names, const std::string& op) {
+    return std::find(names.begin(), names.end(), op) != names.end();
+  };
+  for (const auto& op : inference)
+    EXPECT_TRUE(in(lowered, op)) << op << ": the teacher runs it, the LibTorch executor has no "
+                                 << "lowering for it (gpu_student/torch_teacher.cpp, torch_ops)";
+  // The other way round: a LibTorch entry for an op the teacher never runs is a typo or dead code.
+  for (const auto& op : lowered)
+    EXPECT_TRUE(in(inference, op)) << op << ": lowered for LibTorch, not run by the teacher";
 }
 
 TEST(TorchTeacher, EveryOpFixtureMatchesTheOneDnnEngine) {

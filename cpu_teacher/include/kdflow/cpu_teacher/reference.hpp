@@ -1,8 +1,8 @@
-// Plain-loop reference implementations of every supported ONNX op, and static shape inference.
-// They fold constant subgraphs at load, they check the oneDNN engine in the tests, and the engine
-// falls back to them (on preallocated plain buffers, nothing allocated per batch) for the rare
-// op variants oneDNN has no primitive for (reflect/edge Pad, broadcasting the first operand of Sub
-// or Div, negative Slice steps).
+// Plain-loop reference implementations of every supported ONNX op, and static shape inference,
+// each from the op's entry in the teacher's op table. They fold constant subgraphs at load and
+// check the oneDNN engine in the tests; the engine runs the same loops (on preallocated plain
+// buffers, nothing allocated per batch) for the rare op variants oneDNN has no primitive for
+// (reflect/edge Pad, broadcasting the first operand of Sub or Div, negative Slice steps).
 #pragma once
 
 #include "kdflow/cpu_teacher/graph.hpp"
@@ -26,15 +26,5 @@ std::vector<InferredOutput> infer(Node& node, const std::vector<Shape>& in_shape
 // Evaluates `node` (already normalized by infer) on full input tensors.
 std::vector<Tensor> evaluate(const Node& node, const std::vector<const Tensor*>& inputs,
                              const std::vector<InferredOutput>& outputs, std::int64_t opset);
-
-// Pointer-level kernels the engine's fallback path uses on plain row-major float buffers.
-namespace ref {
-void binary(const std::string& op, const float* a, const Shape& as, const float* b, const Shape& bs,
-            float* out, const Shape& os);
-void pad(const float* src, const Shape& ss, float* dst, const Shape& ds,
-         const std::vector<std::int64_t>& pads, const std::string& mode, float value);
-void slice(const float* src, const Shape& ss, float* dst, const Shape& ds,
-           const std::vector<std::int64_t>& starts, const std::vector<std::int64_t>& steps);
-} // namespace ref
 
 } // namespace kdflow::teacher

@@ -11,6 +11,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 namespace kdflow::student {
 
@@ -28,6 +29,8 @@ public:
   // Host float32 input of the graph's input shape -> host outputs (the graph outputs in order).
   void run(const float* input, std::span<float* const> outputs) const;
   [[nodiscard]] std::string device() const;
+  // The op types this executor runs (its LibTorch op table), sorted.
+  [[nodiscard]] static std::vector<std::string> ops();
 
   struct Impl; // torch-level interface, for the trainer (torch_teacher_impl.hpp)
   [[nodiscard]] const Impl& impl() const { return *impl_; }

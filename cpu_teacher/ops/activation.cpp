@@ -1,0 +1,162 @@
+// Elementwise activations (Relu, LeakyRelu, Clip, Sigmoid, HardSigmoid, HardSwish): one scalar
+// function each for the reference, one oneDNN eltwise algorithm for the engine, where they run as
+// a primitive of their own or fused as a post-op of the convolution or matrix product before them.
+#include "common.hpp"
+#include "lowering.hpp"
+#include "op_table.hpp"
+
+#include "kdflow/cpu_teacher/ops.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+
+namespace kdflow::teacher {
+namespace {
+
+// --- shape rules: the shape is the input's; defaults written out so every reader sees them -----
+
+std::vector<InferredOutput> same_shape(Node&, const InferArgs& a) {
+  return {{a.in[0], a.types[0]}};
+}
+
+std::vector<InferredOutput> infer_leaky_relu(Node& node, const InferArgs& a) {
+  node.attrs["alpha"] = float_attribute(node.float_attr("alpha", 0.01f));
+  return same_shape(node, a);
+}
+
+std::vector<InferredOutput> infer_hard_sigmoid(Node& node, const InferArgs& a) {
+  node.attrs["alpha"] = float_attribute(node.float_attr("alpha", 0.2f));
+  node.attrs["beta"] = float_attribute(node.float_attr("beta", 0.5f));
+  return same_shape(node, a);
+}
+
+// Clip's bounds are attributes before opset 11 and constant inputs since: both become min / max.
+std::vector<InferredOutput> infer_clip(Node& node, const InferArgs& a) {
+  float lo = -std::numeric_limits<float>::infinity(), hi = std::numeric_limits<float>::infinity();
+  if (a.opset < 11) {
+    lo = node.float_attr("min", lo);
+    hi = node.float_attr("max", hi);
+  } else {
+    if (has_input(node, 1))
+      lo = static_cast<float>(need_constant(node, a.constants, 1, "min").at(0));
+    if (has_input(node, 2))
+      hi = static_cast<float>(need_constant(node, a.constants, 2, "max").at(0));
+  }
+  node.attrs["min"] = float_attribute(lo);
+  node.attrs["max"] = float_attribute(hi);
+  return {{a.in[0], ElemType::f32}};
+}
+
+// --- one activation, from the table: reference loop and oneDNN primitive
+// --------------------------
+
+const Activation& activation_of(const Node& node) {
+  const OpDef* op = find_op(node.op);
+  if (op == nullptr || op->activation == nullptr)
+    throw std::logic_error(node.describe() + " is not an activation");
+  return *op->activation;
+}
+
+std::vector<Tensor> evaluate_activation(const Node& node, const std::vector<const Tensor*>& x,
+                                        const std::vector<InferredOutput>& outs) {
+  const Activation& act = activation_of(node);
+  const PostOp p = activation_post_op(node);
+  std::vector<float> r(x[0]->f.size());
+  for (std::size_t k = 0; k < r.size(); ++k) r[k] = act.scalar(x[0]->f[k], p.alpha, p.beta);
+  return {Tensor::floats(outs[0].shape, std::move(r))};
+}
+
+void lower_activation(Lowering& plan, const Node& node) {
+  const Activation& act = activation_of(node);
+  const PostOp p = activation_post_op(node);
+  const auto [alpha, beta] = act.onednn_params.value_or(std::pair{p.alpha, p.beta});
+  const ArgRef src = plan.at(node.inputs[0]);
+  const auto pd = dnnl::eltwise_forward::primitive_desc(
+      plan.eng(), dnnl::prop_kind::forward_inference, static_cast<dnnl::algorithm>(act.algorithm),
+      src.md, src.md, alpha, beta, Lowering::plain_attr());
+  const ArgRef dst = plan.new_buffer(pd.dst_desc());
+  plan.add_primitive(dnnl::eltwise_forward(pd), {{DNNL_ARG_SRC, src}, {DNNL_ARG_DST, dst}},
+                     node.describe(), pd.scratchpad_desc());
+  plan.set(node.outputs[0], dst);
+}
+
+// --- the activations -----------------------------------------------------------------------------
+
+// Relu shares oneDNN's relu algorithm with LeakyRelu, whose alpha is the slope below 0: Relu's is
+// 0.
+constexpr Activation kRelu{.algorithm = dnnl_eltwise_relu,
+                           .onednn_params = std::pair{0.f, 0.f},
+                           .scalar = [](float x, float, float) { return x > 0 ? x : 0.f; }};
+constexpr Activation kLeakyRelu{
+    .algorithm = dnnl_eltwise_relu,
+    .scalar = [](float x, float alpha, float) { return x >= 0 ? x : alpha * x; }};
+constexpr Activation kClip{
+    .algorithm = dnnl_eltwise_clip_v2,
+    .alpha_attr = "min",
+    .beta_attr = "max",
+    .scalar = [](float x, float lo, float hi) { return std::min(std::max(x, lo), hi); }};
+constexpr Activation kSigmoid{
+    .algorithm = dnnl_eltwise_logistic,
+    .scalar = [](float x, float, float) { return 1.f / (1.f + std::exp(-x)); }};
+constexpr Activation kHardSigmoid{.algorithm = dnnl_eltwise_hardsigmoid,
+                                  .scalar = [](float x, float alpha, float beta) {
+                                    return std::max(0.f, std::min(1.f, alpha * x + beta));
+                                  }};
+// HardSwish has no attributes; oneDNN's hardswish takes the slope and offset of its hard sigmoid.
+constexpr Activation kHardSwish{.algorithm = dnnl_eltwise_hardswish,
+                                .onednn_params = std::pair{1.f / 6.f, 0.5f},
+                                .scalar = [](float x, float, float) {
+                                  return x * std::max(0.f, std::min(1.f, x / 6.f + 0.5f));
+                                }};
+
+constexpr OpDef kOps[] = {
+    {.name = "Relu",
+     .infer = same_shape,
+     .evaluate = evaluate_activation,
+     .lower = lower_activation,
+     .activation = &kRelu},
+    {.name = "LeakyRelu",
+     .infer = infer_leaky_relu,
+     .evaluate = evaluate_activation,
+     .lower = lower_activation,
+     .activation = &kLeakyRelu},
+    {.name = "Clip",
+     .infer = infer_clip,
+     .evaluate = evaluate_activation,
+     .lower = lower_activation,
+     .activation = &kClip},
+    {.name = "Sigmoid",
+     .infer = same_shape,
+     .evaluate = evaluate_activation,
+     .lower = lower_activation,
+     .activation = &kSigmoid},
+    {.name = "HardSigmoid",
+     .infer = infer_hard_sigmoid,
+     .evaluate = evaluate_activation,
+     .lower = lower_activation,
+     .activation = &kHardSigmoid},
+    {.name = "HardSwish",
+     .infer = same_shape,
+     .evaluate = evaluate_activation,
+     .lower = lower_activation,
+     .activation = &kHardSwish},
+};
+
+} // namespace
+
+std::span<const OpDef> activation_ops() { return kOps; }
+
+PostOp activation_post_op(const Node& node) {
+  const Activation& act = activation_of(node);
+  PostOp post;
+  post.kind = PostOp::Kind::eltwise;
+  post.op = node.op;
+  post.alpha = node.float_attr(act.alpha_attr, 0);
+  post.beta = node.float_attr(act.beta_attr, 0);
+  post.fused_node = node.name;
+  return post;
+}
+
+} // namespace kdflow::teacher

@@ -1,0 +1,143 @@
+// Elementwise arithmetic with numpy broadcasting (Add, Sub, Mul, Div): oneDNN's binary primitive,
+// which broadcasts its second operand only; a plain kernel where the first one broadcasts.
+#include "common.hpp"
+#include "lowering.hpp"
+#include "op_table.hpp"
+
+namespace kdflow::teacher {
+namespace {
+
+struct Arithmetic {
+  dnnl_alg_kind_t algorithm;
+  bool commutative;
+  float (*f)(float a, float b);
+  std::int64_t (*i)(std::int64_t a, std::int64_t b);
+};
+
+constexpr Arithmetic kAdd{dnnl_binary_add, true, [](float a, float b) { return a + b; },
+                          [](std::int64_t a, std::int64_t b) { return a + b; }};
+constexpr Arithmetic kSub{dnnl_binary_sub, false, [](float a, float b) { return a - b; },
+                          [](std::int64_t a, std::int64_t b) { return a - b; }};
+constexpr Arithmetic kMul{dnnl_binary_mul, true, [](float a, float b) { return a * b; },
+                          [](std::int64_t a, std::int64_t b) { return a * b; }};
+// ONNX integer Div truncates; kdflow reads x / 0 as 0 rather than trapping.
+constexpr Arithmetic kDiv{dnnl_binary_div, false, [](float a, float b) { return a / b; },
+                          [](std::int64_t a, std::int64_t b) { return b == 0 ? 0 : a / b; }};
+
+std::vector<InferredOutput> infer_binary(Node& node, const InferArgs& a) {
+  return {{broadcast(node, a.in[0], a.in[1]), a.types[0]}};
+}
+
+// out = a (op) b, each operand read through its broadcast strides.
+template <typename T, typename A, typename B, typename F>
+void broadcast_loop(const A& a, const Shape& as, const B& b, const Shape& bs, T* out,
+                    const Shape& os, F&& f) {
+  const Shape sa = broadcast_strides(as, os), sb = broadcast_strides(bs, os);
+  for_each_index(os, [&](std::int64_t k, const std::vector<std::int64_t>& idx) {
+    std::int64_t ia = 0, ib = 0;
+    for (std::size_t d = 0; d < idx.size(); ++d) {
+      ia += idx[d] * sa[d];
+      ib += idx[d] * sb[d];
+    }
+    out[k] = f(a(ia), b(ib));
+  });
+}
+
+template <const Arithmetic& A>
+std::vector<Tensor> evaluate_binary(const Node&, const std::vector<const Tensor*>& x,
+                                    const std::vector<InferredOutput>& outs) {
+  const Shape& os = outs[0].shape;
+  const Tensor &a = *x[0], &b = *x[1];
+  if (a.type == ElemType::i64 && b.type == ElemType::i64) {
+    std::vector<std::int64_t> r(static_cast<std::size_t>(numel(os)));
+    const auto at = [](const Tensor& t) {
+      return [&t](std::int64_t k) { return t.i[static_cast<std::size_t>(k)]; };
+    };
+    broadcast_loop(at(a), a.shape, at(b), b.shape, r.data(), os, A.i);
+    return {Tensor::ints(os, std::move(r))};
+  }
+  std::vector<float> r(static_cast<std::size_t>(numel(os)));
+  const auto at = [](const Tensor& t) {
+    return [&t](std::int64_t k) { return static_cast<float>(t.at(k)); };
+  };
+  broadcast_loop(at(a), a.shape, at(b), b.shape, r.data(), os, A.f);
+  return {Tensor::floats(os, std::move(r))};
+}
+
+template <const Arithmetic& A>
+void lower_binary(Lowering& plan, const Node& node) {
+  const Graph& g = plan.graph();
+  const Shape& os = g.shape(node.outputs[0]);
+  std::string a = node.inputs[0], b = node.inputs[1];
+  // oneDNN broadcasts only the second operand: put the full-shape computed operand first.
+  if (A.commutative && (g.is_constant(a) || g.shape(a) != os) && !g.is_constant(b) &&
+      g.shape(b) == os)
+    std::swap(a, b);
+  if (g.is_constant(a) || g.shape(a) != os) { // first operand broadcasts: plain kernel
+    const Shape as = g.shape(a), bs = g.shape(b);
+    const ArgRef ra = g.is_constant(a) ? plan.constant(a, as) : plan.get_plain(a, dt::f32);
+    const ArgRef rb = g.is_constant(b) ? plan.constant(b, bs) : plan.get_plain(b, dt::f32);
+    const ArgRef dst = plan.new_buffer(plain(os, dt::f32));
+    plan.add_kernel(
+        [as, bs, os](std::byte* const* p) {
+          const auto* pa = reinterpret_cast<const float*>(p[0]);
+          const auto* pb = reinterpret_cast<const float*>(p[1]);
+          broadcast_loop([pa](std::int64_t k) { return pa[k]; }, as,
+                         [pb](std::int64_t k) { return pb[k]; }, bs, reinterpret_cast<float*>(p[2]),
+                         os, A.f);
+        },
+        {ra, rb, dst}, node.describe());
+    plan.set(node.outputs[0], dst);
+    return;
+  }
+  const ArgRef src0 = plan.at(a);
+  Shape bs = g.shape(b);
+  while (bs.size() < os.size()) bs.insert(bs.begin(), 1);
+  ArgRef src1;
+  if (g.is_constant(b)) {
+    src1 = plan.constant(b, bs);
+  } else if (g.shape(b) == os) {
+    src1 = plan.at(b);
+  } else {
+    const ArgRef r = plan.get_plain(b, plan.act());
+    src1 = ArgRef{r.kind, r.index, r.offset, plain(bs, plan.act())};
+  }
+  const auto pd =
+      dnnl::binary::primitive_desc(plan.eng(), static_cast<dnnl::algorithm>(A.algorithm), src0.md,
+                                   src1.md, src0.md, Lowering::plain_attr());
+  const ArgRef dst = plan.new_buffer(pd.dst_desc());
+  plan.add_primitive(dnnl::binary(pd),
+                     {{DNNL_ARG_SRC_0, src0}, {DNNL_ARG_SRC_1, src1}, {DNNL_ARG_DST, dst}},
+                     node.describe(), pd.scratchpad_desc());
+  plan.set(node.outputs[0], dst);
+}
+
+// A residual Add is fused as a sum post-op by the passes (fuse_residual), not through the table.
+constexpr OpDef kOps[] = {
+    {.name = "Add",
+     .min_inputs = 2,
+     .infer = infer_binary,
+     .evaluate = evaluate_binary<kAdd>,
+     .lower = lower_binary<kAdd>},
+    {.name = "Sub",
+     .min_inputs = 2,
+     .infer = infer_binary,
+     .evaluate = evaluate_binary<kSub>,
+     .lower = lower_binary<kSub>},
+    {.name = "Mul",
+     .min_inputs = 2,
+     .infer = infer_binary,
+     .evaluate = evaluate_binary<kMul>,
+     .lower = lower_binary<kMul>},
+    {.name = "Div",
+     .min_inputs = 2,
+     .infer = infer_binary,
+     .evaluate = evaluate_binary<kDiv>,
+     .lower = lower_binary<kDiv>},
+};
+
+} // namespace
+
+std::span<const OpDef> binary_ops() { return kOps; }
+
+} // namespace kdflow::teacher

@@ -1,0 +1,264 @@
+// 2-D convolution (oneDNN's convolution, or one inner product where the passes unrolled it or it
+// is pointwise on channels-last tensors) and BatchNormalization, which the passes fold into the
+// convolution before it or turn into a depthwise one: the engine never runs it on its own.
+#include "common.hpp"
+#include "lowering.hpp"
+#include "op_table.hpp"
+
+#include <cmath>
+
+#include <fmt/format.h>
+
+namespace kdflow::teacher {
+namespace {
+
+// --- Conv ----------------------------------------------------------------------------------------
+
+std::vector<InferredOutput> infer_conv(Node& node, const InferArgs& a) {
+  const Shape& x = a.in[0];
+  const Shape& w = a.in[1];
+  if (w.size() != 4) bad(node, "only 2-D convolutions are supported");
+  normalize_window(node, x, {w[2], w[3]});
+  const std::int64_t group = node.int_attr("group", 1);
+  if (group < 1 || x[1] != w[1] * group || w[0] % group != 0)
+    bad(node, fmt::format("input {} and weights {} do not match group {}", format_shape(x),
+                          format_shape(w), group));
+  if (has_input(node, 2) && numel(a.in[2]) != w[0])
+    bad(node, "bias size differs from output channels");
+  node.attrs["group"] = int_attribute(group);
+  const auto s = node.ints_attr("strides"), d = node.ints_attr("dilations"),
+             p = node.ints_attr("pads");
+  Shape out = {x[0], w[0], out_extent(x[2], w[2], s[0], d[0], p[0], p[2], false),
+               out_extent(x[3], w[3], s[1], d[1], p[1], p[3], false)};
+  if (out[2] <= 0 || out[3] <= 0) bad(node, "output would be empty");
+  return {{out, ElemType::f32}};
+}
+
+std::vector<Tensor> evaluate_conv(const Node& node, const std::vector<const Tensor*>& x,
+                                  const std::vector<InferredOutput>& outs) {
+  const Shape& os = outs[0].shape;
+  const Shape& xs = x[0]->shape;
+  const Shape& ws = x[1]->shape;
+  const auto s = node.ints_attr("strides"), d = node.ints_attr("dilations"),
+             p = node.ints_attr("pads");
+  const std::int64_t g = node.int_attr("group", 1);
+  const std::int64_t icg = ws[1], ocg = ws[0] / g;
+  std::vector<float> r(static_cast<std::size_t>(numel(os)));
+  for (std::int64_t n = 0; n < os[0]; ++n)
+    for (std::int64_t oc = 0; oc < os[1]; ++oc) {
+      const std::int64_t grp = oc / ocg;
+      const float bias = x.size() > 2 && x[2] ? x[2]->f[static_cast<std::size_t>(oc)] : 0.f;
+      for (std::int64_t oy = 0; oy < os[2]; ++oy)
+        for (std::int64_t ox = 0; ox < os[3]; ++ox) {
+          double acc = bias;
+          for (std::int64_t ic = 0; ic < icg; ++ic)
+            for (std::int64_t ky = 0; ky < ws[2]; ++ky) {
+              const std::int64_t iy = oy * s[0] - p[0] + ky * d[0];
+              if (iy < 0 || iy >= xs[2]) continue;
+              for (std::int64_t kx = 0; kx < ws[3]; ++kx) {
+                const std::int64_t ix = ox * s[1] - p[1] + kx * d[1];
+                if (ix < 0 || ix >= xs[3]) continue;
+                acc +=
+                    double(x[0]->f[static_cast<std::size_t>(
+                        ((n * xs[1] + grp * icg + ic) * xs[2] + iy) * xs[3] + ix)]) *
+                    x[1]->f[static_cast<std::size_t>(((oc * icg + ic) * ws[2] + ky) * ws[3] + kx)];
+              }
+            }
+          r[static_cast<std::size_t>(((n * os[1] + oc) * os[2] + oy) * os[3] + ox)] =
+              static_cast<float>(acc);
+        }
+    }
+  return {Tensor::floats(os, std::move(r))};
+}
+
+// A pointwise convolution (1x1, stride 1, no padding, one group) reading a channels-last tensor
+// that its residual operand, if any, shares: with channels-last input and output every pixel of
+// the batch is a row of one matrix product. oneDNN's 1x1 convolution blocks its rows within one
+// image's map, so on small maps (2x2: four rows) its kernels starve; the inner product blocks
+// all N*H*W rows at once.
+bool pointwise_on_channels_last(const Lowering& plan, const Node& node) {
+  const Graph& g = plan.graph();
+  if (node.int_attr("group", 1) != 1) return false;
+  const Shape& ws = g.shape(node.inputs[1]);
+  if (ws.size() != 4 || ws[2] != 1 || ws[3] != 1) return false;
+  for (const auto v : node.ints_attr("strides"))
+    if (v != 1) return false;
+  for (const auto v : node.ints_attr("pads"))
+    if (v != 0) return false;
+  const auto last = [&](const std::string& value) {
+    return plan.at(value).md ==
+           memory::desc(dims_of(g.shape(value)), plan.act(), memory::format_tag::acdb);
+  };
+  const PostOp* sum = Lowering::sum_post(node);
+  return last(node.inputs[0]) && (!sum || last(sum->sum_input));
+}
+
+// A convolution run as one inner product over channels-last views of its input and output:
+// either unrolled by the passes (unroll_tiny_maps: each sample's whole map is one row, the
+// weights are OC*OH*OW x C*IH*IW) or pointwise (each pixel is a row, the weights OC x C).
+void matrix_conv(Lowering& plan, const Node& node) {
+  const Graph& g = plan.graph();
+  const dt act = plan.act();
+  plan.set_kind(node.has("kdflow_unrolled") ? "Conv (unrolled)" : "Conv (pointwise)");
+  const Shape& xs = g.shape(node.inputs[0]);
+  const Shape& os = g.shape(node.outputs[0]);
+  const Shape& ws = g.shape(node.inputs[1]);
+  const std::int64_t rows = node.has("kdflow_unrolled") ? xs[0] : xs[0] * xs[2] * xs[3];
+  const auto tag = memory::format_tag::acdb;
+  const memory::desc src_map(dims_of(xs), act, tag), dst_map(dims_of(os), act, tag);
+  const memory::desc src_row({rows, ws[1]}, act, memory::format_tag::ab);
+  const memory::desc dst_row({rows, ws[0]}, act, memory::format_tag::ab);
+  const memory::desc w_user({ws[0], ws[1]}, dt::f32, memory::format_tag::oi);
+  const memory::desc any_w({ws[0], ws[1]}, act, memory::format_tag::any);
+  const bool has_bias = node.inputs.size() > 2 && !node.inputs[2].empty();
+  const memory::desc bias_md({ws[0]}, dt::f32, memory::format_tag::a);
+  const auto attr = plan.attr_with(node);
+  const auto pd =
+      has_bias ? dnnl::inner_product_forward::primitive_desc(plan.eng(),
+                                                             dnnl::prop_kind::forward_inference,
+                                                             src_row, any_w, bias_md, dst_row, attr)
+               : dnnl::inner_product_forward::primitive_desc(
+                     plan.eng(), dnnl::prop_kind::forward_inference, src_row, any_w, dst_row, attr);
+  ArgRef src = plan.get(node.inputs[0], src_map);
+  src.md = src_row;
+  const PostOp* sum = Lowering::sum_post(node);
+  // With a residual sum it accumulates into the other operand (channels-last, dead after it).
+  ArgRef dst = sum ? plan.get(sum->sum_input, dst_map) : plan.new_buffer(dst_map);
+  ArgRef dst_view = dst;
+  dst_view.md = dst_row;
+  std::vector<std::pair<int, ArgRef>> args = {
+      {DNNL_ARG_SRC, src},
+      {DNNL_ARG_WEIGHTS, plan.weight(g.constants.at(node.inputs[1]).f, w_user, pd.weights_desc())},
+      {DNNL_ARG_DST, dst_view}};
+  if (has_bias)
+    args.emplace_back(DNNL_ARG_BIAS,
+                      plan.weight(g.constants.at(node.inputs[2]).f, bias_md, bias_md));
+  plan.add_primitive(dnnl::inner_product_forward(pd), std::move(args), node.describe(),
+                     pd.scratchpad_desc());
+  plan.set(node.outputs[0], dst);
+}
+
+void lower_conv(Lowering& plan, const Node& node) {
+  if (node.has("kdflow_unrolled") || pointwise_on_channels_last(plan, node))
+    return matrix_conv(plan, node);
+  const Graph& g = plan.graph();
+  const dt act = plan.act();
+  const Shape& xs = g.shape(node.inputs[0]);
+  const Shape& ws = g.shape(node.inputs[1]);
+  const Shape& os = g.shape(node.outputs[0]);
+  if (!g.is_constant(node.inputs[1])) plan.fail(node, "weights must be constant");
+  const std::int64_t group = node.int_attr("group", 1);
+  if (group > 1)
+    plan.set_kind(group == xs[1] && ws[0] == group ? "Conv (depthwise)" : "Conv (grouped)");
+  const auto s = node.ints_attr("strides"), d = node.ints_attr("dilations"),
+             pads = node.ints_attr("pads");
+  const memory::dims strides = {s[0], s[1]}, dil = {d[0] - 1, d[1] - 1};
+  const memory::dims pl = {pads[0], pads[1]}, pr = {pads[2], pads[3]};
+  memory::dims wdims =
+      group == 1 ? dims_of(ws) : memory::dims{group, ws[0] / group, ws[1], ws[2], ws[3]};
+  const memory::desc w_user(wdims, dt::f32,
+                            group == 1 ? memory::format_tag::oihw : memory::format_tag::goihw);
+  const memory::desc any_src(dims_of(xs), act, memory::format_tag::any);
+  const memory::desc any_w(wdims, act, memory::format_tag::any);
+  const bool has_bias = node.inputs.size() > 2 && !node.inputs[2].empty();
+  const memory::desc bias_md({ws[0]}, dt::f32, memory::format_tag::a);
+  const PostOp* sum = Lowering::sum_post(node);
+  const auto attr = plan.attr_with(node);
+  const auto make = [&](const memory::desc& dst_md) {
+    return has_bias ? dnnl::convolution_forward::primitive_desc(
+                          plan.eng(), dnnl::prop_kind::forward_inference,
+                          dnnl::algorithm::convolution_direct, any_src, any_w, bias_md, dst_md,
+                          strides, dil, pl, pr, attr)
+                    : dnnl::convolution_forward::primitive_desc(
+                          plan.eng(), dnnl::prop_kind::forward_inference,
+                          dnnl::algorithm::convolution_direct, any_src, any_w, dst_md, strides, dil,
+                          pl, pr, attr);
+  };
+  // Activations are channels-last (acdb) between convolutions: left to choose, neighbouring
+  // convolutions pick different layouts (resnet18's 8x8 maps: aBcd16b beside acdb) and reorders
+  // run inside the graph; channels-last also lets pointwise convolutions run as inner products
+  // (matrix_conv). Where this CPU has no fast channels-last kernel for it (oneDNN falls back to
+  // a reference or im2col-GEMM one), oneDNN chooses. With a residual sum the conv writes over the
+  // other operand's buffer, in its layout.
+  auto pd = make(sum ? plan.at(sum->sum_input).md
+                     : memory::desc(dims_of(os), act, memory::format_tag::acdb));
+  if (!sum) {
+    const std::string impl = pd.impl_info_str();
+    if (impl.starts_with("ref") || impl.starts_with("gemm:"))
+      pd = make(memory::desc(dims_of(os), act, memory::format_tag::any));
+  }
+  const ArgRef src = plan.get(node.inputs[0], pd.src_desc());
+  const ArgRef w = plan.weight(g.constants.at(node.inputs[1]).f, w_user, pd.weights_desc());
+  const ArgRef dst = sum ? plan.at(sum->sum_input) : plan.new_buffer(pd.dst_desc());
+  std::vector<std::pair<int, ArgRef>> args = {
+      {DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, w}, {DNNL_ARG_DST, dst}};
+  if (has_bias)
+    args.emplace_back(DNNL_ARG_BIAS,
+                      plan.weight(g.constants.at(node.inputs[2]).f, bias_md, bias_md));
+  plan.add_primitive(dnnl::convolution_forward(pd), std::move(args), node.describe(),
+                     pd.scratchpad_desc());
+  plan.set(node.outputs[0], dst);
+}
+
+PostOps conv_post_ops(const Graph&, const Node&) { return PostOps::eltwise_and_sum; }
+
+double conv_flops(const Graph& g, const Node& node) {
+  const Shape& out = g.shape(node.outputs[0]);
+  const Shape& w = g.shape(node.inputs[1]);
+  return 2.0 * static_cast<double>(numel(out) / out[0]) * static_cast<double>(w[1] * w[2] * w[3]);
+}
+
+// --- BatchNormalization --------------------------------------------------------------------------
+
+std::vector<InferredOutput> infer_batchnorm(Node& node, const InferArgs& a) {
+  node.attrs["epsilon"] = float_attribute(node.float_attr("epsilon", 1e-5f));
+  return {{a.in[0], ElemType::f32}};
+}
+
+std::vector<Tensor> evaluate_batchnorm(const Node& node, const std::vector<const Tensor*>& x,
+                                       const std::vector<InferredOutput>& outs) {
+  const Shape& xs = x[0]->shape;
+  const float eps = node.float_attr("epsilon", 1e-5f);
+  const std::int64_t spatial = numel(xs) / (xs[0] * xs[1]);
+  std::vector<float> r(x[0]->f.size());
+  for (std::int64_t n = 0; n < xs[0]; ++n)
+    for (std::int64_t ch = 0; ch < xs[1]; ++ch) {
+      const auto c = static_cast<std::size_t>(ch);
+      const float scale = x[1]->f[c] / std::sqrt(x[4]->f[c] + eps);
+      const float shift = x[2]->f[c] - x[3]->f[c] * scale;
+      for (std::int64_t k = 0; k < spatial; ++k) {
+        const auto at = static_cast<std::size_t>((n * xs[1] + ch) * spatial + k);
+        r[at] = x[0]->f[at] * scale + shift;
+      }
+    }
+  return {Tensor::floats(outs[0].shape, std::move(r))};
+}
+
+// The passes (fold_batchnorm) fold every BatchNormalization with constant parameters on NCHW
+// input; what reaches the engine has computed ones. It stays an inference op: the LibTorch
+// executor runs it.
+void lower_batchnorm(Lowering& plan, const Node& node) {
+  plan.fail(node, "BatchNormalization with non-constant parameters is not supported");
+}
+
+constexpr OpDef kOps[] = {
+    {.name = "Conv",
+     .min_inputs = 2,
+     .infer = infer_conv,
+     .evaluate = evaluate_conv,
+     .lower = lower_conv,
+     .post_ops = conv_post_ops,
+     .flops_per_sample = conv_flops},
+    {.name = "BatchNormalization",
+     .min_inputs = 5,
+     .infer = infer_batchnorm,
+     .evaluate = evaluate_batchnorm,
+     .lower = lower_batchnorm,
+     .training_outputs = true},
+};
+
+} // namespace
+
+std::span<const OpDef> conv_ops() { return kOps; }
+
+} // namespace kdflow::teacher

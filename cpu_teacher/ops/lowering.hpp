@@ -1,0 +1,131 @@
+// The execution plan's builder as op lowerings see it (internal, oneDNN-level): where each value
+// lives, buffers, weights reordered once at load, and the steps a node adds. engine.cpp drives it
+// node by node through the op table; each op's LowerFn (ops/*.cpp) uses this interface.
+#pragma once
+
+#include "kdflow/cpu_teacher/engine.hpp"
+
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include <functional>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace kdflow::teacher {
+
+using dnnl::memory;
+using dt = memory::data_type;
+
+// Where a step's operand lives. Buffers are per replica; weights are shared by all replicas.
+struct ArgRef {
+  enum class Kind { buffer, weight, input, output } kind = Kind::buffer;
+  int index = 0;          // buffer, weight or output number
+  std::size_t offset = 0; // bytes into the buffer (views: slices, splits)
+  memory::desc md;
+};
+
+// A plain kernel for op variants without a primitive; it gets one pointer per operand.
+using Kernel = std::function<void(std::byte* const* ptrs)>;
+
+struct Step {
+  std::optional<dnnl::primitive> prim;
+  Kernel kernel;
+  std::vector<std::pair<int, ArgRef>> args; // (DNNL_ARG_*, operand); kernels: positional
+  std::string label;
+  std::string kind; // StepInfo::kind
+  bool reorder = false;
+};
+
+struct Teacher::Plan {
+  Graph graph;
+  Precision precision = Precision::fp32;
+  dnnl::engine eng{dnnl::engine::kind::cpu, 0};
+  std::vector<std::size_t> buffer_bytes;
+  std::vector<memory> weights;
+  std::vector<std::vector<float>> weight_storage; // f32 data behind user-layout weights
+  std::vector<Step> steps;
+  std::size_t scratchpad_bytes = 0;
+  memory::desc input_md;
+  struct Output {
+    std::string name;
+    Shape shape;
+    memory::desc md;
+  };
+  std::vector<Output> outputs;
+};
+
+inline memory::dims dims_of(const Shape& s) { return memory::dims(s.begin(), s.end()); }
+
+// Row-major layout of `s`.
+inline memory::desc plain(const Shape& s, dt type) {
+  memory::dims strides(s.size(), 1);
+  for (std::size_t d = s.size(); d-- > 1;) strides[d - 1] = strides[d] * s[d];
+  return memory::desc(dims_of(s), type, strides);
+}
+
+class Lowering {
+public:
+  explicit Lowering(Teacher::Plan& plan);
+
+  // Lowers every node through the op table, then reorders the outputs (and `features`) into
+  // plain float32.
+  void build(const std::vector<std::string>& features);
+
+  // --- for op lowerings ------------------------------------------------------------------------
+  [[nodiscard]] const Graph& graph() const { return g_; }
+  [[nodiscard]] const dnnl::engine& eng() const { return p_.eng; }
+  // The activations' element type: f32, or bf16 under teacher.precision = bf16.
+  [[nodiscard]] dt act() const { return act_; }
+  // An InputError "<file>: <node>: <what>".
+  [[noreturn]] void fail(const Node& node, const std::string& what) const;
+  // StepInfo::kind of the steps the node adds from now on (its op type unless refined).
+  void set_kind(std::string kind) { kind_ = std::move(kind); }
+
+  // Where `value` lives now; a logic_error if nothing computed it yet.
+  const ArgRef& at(const std::string& value) const;
+  // `value` in layout `want`, reordered once (and cached) when it lives in another layout.
+  ArgRef get(const std::string& value, const memory::desc& want);
+  ArgRef get_plain(const std::string& value, dt type) {
+    return get(value, plain(g_.shape(value), type));
+  }
+  void set(const std::string& value, ArgRef ref);
+  ArgRef new_buffer(const memory::desc& md);
+  // A constant in the layout a primitive asked for, reordered once at load.
+  ArgRef weight(std::vector<float> data, const memory::desc& user_md, const memory::desc& want);
+  // Constant `name` as plain float32 of `as_shape`, reordered to `want` when given.
+  ArgRef constant(const std::string& name, const Shape& as_shape,
+                  const std::optional<memory::desc>& want = std::nullopt);
+
+  void add_reorder(const ArgRef& src, const ArgRef& dst, const std::string& label);
+  void add_primitive(dnnl::primitive prim, std::vector<std::pair<int, ArgRef>> args,
+                     const std::string& label, const memory::desc& scratchpad);
+  void add_kernel(Kernel k, std::vector<ArgRef> operands, const std::string& label);
+
+  // A user scratchpad and the node's fused post-ops (eltwise activations, residual sum).
+  [[nodiscard]] dnnl::primitive_attr attr_with(const Node& node) const;
+  // A user scratchpad, no post-ops.
+  [[nodiscard]] static dnnl::primitive_attr plain_attr();
+  [[nodiscard]] static const PostOp* sum_post(const Node& node);
+  // The 4-D tensor a Gemm/MatMul reads directly in place of the Flatten or Reshape before it,
+  // or nullptr (see find_flatten_into_gemm).
+  [[nodiscard]] const std::string* flat_source(const Node& node) const;
+
+private:
+  void find_flatten_into_gemm();
+  void add_node(const Node& node);
+
+  Teacher::Plan& p_;
+  const Graph& g_;
+  dt act_;
+  std::map<std::string, ArgRef> loc_;
+  std::vector<std::pair<std::string, ArgRef>> converted_;
+  std::set<std::string> skipped_;
+  std::map<std::string, std::string> flat_source_;
+  std::string kind_;
+};
+
+} // namespace kdflow::teacher

@@ -1,0 +1,209 @@
+// Pooling (MaxPool, AveragePool, GlobalAveragePool: oneDNN's pooling) and ReduceMean (oneDNN's
+// reduction), with the reference loops they are checked against.
+#include "common.hpp"
+#include "lowering.hpp"
+#include "op_table.hpp"
+
+#include <algorithm>
+#include <limits>
+#include <numeric>
+
+#include <fmt/format.h>
+
+namespace kdflow::teacher {
+namespace {
+
+// --- windows -------------------------------------------------------------------------------------
+
+std::vector<InferredOutput> infer_pool(Node& node, const InferArgs& a) {
+  const auto kernel = node.ints_attr("kernel_shape");
+  if (kernel.size() != 2) bad(node, "kernel_shape must have 2 entries");
+  if (node.op == "AveragePool" && node.has("dilations") &&
+      node.ints_attr("dilations") != std::vector<std::int64_t>{1, 1})
+    bad(node, "dilated AveragePool is not supported");
+  if (node.has("storage_order") && node.int_attr("storage_order", 0) != 0)
+    bad(node, "storage_order = 1 is not supported");
+  normalize_window(node, a.in[0], kernel);
+  const bool ceil_mode = node.int_attr("ceil_mode", 0) != 0;
+  node.attrs["ceil_mode"] = int_attribute(ceil_mode);
+  node.attrs["count_include_pad"] = int_attribute(node.int_attr("count_include_pad", 0));
+  const auto s = node.ints_attr("strides"), d = node.ints_attr("dilations"),
+             p = node.ints_attr("pads");
+  const Shape& x = a.in[0];
+  Shape out = {x[0], x[1], out_extent(x[2], kernel[0], s[0], d[0], p[0], p[2], ceil_mode),
+               out_extent(x[3], kernel[1], s[1], d[1], p[1], p[3], ceil_mode)};
+  if (out[2] <= 0 || out[3] <= 0) bad(node, "output would be empty");
+  if (node.outputs.size() > 1) bad(node, "the Indices output of MaxPool is not supported");
+  return {{out, ElemType::f32}};
+}
+
+std::vector<InferredOutput> infer_global_pool(Node& node, const InferArgs& a) {
+  if (a.in[0].size() != 4) bad(node, "only NCHW inputs are supported");
+  return {{{a.in[0][0], a.in[0][1], 1, 1}, ElemType::f32}};
+}
+
+// The window of a pooling node: GlobalAveragePool's is the whole map.
+struct Window {
+  Shape kernel, strides, dilations, pads;
+};
+Window window_of(const Node& node, const Shape& xs) {
+  if (node.op == "GlobalAveragePool") return {{xs[2], xs[3]}, {1, 1}, {1, 1}, {0, 0, 0, 0}};
+  return {node.ints_attr("kernel_shape"), node.ints_attr("strides"),
+          node.ints_attr("dilations", {1, 1}), node.ints_attr("pads")};
+}
+
+std::vector<Tensor> evaluate_pool(const Node& node, const std::vector<const Tensor*>& x,
+                                  const std::vector<InferredOutput>& outs) {
+  const Shape& os = outs[0].shape;
+  const Shape& xs = x[0]->shape;
+  const auto [k, s, d, p] = window_of(node, xs);
+  const bool include_pad = node.int_attr("count_include_pad", 0) != 0;
+  const bool is_max = node.op == "MaxPool";
+  std::vector<float> r(static_cast<std::size_t>(numel(os)));
+  for (std::int64_t nc = 0; nc < xs[0] * xs[1]; ++nc)
+    for (std::int64_t oy = 0; oy < os[2]; ++oy)
+      for (std::int64_t ox = 0; ox < os[3]; ++ox) {
+        const std::int64_t y0 = oy * s[0] - p[0], x0 = ox * s[1] - p[1];
+        double acc = is_max ? -std::numeric_limits<double>::infinity() : 0;
+        std::int64_t count = 0;
+        for (std::int64_t ky = 0; ky < k[0]; ++ky)
+          for (std::int64_t kx = 0; kx < k[1]; ++kx) {
+            const std::int64_t iy = y0 + ky * d[0], ix = x0 + kx * d[1];
+            if (iy < 0 || iy >= xs[2] || ix < 0 || ix >= xs[3]) continue;
+            const double v = x[0]->f[static_cast<std::size_t>((nc * xs[2] + iy) * xs[3] + ix)];
+            acc = is_max ? std::max(acc, v) : acc + v;
+            ++count;
+          }
+        if (!is_max) {
+          if (include_pad) { // the window clipped to the padded input (ONNX Runtime, PyTorch)
+            const std::int64_t ye = std::min(y0 + k[0], xs[2] + p[2]),
+                               xe = std::min(x0 + k[1], xs[3] + p[3]);
+            count = (ye - y0) * (xe - x0);
+          }
+          acc /= static_cast<double>(std::max<std::int64_t>(count, 1));
+        }
+        r[static_cast<std::size_t>((nc * os[2] + oy) * os[3] + ox)] = static_cast<float>(acc);
+      }
+  return {Tensor::floats(os, std::move(r))};
+}
+
+void lower_pool(Lowering& plan, const Node& node) {
+  const Graph& g = plan.graph();
+  const Shape& xs = g.shape(node.inputs[0]);
+  const Shape& os = g.shape(node.outputs[0]);
+  const auto [k, s, d, pads] = window_of(node, xs);
+  memory::dims pr(2);
+  bool overhang = false;
+  for (int a = 0; a < 2; ++a) {
+    const std::int64_t eff = (k[a] - 1) * d[a] + 1;
+    pr[a] = std::max<std::int64_t>(pads[a + 2], (os[2 + a] - 1) * s[a] + eff - xs[2 + a] - pads[a]);
+    overhang = overhang || pr[a] > pads[a + 2];
+  }
+  dnnl::algorithm alg = dnnl::algorithm::pooling_max;
+  if (node.op != "MaxPool") {
+    const bool include = node.int_attr("count_include_pad", 0) != 0;
+    if (include && overhang)
+      plan.fail(node, "count_include_pad with ceil_mode windows past the padding is not supported");
+    alg = include ? dnnl::algorithm::pooling_avg_include_padding
+                  : dnnl::algorithm::pooling_avg_exclude_padding;
+  }
+  const memory::desc src_md = plan.at(node.inputs[0]).md;
+  const memory::desc dst_any(dims_of(os), src_md.get_data_type(), memory::format_tag::any);
+  const auto pd = dnnl::pooling_forward::primitive_desc(
+      plan.eng(), dnnl::prop_kind::forward_inference, alg, src_md, dst_any, {s[0], s[1]},
+      {k[0], k[1]}, {d[0] - 1, d[1] - 1}, {pads[0], pads[1]}, pr, Lowering::plain_attr());
+  const ArgRef src = plan.get(node.inputs[0], pd.src_desc());
+  const ArgRef dst = plan.new_buffer(pd.dst_desc());
+  plan.add_primitive(dnnl::pooling_forward(pd), {{DNNL_ARG_SRC, src}, {DNNL_ARG_DST, dst}},
+                     node.describe(), pd.scratchpad_desc());
+  plan.set(node.outputs[0], dst);
+}
+
+// --- ReduceMean ----------------------------------------------------------------------------------
+
+// The axes are an attribute before opset 18 and a constant input since; both become sorted,
+// non-negative `axes` (all axes when none are given), and keepdims is written out.
+std::vector<InferredOutput> infer_reduce_mean(Node& node, const InferArgs& a) {
+  std::vector<std::int64_t> axes;
+  if (a.opset >= 18 && has_input(node, 1))
+    axes = need_constant(node, a.constants, 1, "axes").as_ints();
+  else
+    axes = node.ints_attr("axes");
+  const auto rank = static_cast<std::int64_t>(a.in[0].size());
+  if (axes.empty()) {
+    axes.resize(static_cast<std::size_t>(rank));
+    std::iota(axes.begin(), axes.end(), 0);
+  }
+  for (auto& x : axes) x = norm_axis(node, x, rank);
+  std::sort(axes.begin(), axes.end());
+  const bool keep = node.int_attr("keepdims", 1) != 0;
+  node.attrs["axes"] = ints_attribute(axes);
+  node.attrs["keepdims"] = int_attribute(keep);
+  Shape out;
+  for (std::int64_t d = 0; d < rank; ++d) {
+    const bool reduced = std::find(axes.begin(), axes.end(), d) != axes.end();
+    if (!reduced)
+      out.push_back(a.in[0][static_cast<std::size_t>(d)]);
+    else if (keep)
+      out.push_back(1);
+  }
+  return {{out, ElemType::f32}};
+}
+
+// The input's shape with the reduced axes kept as 1.
+Shape kept_shape(const Node& node, const Shape& xs) {
+  Shape kept = xs;
+  for (const auto a : node.ints_attr("axes")) kept[static_cast<std::size_t>(a)] = 1;
+  return kept;
+}
+
+std::vector<Tensor> evaluate_reduce_mean(const Node& node, const std::vector<const Tensor*>& x,
+                                         const std::vector<InferredOutput>& outs) {
+  const Shape& xs = x[0]->shape;
+  const Shape kept = kept_shape(node, xs);
+  std::vector<double> acc(static_cast<std::size_t>(numel(kept)), 0.0);
+  const Shape ks = strides_of(kept);
+  for_each_index(xs, [&](std::int64_t k, const std::vector<std::int64_t>& idx) {
+    std::int64_t o = 0;
+    for (std::size_t dd = 0; dd < idx.size(); ++dd) o += (kept[dd] == 1 ? 0 : idx[dd]) * ks[dd];
+    acc[static_cast<std::size_t>(o)] += x[0]->f[static_cast<std::size_t>(k)];
+  });
+  const double n = static_cast<double>(numel(xs)) / static_cast<double>(numel(kept));
+  std::vector<float> r(acc.size());
+  for (std::size_t k = 0; k < r.size(); ++k) r[k] = static_cast<float>(acc[k] / n);
+  return {Tensor::floats(outs[0].shape, std::move(r))};
+}
+
+void lower_reduce_mean(Lowering& plan, const Node& node) {
+  const Graph& g = plan.graph();
+  const dt act = plan.act();
+  const ArgRef src = plan.get_plain(node.inputs[0], act);
+  const memory::desc dst_md = plain(kept_shape(node, g.shape(node.inputs[0])), act);
+  const auto pd = dnnl::reduction::primitive_desc(plan.eng(), dnnl::algorithm::reduction_mean,
+                                                  src.md, dst_md, 0.f, 0.f, Lowering::plain_attr());
+  const ArgRef dst = plan.new_buffer(dst_md);
+  plan.add_primitive(dnnl::reduction(pd), {{DNNL_ARG_SRC, src}, {DNNL_ARG_DST, dst}},
+                     node.describe(), pd.scratchpad_desc());
+  // keepdims = 0 is the same bytes seen with the reduced axes dropped.
+  plan.set(node.outputs[0],
+           ArgRef{dst.kind, dst.index, dst.offset, plain(g.shape(node.outputs[0]), act)});
+}
+
+constexpr OpDef kOps[] = {
+    {.name = "MaxPool", .infer = infer_pool, .evaluate = evaluate_pool, .lower = lower_pool},
+    {.name = "AveragePool", .infer = infer_pool, .evaluate = evaluate_pool, .lower = lower_pool},
+    {.name = "GlobalAveragePool",
+     .infer = infer_global_pool,
+     .evaluate = evaluate_pool,
+     .lower = lower_pool},
+    {.name = "ReduceMean",
+     .infer = infer_reduce_mean,
+     .evaluate = evaluate_reduce_mean,
+     .lower = lower_reduce_mean},
+};
+
+} // namespace
+
+std::span<const OpDef> pool_ops() { return kOps; }
+
+} // namespace kdflow::teacher

@@ -1,0 +1,515 @@
+// Ops that move data without arithmetic: views (Flatten, Reshape, Squeeze, Unsqueeze, Identity,
+// Dropout: the same bytes with another shape), Transpose, Concat, Split, Slice and Pad. Reorders
+// and views where oneDNN can; plain kernels for negative Slice steps and every Pad.
+#include "common.hpp"
+#include "lowering.hpp"
+#include "op_table.hpp"
+
+#include <algorithm>
+#include <numeric>
+
+#include <fmt/format.h>
+
+namespace kdflow::teacher {
+namespace {
+
+// --- views ---------------------------------------------------------------------------------------
+
+std::vector<InferredOutput> same_shape(Node&, const InferArgs& a) {
+  return {{a.in[0], a.types[0]}};
+}
+
+std::vector<InferredOutput> infer_flatten(Node& node, const InferArgs& args) {
+  const Shape& x = args.in[0];
+  const auto rank = static_cast<std::int64_t>(x.size());
+  const std::int64_t axis =
+      node.int_attr("axis", 1) < 0 ? node.int_attr("axis", 1) + rank : node.int_attr("axis", 1);
+  if (axis < 0 || axis > rank) bad(node, "axis out of range");
+  node.attrs["axis"] = int_attribute(axis);
+  std::int64_t a = 1, b = 1;
+  for (std::int64_t d = 0; d < rank; ++d) (d < axis ? a : b) *= x[static_cast<std::size_t>(d)];
+  return {{{a, b}, args.types[0]}};
+}
+
+std::vector<InferredOutput> infer_reshape(Node& node, const InferArgs& a) {
+  const Shape& x = a.in[0];
+  const auto spec = need_constant(node, a.constants, 1, "shape").as_ints();
+  const bool allowzero = node.int_attr("allowzero", 0) != 0;
+  Shape out(spec.size());
+  std::int64_t known = 1;
+  int infer_at = -1;
+  for (std::size_t k = 0; k < spec.size(); ++k) {
+    if (spec[k] == -1) {
+      if (infer_at >= 0) bad(node, "more than one -1 in the target shape");
+      infer_at = static_cast<int>(k);
+      continue;
+    }
+    out[k] = spec[k] == 0 && !allowzero ? (k < x.size() ? x[k] : 0) : spec[k];
+    known *= out[k];
+  }
+  if (infer_at >= 0) out[static_cast<std::size_t>(infer_at)] = known == 0 ? 0 : numel(x) / known;
+  if (numel(out) != numel(x))
+    bad(node, fmt::format("cannot reshape {} into {}", format_shape(x), format_shape(out)));
+  return {{out, a.types[0]}};
+}
+
+// The axes are an attribute before opset 13 and a constant input since.
+std::vector<std::int64_t> squeeze_axes(const Node& node, const InferArgs& a) {
+  if (a.opset >= 13 && has_input(node, 1))
+    return need_constant(node, a.constants, 1, "axes").as_ints();
+  return node.ints_attr("axes");
+}
+
+std::vector<InferredOutput> infer_unsqueeze(Node& node, const InferArgs& a) {
+  auto axes = squeeze_axes(node, a);
+  const auto rank = static_cast<std::int64_t>(a.in[0].size() + axes.size());
+  for (auto& x : axes) x = norm_axis(node, x, rank);
+  Shape out;
+  std::size_t next = 0;
+  for (std::int64_t d = 0; d < rank; ++d)
+    out.push_back(std::find(axes.begin(), axes.end(), d) != axes.end() ? 1 : a.in[0][next++]);
+  return {{out, a.types[0]}};
+}
+
+std::vector<InferredOutput> infer_squeeze(Node& node, const InferArgs& a) {
+  auto axes = squeeze_axes(node, a);
+  const auto rank = static_cast<std::int64_t>(a.in[0].size());
+  for (auto& x : axes) x = norm_axis(node, x, rank);
+  Shape out;
+  for (std::int64_t d = 0; d < rank; ++d) {
+    const bool listed = std::find(axes.begin(), axes.end(), d) != axes.end();
+    const std::int64_t dim = a.in[0][static_cast<std::size_t>(d)];
+    if (listed && dim != 1) bad(node, fmt::format("cannot squeeze axis {} of size {}", d, dim));
+    if (!(listed || (axes.empty() && dim == 1))) out.push_back(dim);
+  }
+  return {{out, a.types[0]}};
+}
+
+std::vector<Tensor> evaluate_view(const Node&, const std::vector<const Tensor*>& x,
+                                  const std::vector<InferredOutput>& outs) {
+  Tensor r = *x[0];
+  r.shape = outs[0].shape;
+  return {r};
+}
+
+// The input's bytes, plain (reordered once if a primitive left them blocked), seen with the
+// output's shape.
+void lower_view(Lowering& plan, const Node& node) {
+  const dt type = plan.at(node.inputs[0]).md.get_data_type();
+  const ArgRef src = plan.get_plain(node.inputs[0], type);
+  plan.set(node.outputs[0], ArgRef{src.kind, src.index, src.offset,
+                                   plain(plan.graph().shape(node.outputs[0]), type)});
+}
+
+// --- Transpose -----------------------------------------------------------------------------------
+
+std::vector<InferredOutput> infer_transpose(Node& node, const InferArgs& a) {
+  const auto rank = a.in[0].size();
+  auto perm = node.ints_attr("perm");
+  if (perm.empty())
+    for (std::size_t k = 0; k < rank; ++k) perm.push_back(static_cast<std::int64_t>(rank - 1 - k));
+  if (perm.size() != rank) bad(node, "perm has the wrong length");
+  node.attrs["perm"] = ints_attribute(perm);
+  Shape out(rank);
+  for (std::size_t k = 0; k < rank; ++k) out[k] = a.in[0][static_cast<std::size_t>(perm[k])];
+  return {{out, a.types[0]}};
+}
+
+std::vector<Tensor> evaluate_transpose(const Node& node, const std::vector<const Tensor*>& x,
+                                       const std::vector<InferredOutput>& outs) {
+  const Shape& os = outs[0].shape;
+  const auto perm = node.ints_attr("perm");
+  const Shape st = strides_of(x[0]->shape);
+  Tensor r = *x[0];
+  r.shape = os;
+  for_each_index(os, [&](std::int64_t k, const std::vector<std::int64_t>& idx) {
+    std::int64_t src = 0;
+    for (std::size_t dd = 0; dd < idx.size(); ++dd)
+      src += idx[dd] * st[static_cast<std::size_t>(perm[dd])];
+    if (r.type == ElemType::f32)
+      r.f[static_cast<std::size_t>(k)] = x[0]->f[static_cast<std::size_t>(src)];
+    else
+      r.i[static_cast<std::size_t>(k)] = x[0]->i[static_cast<std::size_t>(src)];
+  });
+  return {r};
+}
+
+// One reorder from the input seen with permuted axes into a plain output.
+void lower_transpose(Lowering& plan, const Node& node) {
+  const dt type = plan.at(node.inputs[0]).md.get_data_type();
+  const ArgRef src = plan.get_plain(node.inputs[0], type);
+  const auto perm = node.ints_attr("perm");
+  std::vector<int> inverse(perm.size());
+  for (std::size_t k = 0; k < perm.size(); ++k)
+    inverse[static_cast<std::size_t>(perm[k])] = static_cast<int>(k);
+  const memory::desc permuted = src.md.permute_axes(inverse);
+  const ArgRef dst = plan.new_buffer(plain(plan.graph().shape(node.outputs[0]), type));
+  plan.add_reorder(ArgRef{src.kind, src.index, src.offset, permuted}, dst, node.describe());
+  plan.set(node.outputs[0], dst);
+}
+
+// --- Concat --------------------------------------------------------------------------------------
+
+std::vector<InferredOutput> infer_concat(Node& node, const InferArgs& a) {
+  const auto& in = a.in;
+  const auto rank = static_cast<std::int64_t>(in[0].size());
+  const std::int64_t axis = norm_axis(node, node.int_attr("axis", 0), rank);
+  node.attrs["axis"] = int_attribute(axis);
+  Shape out = in[0];
+  for (std::size_t k = 1; k < in.size(); ++k) {
+    if (in[k].size() != in[0].size()) bad(node, "inputs differ in rank");
+    for (std::int64_t d = 0; d < rank; ++d)
+      if (d != axis && in[k][static_cast<std::size_t>(d)] != in[0][static_cast<std::size_t>(d)])
+        bad(node, "inputs differ outside the concatenation axis");
+    out[static_cast<std::size_t>(axis)] += in[k][static_cast<std::size_t>(axis)];
+  }
+  return {{out, a.types[0]}};
+}
+
+std::vector<Tensor> evaluate_concat(const Node& node, const std::vector<const Tensor*>& x,
+                                    const std::vector<InferredOutput>& outs) {
+  const Shape& os = outs[0].shape;
+  const auto axis = static_cast<std::size_t>(node.int_attr("axis", 0));
+  const std::int64_t outer =
+      numel(Shape(os.begin(), os.begin() + static_cast<std::ptrdiff_t>(axis)));
+  Tensor r;
+  r.type = x[0]->type;
+  r.shape = os;
+  for (std::int64_t o = 0; o < outer; ++o)
+    for (const Tensor* t : x) {
+      const std::int64_t chunk =
+          numel(Shape(t->shape.begin() + static_cast<std::ptrdiff_t>(axis), t->shape.end()));
+      if (r.type == ElemType::f32) {
+        if (t->type != ElemType::f32) bad(node, "inputs differ in type");
+        r.f.insert(r.f.end(), t->f.begin() + o * chunk, t->f.begin() + (o + 1) * chunk);
+      } else {
+        for (std::int64_t q = 0; q < chunk; ++q) r.i.push_back(t->int_at(o * chunk + q));
+      }
+    }
+  return {r};
+}
+
+void lower_concat(Lowering& plan, const Node& node) {
+  const Graph& g = plan.graph();
+  std::vector<memory::desc> mds;
+  std::vector<ArgRef> srcs;
+  for (const auto& in : node.inputs) {
+    srcs.push_back(g.is_constant(in) ? plan.constant(in, g.shape(in)) : plan.at(in));
+    mds.push_back(srcs.back().md);
+  }
+  const dt type = mds[0].get_data_type();
+  for (std::size_t k = 0; k < srcs.size(); ++k)
+    if (mds[k].get_data_type() != type) { // one element type for all: convert the odd ones
+      srcs[k] = g.is_constant(node.inputs[k]) ? srcs[k] : plan.get_plain(node.inputs[k], type);
+      mds[k] = srcs[k].md;
+    }
+  const auto pd = dnnl::concat::primitive_desc(
+      plan.eng(), static_cast<int>(node.int_attr("axis", 0)), mds, Lowering::plain_attr());
+  const ArgRef dst = plan.new_buffer(pd.dst_desc());
+  std::vector<std::pair<int, ArgRef>> args = {{DNNL_ARG_DST, dst}};
+  for (std::size_t k = 0; k < srcs.size(); ++k)
+    args.emplace_back(DNNL_ARG_MULTIPLE_SRC + static_cast<int>(k), srcs[k]);
+  plan.add_primitive(dnnl::concat(pd), std::move(args), node.describe(), pd.scratchpad_desc());
+  plan.set(node.outputs[0], dst);
+}
+
+// --- Split and Slice: strided windows of the input -----------------------------------------------
+
+std::vector<InferredOutput> infer_split(Node& node, const InferArgs& a) {
+  const auto rank = static_cast<std::int64_t>(a.in[0].size());
+  const std::int64_t axis = norm_axis(node, node.int_attr("axis", 0), rank);
+  const std::int64_t total = a.in[0][static_cast<std::size_t>(axis)];
+  std::vector<std::int64_t> split;
+  if (a.opset >= 13 && has_input(node, 1))
+    split = need_constant(node, a.constants, 1, "split").as_ints();
+  else
+    split = node.ints_attr("split");
+  const auto n = static_cast<std::int64_t>(node.outputs.size());
+  if (split.empty()) {
+    const std::int64_t each = (total + n - 1) / n;
+    for (std::int64_t k = 0; k < n; ++k) split.push_back(std::min(each, total - k * each));
+  }
+  if (static_cast<std::int64_t>(split.size()) != n ||
+      std::accumulate(split.begin(), split.end(), std::int64_t{0}) != total)
+    bad(node, "split sizes do not add up to the axis");
+  node.attrs["axis"] = int_attribute(axis);
+  node.attrs["split"] = ints_attribute(split);
+  std::vector<InferredOutput> out;
+  for (const auto s : split) {
+    Shape o = a.in[0];
+    o[static_cast<std::size_t>(axis)] = s;
+    out.push_back({o, a.types[0]});
+  }
+  return out;
+}
+
+// Starts, ends, axes and steps are attributes before opset 10 and constant inputs since; they
+// become a start and a step per axis (starts_full, steps_full), clamped as ONNX says.
+std::vector<InferredOutput> infer_slice(Node& node, const InferArgs& a) {
+  std::vector<std::int64_t> starts, ends, axes, steps;
+  if (a.opset < 10) {
+    starts = node.ints_attr("starts");
+    ends = node.ints_attr("ends");
+    axes = node.ints_attr("axes");
+  } else {
+    starts = need_constant(node, a.constants, 1, "starts").as_ints();
+    ends = need_constant(node, a.constants, 2, "ends").as_ints();
+    if (has_input(node, 3)) axes = need_constant(node, a.constants, 3, "axes").as_ints();
+    if (has_input(node, 4)) steps = need_constant(node, a.constants, 4, "steps").as_ints();
+  }
+  const auto rank = static_cast<std::int64_t>(a.in[0].size());
+  if (axes.empty())
+    for (std::size_t k = 0; k < starts.size(); ++k) axes.push_back(static_cast<std::int64_t>(k));
+  if (steps.empty()) steps.assign(starts.size(), 1);
+  if (ends.size() != starts.size() || axes.size() != starts.size() || steps.size() != starts.size())
+    bad(node, "starts, ends, axes and steps differ in length");
+  std::vector<std::int64_t> full_start(static_cast<std::size_t>(rank), 0),
+      full_step(static_cast<std::size_t>(rank), 1);
+  Shape out = a.in[0];
+  for (std::size_t k = 0; k < starts.size(); ++k) {
+    const auto ax = static_cast<std::size_t>(norm_axis(node, axes[k], rank));
+    const std::int64_t dim = a.in[0][ax];
+    const std::int64_t step = steps[k];
+    if (step == 0) bad(node, "a step is 0");
+    auto clampi = [&](std::int64_t v, std::int64_t lo, std::int64_t hi) {
+      return std::min(std::max(v, lo), hi);
+    };
+    std::int64_t s = starts[k] < 0 ? starts[k] + dim : starts[k];
+    std::int64_t e = ends[k] < 0 ? ends[k] + dim : ends[k];
+    if (step > 0) {
+      s = clampi(s, 0, dim);
+      e = clampi(e, 0, dim);
+      out[ax] = std::max<std::int64_t>(0, (e - s + step - 1) / step);
+    } else {
+      s = clampi(s, 0, dim - 1);
+      e = clampi(e, -1, dim - 1);
+      out[ax] = std::max<std::int64_t>(0, (s - e + (-step) - 1) / (-step));
+    }
+    full_start[ax] = s;
+    full_step[ax] = step;
+  }
+  node.attrs["starts_full"] = ints_attribute(full_start);
+  node.attrs["steps_full"] = ints_attribute(full_step);
+  return {{out, a.types[0]}};
+}
+
+// Output `out` of a Split or Slice as a start and a step per axis of the input.
+struct Window {
+  std::vector<std::int64_t> start, step;
+};
+// Split's windows follow each other along its axis: `offset` is where output `out` starts.
+Window window_of(const Node& node, std::size_t rank, std::size_t out, std::int64_t& offset) {
+  if (node.op == "Slice") return {node.ints_attr("starts_full"), node.ints_attr("steps_full")};
+  Window w{std::vector<std::int64_t>(rank, 0), std::vector<std::int64_t>(rank, 1)};
+  w.start[static_cast<std::size_t>(node.int_attr("axis", 0))] = offset;
+  offset += node.ints_attr("split")[out];
+  return w;
+}
+
+// dst[idx] = src[start + idx * step] on row-major float buffers.
+void strided_copy(const float* src, const Shape& ss, float* dst, const Shape& ds,
+                  const std::vector<std::int64_t>& starts, const std::vector<std::int64_t>& steps) {
+  const Shape st = strides_of(ss);
+  for_each_index(ds, [&](std::int64_t k, const std::vector<std::int64_t>& idx) {
+    std::int64_t off = 0;
+    for (std::size_t d = 0; d < idx.size(); ++d) off += (starts[d] + idx[d] * steps[d]) * st[d];
+    dst[k] = src[off];
+  });
+}
+
+std::vector<Tensor> evaluate_window(const Node& node, const std::vector<const Tensor*>& x,
+                                    const std::vector<InferredOutput>& outs) {
+  std::vector<Tensor> result;
+  const Shape& xs = x[0]->shape;
+  const Shape st = strides_of(xs);
+  std::int64_t offset = 0;
+  for (std::size_t out = 0; out < outs.size(); ++out) {
+    const Window w = window_of(node, xs.size(), out, offset);
+    Tensor r;
+    r.type = x[0]->type;
+    r.shape = outs[out].shape;
+    for_each_index(r.shape, [&](std::int64_t, const std::vector<std::int64_t>& idx) {
+      std::int64_t src = 0;
+      for (std::size_t dd = 0; dd < idx.size(); ++dd)
+        src += (w.start[dd] + idx[dd] * w.step[dd]) * st[dd];
+      if (r.type == ElemType::f32)
+        r.f.push_back(x[0]->f[static_cast<std::size_t>(src)]);
+      else
+        r.i.push_back(x[0]->i[static_cast<std::size_t>(src)]);
+    });
+    result.push_back(std::move(r));
+  }
+  return result;
+}
+
+// Each output is one reorder from a strided view of the input; negative steps (which a memory
+// descriptor cannot express) run as a plain kernel.
+void lower_window(Lowering& plan, const Node& node) {
+  const Graph& g = plan.graph();
+  const Shape& xs = g.shape(node.inputs[0]);
+  const Shape in_strides = strides_of(xs);
+  std::int64_t split_offset = 0;
+  for (std::size_t out = 0; out < node.outputs.size(); ++out) {
+    const Window w = window_of(node, xs.size(), out, split_offset);
+    const auto& [start, step] = w;
+    const Shape& os = g.shape(node.outputs[out]);
+    const bool negative = std::any_of(step.begin(), step.end(), [](auto v) { return v < 0; });
+    if (negative) {
+      const ArgRef src = plan.get_plain(node.inputs[0], dt::f32);
+      const ArgRef dst = plan.new_buffer(plain(os, dt::f32));
+      plan.add_kernel(
+          [xs, os, w](std::byte* const* p) {
+            strided_copy(reinterpret_cast<const float*>(p[0]), xs, reinterpret_cast<float*>(p[1]),
+                         os, w.start, w.step);
+          },
+          {src, dst}, node.describe());
+      plan.set(node.outputs[out], dst);
+      continue;
+    }
+    const dt type = plan.at(node.inputs[0]).md.get_data_type();
+    const ArgRef src = plan.get_plain(node.inputs[0], type);
+    memory::dims strides(xs.size());
+    std::int64_t offset = 0;
+    for (std::size_t d = 0; d < xs.size(); ++d) {
+      strides[d] = in_strides[d] * step[d];
+      offset += start[d] * in_strides[d];
+    }
+    const memory::desc view(dims_of(os), type, strides);
+    const ArgRef dst = plan.new_buffer(plain(os, type));
+    plan.add_reorder(
+        ArgRef{src.kind, src.index,
+               src.offset + static_cast<std::size_t>(offset) * memory::data_type_size(type), view},
+        dst, node.describe());
+    plan.set(node.outputs[out], dst);
+  }
+}
+
+// --- Pad -----------------------------------------------------------------------------------------
+
+// Pads and value are attributes before opset 11 and constant inputs since.
+std::vector<InferredOutput> infer_pad(Node& node, const InferArgs& a) {
+  std::vector<std::int64_t> pads;
+  float value = 0;
+  if (a.opset < 11) {
+    pads = node.ints_attr("pads");
+    value = node.float_attr("value", 0);
+  } else {
+    pads = need_constant(node, a.constants, 1, "pads").as_ints();
+    if (has_input(node, 2))
+      value = static_cast<float>(need_constant(node, a.constants, 2, "constant_value").at(0));
+    if (has_input(node, 3)) bad(node, "the axes input of Pad is not supported");
+  }
+  const auto rank = a.in[0].size();
+  if (pads.size() != 2 * rank) bad(node, "pads must have 2 entries per axis");
+  const std::string mode = node.string_attr("mode", "constant");
+  if (mode != "constant" && mode != "reflect" && mode != "edge")
+    bad(node, "unknown mode '" + mode + "'");
+  node.attrs["pads"] = ints_attribute(pads);
+  node.attrs["value"] = float_attribute(value);
+  Shape out = a.in[0];
+  for (std::size_t k = 0; k < rank; ++k) out[k] += pads[k] + pads[k + rank];
+  return {{out, a.types[0]}};
+}
+
+// The reference and the engine's kernel alike, on row-major float buffers.
+void pad(const float* src, const Shape& ss, float* dst, const Shape& ds,
+         const std::vector<std::int64_t>& pads, const std::string& mode, float value) {
+  const std::size_t rank = ss.size();
+  const Shape st = strides_of(ss);
+  for_each_index(ds, [&](std::int64_t k, const std::vector<std::int64_t>& idx) {
+    std::int64_t off = 0;
+    for (std::size_t d = 0; d < rank; ++d) {
+      std::int64_t i = idx[d] - pads[d];
+      const std::int64_t n = ss[d];
+      if (i < 0 || i >= n) {
+        if (mode == "constant") {
+          dst[k] = value;
+          return;
+        }
+        if (mode == "edge")
+          i = i < 0 ? 0 : n - 1;
+        else { // reflect: mirror without repeating the edge
+          const std::int64_t period = std::max<std::int64_t>(2 * (n - 1), 1);
+          i = ((i % period) + period) % period;
+          if (i >= n) i = period - i;
+        }
+      }
+      off += i * st[d];
+    }
+    dst[k] = src[off];
+  });
+}
+
+std::vector<Tensor> evaluate_pad(const Node& node, const std::vector<const Tensor*>& x,
+                                 const std::vector<InferredOutput>& outs) {
+  const Shape& os = outs[0].shape;
+  std::vector<float> r(static_cast<std::size_t>(numel(os)));
+  pad(x[0]->f.data(), x[0]->shape, r.data(), os, node.ints_attr("pads"),
+      node.string_attr("mode", "constant"), node.float_attr("value", 0));
+  return {Tensor::floats(os, std::move(r))};
+}
+
+void lower_pad(Lowering& plan, const Node& node) {
+  const Shape xs = plan.graph().shape(node.inputs[0]), os = plan.graph().shape(node.outputs[0]);
+  const ArgRef src = plan.get_plain(node.inputs[0], dt::f32);
+  const ArgRef dst = plan.new_buffer(plain(os, dt::f32));
+  const auto pads = node.ints_attr("pads");
+  const std::string mode = node.string_attr("mode", "constant");
+  const float value = node.float_attr("value", 0);
+  plan.add_kernel(
+      [xs, os, pads, mode, value](std::byte* const* p) {
+        pad(reinterpret_cast<const float*>(p[0]), xs, reinterpret_cast<float*>(p[1]), os, pads,
+            mode, value);
+      },
+      {src, dst}, node.describe());
+  plan.set(node.outputs[0], dst);
+}
+
+constexpr OpDef kOps[] = {
+    {.name = "Identity",
+     .infer = same_shape,
+     .evaluate = evaluate_view,
+     .lower = lower_view,
+     .view = true},
+    {.name = "Dropout",
+     .infer = same_shape,
+     .evaluate = evaluate_view,
+     .lower = lower_view,
+     .view = true,
+     .training_outputs = true},
+    {.name = "Flatten",
+     .infer = infer_flatten,
+     .evaluate = evaluate_view,
+     .lower = lower_view,
+     .view = true},
+    {.name = "Reshape",
+     .min_inputs = 2,
+     .infer = infer_reshape,
+     .evaluate = evaluate_view,
+     .lower = lower_view,
+     .view = true},
+    {.name = "Squeeze",
+     .infer = infer_squeeze,
+     .evaluate = evaluate_view,
+     .lower = lower_view,
+     .view = true},
+    {.name = "Unsqueeze",
+     .infer = infer_unsqueeze,
+     .evaluate = evaluate_view,
+     .lower = lower_view,
+     .view = true},
+    {.name = "Transpose",
+     .infer = infer_transpose,
+     .evaluate = evaluate_transpose,
+     .lower = lower_transpose},
+    {.name = "Concat", .infer = infer_concat, .evaluate = evaluate_concat, .lower = lower_concat},
+    {.name = "Split", .infer = infer_split, .evaluate = evaluate_window, .lower = lower_window},
+    {.name = "Slice", .infer = infer_slice, .evaluate = evaluate_window, .lower = lower_window},
+    {.name = "Pad", .infer = infer_pad, .evaluate = evaluate_pad, .lower = lower_pad},
+};
+
+} // namespace
+
+std::span<const OpDef> shape_ops() { return kOps; }
+
+} // namespace kdflow::teacher
