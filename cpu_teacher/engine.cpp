@@ -218,13 +218,16 @@ const std::string* Lowering::flat_source(const Node& node) const {
   return it == flat_source_.end() ? nullptr : &it->second;
 }
 
-// --- Flatten/Reshape feeding a Gemm: the inner product reads the 4-D tensor directly ------------
+// --- a flattening view feeding a Gemm ------------------------------------------------------------
+// Any view from [N, C, H, W] to [N, C*H*W] (Flatten, Reshape, Squeeze) before a Gemm or MatMul
+// with a constant B: the inner product reads the 4-D tensor directly, in whatever layout it has.
 void Lowering::find_flatten_into_gemm() {
   for (const auto& n : g_.nodes) {
     if ((n.op != "Gemm" && n.op != "MatMul") || !g_.is_constant(n.inputs[1])) continue;
     if (n.op == "Gemm" && n.int_attr("transA", 0)) continue;
     for (const auto& f : g_.nodes) {
-      if ((f.op != "Flatten" && f.op != "Reshape") || f.outputs[0] != n.inputs[0]) continue;
+      const OpDef* op = find_op(f.op);
+      if (op == nullptr || !op->view || f.outputs[0] != n.inputs[0]) continue;
       const Shape& in = g_.shape(f.inputs[0]);
       const Shape& out = g_.shape(f.outputs[0]);
       if (in.size() == 4 && out.size() == 2 && out[0] == in[0] &&

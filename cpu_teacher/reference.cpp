@@ -4,7 +4,6 @@
 
 #include "kdflow/core/error.hpp"
 #include "ops/common.hpp"
-#include "ops/op_table.hpp"
 
 #include <algorithm>
 
@@ -37,8 +36,7 @@ std::vector<Tensor> evaluate(const Node& node, const std::vector<const Tensor*>&
   return op_of(node).evaluate(node, x, outs);
 }
 
-// --- helpers of the op families (ops/common.hpp)
-// ---------------------------------------------------
+// --- helpers of the op families (ops/common.hpp) -------------------------------------------------
 
 void bad(const Node& node, const std::string& what) {
   throw InputError(fmt::format("{}: {}", node.describe(), what));
@@ -151,6 +149,10 @@ const Tensor& need_constant(const Node& node, const std::vector<const Tensor*>& 
 
 bool has_input(const Node& node, std::size_t k) {
   return k < node.inputs.size() && !node.inputs[k].empty();
+}
+
+std::vector<InferredOutput> same_shape(Node&, const InferArgs& a) {
+  return {{a.in[0], a.types[0]}};
 }
 
 } // namespace kdflow::teacher

@@ -83,18 +83,27 @@ std::vector<torch::Tensor> first_input(const Values& value, const Node& node) {
   return {value(node.inputs[0])};
 }
 
-template <typename F>
-std::vector<torch::Tensor> arithmetic(const Values& value, const Node& node, F&& f) {
-  return {f(value(node.inputs[0]), value(node.inputs[1]))};
+// Add ('+'), Sub ('-'), Mul ('*') and Div (any other), broadcasting as numpy does.
+template <char op>
+std::vector<torch::Tensor> arithmetic(const Values& value, const Node& node) {
+  const torch::Tensor &a = value(node.inputs[0]), &b = value(node.inputs[1]);
+  if constexpr (op == '+')
+    return {a + b};
+  else if constexpr (op == '-')
+    return {a - b};
+  else if constexpr (op == '*')
+    return {a * b};
+  else
+    return {a / b};
 }
 
+template <bool is_max>
 std::vector<torch::Tensor> pool(const Values& value, const Node& node) {
   const torch::Tensor& x = value(node.inputs[0]);
   const auto k = node.ints_attr("kernel_shape"), s = node.ints_attr("strides"),
              d = node.ints_attr("dilations", {1, 1}), p = node.ints_attr("pads");
   const bool ceil = node.int_attr("ceil_mode", 0) != 0;
   const bool include_pad = node.int_attr("count_include_pad", 0) != 0;
-  const bool is_max = node.op == "MaxPool";
   const bool native = symmetric(p) && p[0] * 2 <= k[0] && p[1] * 2 <= k[1];
   if (native) {
     if (is_max) return {torch::max_pool2d(x, k, s, {p[0], p[1]}, d, ceil)};
@@ -227,20 +236,12 @@ const std::map<std::string, TorchOp, std::less<>>& torch_ops() {
       {"HardSwish", activation([](const torch::Tensor& x, float, float) {
          return x * torch::clamp(x / 6.0 + 0.5, 0.0, 1.0);
        })},
-      {"Add", {[](const Values& v, const Node& n) {
-         return arithmetic(v, n, [](const auto& a, const auto& b) { return a + b; });
-       }}},
-      {"Sub", {[](const Values& v, const Node& n) {
-         return arithmetic(v, n, [](const auto& a, const auto& b) { return a - b; });
-       }}},
-      {"Mul", {[](const Values& v, const Node& n) {
-         return arithmetic(v, n, [](const auto& a, const auto& b) { return a * b; });
-       }}},
-      {"Div", {[](const Values& v, const Node& n) {
-         return arithmetic(v, n, [](const auto& a, const auto& b) { return a / b; });
-       }}},
-      {"MaxPool", {pool}},
-      {"AveragePool", {pool}},
+      {"Add", {arithmetic<'+'>}},
+      {"Sub", {arithmetic<'-'>}},
+      {"Mul", {arithmetic<'*'>}},
+      {"Div", {arithmetic<'/'>}},
+      {"MaxPool", {pool<true>}},
+      {"AveragePool", {pool<false>}},
       {"GlobalAveragePool", {global_average_pool}},
       {"ReduceMean", {reduce_mean}},
       {"Flatten", {view}},

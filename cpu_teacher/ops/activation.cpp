@@ -17,10 +17,6 @@ namespace {
 
 // --- shape rules: the shape is the input's; defaults written out so every reader sees them -----
 
-std::vector<InferredOutput> same_shape(Node&, const InferArgs& a) {
-  return {{a.in[0], a.types[0]}};
-}
-
 std::vector<InferredOutput> infer_leaky_relu(Node& node, const InferArgs& a) {
   node.attrs["alpha"] = float_attribute(node.float_attr("alpha", 0.01f));
   return same_shape(node, a);
@@ -84,8 +80,7 @@ void lower_activation(Lowering& plan, const Node& node) {
 
 // --- the activations -----------------------------------------------------------------------------
 
-// Relu shares oneDNN's relu algorithm with LeakyRelu, whose alpha is the slope below 0: Relu's is
-// 0.
+// Relu is oneDNN's relu with slope 0 below 0 (LeakyRelu's alpha).
 constexpr Activation kRelu{.algorithm = dnnl_eltwise_relu,
                            .onednn_params = std::pair{0.f, 0.f},
                            .scalar = [](float x, float, float) { return x > 0 ? x : 0.f; }};

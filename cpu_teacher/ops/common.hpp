@@ -2,7 +2,7 @@
 // reference.cpp beside the dispatch through the op table.
 #pragma once
 
-#include "kdflow/cpu_teacher/graph.hpp"
+#include "op_table.hpp"
 
 #include <cstdint>
 #include <string>
@@ -51,5 +51,8 @@ Attribute int_attribute(std::int64_t v);
 const Tensor& need_constant(const Node& node, const std::vector<const Tensor*>& c, std::size_t k,
                             const char* what);
 bool has_input(const Node& node, std::size_t k);
+
+// The shape rule of ops whose output is their input's shape and type.
+std::vector<InferredOutput> same_shape(Node& node, const InferArgs& args);
 
 } // namespace kdflow::teacher

@@ -37,16 +37,15 @@ std::vector<InferredOutput> infer_matmul(Node& node, const InferArgs& args) {
   return {{batch, ElemType::f32}};
 }
 
-// Both ops: batched (MatMul) products, with Gemm's transposes, alpha and beta * C.
+// Both ops: batched (MatMul) products, with Gemm's transposes, alpha and beta * C. MatMul has none
+// of Gemm's attributes nor C (the ONNX checker refuses them): their defaults make it a MatMul.
 std::vector<Tensor> evaluate_product(const Node& node, const std::vector<const Tensor*>& x,
                                      const std::vector<InferredOutput>& outs) {
   const Shape& os = outs[0].shape;
   const Tensor& a = *x[0];
   const Tensor& b = *x[1];
-  const bool gemm = node.op == "Gemm";
-  const bool ta = gemm && node.int_attr("transA", 0), tb = gemm && node.int_attr("transB", 0);
-  const float alpha = gemm ? node.float_attr("alpha", 1) : 1.f,
-              beta = gemm ? node.float_attr("beta", 1) : 1.f;
+  const bool ta = node.int_attr("transA", 0), tb = node.int_attr("transB", 0);
+  const float alpha = node.float_attr("alpha", 1), beta = node.float_attr("beta", 1);
   const std::int64_t m = os[os.size() - 2], n = os.back();
   const std::int64_t k = ta ? a.shape[a.shape.size() - 2] : a.shape.back();
   const Shape batch(os.begin(), os.end() - 2);
@@ -55,7 +54,7 @@ std::vector<Tensor> evaluate_product(const Node& node, const std::vector<const T
   const Shape sa = broadcast_strides(abatch, batch), sb = broadcast_strides(bbatch, batch);
   std::vector<float> r(static_cast<std::size_t>(numel(os)));
   Shape cstr;
-  if (gemm && x.size() > 2 && x[2]) cstr = broadcast_strides(x[2]->shape, {m, n});
+  if (x.size() > 2 && x[2]) cstr = broadcast_strides(x[2]->shape, {m, n});
   std::int64_t bi = 0;
   for_each_index(batch, [&](std::int64_t, const std::vector<std::int64_t>& idx) {
     std::int64_t oa = 0, ob = 0;
@@ -82,9 +81,9 @@ std::vector<Tensor> evaluate_product(const Node& node, const std::vector<const T
   return {Tensor::floats(os, std::move(r))};
 }
 
-// A computed B (or A of rank above 2): oneDNN's matmul on plain operands, broadcast by rank.
+// MatMul with a computed B (or A of rank above 2): oneDNN's matmul on plain operands, broadcast by
+// rank.
 void matmul(Lowering& plan, const Node& node) {
-  if (node.op == "Gemm") plan.fail(node, "Gemm with a computed B is not supported");
   const Graph& g = plan.graph();
   const dt act = plan.act();
   const Shape& os = g.shape(node.outputs[0]);
@@ -109,20 +108,19 @@ void matmul(Lowering& plan, const Node& node) {
   plan.set(node.outputs[0], dst);
 }
 
-// A constant B: the weights of an inner product (B^T, scaled by alpha), beta * C its bias.
+// A constant B: the weights of an inner product (B^T, scaled by alpha), beta * C its bias (Gemm's
+// attributes and C at their defaults for MatMul, as in evaluate_product).
 void inner_product(Lowering& plan, const Node& node) {
   const Graph& g = plan.graph();
-  const bool gemm = node.op == "Gemm";
-  if (gemm && node.int_attr("transA", 0))
+  if (node.int_attr("transA", 0))
     plan.fail(node, "transA = 1 on a computed input is not supported");
   const Shape& as = g.shape(node.inputs[0]);
   const Shape& os = g.shape(node.outputs[0]);
   const Tensor& b = g.constants.at(node.inputs[1]);
   if (as.size() != 2) return matmul(plan, node);
   const std::int64_t k = as[1], n = os[1];
-  const bool tb = gemm && node.int_attr("transB", 0);
-  const float alpha = gemm ? node.float_attr("alpha", 1) : 1.f,
-              beta = gemm ? node.float_attr("beta", 1) : 1.f;
+  const bool tb = node.int_attr("transB", 0);
+  const float alpha = node.float_attr("alpha", 1), beta = node.float_attr("beta", 1);
   std::vector<float> w(static_cast<std::size_t>(n * k)); // [n, k] = B^T unless transB
   for (std::int64_t o = 0; o < n; ++o)
     for (std::int64_t q = 0; q < k; ++q)
@@ -141,7 +139,7 @@ void inner_product(Lowering& plan, const Node& node) {
   const memory::desc w_user(
       wdims, dt::f32, src_shape.size() == 4 ? memory::format_tag::oihw : memory::format_tag::oi);
   std::optional<std::vector<float>> bias;
-  if (gemm && has_input(node, 2)) {
+  if (has_input(node, 2)) {
     if (!g.is_constant(node.inputs[2])) plan.fail(node, "C must be constant");
     const Tensor& c = g.constants.at(node.inputs[2]);
     if (c.size() != n && c.size() != 1)
@@ -175,7 +173,13 @@ void inner_product(Lowering& plan, const Node& node) {
   plan.set(node.outputs[0], dst);
 }
 
-void lower_product(Lowering& plan, const Node& node) {
+void lower_gemm(Lowering& plan, const Node& node) {
+  if (!plan.graph().is_constant(node.inputs[1]))
+    plan.fail(node, "Gemm with a computed B is not supported");
+  inner_product(plan, node);
+}
+
+void lower_matmul(Lowering& plan, const Node& node) {
   if (plan.graph().is_constant(node.inputs[1])) return inner_product(plan, node);
   matmul(plan, node);
 }
@@ -188,7 +192,7 @@ PostOps product_post_ops(const Graph& g, const Node& node) {
 double product_flops(const Graph& g, const Node& node) {
   const Shape& out = g.shape(node.outputs[0]);
   const Shape& a = g.shape(node.inputs[0]);
-  const std::int64_t k = node.op == "Gemm" && node.int_attr("transA", 0) ? a[0] : a.back();
+  const std::int64_t k = node.int_attr("transA", 0) ? a[0] : a.back();
   return 2.0 * static_cast<double>(numel(out)) * static_cast<double>(k) /
          static_cast<double>(g.batch);
 }
@@ -198,14 +202,14 @@ constexpr OpDef kOps[] = {
      .min_inputs = 2,
      .infer = infer_gemm,
      .evaluate = evaluate_product,
-     .lower = lower_product,
+     .lower = lower_gemm,
      .post_ops = product_post_ops,
      .flops_per_sample = product_flops},
     {.name = "MatMul",
      .min_inputs = 2,
      .infer = infer_matmul,
      .evaluate = evaluate_product,
-     .lower = lower_product,
+     .lower = lower_matmul,
      .post_ops = product_post_ops,
      .flops_per_sample = product_flops},
 };

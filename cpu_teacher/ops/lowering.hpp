@@ -110,7 +110,7 @@ public:
   // A user scratchpad, no post-ops.
   [[nodiscard]] static dnnl::primitive_attr plain_attr();
   [[nodiscard]] static const PostOp* sum_post(const Node& node);
-  // The 4-D tensor a Gemm/MatMul reads directly in place of the Flatten or Reshape before it,
+  // The 4-D tensor a Gemm/MatMul reads directly in place of the flattening view before it,
   // or nullptr (see find_flatten_into_gemm).
   [[nodiscard]] const std::string* flat_source(const Node& node) const;
 

@@ -41,8 +41,8 @@ struct Activation {
   // The node's attributes (after its shape rule) that hold PostOp::alpha and PostOp::beta.
   const char* alpha_attr = "alpha";
   const char* beta_attr = "beta";
-  // oneDNN's alpha and beta for `algorithm` where they are not the node's (HardSwish's fixed
-  // slope).
+  // oneDNN's alpha and beta for `algorithm` where they are not the node's: HardSwish's fixed
+  // slope and offset, Relu's zero slope.
   std::optional<std::pair<float, float>> onednn_params;
   float (*scalar)(float x, float alpha, float beta);
 };
@@ -70,9 +70,8 @@ struct OpDef {
 };
 
 // The entry for `op`, or nullptr. A map lookup: call it while building, never per batch.
+// (teacher_ops() in kdflow/cpu_teacher/ops.hpp lists the entries.)
 const OpDef* find_op(std::string_view op);
-// Every entry, sorted by name.
-std::span<const OpDef* const> op_table();
 
 // Each family file's entries (ops/<family>.cpp); ops/table.cpp joins them into the one table.
 std::span<const OpDef> activation_ops();

@@ -15,10 +15,18 @@ namespace {
 
 // --- windows -------------------------------------------------------------------------------------
 
+struct Pooling {
+  bool max;    // MaxPool; else an average
+  bool global; // the window is the whole map
+};
+constexpr Pooling kMaxPool{true, false}, kAveragePool{false, false},
+    kGlobalAveragePool{false, true};
+
+template <const Pooling& P>
 std::vector<InferredOutput> infer_pool(Node& node, const InferArgs& a) {
   const auto kernel = node.ints_attr("kernel_shape");
   if (kernel.size() != 2) bad(node, "kernel_shape must have 2 entries");
-  if (node.op == "AveragePool" && node.has("dilations") &&
+  if (!P.max && node.has("dilations") &&
       node.ints_attr("dilations") != std::vector<std::int64_t>{1, 1})
     bad(node, "dilated AveragePool is not supported");
   if (node.has("storage_order") && node.int_attr("storage_order", 0) != 0)
@@ -42,23 +50,24 @@ std::vector<InferredOutput> infer_global_pool(Node& node, const InferArgs& a) {
   return {{{a.in[0][0], a.in[0][1], 1, 1}, ElemType::f32}};
 }
 
-// The window of a pooling node: GlobalAveragePool's is the whole map.
 struct Window {
   Shape kernel, strides, dilations, pads;
 };
+template <const Pooling& P>
 Window window_of(const Node& node, const Shape& xs) {
-  if (node.op == "GlobalAveragePool") return {{xs[2], xs[3]}, {1, 1}, {1, 1}, {0, 0, 0, 0}};
+  if (P.global) return {{xs[2], xs[3]}, {1, 1}, {1, 1}, {0, 0, 0, 0}};
   return {node.ints_attr("kernel_shape"), node.ints_attr("strides"),
           node.ints_attr("dilations", {1, 1}), node.ints_attr("pads")};
 }
 
+template <const Pooling& P>
 std::vector<Tensor> evaluate_pool(const Node& node, const std::vector<const Tensor*>& x,
                                   const std::vector<InferredOutput>& outs) {
   const Shape& os = outs[0].shape;
   const Shape& xs = x[0]->shape;
-  const auto [k, s, d, p] = window_of(node, xs);
+  const auto [k, s, d, p] = window_of<P>(node, xs);
   const bool include_pad = node.int_attr("count_include_pad", 0) != 0;
-  const bool is_max = node.op == "MaxPool";
+  const bool is_max = P.max;
   std::vector<float> r(static_cast<std::size_t>(numel(os)));
   for (std::int64_t nc = 0; nc < xs[0] * xs[1]; ++nc)
     for (std::int64_t oy = 0; oy < os[2]; ++oy)
@@ -87,11 +96,12 @@ std::vector<Tensor> evaluate_pool(const Node& node, const std::vector<const Tens
   return {Tensor::floats(os, std::move(r))};
 }
 
+template <const Pooling& P>
 void lower_pool(Lowering& plan, const Node& node) {
   const Graph& g = plan.graph();
   const Shape& xs = g.shape(node.inputs[0]);
   const Shape& os = g.shape(node.outputs[0]);
-  const auto [k, s, d, pads] = window_of(node, xs);
+  const auto [k, s, d, pads] = window_of<P>(node, xs);
   memory::dims pr(2);
   bool overhang = false;
   for (int a = 0; a < 2; ++a) {
@@ -100,7 +110,7 @@ void lower_pool(Lowering& plan, const Node& node) {
     overhang = overhang || pr[a] > pads[a + 2];
   }
   dnnl::algorithm alg = dnnl::algorithm::pooling_max;
-  if (node.op != "MaxPool") {
+  if (!P.max) {
     const bool include = node.int_attr("count_include_pad", 0) != 0;
     if (include && overhang)
       plan.fail(node, "count_include_pad with ceil_mode windows past the padding is not supported");
@@ -190,12 +200,18 @@ void lower_reduce_mean(Lowering& plan, const Node& node) {
 }
 
 constexpr OpDef kOps[] = {
-    {.name = "MaxPool", .infer = infer_pool, .evaluate = evaluate_pool, .lower = lower_pool},
-    {.name = "AveragePool", .infer = infer_pool, .evaluate = evaluate_pool, .lower = lower_pool},
+    {.name = "MaxPool",
+     .infer = infer_pool<kMaxPool>,
+     .evaluate = evaluate_pool<kMaxPool>,
+     .lower = lower_pool<kMaxPool>},
+    {.name = "AveragePool",
+     .infer = infer_pool<kAveragePool>,
+     .evaluate = evaluate_pool<kAveragePool>,
+     .lower = lower_pool<kAveragePool>},
     {.name = "GlobalAveragePool",
      .infer = infer_global_pool,
-     .evaluate = evaluate_pool,
-     .lower = lower_pool},
+     .evaluate = evaluate_pool<kGlobalAveragePool>,
+     .lower = lower_pool<kGlobalAveragePool>},
     {.name = "ReduceMean",
      .infer = infer_reduce_mean,
      .evaluate = evaluate_reduce_mean,

@@ -15,10 +15,6 @@ namespace {
 
 // --- views ---------------------------------------------------------------------------------------
 
-std::vector<InferredOutput> same_shape(Node&, const InferArgs& a) {
-  return {{a.in[0], a.types[0]}};
-}
-
 std::vector<InferredOutput> infer_flatten(Node& node, const InferArgs& args) {
   const Shape& x = args.in[0];
   const auto rank = static_cast<std::int64_t>(x.size());
@@ -297,9 +293,15 @@ std::vector<InferredOutput> infer_slice(Node& node, const InferArgs& a) {
 struct Window {
   std::vector<std::int64_t> start, step;
 };
+using WindowFn = Window (*)(const Node& node, std::size_t rank, std::size_t out,
+                            std::int64_t& offset);
+
+Window slice_window(const Node& node, std::size_t, std::size_t, std::int64_t&) {
+  return {node.ints_attr("starts_full"), node.ints_attr("steps_full")};
+}
+
 // Split's windows follow each other along its axis: `offset` is where output `out` starts.
-Window window_of(const Node& node, std::size_t rank, std::size_t out, std::int64_t& offset) {
-  if (node.op == "Slice") return {node.ints_attr("starts_full"), node.ints_attr("steps_full")};
+Window split_window(const Node& node, std::size_t rank, std::size_t out, std::int64_t& offset) {
   Window w{std::vector<std::int64_t>(rank, 0), std::vector<std::int64_t>(rank, 1)};
   w.start[static_cast<std::size_t>(node.int_attr("axis", 0))] = offset;
   offset += node.ints_attr("split")[out];
@@ -317,6 +319,7 @@ void strided_copy(const float* src, const Shape& ss, float* dst, const Shape& ds
   });
 }
 
+template <WindowFn window_of>
 std::vector<Tensor> evaluate_window(const Node& node, const std::vector<const Tensor*>& x,
                                     const std::vector<InferredOutput>& outs) {
   std::vector<Tensor> result;
@@ -344,6 +347,7 @@ std::vector<Tensor> evaluate_window(const Node& node, const std::vector<const Te
 
 // Each output is one reorder from a strided view of the input; negative steps (which a memory
 // descriptor cannot express) run as a plain kernel.
+template <WindowFn window_of>
 void lower_window(Lowering& plan, const Node& node) {
   const Graph& g = plan.graph();
   const Shape& xs = g.shape(node.inputs[0]);
@@ -503,8 +507,14 @@ constexpr OpDef kOps[] = {
      .evaluate = evaluate_transpose,
      .lower = lower_transpose},
     {.name = "Concat", .infer = infer_concat, .evaluate = evaluate_concat, .lower = lower_concat},
-    {.name = "Split", .infer = infer_split, .evaluate = evaluate_window, .lower = lower_window},
-    {.name = "Slice", .infer = infer_slice, .evaluate = evaluate_window, .lower = lower_window},
+    {.name = "Split",
+     .infer = infer_split,
+     .evaluate = evaluate_window<split_window>,
+     .lower = lower_window<split_window>},
+    {.name = "Slice",
+     .infer = infer_slice,
+     .evaluate = evaluate_window<slice_window>,
+     .lower = lower_window<slice_window>},
     {.name = "Pad", .infer = infer_pad, .evaluate = evaluate_pad, .lower = lower_pad},
 };
 

@@ -4,7 +4,6 @@
 
 #include "kdflow/cpu_teacher/ops.hpp"
 
-#include <algorithm>
 #include <map>
 #include <stdexcept>
 #include <string>
@@ -12,10 +11,8 @@
 namespace kdflow::teacher {
 namespace {
 
-struct Table {
-  std::vector<const OpDef*> sorted;
-  std::map<std::string_view, const OpDef*, std::less<>> by_name;
-};
+// By name (which also sorts teacher_ops()).
+using Table = std::map<std::string_view, const OpDef*, std::less<>>;
 
 const Table& table() {
   static const Table t = [] {
@@ -25,16 +22,11 @@ const Table& table() {
     };
     Table r;
     for (const auto family : kFamilies)
-      for (const OpDef& op : family()) {
+      for (const OpDef& op : family())
         // Every entry needs a shape rule and a reference: import folds and checks with them.
-        if (op.infer == nullptr || op.evaluate == nullptr ||
-            !r.by_name.emplace(op.name, &op).second)
+        if (op.infer == nullptr || op.evaluate == nullptr || !r.emplace(op.name, &op).second)
           throw std::logic_error("op table: entry '" + std::string(op.name) +
                                  "' is declared twice or lacks its shape rule or reference");
-        r.sorted.push_back(&op);
-      }
-    std::sort(r.sorted.begin(), r.sorted.end(),
-              [](const OpDef* a, const OpDef* b) { return a->name < b->name; });
     return r;
   }();
   return t;
@@ -43,16 +35,13 @@ const Table& table() {
 } // namespace
 
 const OpDef* find_op(std::string_view op) {
-  const auto& by_name = table().by_name;
-  const auto it = by_name.find(op);
-  return it == by_name.end() ? nullptr : it->second;
+  const auto it = table().find(op);
+  return it == table().end() ? nullptr : it->second;
 }
-
-std::span<const OpDef* const> op_table() { return table().sorted; }
 
 std::vector<OpInfo> teacher_ops() {
   std::vector<OpInfo> out;
-  for (const OpDef* op : op_table()) out.push_back({std::string(op->name), op->lower != nullptr});
+  for (const auto& [name, op] : table()) out.push_back({std::string(name), op->lower != nullptr});
   return out;
 }
 

@@ -12,8 +12,10 @@ namespace kdflow::teacher {
 
 struct OpInfo {
   std::string name; // ONNX op type
-  // True: a node of this op can remain in the graph after import and run per batch. False: the op
-  // is only folded at import (Shape, Gather, Cast, ...); a graph that would run it is refused.
+  // True: a node of this op can remain in the graph after import, for an executor to run per
+  // batch (the oneDNN engine may still refuse a variant: BatchNormalization with computed
+  // parameters). False: the op is only folded at import (Shape, Gather, Cast, ...); a graph that
+  // would run it is refused.
   bool runs_at_inference = false;
 };
 
