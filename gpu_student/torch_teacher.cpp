@@ -350,8 +350,6 @@ void TorchTeacher::run(const float* input, std::span<float* const> outputs) cons
   }
 }
 
-std::string TorchTeacher::device() const { return impl_->device.str(); }
-
 std::vector<std::string> TorchTeacher::ops() {
   std::vector<std::string> names;
   for (const auto& [name, op] : torch_ops()) names.push_back(name);

@@ -232,8 +232,9 @@ private:
   const std::uint32_t slots_;
   student::TrainerOptions options_;
   Assembled parts_;
-  student::Trainer* trainer_ = nullptr;
-  CpuPipeline* pipeline_ = nullptr;
+  // The assembled parts, once start() built them.
+  [[nodiscard]] student::Trainer& trainer() { return *parts_.trainer; }
+  [[nodiscard]] CpuPipeline& pipeline() { return *parts_.pipeline; }
 
   std::ofstream metrics_;
   std::mutex metrics_mutex_;      // the student's lines and kd-ctl's moves
@@ -248,7 +249,7 @@ private:
   json evaluations_ = json::array();
   double previous_wall_s_ = 0;
   double eval_s_ = 0, save_s_ = 0; // time outside the steps, for the steady-state rate
-  double loop_s_ = 0;
+  Clock::time_point loop_start_{}; // the step loop's start: its clock runs to the last evaluation
   std::uint64_t samples_ = 0;
   std::uint64_t stall_ns_ = 0;
   bool interrupted_ = false;
@@ -267,7 +268,7 @@ TrainRun::TrainRun(const TrainArgs& args)
 
 TrainRun::~TrainRun() {
   // kd-ctl may be in a move, which waits for the stages to drain: stop the pipeline first.
-  if (pipeline_) pipeline_->stop();
+  if (parts_.pipeline) parts_.pipeline->stop();
 }
 
 void TrainRun::start() {
@@ -275,8 +276,6 @@ void TrainRun::start() {
   affinity::pin_this_thread(run_.topology, run_.plan.student, "kd-student");
   options_ = trainer_options(run_, static_cast<std::int64_t>(epochs_ * per_epoch_));
   parts_ = assemble(run_, sampler_, slots_, options_, StudentLogits::teacher);
-  trainer_ = parts_.trainer.get();
-  pipeline_ = parts_.pipeline.get();
   if (resume_from_) resume(*resume_from_);
 
   fs::create_directories(ckpt_dir_);
@@ -291,19 +290,19 @@ void TrainRun::start() {
   test_labels_.resize(run_.test.size());
   for (std::size_t i = 0; i < run_.test.size(); ++i) test_labels_[i] = run_.test.label(i);
   if (run_.teacher_runs && !teacher_accuracy_) {
-    teacher_accuracy_ = teacher_test_accuracy(run_, test_images_, *pipeline_->teacher_arena(0));
+    teacher_accuracy_ = teacher_test_accuracy(run_, test_images_, *pipeline().teacher_arena(0));
     log_info(fmt::format("teacher {}: test accuracy {:.4f} ({} precision, {} replica(s))",
                          run_.teacher_path, *teacher_accuracy_,
-                         teacher::precision_name(run_.precision), pipeline_->replicas()));
+                         teacher::precision_name(run_.precision), pipeline().replicas()));
   }
   log_info(fmt::format("student {} ({} parameters) on {}, {}; {} steps of batch {} ({} per epoch)",
-                       options_.model.arch, trainer_->parameters(), trainer_->device(),
-                       trainer_->precision(), last_, run_.sampler.batch_size, per_epoch_));
+                       options_.model.arch, trainer().parameters(), trainer().device(),
+                       trainer().precision(), last_, run_.sampler.batch_size, per_epoch_));
 }
 
 void TrainRun::resume(const fs::path& from) {
   try {
-    const json state = json::parse(trainer_->load(from));
+    const json state = json::parse(trainer().load(from));
     const json written = state.value("config", json::object());
     const json expected = trajectory_keys(config_);
     for (const auto& [key, value] : expected.items()) {
@@ -330,7 +329,7 @@ void TrainRun::resume(const fs::path& from) {
                                  "train.epochs or train.max_steps to continue it",
                                  from.string(), next_batch_, last_));
   log_info(fmt::format("resuming from {}: step {}, batch {} of {}", from.string(),
-                       trainer_->steps_done(), next_batch_, last_));
+                       trainer().steps_done(), next_batch_, last_));
 }
 
 void TrainRun::write_metrics(const json& line) {
@@ -352,7 +351,7 @@ std::string TrainRun::run_state(std::uint64_t next_batch) const {
 
 void TrainRun::save(std::uint64_t next_batch) {
   const auto t0 = Clock::now();
-  trainer_->save(checkpoint_name(ckpt_dir_, trainer_->steps_done()), run_state(next_batch));
+  trainer().save(checkpoint_name(ckpt_dir_, trainer().steps_done()), run_state(next_batch));
   const auto keep = static_cast<std::size_t>(config_.get_int("train.keep_checkpoints"));
   auto all = list_checkpoints(ckpt_dir_);
   for (std::size_t i = 0; i + keep < all.size(); ++i) fs::remove(all[i]);
@@ -361,16 +360,16 @@ void TrainRun::save(std::uint64_t next_batch) {
 
 void TrainRun::evaluate(double epoch) {
   const auto t0 = Clock::now();
-  test_accuracy_ = trainer_->evaluate(test_images_, test_labels_);
+  test_accuracy_ = trainer().evaluate(test_images_, test_labels_);
   best_accuracy_ = std::max(best_accuracy_, test_accuracy_);
   evaluations_.push_back(
-      {{"epoch", epoch}, {"step", trainer_->steps_done()}, {"test_accuracy", test_accuracy_}});
+      {{"epoch", epoch}, {"step", trainer().steps_done()}, {"test_accuracy", test_accuracy_}});
   eval_s_ += std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
 void TrainRun::start_kd_ctl() {
   if (!config_.get_bool("cores.elastic")) return;
-  elastic_off_ = KdCtl::why_not(*pipeline_);
+  elastic_off_ = KdCtl::why_not(pipeline());
   if (elastic_off_) {
     log_info(fmt::format("kd-ctl off: {}", *elastic_off_));
     return;
@@ -379,7 +378,7 @@ void TrainRun::start_kd_ctl() {
   elastic.policy.margin = config_.get_double("cores.elastic_margin");
   elastic.window_s = config_.get_double("cores.elastic_window_s");
   elastic.on_move = [this](const json& record) { write_metrics(record); };
-  kd_ctl_ = std::make_unique<KdCtl>(*pipeline_, std::move(elastic));
+  kd_ctl_ = std::make_unique<KdCtl>(pipeline(), std::move(elastic));
 }
 
 void TrainRun::step_loop() {
@@ -388,16 +387,16 @@ void TrainRun::step_loop() {
   // The pipeline runs from the resume point to the end.
   StopSignals signals;
   Progress progress(::isatty(STDERR_FILENO) == 1);
-  const auto loop_start = Clock::now();
+  loop_start_ = Clock::now();
   const std::uint64_t begin = next_batch_;
-  pipeline_->start(begin, last_ - begin);
+  pipeline().start(begin, last_ - begin);
   start_kd_ctl();
   Interval interval;
-  const RingStats ring_before = pipeline_->ring().stats();
+  const RingStats ring_before = pipeline().ring().stats();
   std::uint64_t last_wait_ns = ring_before.stages[2].wait_ns;
   std::uint64_t last_teacher_ns = 0;
   for (std::uint64_t b = begin; b < last_; ++b) {
-    const auto stats = trainer_->step(b - begin);
+    const auto stats = trainer().step(b - begin);
     if (!stats) break;
     samples_ += stats->samples;
     interval.loss += stats->loss * stats->samples;
@@ -409,17 +408,17 @@ void TrainRun::step_loop() {
     const std::uint64_t epoch = b / per_epoch_;
     const bool epoch_end = (b + 1) % per_epoch_ == 0;
     const auto now = Clock::now();
-    const double elapsed = std::chrono::duration<double>(now - loop_start).count();
+    const double elapsed = std::chrono::duration<double>(now - loop_start_).count();
     const double rate = static_cast<double>(samples_) / std::max(1e-9, elapsed);
-    const RingStats ring = pipeline_->ring().stats();
+    const RingStats ring = pipeline().ring().stats();
     if ((b + 1) % log_every == 0 || epoch_end || b + 1 == last_) {
       const double span = std::chrono::duration<double>(now - interval.start).count();
       const std::uint64_t wait_ns = ring.stages[2].wait_ns,
-                          teacher_ns = pipeline_->teacher_totals().busy_ns.load();
-      const double replicas = static_cast<double>(std::max<std::size_t>(1, pipeline_->replicas()));
+                          teacher_ns = pipeline().teacher_totals().busy_ns.load();
+      const double replicas = static_cast<double>(std::max<std::size_t>(1, pipeline().replicas()));
       const double n = static_cast<double>(std::max<std::int64_t>(1, interval.samples));
       const json line = {
-          {"step", trainer_->steps_done()},
+          {"step", trainer().steps_done()},
           {"epoch", epoch},
           {"loss", interval.loss / n},
           {"kd_loss", interval.kd / n},
@@ -432,11 +431,11 @@ void TrainRun::step_loop() {
                                                    (span * 1e9 * replicas)
                                              : 0.0},
           {"ring_ready", ring.occupancy[static_cast<int>(SlotState::ready)]},
-          {"skipped_steps", trainer_->skipped_steps()}};
+          {"skipped_steps", trainer().skipped_steps()}};
       write_metrics(line);
       if (!progress.terminal())
         log_info(fmt::format("step {}/{} epoch {} loss {:.4f} lr {:.4f} {:.0f} samples/s",
-                             trainer_->steps_done(), last_, epoch + 1, line["loss"].get<double>(),
+                             trainer().steps_done(), last_, epoch + 1, line["loss"].get<double>(),
                              stats->lr, line["samples_per_s"].get<double>()));
       last_wait_ns = wait_ns;
       last_teacher_ns = teacher_ns;
@@ -465,29 +464,30 @@ void TrainRun::step_loop() {
       break;
     }
     if (epoch_end ||
-        (every > 0 && trainer_->steps_done() % static_cast<std::int64_t>(every) == 0) ||
+        (every > 0 && trainer().steps_done() % static_cast<std::int64_t>(every) == 0) ||
         b + 1 == last_)
       save(b + 1);
   }
-  pipeline_->stop();
-  trainer_->drain();
+  pipeline().stop();
+  trainer().drain();
   progress.finish();
-  pipeline_->ring().rethrow_if_failed();
-  loop_s_ = std::chrono::duration<double>(Clock::now() - loop_start).count();
-  stall_ns_ = pipeline_->ring().stats().stages[2].wait_ns - ring_before.stages[2].wait_ns;
+  pipeline().ring().rethrow_if_failed();
+  stall_ns_ = pipeline().ring().stats().stages[2].wait_ns - ring_before.stages[2].wait_ns;
 }
 int TrainRun::finish() {
   const bool finished_epoch = last_ % per_epoch_ == 0;
   if (!interrupted_ && !finished_epoch)
     evaluate(static_cast<double>(last_) / static_cast<double>(per_epoch_));
-  const double loop_s = loop_s_;
+  // The loop's time includes every evaluation and save (the last evaluation too), which the rate
+  // below leaves out.
+  const double loop_s = std::chrono::duration<double>(Clock::now() - loop_start_).count();
   const auto stall_ns = static_cast<double>(stall_ns_);
   json summary = {
       {"test_accuracy", test_accuracy_},
       {"best_test_accuracy", best_accuracy_},
       {"teacher_test_accuracy", teacher_accuracy_ ? json(*teacher_accuracy_) : json(nullptr)},
-      {"epochs", static_cast<double>(trainer_->steps_done()) / static_cast<double>(per_epoch_)},
-      {"steps", trainer_->steps_done()},
+      {"epochs", static_cast<double>(trainer().steps_done()) / static_cast<double>(per_epoch_)},
+      {"steps", trainer().steps_done()},
       {"wall_s", wall_s()},
       {"train_loop_s", loop_s},
       {"evaluation_s", eval_s_},
@@ -496,35 +496,35 @@ int TrainRun::finish() {
       {"samples_per_s", static_cast<double>(samples_) / std::max(1e-9, loop_s - eval_s_ - save_s_)},
       {"student_stall_fraction", stall_ns / std::max(1.0, (loop_s - eval_s_ - save_s_) * 1e9)},
       {"teacher_busy_fraction",
-       run_.teacher_runs ? static_cast<double>(pipeline_->teacher_totals().busy_ns.load()) /
-                               (loop_s * 1e9 * static_cast<double>(pipeline_->replicas()))
+       run_.teacher_runs ? static_cast<double>(pipeline().teacher_totals().busy_ns.load()) /
+                               (loop_s * 1e9 * static_cast<double>(pipeline().replicas()))
                          : 0.0},
-      {"device", trainer_->device()},
-      {"precision", trainer_->precision()},
+      {"device", trainer().device()},
+      {"precision", trainer().precision()},
       {"student",
        {{"arch", options_.model.arch},
         {"width", options_.model.width},
-        {"parameters", trainer_->parameters()}}},
+        {"parameters", trainer().parameters()}}},
       {"teacher", run_.teacher_runs ? json(run_.teacher_path) : json(nullptr)},
       {"plan", affinity::to_json(run_.plan)},
       {"elastic", elastic_off_ ? json{{"active", false}, {"reason", *elastic_off_}}
                                : json{{"active", true}, {"kd_ctl", kd_ctl_->summary()}}},
       {"ring",
        {{"slots", slots_},
-        {"slot_bytes", pipeline_->ring().layout().slot_bytes()},
-        {"memory", memory_kind_name(pipeline_->ring().memory_kind())}}},
-      {"skipped_steps", trainer_->skipped_steps()},
+        {"slot_bytes", pipeline().ring().layout().slot_bytes()},
+        {"memory", memory_kind_name(pipeline().ring().memory_kind())}}},
+      {"skipped_steps", trainer().skipped_steps()},
       {"interrupted", interrupted_},
       {"evaluations", evaluations_},
-      {"state_digest", fmt::format("{:016x}", fnv1a(trainer_->state_vector()))}};
+      {"state_digest", fmt::format("{:016x}", fnv1a(trainer().state_vector()))}};
   write_file_atomic(out_ / "summary.json", summary.dump(2) + "\n");
   if (interrupted_)
     throw Interrupted(fmt::format("interrupted at step {}: checkpoint saved in {}; continue with "
                                   "--resume auto --out {}",
-                                  trainer_->steps_done(), ckpt_dir_.string(), out_.string()));
+                                  trainer().steps_done(), ckpt_dir_.string(), out_.string()));
   log_info(fmt::format("done: {} steps, test accuracy {:.4f} (best {:.4f}), {:.0f} samples/s; "
                        "run folder {}",
-                       trainer_->steps_done(), test_accuracy_, best_accuracy_,
+                       trainer().steps_done(), test_accuracy_, best_accuracy_,
                        summary["samples_per_s"].get<double>(), out_.string()));
   return kExitOk;
 }

@@ -95,6 +95,12 @@ TEST(Train, RunsAndWritesTheRunFolder) {
   EXPECT_GE(s["teacher_test_accuracy"].get<double>(), 0.0);
   expect_student_device(s["device"]);
   EXPECT_FALSE(s["interrupted"].get<bool>());
+  // The rate is the steps' samples over the loop's time less its evaluations and saves (here the
+  // last evaluation comes after the last step: the run ends mid-epoch).
+  const double steps_s = s["train_loop_s"].get<double>() - s["evaluation_s"].get<double>() -
+                         s["checkpoint_s"].get<double>();
+  ASSERT_GT(steps_s, 0.0);
+  EXPECT_NEAR(s["samples_per_s"].get<double>() * steps_s, 20.0 * 64, 1e-6 * 20 * 64);
   // Four metric lines (every 5 steps), each with the keys of docs/DESIGN.md.
   std::ifstream metrics(out / "metrics.jsonl");
   int lines = 0;

@@ -28,7 +28,6 @@ public:
 
   // Host float32 input of the graph's input shape -> host outputs (the graph outputs in order).
   void run(const float* input, std::span<float* const> outputs) const;
-  [[nodiscard]] std::string device() const;
   // The op types this executor runs (its LibTorch op table), sorted.
   [[nodiscard]] static std::vector<std::string> ops();
 
