@@ -11,9 +11,6 @@ struct Device {
   Kind kind = Kind::cpu;
   int index = 0; // the CUDA device's
   [[nodiscard]] bool is_cuda() const { return kind == Kind::cuda; }
-  [[nodiscard]] std::string str() const {
-    return is_cuda() ? "cuda:" + std::to_string(index) : "cpu";
-  }
   friend bool operator==(const Device&, const Device&) = default;
 };
 
