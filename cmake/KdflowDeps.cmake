@@ -38,7 +38,12 @@ pkg_check_modules(LIBPNG REQUIRED IMPORTED_TARGET libpng16)
 # Imported targets are directory-scoped: found here so every directory links them alike.
 find_package(Protobuf REQUIRED)
 find_package(ZLIB REQUIRED)
-find_package(ONNX REQUIRED CONFIG)
+# ONNX's message definitions come from the venv's onnx wheel (cpu_teacher/CMakeLists.txt compiles
+# its onnx.proto): Debian's libonnx 1.12 stops at IR 8 / opset 17, older than today's exporters.
+set(KD_ONNX_PROTO "${KD_SITE_PACKAGES}/onnx/onnx.proto")
+if(NOT EXISTS "${KD_ONNX_PROTO}")
+  message(FATAL_ERROR "kdflow: ${KD_ONNX_PROTO} not found; run scripts/setup.sh (the venv needs onnx)")
+endif()
 if(KD_BUILD_TESTS)
   find_package(GTest REQUIRED CONFIG)
 endif()

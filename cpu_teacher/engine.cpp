@@ -194,7 +194,7 @@ dnnl::primitive_attr Lowering::attr_with(const Node& node) const {
     } else {
       const Activation& a = *find_op(post.op)->activation;
       const auto [alpha, beta] = a.onednn_params.value_or(std::pair{post.alpha, post.beta});
-      ops.append_eltwise(static_cast<dnnl::algorithm>(a.algorithm), alpha, beta);
+      ops.append_eltwise(static_cast<dnnl::algorithm>(a.algorithm_for(post.alpha)), alpha, beta);
     }
   }
   attr.set_post_ops(ops);
@@ -269,20 +269,34 @@ std::shared_ptr<const Teacher> Teacher::load(const std::string& path,
   t->plan_->graph = load_onnx(path, lo);
   t->plan_->precision = options.precision;
   Lowering(*t->plan_).build(options.features);
+  if (t->plan_->graph.chunks > 1)
+    for (const auto& o : t->plan_->outputs)
+      if (o.shape.empty() || o.shape[0] != t->plan_->graph.batch)
+        throw InputError(fmt::format("{}: the model fixes its batch at {}, and '{}' of shape {} "
+                                     "does not lead with it",
+                                     path, t->plan_->graph.batch, o.name, format_shape(o.shape)));
   return t;
 }
 
 Teacher::~Teacher() = default;
 const Graph& Teacher::graph() const { return plan_->graph; }
 Precision Teacher::precision() const { return plan_->precision; }
-std::int64_t Teacher::batch() const { return plan_->graph.batch; }
-Shape Teacher::input_shape() const { return plan_->graph.input_shape; }
+std::int64_t Teacher::batch() const { return plan_->graph.batch * plan_->graph.chunks; }
+Shape Teacher::input_shape() const {
+  Shape s = plan_->graph.input_shape;
+  s[0] = batch();
+  return s;
+}
 std::vector<std::string> Teacher::output_names() const {
   std::vector<std::string> out;
   for (const auto& o : plan_->outputs) out.push_back(o.name);
   return out;
 }
-Shape Teacher::output_shape(std::size_t k) const { return plan_->outputs.at(k).shape; }
+Shape Teacher::output_shape(std::size_t k) const {
+  Shape s = plan_->outputs.at(k).shape;
+  if (plan_->graph.chunks > 1) s[0] = batch();
+  return s;
+}
 std::size_t Teacher::steps() const { return plan_->steps.size(); }
 std::size_t Teacher::reorders() const {
   return static_cast<std::size_t>(std::count_if(plan_->steps.begin(), plan_->steps.end(),
@@ -312,8 +326,7 @@ struct Replica::State {
   std::vector<std::vector<std::byte*>>
       kernel_ptrs; // per kernel step (input/output patched per run)
   std::vector<std::vector<std::pair<std::size_t, ArgRef>>> kernel_user_args;
-  const float* current_input = nullptr;
-  std::span<float* const> current_outputs;
+  std::vector<float*> chunk_outputs; // per run: where the current chunk's outputs go
 };
 
 namespace {
@@ -337,6 +350,7 @@ Replica::Replica(std::shared_ptr<const Teacher> teacher)
   s.scratch.reset(aligned_bytes(p.scratchpad_bytes));
   s.input = memory(p.input_md, p.eng, DNNL_MEMORY_NONE);
   for (const auto& o : p.outputs) s.outputs.push_back(memory(o.md, p.eng, DNNL_MEMORY_NONE));
+  s.chunk_outputs.resize(p.outputs.size());
   const memory scratch(
       memory::desc({static_cast<memory::dim>(p.scratchpad_bytes)}, dt::u8, memory::format_tag::a),
       p.eng, s.scratch.get());
@@ -404,6 +418,23 @@ void Replica::execute(const float* input, std::span<float* const> outputs,
   if (outputs.size() != p.outputs.size())
     throw std::invalid_argument(fmt::format("teacher: {} output buffers given, {} expected",
                                             outputs.size(), p.outputs.size()));
+  if (timed) std::fill(step_seconds.begin(), step_seconds.end(), 0.0);
+  // A model that fixes its batch: the plan runs `chunks` times, each on the next rows.
+  const auto chunk_at = [](const Shape& shape, std::int64_t c) {
+    return static_cast<std::size_t>(c * numel(shape));
+  };
+  for (std::int64_t c = 0; c < p.graph.chunks; ++c) {
+    for (std::size_t k = 0; k < outputs.size(); ++k)
+      s.chunk_outputs[k] = outputs[k] + chunk_at(p.outputs[k].shape, c);
+    execute_once(input + chunk_at(p.graph.input_shape, c), s.chunk_outputs, step_seconds);
+  }
+}
+
+void Replica::execute_once(const float* input, std::span<float* const> outputs,
+                           std::span<double> step_seconds) {
+  const Teacher::Plan& p = teacher_->plan();
+  State& s = *state_;
+  const bool timed = !step_seconds.empty();
   s.input.set_data_handle(const_cast<float*>(input));
   for (auto& [view, offset] : s.input_views)
     view.set_data_handle(reinterpret_cast<std::byte*>(const_cast<float*>(input)) + offset);
@@ -415,7 +446,7 @@ void Replica::execute(const float* input, std::span<float* const> outputs,
     const auto done = [&] {
       if (!timed) return;
       s.stream.wait();
-      step_seconds[i] =
+      step_seconds[i] +=
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     };
     if (step.prim) {

@@ -1,5 +1,7 @@
-// ONNX import: protobuf model -> kdflow Graph with static shapes, constants folded, passes applied.
-// Only this file sees protobuf and the ONNX checker.
+// ONNX import: protobuf model -> kdflow Graph with static shapes, local functions inlined,
+// constants folded, passes applied. Only this file sees protobuf: it reads the venv onnx wheel's
+// onnx.proto (compiled as package kdflow_onnx) and checks what kdflow relies on itself, for every
+// IR version that proto knows.
 #include "kdflow/cpu_teacher/graph.hpp"
 #include "kdflow/cpu_teacher/passes.hpp"
 #include "kdflow/cpu_teacher/reference.hpp"
@@ -7,25 +9,33 @@
 #include "kdflow/core/error.hpp"
 #include "ops/op_table.hpp"
 
-#include <onnx/checker.h>
-#include <onnx/onnx_pb.h>
+#include <kdflow_onnx.pb.h>
 
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
+#include <map>
 #include <set>
 #include <sstream>
+#include <tuple>
 
 #include <fmt/format.h>
 
 namespace kdflow::teacher {
 namespace {
 
-constexpr std::int64_t kMinOpset = 11;
-// 17: the newest opset Debian's ONNX checker (1.12) validates.
-constexpr std::int64_t kMaxOpset = 17;
+namespace pb = kdflow_onnx;
 
-std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
+constexpr std::int64_t kMinOpset = 11;
+// 22: opsets 19 to 22 changed no semantics of an op kdflow runs (they add element types, and
+// AveragePool's dilations, which its shape rule reads); 23 brings new ops (Attention, RMSNorm).
+constexpr std::int64_t kMaxOpset = 22;
+// IR 3 is the first with opset imports; the newest is the one the compiled onnx.proto describes.
+constexpr std::int64_t kMinIr = 3;
+constexpr std::int64_t kMaxIr = pb::IR_VERSION;
+// Local functions calling local functions: deeper than this is a cycle, not a model.
+constexpr int kMaxFunctionDepth = 32;
 
 std::string read_bytes(const std::filesystem::path& path, std::int64_t offset = 0,
                        std::int64_t length = -1) {
@@ -34,85 +44,98 @@ std::string read_bytes(const std::filesystem::path& path, std::int64_t offset = 
   in.seekg(0, std::ios::end);
   const std::int64_t size = in.tellg();
   if (length < 0) length = size - offset;
-  if (offset < 0 || offset + length > size)
-    throw InputError(fmt::format("{}: truncated (wants bytes {}..{} of {})", path.string(), offset,
-                                 offset + length, size));
+  if (offset < 0 || offset > size || length > size - offset)
+    throw InputError(fmt::format("{}: truncated (wants {} bytes at offset {}, the file has {})",
+                                 path.string(), length, offset, size));
   std::string bytes(static_cast<std::size_t>(length), '\0');
   in.seekg(offset);
   in.read(bytes.data(), length);
   return bytes;
 }
 
-Tensor to_tensor(const onnx::TensorProto& t, const std::filesystem::path& model_dir,
+// An external-data key's integer value; `what` names the tensor for the error.
+std::int64_t external_int(const std::string& value, const std::string& what) {
+  std::int64_t v = 0;
+  std::size_t used = 0;
+  try {
+    v = std::stoll(value, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != value.size() || value.empty() || v < 0)
+    throw InputError(fmt::format("{}: '{}' is not a byte count", what, value));
+  return v;
+}
+
+// The model's external data must stay beside it: a relative path with no '..'.
+std::filesystem::path external_path(const std::filesystem::path& model_dir,
+                                    const std::string& location, const std::string& what) {
+  const std::filesystem::path rel(location);
+  bool escapes = location.empty() || rel.is_absolute();
+  for (const auto& part : rel.lexically_normal()) escapes = escapes || part == "..";
+  if (escapes)
+    throw InputError(fmt::format("{}: external data location '{}' is not a file beside the model",
+                                 what, location));
+  return model_dir / rel;
+}
+
+Tensor to_tensor(const pb::TensorProto& t, const std::filesystem::path& model_dir,
                  const std::string& file) {
+  const std::string what = fmt::format("{}: tensor '{}'", file, t.name());
+  // The element count, checked before anything is allocated: a header may lie.
+  std::int64_t n = 1;
+  for (const std::int64_t d : t.dims()) {
+    if (d < 0) throw InputError(fmt::format("{} has a negative dimension", what));
+    if (d > 0 && n > std::numeric_limits<std::int64_t>::max() / d)
+      throw InputError(fmt::format("{} has more elements than can be addressed", what));
+    n *= d;
+  }
   Shape shape(t.dims().begin(), t.dims().end());
-  const auto n = static_cast<std::size_t>(numel(shape));
   std::string raw;
-  if (t.data_location() == onnx::TensorProto::EXTERNAL) {
+  bool has_raw = false;
+  if (t.data_location() == pb::TensorProto::EXTERNAL) {
     std::string location;
     std::int64_t offset = 0, length = -1;
     for (const auto& kv : t.external_data()) {
       if (kv.key() == "location")
         location = kv.value();
       else if (kv.key() == "offset")
-        offset = std::stoll(kv.value());
+        offset = external_int(kv.value(), what);
       else if (kv.key() == "length")
-        length = std::stoll(kv.value());
+        length = external_int(kv.value(), what);
     }
-    raw = read_bytes(model_dir / location, offset, length);
+    raw = read_bytes(external_path(model_dir, location, what), offset, length);
+    has_raw = true;
   } else if (t.has_raw_data()) {
     raw = t.raw_data();
+    has_raw = true;
   }
   const auto type = t.data_type();
-  const auto want = [&](std::size_t elem) {
-    if (!raw.empty() && raw.size() != n * elem)
-      throw InputError(fmt::format("{}: initializer '{}' holds {} bytes, its shape {} needs {}",
-                                   file, t.name(), raw.size(), format_shape(shape), n * elem));
-  };
-  if (type == onnx::TensorProto::FLOAT) {
-    std::vector<float> v(n);
-    if (!raw.empty()) {
-      want(4);
+  const std::size_t elem = type == pb::TensorProto::FLOAT || type == pb::TensorProto::INT32    ? 4
+                           : type == pb::TensorProto::INT64 || type == pb::TensorProto::DOUBLE ? 8
+                           : type == pb::TensorProto::BOOL                                     ? 1
+                                                                                               : 0;
+  if (elem == 0)
+    throw InputError(fmt::format("{} has element type {}, which kdflow does not read", what, type));
+  const int typed = type == pb::TensorProto::FLOAT    ? t.float_data_size()
+                    : type == pb::TensorProto::INT64  ? t.int64_data_size()
+                    : type == pb::TensorProto::DOUBLE ? t.double_data_size()
+                                                      : t.int32_data_size(); // INT32, BOOL
+  // raw.size() / elem: compared without multiplying n, which may be huge.
+  if (has_raw ? raw.size() % elem != 0 || raw.size() / elem != static_cast<std::uint64_t>(n)
+              : typed != n)
+    throw InputError(fmt::format("{} holds {} values, its shape {} needs {}", what,
+                                 has_raw ? raw.size() / elem : static_cast<std::size_t>(typed),
+                                 format_shape(shape), n));
+  const auto count = static_cast<std::size_t>(n);
+  if (type == pb::TensorProto::FLOAT || type == pb::TensorProto::DOUBLE) {
+    std::vector<float> v(count);
+    if (type == pb::TensorProto::FLOAT && has_raw) {
       std::memcpy(v.data(), raw.data(), raw.size());
-    } else {
-      if (static_cast<std::size_t>(t.float_data_size()) != n)
-        throw InputError(fmt::format("{}: initializer '{}' has {} values for shape {}", file,
-                                     t.name(), t.float_data_size(), format_shape(shape)));
+    } else if (type == pb::TensorProto::FLOAT) {
       std::copy(t.float_data().begin(), t.float_data().end(), v.begin());
-    }
-    return Tensor::floats(shape, std::move(v));
-  }
-  if (type == onnx::TensorProto::INT64 || type == onnx::TensorProto::INT32 ||
-      type == onnx::TensorProto::BOOL) {
-    std::vector<std::int64_t> v(n);
-    if (!raw.empty()) {
-      const std::size_t elem = type == onnx::TensorProto::INT64   ? 8
-                               : type == onnx::TensorProto::INT32 ? 4
-                                                                  : 1;
-      want(elem);
-      for (std::size_t k = 0; k < n; ++k) {
-        if (elem == 8)
-          std::memcpy(&v[k], raw.data() + 8 * k, 8);
-        else if (elem == 4) {
-          std::int32_t x;
-          std::memcpy(&x, raw.data() + 4 * k, 4);
-          v[k] = x;
-        } else {
-          v[k] = raw[k] != 0;
-        }
-      }
-    } else if (type == onnx::TensorProto::INT64) {
-      std::copy(t.int64_data().begin(), t.int64_data().end(), v.begin());
-    } else {
-      std::copy(t.int32_data().begin(), t.int32_data().end(), v.begin());
-    }
-    return Tensor::ints(shape, std::move(v));
-  }
-  if (type == onnx::TensorProto::DOUBLE) {
-    std::vector<float> v(n);
-    if (!raw.empty()) {
-      want(8);
-      for (std::size_t k = 0; k < n; ++k) {
+    } else if (has_raw) {
+      for (std::size_t k = 0; k < count; ++k) {
         double d;
         std::memcpy(&d, raw.data() + 8 * k, 8);
         v[k] = static_cast<float>(d);
@@ -122,35 +145,52 @@ Tensor to_tensor(const onnx::TensorProto& t, const std::filesystem::path& model_
     }
     return Tensor::floats(shape, std::move(v));
   }
-  throw InputError(fmt::format("{}: tensor '{}' has element type {}, which kdflow does not read",
-                               file, t.name(), static_cast<int>(type)));
+  std::vector<std::int64_t> v(count);
+  if (has_raw) {
+    for (std::size_t k = 0; k < count; ++k) {
+      if (elem == 8) {
+        std::memcpy(&v[k], raw.data() + 8 * k, 8);
+      } else if (elem == 4) {
+        std::int32_t x;
+        std::memcpy(&x, raw.data() + 4 * k, 4);
+        v[k] = x;
+      } else {
+        v[k] = raw[k] != 0;
+      }
+    }
+  } else if (type == pb::TensorProto::INT64) {
+    std::copy(t.int64_data().begin(), t.int64_data().end(), v.begin());
+  } else {
+    std::copy(t.int32_data().begin(), t.int32_data().end(), v.begin());
+  }
+  return Tensor::ints(shape, std::move(v));
 }
 
-Attribute to_attribute(const onnx::AttributeProto& a, const std::filesystem::path& dir,
+Attribute to_attribute(const pb::AttributeProto& a, const std::filesystem::path& dir,
                        const std::string& file) {
   Attribute r;
   switch (a.type()) {
-  case onnx::AttributeProto::INT:
+  case pb::AttributeProto::INT:
     r.kind = Attribute::Kind::i;
     r.i = a.i();
     break;
-  case onnx::AttributeProto::FLOAT:
+  case pb::AttributeProto::FLOAT:
     r.kind = Attribute::Kind::f;
     r.f = a.f();
     break;
-  case onnx::AttributeProto::STRING:
+  case pb::AttributeProto::STRING:
     r.kind = Attribute::Kind::s;
     r.s = a.s();
     break;
-  case onnx::AttributeProto::INTS:
+  case pb::AttributeProto::INTS:
     r.kind = Attribute::Kind::ints;
     r.ints.assign(a.ints().begin(), a.ints().end());
     break;
-  case onnx::AttributeProto::FLOATS:
+  case pb::AttributeProto::FLOATS:
     r.kind = Attribute::Kind::floats;
     r.floats.assign(a.floats().begin(), a.floats().end());
     break;
-  case onnx::AttributeProto::TENSOR:
+  case pb::AttributeProto::TENSOR:
     r.kind = Attribute::Kind::tensor;
     r.t = to_tensor(a.t(), dir, file);
     break;
@@ -161,24 +201,151 @@ Attribute to_attribute(const onnx::AttributeProto& a, const std::filesystem::pat
   return r;
 }
 
-} // namespace
+using Nodes = google::protobuf::RepeatedPtrField<pb::NodeProto>;
 
-Graph load_onnx(const std::string& path, const LoadOptions& options) {
+// Replaces every call of a model-local function (ModelProto.functions, as exporters write modules)
+// by the function's body: fresh names for its inner values, the call's inputs, outputs and
+// attributes in place of the formal ones. kdflow then sees only ONNX ops.
+class Inliner {
+public:
+  Inliner(const pb::ModelProto& model, std::string file, std::int64_t opset)
+      : file_(std::move(file)) {
+    for (const auto& f : model.functions()) {
+      for (const auto& imp : f.opset_import())
+        if ((imp.domain().empty() || imp.domain() == "ai.onnx") && imp.version() != opset)
+          throw InputError(fmt::format("{}: function '{}' imports opset {}, the model {}", file_,
+                                       f.name(), imp.version(), opset));
+      if (!functions_.emplace(key(f.domain(), f.name(), f.overload()), &f).second)
+        throw InputError(fmt::format("{}: function '{}' (domain '{}') is defined twice", file_,
+                                     f.name(), f.domain()));
+    }
+  }
+
+  std::vector<pb::NodeProto> flatten(const Nodes& nodes) {
+    std::vector<pb::NodeProto> out;
+    for (const auto& n : nodes) add(n, 0, out);
+    return out;
+  }
+
+private:
+  using Key = std::tuple<std::string, std::string, std::string>;
+  static Key key(const std::string& domain, const std::string& name, const std::string& overload) {
+    return {domain == "ai.onnx" ? "" : domain, name, overload};
+  }
+
+  void add(const pb::NodeProto& node, int depth, std::vector<pb::NodeProto>& out) {
+    const auto f = functions_.find(key(node.domain(), node.op_type(), node.overload()));
+    if (f == functions_.end()) {
+      out.push_back(node);
+      return;
+    }
+    if (depth >= kMaxFunctionDepth)
+      throw InputError(fmt::format("{}: function '{}' calls itself (through {} levels)", file_,
+                                   node.op_type(), depth));
+    expand(node, *f->second, depth, out);
+  }
+
+  void expand(const pb::NodeProto& call, const pb::FunctionProto& f, int depth,
+              std::vector<pb::NodeProto>& out) {
+    const std::string prefix = fmt::format("kdflow_inline{}/", calls_++);
+    std::map<std::string, std::string> names;
+    for (int k = 0; k < f.input_size(); ++k)
+      names[f.input(k)] = k < call.input_size() ? call.input(k) : "";
+    for (int k = 0; k < f.output_size(); ++k)
+      if (k < call.output_size()) names[f.output(k)] = call.output(k);
+    const auto rename = [&](const std::string& v) {
+      if (v.empty()) return v;
+      const auto it = names.find(v);
+      return it != names.end() ? it->second : prefix + v;
+    };
+    std::map<std::string, const pb::AttributeProto*> given;
+    for (const auto& a : f.attribute_proto()) given[a.name()] = &a; // defaults
+    for (const auto& a : call.attribute()) given[a.name()] = &a;
+    const std::string caller = call.name().empty() ? call.op_type() : call.name();
+    for (const auto& body : f.node()) {
+      pb::NodeProto n = body;
+      n.set_name(caller + "/" + (body.name().empty() ? body.op_type() : body.name()));
+      for (auto& v : *n.mutable_input()) v = rename(v);
+      for (auto& v : *n.mutable_output()) v = rename(v);
+      n.clear_attribute();
+      for (const auto& a : body.attribute()) {
+        if (a.ref_attr_name().empty()) {
+          *n.add_attribute() = a;
+          continue;
+        }
+        const auto it = given.find(a.ref_attr_name());
+        if (it == given.end()) continue; // neither passed nor defaulted: the op's own default
+        pb::AttributeProto& copy = *n.add_attribute() = *it->second;
+        copy.set_name(a.name());
+      }
+      add(n, depth + 1, out);
+    }
+  }
+
+  std::string file_;
+  std::map<Key, const pb::FunctionProto*> functions_;
+  int calls_ = 0;
+};
+
+pb::ModelProto parse(const std::string& path) {
   const std::filesystem::path file(path);
   if (!std::filesystem::exists(file))
     throw InputError(fmt::format("{}: no such teacher model file", path));
   const std::string bytes = read_bytes(file);
-  onnx::ModelProto model;
+  pb::ModelProto model;
   if (!model.ParseFromString(bytes))
     throw InputError(
         fmt::format("{}: not a valid ONNX model (truncated or corrupt protobuf)", path));
-  try {
-    onnx::checker::check_model(path);
-  } catch (const std::exception& e) {
-    throw InputError(
-        fmt::format("{}: the ONNX checker rejects it: {}", path, first_line(e.what())));
-  }
+  if (!model.has_graph()) throw InputError(fmt::format("{}: not an ONNX model (no graph)", path));
+  if (model.ir_version() < kMinIr || model.ir_version() > kMaxIr)
+    throw InputError(fmt::format("{}: IR version {} is not supported (kdflow reads {} to {})", path,
+                                 model.ir_version(), kMinIr, kMaxIr));
+  return model;
+}
 
+// The batch the model's input declares: 0 where it is symbolic (dim_param) or absent.
+std::int64_t declared_batch(const pb::ModelProto& model) {
+  for (const auto& in : model.graph().input()) {
+    bool init = false;
+    for (const auto& i : model.graph().initializer()) init = init || i.name() == in.name();
+    if (init) continue;
+    const auto& dims = in.type().tensor_type().shape().dim();
+    return dims.empty() || !dims[0].has_dim_value()
+               ? 0
+               : std::max<std::int64_t>(0, dims[0].dim_value());
+  }
+  return 0;
+}
+
+// Whether graph `g`, imported at batch g.batch, computes per sample what `fixed` (the same model
+// at the batch it declares) does: every value computed from the input has the same shape but for
+// one axis (the batch, or a batch merged with another axis) scaled by the ratio of the batches,
+// and the graph's outputs lead with it. A graph that hard-codes its batch in a Reshape or Expand
+// either fails to import at another batch or leaves some value's shape unscaled.
+bool batch_consistent(const Graph& g, const Graph& fixed) {
+  const auto scaled = [&](const Shape& s, const Shape& s0) {
+    if (s.size() != s0.size()) return -1;
+    int axis = -1;
+    for (std::size_t d = 0; d < s.size(); ++d) {
+      if (s[d] == s0[d]) continue;
+      if (axis >= 0 || s[d] * fixed.batch != s0[d] * g.batch) return -1;
+      axis = static_cast<int>(d);
+    }
+    return axis;
+  };
+  for (const auto& [value, s0] : fixed.shapes) {
+    if (fixed.is_constant(value)) continue;
+    const auto it = g.shapes.find(value);
+    if (it == g.shapes.end() || g.is_constant(value)) return false;
+    const int axis = scaled(it->second, s0);
+    if (axis < 0 || (g.is_output(value) && axis != 0)) return false;
+  }
+  return true;
+}
+
+Graph import_graph(const pb::ModelProto& model, const std::string& path,
+                   const LoadOptions& options) {
+  const std::filesystem::path file(path);
   Graph g;
   g.file = path;
   g.batch = options.batch;
@@ -188,8 +355,10 @@ Graph load_onnx(const std::string& path, const LoadOptions& options) {
     throw InputError(fmt::format("{}: opset {} is not supported (kdflow reads opsets {} to {})",
                                  path, g.opset, kMinOpset, kMaxOpset));
   const auto dir = file.parent_path();
-  const onnx::GraphProto& gp = model.graph();
+  const pb::GraphProto& gp = model.graph();
   for (const auto& init : gp.initializer()) {
+    if (g.is_constant(init.name()))
+      throw InputError(fmt::format("{}: initializer '{}' is defined twice", path, init.name()));
     Tensor t = to_tensor(init, dir, path);
     g.shapes[init.name()] = t.shape;
     g.types[init.name()] = t.type;
@@ -203,7 +372,7 @@ Graph load_onnx(const std::string& path, const LoadOptions& options) {
                       path, g.input, in.name()));
     g.input = in.name();
     const auto& tt = in.type().tensor_type();
-    if (tt.elem_type() != onnx::TensorProto::FLOAT)
+    if (tt.elem_type() != pb::TensorProto::FLOAT)
       throw InputError(fmt::format("{}: input '{}' must be float32", path, in.name()));
     const auto& dims = tt.shape().dim();
     for (int d = 0; d < dims.size(); ++d) {
@@ -233,7 +402,7 @@ Graph load_onnx(const std::string& path, const LoadOptions& options) {
 
   // Import nodes, inferring shapes and folding every node whose inputs are all constant.
   int unnamed = 0;
-  for (const auto& np : gp.node()) {
+  for (const auto& np : Inliner(model, path, g.opset).flatten(gp.node())) {
     Node node;
     node.op = np.op_type();
     node.name = np.name().empty() ? fmt::format("{}_{}", np.op_type(), unnamed++) : np.name();
@@ -243,6 +412,11 @@ Graph load_onnx(const std::string& path, const LoadOptions& options) {
                       node.name, np.domain(), node.op));
     node.inputs.assign(np.input().begin(), np.input().end());
     node.outputs.assign(np.output().begin(), np.output().end());
+    for (const auto& out : node.outputs)
+      if (!out.empty() && g.shapes.count(out))
+        throw InputError(fmt::format("{}: {} assigns '{}', which is already assigned (a graph "
+                                     "assigns each value once)",
+                                     path, node.describe(), out));
     for (const auto& a : np.attribute()) node.attrs[a.name()] = to_attribute(a, dir, path);
     // Drop trailing optional outputs nobody reads (Dropout's mask, BatchNorm's training outputs).
     const OpDef* op = find_op(node.op);
@@ -310,6 +484,40 @@ Graph load_onnx(const std::string& path, const LoadOptions& options) {
       throw InputError(fmt::format("{}: graph output '{}' is never produced", path, o));
   if (options.run_passes) run_passes(g);
   return g;
+}
+
+} // namespace
+
+Graph load_onnx(const std::string& path, const LoadOptions& options) {
+  const pb::ModelProto model = parse(path);
+  const std::int64_t fixed = declared_batch(model);
+  if (fixed == 0 || fixed == options.batch) return import_graph(model, path, options);
+  // The model declares batch `fixed`. Most graphs still run at any batch (the exporter kept the
+  // batch symbolic inside); those that do not, run at their own batch, options.batch / fixed
+  // times per batch.
+  LoadOptions at_fixed = options;
+  at_fixed.batch = fixed;
+  Graph own = import_graph(model, path, at_fixed);
+  std::string why;
+  try {
+    Graph g = import_graph(model, path, options);
+    if (batch_consistent(g, own)) return g;
+    why = "its values change shape with the batch";
+  } catch (const InputError& e) {
+    why = e.what();
+  }
+  if (options.batch % fixed != 0)
+    throw InputError(fmt::format(
+        "{}: the model fixes its batch at {} (at batch {}: {}), which does not divide teacher "
+        "batch {}; export it with a dynamic batch dimension, or use a multiple of {}",
+        path, fixed, options.batch, why, options.batch, fixed));
+  for (const auto& out : own.outputs)
+    if (own.shape(out).empty() || own.shape(out)[0] != fixed)
+      throw InputError(fmt::format("{}: the model fixes its batch at {}, and its output '{}' of "
+                                   "shape {} does not lead with it",
+                                   path, fixed, out, format_shape(own.shape(out))));
+  own.chunks = options.batch / fixed;
+  return own;
 }
 
 } // namespace kdflow::teacher

@@ -206,6 +206,28 @@ std::vector<torch::Tensor> softmax(const Values& value, const Node& node) {
   return {torch::softmax(x, axis)};
 }
 
+std::vector<torch::Tensor> layer_norm(const Values& value, const Node& node) {
+  const torch::Tensor& x = value(node.inputs[0]);
+  const auto axis = node.int_attr("axis", -1);
+  const std::vector<std::int64_t> normalized(x.sizes().begin() + axis, x.sizes().end());
+  const auto full = [&](std::size_t k) {
+    return has_input(node, k) ? value(node.inputs[k]).expand(normalized) : torch::Tensor();
+  };
+  return {torch::layer_norm(x, normalized, full(1), full(2), node.float_attr("epsilon", 1e-5f))};
+}
+
+std::vector<torch::Tensor> gather(const Values& value, const Node& node) {
+  const torch::Tensor& x = value(node.inputs[0]);
+  const auto axis = node.int_attr("axis", 0);
+  const torch::Tensor i = value(node.inputs[1]).to(torch::kLong).flatten();
+  return {torch::index_select(x, axis, torch::where(i < 0, i + x.size(axis), i))
+              .reshape(to_vector(value.m.graph.shape(node.outputs[0])))};
+}
+
+std::vector<torch::Tensor> erf(const Values& value, const Node& node) {
+  return {torch::erf(value(node.inputs[0]))};
+}
+
 // An entry of the LibTorch op table: the node's call and, for an activation, the function its
 // post-op applies.
 struct TorchOp {
@@ -236,6 +258,15 @@ const std::map<std::string, TorchOp, std::less<>>& torch_ops() {
       {"HardSwish", activation([](const torch::Tensor& x, float, float) {
          return x * torch::clamp(x / 6.0 + 0.5, 0.0, 1.0);
        })},
+      {"Gelu", activation([](const torch::Tensor& x, float tanh_form, float) {
+         return torch::gelu(x, tanh_form != 0 ? "tanh" : "none");
+       })},
+      {"Tanh", activation([](const torch::Tensor& x, float, float) { return torch::tanh(x); })},
+      {"Sqrt", activation([](const torch::Tensor& x, float, float) { return torch::sqrt(x); })},
+      {"Pow", activation([](const torch::Tensor& x, float, float e) { return torch::pow(x, e); })},
+      {"Erf", {erf}},
+      {"LayerNormalization", {layer_norm}},
+      {"Gather", {gather}},
       {"Add", {arithmetic<'+'>}},
       {"Sub", {arithmetic<'-'>}},
       {"Mul", {arithmetic<'*'>}},
@@ -270,6 +301,20 @@ const torch::Tensor& TorchTeacher::Impl::Values::operator()(const std::string& n
 }
 
 std::vector<torch::Tensor> TorchTeacher::Impl::forward(const torch::Tensor& input) const {
+  if (graph.chunks == 1) return forward_once(input);
+  // A model that fixes its batch: graph.batch rows at a time, as the oneDNN engine runs it.
+  std::vector<std::vector<torch::Tensor>> parts;
+  for (const torch::Tensor& rows : input.split(graph.batch)) parts.push_back(forward_once(rows));
+  std::vector<torch::Tensor> out;
+  for (std::size_t k = 0; k < parts.front().size(); ++k) {
+    std::vector<torch::Tensor> pieces;
+    for (const auto& p : parts) pieces.push_back(p[k]);
+    out.push_back(torch::cat(pieces));
+  }
+  return out;
+}
+
+std::vector<torch::Tensor> TorchTeacher::Impl::forward_once(const torch::Tensor& input) const {
   torch::NoGradGuard no_grad;
   AutocastScope amp(bf16, torch::kBFloat16);
   std::unordered_map<std::string, torch::Tensor> env;
@@ -320,7 +365,7 @@ TorchTeacher::TorchTeacher(const teacher::Graph& graph, const Device& device,
   }
   // One pass on zeros checks every value's shape against the graph's, so an op variant computed
   // differently here fails at load, naming its node, not with wrong logits later.
-  const auto outputs = m.forward(
+  const auto outputs = m.forward_once(
       torch::zeros(std::vector<std::int64_t>(graph.input_shape.begin(), graph.input_shape.end()),
                    torch::TensorOptions(m.device).dtype(torch::kFloat)));
   for (std::size_t k = 0; k < outputs.size(); ++k) {
@@ -338,7 +383,8 @@ TorchTeacher::~TorchTeacher() = default;
 
 void TorchTeacher::run(const float* input, std::span<float* const> outputs) const {
   const Impl& m = *impl_;
-  const Shape& in = m.graph.input_shape;
+  Shape in = m.graph.input_shape;
+  in[0] *= m.graph.chunks;
   const torch::Tensor x =
       torch::from_blob(const_cast<float*>(input), std::vector<std::int64_t>(in.begin(), in.end()),
                        torch::kFloat)

@@ -38,6 +38,9 @@ struct TorchTeacher::Impl {
 
   // The graph's outputs for `input` (on the device, the graph's input shape), without autograd.
   [[nodiscard]] std::vector<torch::Tensor> forward(const torch::Tensor& input) const;
+  // One run at graph.batch rows (forward runs it graph.chunks times for a model that fixes its
+  // batch).
+  [[nodiscard]] std::vector<torch::Tensor> forward_once(const torch::Tensor& input) const;
 };
 
 } // namespace kdflow::student

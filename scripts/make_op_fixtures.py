@@ -28,12 +28,14 @@ def rand(*shape):
     return rng.standard_normal(shape).astype(np.float32)
 
 
-def model(nodes, x_shape, inits=(), opset=17, out="y", out_shape=None):
+def model(nodes, x_shape, inits=(), opset=17, out="y", out_shape=None, functions=()):
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N"] + list(x_shape[1:]))
     y = helper.make_tensor_value_info(out, TensorProto.FLOAT, out_shape)
     g = helper.make_graph(nodes, "g", [x], [y], initializer=list(inits))
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
-    m.ir_version = 8
+    domains = sorted({f.domain for f in functions})
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)] + [helper.make_opsetid(d, 1) for d in domains],
+                          functions=list(functions))
+    m.ir_version = 8 if opset <= 18 else 10  # opsets 19 on come with IR 9 and 10
     # Give the output its inferred type and shape, as exporters write it (the checker wants one).
     inferred = onnx.shape_inference.infer_shapes(m)
     for vi in list(inferred.graph.value_info) + list(inferred.graph.output):
@@ -131,15 +133,72 @@ def cases():
         helper.make_node("Squeeze", ["kc", "sq"], ["ks"], name="squeeze"),
         helper.make_node("Unsqueeze", ["ks", "usq"], ["ku"], name="unsqueeze"),
         node("Mul", ["x", "ku"])], X, [const("sq", np.array([0, 2, 3], np.int64)), const("usq", np.array([1, 2], np.int64))], opset=13)
+    # Transformer and modern-CNN ops (opset 17 on) and the shape logic exporters write around them.
+    c["layer_norm_last_axis"] = model([node("LayerNormalization", ["x", "s", "b"], epsilon=1e-3)], X, [const("s", rand(11)), const("b", rand(11))])
+    c["layer_norm_two_axes"] = model([node("LayerNormalization", ["x", "s"], axis=2)], X, [const("s", rand(1, 11))])
+    c["gelu_opset20"] = model([node("Gelu", ["x"])], X, opset=20)
+    c["gelu_tanh_opset20"] = model([node("Gelu", ["x"], approximate="tanh")], X, opset=20)
+    c["erf_tanh"] = model([node("Erf", ["x"], ["e"]), helper.make_node("Tanh", ["e"], ["y"], name="tanh")], X)
+    c["sqrt_pow"] = model([node("Mul", ["x", "x"], ["sq"]), helper.make_node("Sqrt", ["sq"], ["r"], name="sqrt"),
+                           helper.make_node("Pow", ["r", "e"], ["y"], name="pow")], X, [const("e", np.float32(3.0))])
+    c["conv_gelu_fused"] = model([node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Gelu", ["c"], ["y"], name="gelu")], X, [const("w", rand(5, 4, 3, 3))], opset=20)
+    c["gather_runtime_scalar"] = model([node("Gather", ["x", "i"], axis=1)], X, [const("i", np.array(2, np.int64))], out_shape=["N", 9, 11])
+    c["gather_runtime_list"] = model([node("Gather", ["x", "i"], axis=3)], X, [const("i", np.array([[4, -1], [0, 0]], np.int64))], out_shape=["N", 4, 9, 2, 2])
+    c["reduce_mean_axes_input_opset18"] = model([node("ReduceMean", ["x", "ax"], keepdims=0)], X, [const("ax", np.array([-1, 1], np.int64))], opset=18, out_shape=["N", 9])
+    c["reduce_mean_unit_axis_opset18"] = model([node("ReduceMean", ["x", "ax"], ["m"]), helper.make_node("Add", ["x", "m"], ["y"], name="add")], X, [const("ax", np.array([2], np.int64))], opset=18)
+    c["batched_matmul_broadcast"] = model([node("MatMul", ["x", "w"], ["m"]), helper.make_node("Softmax", ["m"], ["y"], name="sm", axis=-1)], X, [const("w", rand(4, 11, 6))], out_shape=["N", 4, 9, 6])
+    c["where_equal_mod_expand_folded"] = model([
+        node("Equal", ["a", "b"], ["eq"]), helper.make_node("Where", ["eq", "p", "q"], ["w"], name="where"),
+        helper.make_node("Mod", ["w", "m"], ["md"], name="mod"), helper.make_node("Cast", ["md"], ["mf"], name="cast", to=1),
+        helper.make_node("Expand", ["mf", "shape"], ["ex"], name="expand"), helper.make_node("Mul", ["x", "ex"], ["y"], name="mul")], X,
+        [const("a", np.array([1, 2, 3, 4], np.int64).reshape(4, 1, 1)), const("b", np.array([1, 0, 3, 0], np.int64).reshape(4, 1, 1)),
+         const("p", np.array([7, 8, 9, 10], np.int64).reshape(4, 1, 1)), const("q", np.array([-3, -5, 11, 13], np.int64).reshape(4, 1, 1)), const("m", np.array(4, np.int64)), const("shape", np.array([1, 4, 1, 1], np.int64))], opset=20,
+        out_shape=["N", 4, 9, 11])
+    c["where_mod_fmod_float"] = model([
+        node("Mod", ["k", "d"], ["md"], fmod=1), helper.make_node("Add", ["x", "md"], ["y"], name="add")], X,
+        [const("k", rand(11) * 5), const("d", np.float32(1.5))], opset=13, out_shape=["N", 4, 9, 11])
+    # A model-local function with an attribute reference, as exporters write modules.
+    fn = helper.make_function("kdflow.test", "ScaledLeaky", ["inp"], ["out"],
+                              [helper.make_node("LeakyRelu", ["inp"], ["t"], alpha=0.0),
+                               helper.make_node("Mul", ["t", "two"], ["out"])],
+                              [helper.make_opsetid("", 17)], attributes=[])
+    fn.node[0].attribute[0].CopyFrom(helper.make_attribute_ref("alpha", onnx.AttributeProto.FLOAT))
+    fn.node.insert(0, helper.make_node("Constant", [], ["two"], value=numpy_helper.from_array(np.float32(2.0))))
+    fn.attribute.append("alpha")
+    c["local_function_inlined"] = model([helper.make_node("ScaledLeaky", ["x"], ["h"], name="call1", domain="kdflow.test", alpha=0.3),
+                                         helper.make_node("ScaledLeaky", ["h"], ["y"], name="call2", domain="kdflow.test", alpha=0.1)], X, functions=[fn])
     return c
 
 
 def rejects(out):
     X = (2, 4, 9, 11)
     bad = {}
-    bad["unsupported_op"] = (model([node("Erf", ["x"])], X), "Erf")
+    bad["unsupported_op"] = (model([node("Einsum", ["x"], equation="nchw->nchw")], X), "Einsum")
     bad["opset_too_old"] = (model([node("Relu", ["x"])], X, opset=9), "opset 9")
-    bad["opset_too_new"] = (model([node("Relu", ["x"])], X, opset=18), "opset 18")
+    bad["opset_too_new"] = (model([node("Relu", ["x"])], X, opset=23), "opset 23")
+    m = model([node("Relu", ["x"])], X)
+    m.ir_version = 99
+    bad["ir_too_new"] = (m, "IR version 99")
+    m = model([node("Relu", ["x"], ["r"]), helper.make_node("Sigmoid", ["x"], ["r"], name="again"), helper.make_node("Relu", ["r"], ["y"], name="last")], X)
+    bad["value_assigned_twice"] = (m, "already assigned")
+    m = model([node("Mul", ["x", "k"])], X, [const("k", rand(1, 4, 1, 1))], out_shape=["N", 4, 9, 11])
+    m.graph.initializer[0].ClearField("raw_data")
+    m.graph.initializer[0].data_location = TensorProto.EXTERNAL
+    for key, value in [("location", "../outside.bin"), ("length", "16")]:
+        m.graph.initializer[0].external_data.add(key=key, value=value)
+    bad["external_data_outside"] = (m, "not a file beside the model")
+    m = model([node("Mul", ["x", "k"])], X, [const("k", rand(1, 4, 1, 1))], out_shape=["N", 4, 9, 11])
+    m.graph.initializer[0].dims[:] = [1 << 40, 1 << 30]  # a lying header: 2^70 elements, 16 bytes
+    bad["lying_initializer_header"] = (m, "more elements than can be addressed")
+    m = model([node("Mul", ["x", "k"])], X, [const("k", rand(1, 4, 1, 1))], out_shape=["N", 4, 9, 11])
+    m.graph.initializer[0].dims[:] = [1 << 20, 4]
+    bad["short_initializer"] = (m, "holds 4 values")
+    fn = helper.make_function("kdflow.test", "Loop", ["a"], ["b"], [helper.make_node("Loop", ["a"], ["b"], domain="kdflow.test")], [helper.make_opsetid("", 17)])
+    m = model([helper.make_node("Relu", ["x"], ["y"], name="call")], X)
+    m.functions.append(fn)
+    m.opset_import.append(helper.make_opsetid("kdflow.test", 1))
+    m.graph.node[0].op_type, m.graph.node[0].domain = "Loop", "kdflow.test"
+    bad["function_calls_itself"] = (m, "calls itself")
     bad["two_inputs"] = (None, "more than one input")
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])
     x2 = helper.make_tensor_value_info("x2", TensorProto.FLOAT, ["N", 4])

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Exports test teachers with PyTorch's own ONNX exporter and records PyTorch's outputs on fresh
+"""Exports test teachers with PyTorch's ONNX exporters (the legacy one and the dynamo one that
+torch.onnx.export uses by default, which needs onnxscript) and records PyTorch's outputs on fresh
 random inputs, for kdflow's teacher tests (run with the kdflow venv's python: it has torch,
 torchvision and onnx).
 
@@ -19,6 +20,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import torchvision
+import logging
+
+logging.disable(logging.WARNING)  # the dynamo exporter reports each pass it runs
 
 warnings.filterwarnings("ignore")
 
@@ -68,19 +72,73 @@ class OpZoo(nn.Module):
         return self.fc(c.view(c.size(0), -1))
 
 
+class EncoderClassifier(nn.Module):
+    """A TransformerEncoder over the image's rows (tokens = rows), mean-pooled, as a text-style
+    transformer teacher: MatMul with batch dimensions, Softmax, LayerNormalization, Gather."""
+
+    def __init__(self, classes=10, width=28, dim=64):
+        super().__init__()
+        self.embed = nn.Linear(width, dim)
+        layer = nn.TransformerEncoderLayer(dim, 4, 2 * dim, dropout=0.0, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+        self.head = nn.Linear(dim, classes)
+
+    def forward(self, x):
+        return self.head(self.encoder(self.embed(x[:, 0])).mean(1))
+
+
+def tiny_vit():
+    m = torchvision.models.VisionTransformer(image_size=32, patch_size=8, num_layers=2, num_heads=4,
+                                             hidden_dim=64, mlp_dim=128, num_classes=10)
+    nn.init.normal_(m.heads.head.weight, std=0.05)  # torchvision zero-initializes the head
+    return m
+
+
+def small_convnext():
+    from torchvision.models.convnext import CNBlockConfig, ConvNeXt
+    return ConvNeXt([CNBlockConfig(32, 64, 2), CNBlockConfig(64, None, 2)], num_classes=10)
+
+
 def models():
     tv = torchvision.models
+    # name: (constructor, sample shape, opset, fold constants, exporter). Exporters: "legacy"
+    # (TorchScript-based, dynamo=False, a dynamic batch axis), "dynamo" (torch.onnx.export's
+    # default since torch 2.9, a dynamic batch dimension) and "dynamo_static" (the default call
+    # as a user writes it: no dynamic shapes, the batch of the example input fixed in the graph).
     return {
-        # name: (constructor, sample shape, opset, fold constants)
-        "mlp_opset13": (Mlp, (1, 28, 28), 13, True),
+        "mlp_opset13": (Mlp, (1, 28, 28), 13, True, "legacy"),
         # 7 classes: the training run must refuse it for a 10-class dataset.
-        "mlp7_opset13": (lambda: Mlp(classes=7), (1, 28, 28), 13, True),
-        "opzoo_opset11": (OpZoo, (3, 16, 16), 11, False),
-        "opzoo_opset17": (OpZoo, (3, 16, 16), 17, False),
-        "resnet18_opset17": (lambda: tv.resnet18(num_classes=10), (3, 32, 32), 17, True),
-        "mobilenet_v2_opset13": (lambda: tv.mobilenet_v2(num_classes=10), (3, 32, 32), 13, True),
-        "resnet18_bnkept_opset11": (lambda: tv.resnet18(num_classes=10), (3, 32, 32), 11, False),
+        "mlp7_opset13": (lambda: Mlp(classes=7), (1, 28, 28), 13, True, "legacy"),
+        "opzoo_opset11": (OpZoo, (3, 16, 16), 11, False, "legacy"),
+        "opzoo_opset17": (OpZoo, (3, 16, 16), 17, False, "legacy"),
+        "resnet18_opset17": (lambda: tv.resnet18(num_classes=10), (3, 32, 32), 17, True, "legacy"),
+        "mobilenet_v2_opset13": (lambda: tv.mobilenet_v2(num_classes=10), (3, 32, 32), 13, True,
+                                 "legacy"),
+        "resnet18_bnkept_opset11": (lambda: tv.resnet18(num_classes=10), (3, 32, 32), 11, False,
+                                    "legacy"),
+        "resnet18_dynamo": (lambda: tv.resnet18(num_classes=10), (3, 32, 32), 20, True, "dynamo"),
+        "mobilenet_v3_dynamo_static": (lambda: tv.mobilenet_v3_small(num_classes=10), (3, 32, 32),
+                                       20, True, "dynamo_static"),
+        "encoder_dynamo": (EncoderClassifier, (1, 28, 28), 20, True, "dynamo"),
+        "encoder_opset20": (EncoderClassifier, (1, 28, 28), 20, True, "legacy"),
+        "vit_dynamo": (tiny_vit, (3, 32, 32), 20, True, "dynamo"),
+        "vit_dynamo_static": (tiny_vit, (3, 32, 32), 20, True, "dynamo_static"),
+        "vit_opset17": (tiny_vit, (3, 32, 32), 17, True, "legacy"),
+        "convnext_dynamo": (small_convnext, (3, 32, 32), 20, True, "dynamo"),
+        "convnext_opset18": (small_convnext, (3, 32, 32), 18, True, "legacy"),
     }
+
+
+def export(model, x, path, opset, fold, exporter):
+    if exporter == "legacy":
+        torch.onnx.export(model, x, path, opset_version=opset, dynamo=False,
+                          do_constant_folding=fold, input_names=["input"], output_names=["logits"],
+                          dynamic_axes={"input": {0: "batch"}, "logits": {0: "batch"}})
+    elif exporter == "dynamo":
+        torch.onnx.export(model, (x,), path, dynamo=True,
+                          dynamic_shapes=({0: torch.export.Dim("batch")},))
+    else:  # the plain call, with one sample as the example input
+        torch.onnx.export(model, (x[:1],), path)
 
 
 def main():
@@ -95,7 +153,7 @@ def main():
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")
     torch.manual_seed(seed)
     manifest = {"seed": seed, "batch": args.batch, "models": []}
-    for name, (ctor, sample, opset, fold) in models().items():
+    for name, (ctor, sample, opset, fold, exporter) in models().items():
         if args.only and name not in args.only:
             continue
         model = ctor()
@@ -117,9 +175,7 @@ def main():
         with torch.no_grad():
             y = model(x)
         path = os.path.join(args.out, name + ".onnx")
-        torch.onnx.export(model, x, path, opset_version=opset, dynamo=False,
-                          do_constant_folding=fold, input_names=["input"], output_names=["logits"],
-                          dynamic_axes={"input": {0: "batch"}, "logits": {0: "batch"}})
+        export(model, x, path, opset, fold, exporter)
         np.save(os.path.join(args.out, name + ".input.npy"), x.numpy().astype(np.float32))
         np.save(os.path.join(args.out, name + ".output.npy"), y.numpy().astype(np.float32))
         manifest["models"].append({"name": name, "sample": list(sample), "opset": opset})

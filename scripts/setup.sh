@@ -7,13 +7,13 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 deps=${KDFLOW_DEPS:-$HOME/.cache/kdflow}
 venv=$deps/venv
-stamp_version=5   # bump when the package lists below change
+stamp_version=6   # bump when the package lists below change
 
 apt_packages=(
   build-essential cmake ninja-build pkg-config git ca-certificates
   python3 python3-venv python3-pip
   libhwloc-dev hwloc
-  libonnx-dev libprotobuf-dev protobuf-compiler
+  libprotobuf-dev protobuf-compiler
   libcli11-dev libspdlog-dev libfmt-dev libtomlplusplus-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libboost-dev libreaderwriterqueue-dev relacy-dev
@@ -28,7 +28,10 @@ pip_packages=(
   torch==2.11.0 torchvision==0.26.0 pillow
   onednn-devel-cpu-tbb==2023.2.0 onednn-cpu-tbb==2023.2.0
   tbb-devel==2021.13.1 tbb==2021.13.1 intel-cmplr-lib-rt==2023.2.0
-  numpy onnx onnxruntime
+  numpy onnxruntime
+  # The teacher reads ONNX through this onnx's onnx.proto (compiled into kdflow; Debian's libonnx
+  # 1.12 stops at IR 8, opset 17); onnxscript is what torch.onnx.export's default exporter needs.
+  onnx==1.23.2 onnxscript==0.7.2
 )
 
 sudo_=""

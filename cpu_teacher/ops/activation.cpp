@@ -1,6 +1,8 @@
-// Elementwise activations (Relu, LeakyRelu, Clip, Sigmoid, HardSigmoid, HardSwish): one scalar
-// function each for the reference, one oneDNN eltwise algorithm for the engine, where they run as
-// a primitive of their own or fused as a post-op of the convolution or matrix product before them.
+// Elementwise activations (Relu, LeakyRelu, Clip, Sigmoid, HardSigmoid, HardSwish, Gelu, Tanh,
+// Sqrt, Pow by a constant): one scalar function each for the reference, one oneDNN eltwise
+// algorithm for the engine, where they run as a primitive of their own or fused as a post-op of
+// the convolution or matrix product before them. Erf, which oneDNN has no eltwise for, is a plain
+// kernel (the passes fuse the exporters' erf form of Gelu into one Gelu).
 #include "common.hpp"
 #include "lowering.hpp"
 #include "op_table.hpp"
@@ -45,6 +47,25 @@ std::vector<InferredOutput> infer_clip(Node& node, const InferArgs& a) {
   return {{a.in[0], ElemType::f32}};
 }
 
+// Gelu (opset 20): approximate = "none" (erf) or "tanh", read into alpha (1 for tanh).
+std::vector<InferredOutput> infer_gelu(Node& node, const InferArgs& a) {
+  const std::string approximate = node.string_attr("approximate", "none");
+  if (approximate != "none" && approximate != "tanh")
+    bad(node, "approximate = '" + approximate + "' is neither 'none' nor 'tanh'");
+  node.attrs["alpha"] = float_attribute(approximate == "tanh" ? 1.f : 0.f);
+  return same_shape(node, a);
+}
+
+// Pow by a constant scalar exponent: oneDNN's pow (alpha * x^beta) with alpha 1.
+std::vector<InferredOutput> infer_pow(Node& node, const InferArgs& a) {
+  const Tensor& e = need_constant(node, a.constants, 1, "the exponent");
+  if (e.size() != 1) bad(node, "the exponent must be one constant value");
+  if (broadcast(node, a.in[0], a.in[1]) != a.in[0]) bad(node, "the exponent broadcasts the base");
+  node.attrs["alpha"] = float_attribute(1.f);
+  node.attrs["beta"] = float_attribute(static_cast<float>(e.at(0)));
+  return same_shape(node, a);
+}
+
 // --- one activation, from the table: reference loop and oneDNN primitive
 // --------------------------
 
@@ -59,6 +80,7 @@ std::vector<Tensor> evaluate_activation(const Node& node, const std::vector<cons
                                         const std::vector<InferredOutput>& outs) {
   const Activation& act = activation_of(node);
   const PostOp p = activation_post_op(node);
+  if (x[0]->type != ElemType::f32) bad(node, "its input holds integers");
   std::vector<float> r(x[0]->f.size());
   for (std::size_t k = 0; k < r.size(); ++k) r[k] = act.scalar(x[0]->f[k], p.alpha, p.beta);
   return {Tensor::floats(outs[0].shape, std::move(r))};
@@ -70,8 +92,9 @@ void lower_activation(Lowering& plan, const Node& node) {
   const auto [alpha, beta] = act.onednn_params.value_or(std::pair{p.alpha, p.beta});
   const ArgRef src = plan.at(node.inputs[0]);
   const auto pd = dnnl::eltwise_forward::primitive_desc(
-      plan.eng(), dnnl::prop_kind::forward_inference, static_cast<dnnl::algorithm>(act.algorithm),
-      src.md, src.md, alpha, beta, Lowering::plain_attr());
+      plan.eng(), dnnl::prop_kind::forward_inference,
+      static_cast<dnnl::algorithm>(act.algorithm_for(p.alpha)), src.md, src.md, alpha, beta,
+      Lowering::plain_attr());
   const ArgRef dst = plan.new_buffer(pd.dst_desc());
   plan.add_primitive(dnnl::eltwise_forward(pd), {{DNNL_ARG_SRC, src}, {DNNL_ARG_DST, dst}},
                      node.describe(), pd.scratchpad_desc());
@@ -106,7 +129,70 @@ constexpr Activation kHardSwish{.algorithm = dnnl_eltwise_hardswish,
                                   return x * std::max(0.f, std::min(1.f, x / 6.f + 0.5f));
                                 }};
 
+// Gelu: erf form, or the tanh approximation where alpha (approximate = "tanh") is 1.
+constexpr Activation kGelu{
+    .algorithm = dnnl_eltwise_gelu_erf,
+    .onednn_params = std::pair{0.f, 0.f},
+    .scalar =
+        [](float x, float tanh_form, float) {
+          if (tanh_form != 0)
+            return 0.5f * x * (1.f + std::tanh(0.7978845608f * (x + 0.044715f * x * x * x)));
+          return 0.5f * x * (1.f + std::erf(x * 0.70710678118f));
+        },
+    .algorithm_if_alpha = dnnl_eltwise_gelu_tanh};
+constexpr Activation kTanh{.algorithm = dnnl_eltwise_tanh,
+                           .scalar = [](float x, float, float) { return std::tanh(x); }};
+constexpr Activation kSqrt{.algorithm = dnnl_eltwise_sqrt,
+                           .scalar = [](float x, float, float) { return std::sqrt(x); }};
+constexpr Activation kPow{.algorithm = dnnl_eltwise_pow,
+                          .scalar = [](float x, float, float e) { return std::pow(x, e); }};
+
+// Erf: no oneDNN eltwise computes it alone; a plain float32 loop.
+std::vector<Tensor> evaluate_erf(const Node&, const std::vector<const Tensor*>& x,
+                                 const std::vector<InferredOutput>& outs) {
+  std::vector<float> r(x[0]->f.size());
+  for (std::size_t k = 0; k < r.size(); ++k) r[k] = std::erf(x[0]->f[k]);
+  return {Tensor::floats(outs[0].shape, std::move(r))};
+}
+
+void lower_erf(Lowering& plan, const Node& node) {
+  const Shape& xs = plan.graph().shape(node.inputs[0]);
+  const ArgRef src = plan.get_plain(node.inputs[0], dt::f32);
+  const ArgRef dst = plan.new_buffer(plain(xs, dt::f32));
+  const auto n = static_cast<std::size_t>(numel(xs));
+  plan.add_kernel(
+      [n](std::byte* const* p) {
+        const auto* x = reinterpret_cast<const float*>(p[0]);
+        auto* y = reinterpret_cast<float*>(p[1]);
+        for (std::size_t k = 0; k < n; ++k) y[k] = std::erf(x[k]);
+      },
+      {src, dst}, node.describe());
+  plan.set(node.outputs[0], dst);
+}
+
 constexpr OpDef kOps[] = {
+    {.name = "Gelu",
+     .infer = infer_gelu,
+     .evaluate = evaluate_activation,
+     .lower = lower_activation,
+     .activation = &kGelu},
+    {.name = "Tanh",
+     .infer = same_shape,
+     .evaluate = evaluate_activation,
+     .lower = lower_activation,
+     .activation = &kTanh},
+    {.name = "Sqrt",
+     .infer = same_shape,
+     .evaluate = evaluate_activation,
+     .lower = lower_activation,
+     .activation = &kSqrt},
+    {.name = "Pow",
+     .min_inputs = 2,
+     .infer = infer_pow,
+     .evaluate = evaluate_activation,
+     .lower = lower_activation,
+     .activation = &kPow},
+    {.name = "Erf", .infer = same_shape, .evaluate = evaluate_erf, .lower = lower_erf},
     {.name = "Relu",
      .infer = same_shape,
      .evaluate = evaluate_activation,

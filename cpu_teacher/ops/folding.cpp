@@ -1,10 +1,13 @@
-// Load-time-only ops (Shape, Gather, Cast, Constant, ConstantOfShape): the shape arithmetic of
-// exported graphs, folded into constants at import. They have no lowering: a graph that would run
-// one per batch (Gather on the image data, say) is refused as unsupported.
+// The shape arithmetic of exported graphs (Shape, Gather, Cast, Constant, ConstantOfShape, Equal,
+// Where, Mod, Expand, Range), folded into constants at import. Only Gather also runs per batch
+// (constant indices into computed data); the others have no lowering, and a graph that would run
+// one per batch is refused as unsupported.
 #include "common.hpp"
+#include "lowering.hpp"
 #include "op_table.hpp"
 
 #include <algorithm>
+#include <cmath>
 
 namespace kdflow::teacher {
 namespace {
@@ -131,9 +134,161 @@ std::vector<Tensor> evaluate_constant_of_shape(const Node& node, const std::vect
   return {Tensor::floats(os, std::vector<float>(static_cast<std::size_t>(n), v))};
 }
 
+// Gather on computed data with constant indices (the class token taken from a sequence): each
+// index is one reorder of the input's slice at that index into its place in the output.
+void lower_gather(Lowering& plan, const Node& node) {
+  const Graph& g = plan.graph();
+  if (!g.is_constant(node.inputs[1]))
+    plan.fail(node, "indices computed from the input data are not supported");
+  const Shape& xs = g.shape(node.inputs[0]);
+  const Shape& os = g.shape(node.outputs[0]);
+  const auto axis = static_cast<std::size_t>(node.int_attr("axis", 0));
+  const Tensor& indices = g.constants.at(node.inputs[1]);
+  const std::size_t index_rank = indices.shape.size();
+  const Shape xst = strides_of(xs), ost = strides_of(os);
+  // The slice at one index: the input's axes but `axis`, read with the input's strides and
+  // written with the output's (its leading axes, then the ones after the index axes).
+  memory::dims dims, src_strides, dst_strides;
+  for (std::size_t d = 0; d < xs.size(); ++d) {
+    if (d == axis) continue;
+    dims.push_back(xs[d]);
+    src_strides.push_back(xst[d]);
+    dst_strides.push_back(d < axis ? ost[d] : ost[d - 1 + index_rank]);
+  }
+  if (dims.empty()) dims = src_strides = dst_strides = {1};
+  const std::int64_t inner =
+      numel(Shape(xs.begin() + static_cast<std::ptrdiff_t>(axis) + 1, xs.end()));
+  const dt type = plan.at(node.inputs[0]).md.get_data_type();
+  const std::size_t elem = memory::data_type_size(type);
+  const ArgRef src = plan.get_plain(node.inputs[0], type);
+  const ArgRef dst = plan.new_buffer(plain(os, type));
+  for (std::int64_t p = 0; p < indices.size(); ++p) {
+    std::int64_t q = indices.int_at(p);
+    if (q < 0) q += xs[axis];
+    if (q < 0 || q >= xs[axis]) plan.fail(node, "index out of range");
+    plan.add_reorder(
+        ArgRef{src.kind, src.index, src.offset + static_cast<std::size_t>(q * xst[axis]) * elem,
+               memory::desc(dims, type, src_strides)},
+        ArgRef{dst.kind, dst.index, dst.offset + static_cast<std::size_t>(p * inner) * elem,
+               memory::desc(dims, type, dst_strides)},
+        node.describe());
+  }
+  plan.set(node.outputs[0], dst);
+}
+
+// --- shape logic of exported graphs: Equal, Where, Mod, Expand (folded at import) ----------------
+
+std::vector<InferredOutput> infer_equal(Node& node, const InferArgs& a) {
+  return {{broadcast(node, a.in[0], a.in[1]), ElemType::i64}};
+}
+
+std::vector<InferredOutput> infer_where(Node& node, const InferArgs& a) {
+  return {{broadcast(node, broadcast(node, a.in[0], a.in[1]), a.in[2]), a.types[1]}};
+}
+
+std::vector<InferredOutput> infer_mod(Node& node, const InferArgs& a) {
+  node.attrs["fmod"] = int_attribute(node.int_attr("fmod", 0));
+  if (a.types[0] == ElemType::f32 && node.int_attr("fmod", 0) == 0)
+    bad(node, "fmod = 0 on floats (ONNX requires fmod = 1 for them)");
+  return {{broadcast(node, a.in[0], a.in[1]), a.types[0]}};
+}
+
+std::vector<InferredOutput> infer_expand(Node& node, const InferArgs& a) {
+  const auto shape = need_constant(node, a.constants, 1, "shape").as_ints();
+  return {{broadcast(node, a.in[0], shape), a.types[0]}};
+}
+
+// Range(start, limit, delta): max(0, ceil((limit - start) / delta)) values.
+std::vector<InferredOutput> infer_range(Node& node, const InferArgs& a) {
+  const double start = need_constant(node, a.constants, 0, "start").at(0);
+  const double limit = need_constant(node, a.constants, 1, "limit").at(0);
+  const double delta = need_constant(node, a.constants, 2, "delta").at(0);
+  if (delta == 0) bad(node, "delta is 0");
+  const double n = std::max(0.0, std::ceil((limit - start) / delta));
+  if (n > 1e9) bad(node, "more than 10^9 values");
+  return {{{static_cast<std::int64_t>(n)}, a.types[0]}};
+}
+
+std::vector<Tensor> evaluate_range(const Node&, const std::vector<const Tensor*>& x,
+                                   const std::vector<InferredOutput>& outs) {
+  const double start = x[0]->at(0), delta = x[2]->at(0);
+  const std::int64_t n = outs[0].shape[0];
+  if (outs[0].type == ElemType::f32) {
+    std::vector<float> r(static_cast<std::size_t>(n));
+    for (std::int64_t k = 0; k < n; ++k)
+      r[static_cast<std::size_t>(k)] = static_cast<float>(start + static_cast<double>(k) * delta);
+    return {Tensor::floats(outs[0].shape, std::move(r))};
+  }
+  std::vector<std::int64_t> r(static_cast<std::size_t>(n));
+  for (std::int64_t k = 0; k < n; ++k)
+    r[static_cast<std::size_t>(k)] = x[0]->int_at(0) + k * x[2]->int_at(0);
+  return {Tensor::ints(outs[0].shape, std::move(r))};
+}
+
+// out[k] = f(x0, x1, ...) over the broadcast output shape: each input read at its broadcast
+// position, as a double (exact for the int64 values of shape arithmetic).
+template <typename F>
+Tensor broadcast_map(const std::vector<const Tensor*>& x, const InferredOutput& out, F&& f) {
+  std::vector<Shape> strides;
+  for (const Tensor* t : x) strides.push_back(broadcast_strides(t->shape, out.shape));
+  const std::int64_t n = numel(out.shape);
+  std::vector<double> r(static_cast<std::size_t>(n));
+  std::vector<double> args(x.size());
+  for_each_index(out.shape, [&](std::int64_t k, const std::vector<std::int64_t>& idx) {
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      std::int64_t off = 0;
+      for (std::size_t d = 0; d < idx.size(); ++d) off += idx[d] * strides[i][d];
+      args[i] =
+          x[i]->type == ElemType::f32 ? x[i]->at(off) : static_cast<double>(x[i]->int_at(off));
+    }
+    r[static_cast<std::size_t>(k)] = f(args);
+  });
+  if (out.type == ElemType::f32)
+    return Tensor::floats(out.shape, std::vector<float>(r.begin(), r.end()));
+  std::vector<std::int64_t> ints(r.size());
+  for (std::size_t k = 0; k < r.size(); ++k) ints[k] = static_cast<std::int64_t>(r[k]);
+  return Tensor::ints(out.shape, std::move(ints));
+}
+
+std::vector<Tensor> evaluate_equal(const Node&, const std::vector<const Tensor*>& x,
+                                   const std::vector<InferredOutput>& outs) {
+  return {broadcast_map(x, outs[0], [](const std::vector<double>& v) { return v[0] == v[1]; })};
+}
+
+std::vector<Tensor> evaluate_where(const Node&, const std::vector<const Tensor*>& x,
+                                   const std::vector<InferredOutput>& outs) {
+  return {broadcast_map(x, outs[0],
+                        [](const std::vector<double>& v) { return v[0] != 0 ? v[1] : v[2]; })};
+}
+
+std::vector<Tensor> evaluate_mod(const Node& node, const std::vector<const Tensor*>& x,
+                                 const std::vector<InferredOutput>& outs) {
+  const bool fmod = node.int_attr("fmod", 0) != 0;
+  return {broadcast_map(x, outs[0], [&](const std::vector<double>& v) {
+    if (v[1] == 0) bad(node, "division by zero");
+    const double r = std::fmod(v[0], v[1]);
+    // fmod = 0: the result takes the divisor's sign, as Python's %.
+    return !fmod && r != 0 && ((r < 0) != (v[1] < 0)) ? r + v[1] : r;
+  })};
+}
+
+std::vector<Tensor> evaluate_expand(const Node&, const std::vector<const Tensor*>& x,
+                                    const std::vector<InferredOutput>& outs) {
+  return {broadcast_map({x[0]}, outs[0], [](const std::vector<double>& v) { return v[0]; })};
+}
+
 constexpr OpDef kOps[] = {
     {.name = "Shape", .infer = infer_shape, .evaluate = evaluate_shape, .reads_shapes_only = true},
-    {.name = "Gather", .min_inputs = 2, .infer = infer_gather, .evaluate = evaluate_gather},
+    {.name = "Gather",
+     .min_inputs = 2,
+     .infer = infer_gather,
+     .evaluate = evaluate_gather,
+     .lower = lower_gather},
+    {.name = "Equal", .min_inputs = 2, .infer = infer_equal, .evaluate = evaluate_equal},
+    {.name = "Where", .min_inputs = 3, .infer = infer_where, .evaluate = evaluate_where},
+    {.name = "Mod", .min_inputs = 2, .infer = infer_mod, .evaluate = evaluate_mod},
+    {.name = "Expand", .min_inputs = 2, .infer = infer_expand, .evaluate = evaluate_expand},
+    {.name = "Range", .min_inputs = 3, .infer = infer_range, .evaluate = evaluate_range},
     {.name = "Cast", .infer = infer_cast, .evaluate = evaluate_cast},
     {.name = "Constant", .min_inputs = 0, .infer = infer_constant, .evaluate = evaluate_constant},
     {.name = "ConstantOfShape",

@@ -45,6 +45,14 @@ struct Activation {
   // slope and offset, Relu's zero slope.
   std::optional<std::pair<float, float>> onednn_params;
   float (*scalar)(float x, float alpha, float beta);
+  // Where an attribute picks the formula (Gelu's approximate = "tanh", read into alpha): oneDNN's
+  // algorithm when alpha != 0.
+  dnnl_alg_kind_t algorithm_if_alpha = dnnl_alg_kind_undef;
+
+  [[nodiscard]] dnnl_alg_kind_t algorithm_for(float alpha) const {
+    return alpha != 0 && algorithm_if_alpha != dnnl_alg_kind_undef ? algorithm_if_alpha
+                                                                   : algorithm;
+  }
 };
 
 // Post-ops a node can absorb: activations (eltwise), and also a residual Add (sum).
@@ -79,6 +87,7 @@ std::span<const OpDef> binary_ops();
 std::span<const OpDef> conv_ops();
 std::span<const OpDef> folding_ops();
 std::span<const OpDef> gemm_ops();
+std::span<const OpDef> norm_ops();
 std::span<const OpDef> pool_ops();
 std::span<const OpDef> shape_ops();
 std::span<const OpDef> softmax_ops();

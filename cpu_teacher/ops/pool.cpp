@@ -132,7 +132,8 @@ void lower_pool(Lowering& plan, const Node& node) {
 // --- ReduceMean ----------------------------------------------------------------------------------
 
 // The axes are an attribute before opset 18 and a constant input since; both become sorted,
-// non-negative `axes` (all axes when none are given), and keepdims is written out.
+// non-negative `axes` (all axes when none are given, none under opset 18's noop_with_empty_axes),
+// and keepdims is written out.
 std::vector<InferredOutput> infer_reduce_mean(Node& node, const InferArgs& a) {
   std::vector<std::int64_t> axes;
   if (a.opset >= 18 && has_input(node, 1))
@@ -140,7 +141,7 @@ std::vector<InferredOutput> infer_reduce_mean(Node& node, const InferArgs& a) {
   else
     axes = node.ints_attr("axes");
   const auto rank = static_cast<std::int64_t>(a.in[0].size());
-  if (axes.empty()) {
+  if (axes.empty() && node.int_attr("noop_with_empty_axes", 0) == 0) {
     axes.resize(static_cast<std::size_t>(rank));
     std::iota(axes.begin(), axes.end(), 0);
   }
@@ -188,7 +189,13 @@ void lower_reduce_mean(Lowering& plan, const Node& node) {
   const Graph& g = plan.graph();
   const dt act = plan.act();
   const ArgRef src = plan.get_plain(node.inputs[0], act);
-  const memory::desc dst_md = plain(kept_shape(node, g.shape(node.inputs[0])), act);
+  const Shape kept = kept_shape(node, g.shape(node.inputs[0]));
+  if (kept == g.shape(node.inputs[0])) { // every reduced axis has extent 1: a view
+    plan.set(node.outputs[0],
+             ArgRef{src.kind, src.index, src.offset, plain(g.shape(node.outputs[0]), act)});
+    return;
+  }
+  const memory::desc dst_md = plain(kept, act);
   const auto pd = dnnl::reduction::primitive_desc(plan.eng(), dnnl::algorithm::reduction_mean,
                                                   src.md, dst_md, 0.f, 0.f, Lowering::plain_attr());
   const ArgRef dst = plan.new_buffer(dst_md);

@@ -136,7 +136,11 @@ int teacher_info(const TeacherArgs& args) {
   const auto& g = t->graph();
   const auto s = teacher::summarize(g);
   fmt::print("model:      {} (opset {})\n", g.file, g.opset);
-  fmt::print("input:      {} {}\n", g.input, teacher::format_shape(g.input_shape));
+  fmt::print("input:      {} {}\n", g.input, teacher::format_shape(t->input_shape()));
+  if (g.chunks > 1)
+    fmt::print("batch:      {} runs of {} per batch: the model fixes its batch at {} (export it "
+               "with a dynamic batch dimension to run a batch at once)\n",
+               g.chunks, g.batch, g.batch);
   for (std::size_t k = 0; k < t->output_names().size(); ++k)
     fmt::print("output:     {} {}\n", t->output_names()[k],
                teacher::format_shape(t->output_shape(k)));

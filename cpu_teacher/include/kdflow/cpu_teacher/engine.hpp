@@ -82,6 +82,9 @@ public:
 
 private:
   void execute(const float* input, std::span<float* const> outputs, std::span<double> step_seconds);
+  // One run of the plan (a teacher batch, or one chunk of a model that fixes its batch).
+  void execute_once(const float* input, std::span<float* const> outputs,
+                    std::span<double> step_seconds);
 
   struct State;
   std::shared_ptr<const Teacher> teacher_;

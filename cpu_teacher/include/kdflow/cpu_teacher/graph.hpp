@@ -75,7 +75,10 @@ struct Node {
 struct Graph {
   std::string file;
   std::int64_t opset = 0;
-  std::int64_t batch = 0;
+  std::int64_t batch = 0; // the batch every shape here is for
+  // A model that fixes its batch inside (an exporter's static Reshape or Expand) runs a teacher
+  // batch as `chunks` runs of `batch` samples; 1 otherwise.
+  std::int64_t chunks = 1;
   std::string input; // the one non-constant graph input
   Shape input_shape; // with the batch dimension set
   std::vector<std::string> outputs;
@@ -99,7 +102,7 @@ struct LoadOptions {
   bool run_passes = true;            // false: the graph as imported (constant folding only)
 };
 
-// Reads an ONNX file (external data beside it included), checks it with the ONNX checker, and
+// Reads an ONNX file (external data beside it included; local functions inlined), checks it, and
 // returns its graph with shapes for `batch`, constant subgraphs folded and kdflow's passes applied.
 // Bad input (unreadable or corrupt file, unsupported opset or op, input rank/shape mismatch) is an
 // InputError naming the file, node and op.

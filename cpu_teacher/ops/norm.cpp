@@ -1,0 +1,126 @@
+// LayerNormalization (opset 17; the exporters' decomposed form is fused into it by the passes):
+// oneDNN's layer normalization over the trailing axes from `axis` on, seen as one axis.
+#include "common.hpp"
+#include "lowering.hpp"
+#include "op_table.hpp"
+
+#include <cmath>
+
+#include <fmt/format.h>
+
+namespace kdflow::teacher {
+namespace {
+
+// Rows before `axis`, and the length of one normalized row.
+std::pair<std::int64_t, std::int64_t> rows_and_length(const Shape& xs, std::int64_t axis) {
+  const auto split = xs.begin() + axis;
+  return {numel(Shape(xs.begin(), split)), numel(Shape(split, xs.end()))};
+}
+
+// Scale and bias must be constants that broadcast to the normalized shape; they become one value
+// per position of the row (attributes scale_full / bias_full would copy the weights, so the
+// lowering and the reference expand them with expand_to_row).
+std::vector<InferredOutput> infer_layer_norm(Node& node, const InferArgs& a) {
+  const auto rank = static_cast<std::int64_t>(a.in[0].size());
+  const std::int64_t axis = norm_axis(node, node.int_attr("axis", -1), rank);
+  node.attrs["axis"] = int_attribute(axis);
+  node.attrs["epsilon"] = float_attribute(node.float_attr("epsilon", 1e-5f));
+  const Shape normalized(a.in[0].begin() + axis, a.in[0].end());
+  for (std::size_t k = 1; k < 3 && k < node.inputs.size(); ++k) {
+    if (!has_input(node, k)) continue;
+    (void)need_constant(node, a.constants, k, k == 1 ? "Scale" : "B");
+    if (broadcast(node, a.in[k], normalized) != normalized)
+      bad(node,
+          fmt::format("{} of shape {} does not broadcast to the normalized shape {}",
+                      k == 1 ? "Scale" : "B", format_shape(a.in[k]), format_shape(normalized)));
+  }
+  return {{a.in[0], ElemType::f32}};
+}
+
+// A constant broadcast to one normalized row; `fallback` where the input is omitted.
+std::vector<float> expand_to_row(const Node& node, const Tensor* t, const Shape& normalized,
+                                 float fallback) {
+  std::vector<float> row(static_cast<std::size_t>(numel(normalized)), fallback);
+  if (t == nullptr) return row;
+  const Shape st = broadcast_strides(t->shape, normalized);
+  for_each_index(normalized, [&](std::int64_t k, const std::vector<std::int64_t>& idx) {
+    std::int64_t src = 0;
+    for (std::size_t d = 0; d < idx.size(); ++d) src += idx[d] * st[d];
+    row[static_cast<std::size_t>(k)] = static_cast<float>(t->at(src));
+  });
+  (void)node;
+  return row;
+}
+
+std::vector<Tensor> evaluate_layer_norm(const Node& node, const std::vector<const Tensor*>& x,
+                                        const std::vector<InferredOutput>& outs) {
+  const Shape& xs = x[0]->shape;
+  const std::int64_t axis = node.int_attr("axis", -1);
+  const Shape normalized(xs.begin() + axis, xs.end());
+  const auto [rows, len] = rows_and_length(xs, axis);
+  const std::vector<float> scale =
+      expand_to_row(node, x.size() > 1 ? x[1] : nullptr, normalized, 1.f);
+  const std::vector<float> bias =
+      expand_to_row(node, x.size() > 2 ? x[2] : nullptr, normalized, 0.f);
+  const double eps = node.float_attr("epsilon", 1e-5f);
+  std::vector<float> r(x[0]->f.size());
+  for (std::int64_t i = 0; i < rows; ++i) {
+    const float* row = x[0]->f.data() + i * len;
+    double mean = 0, var = 0;
+    for (std::int64_t k = 0; k < len; ++k) mean += row[k];
+    mean /= static_cast<double>(len);
+    for (std::int64_t k = 0; k < len; ++k) var += (row[k] - mean) * (row[k] - mean);
+    var /= static_cast<double>(len);
+    const double inv = 1.0 / std::sqrt(var + eps);
+    for (std::int64_t k = 0; k < len; ++k) {
+      const auto j = static_cast<std::size_t>(k);
+      r[static_cast<std::size_t>(i * len + k)] =
+          static_cast<float>((row[k] - mean) * inv * scale[j] + bias[j]);
+    }
+  }
+  return {Tensor::floats(outs[0].shape, std::move(r))};
+}
+
+void lower_layer_norm(Lowering& plan, const Node& node) {
+  const Graph& g = plan.graph();
+  const Shape& xs = g.shape(node.inputs[0]);
+  const std::int64_t axis = node.int_attr("axis", -1);
+  const Shape normalized(xs.begin() + axis, xs.end());
+  const auto [rows, len] = rows_and_length(xs, axis);
+  const dt type = plan.at(node.inputs[0]).md.get_data_type();
+  ArgRef src = plan.get_plain(node.inputs[0], type);
+  src.md = plain({rows, len}, type);
+  const auto constant = [&](std::size_t k) {
+    return has_input(node, k) ? &g.constants.at(node.inputs[k]) : nullptr;
+  };
+  const memory::desc row_md({len}, dt::f32, memory::format_tag::a);
+  const auto flags = dnnl::normalization_flags::use_scale | dnnl::normalization_flags::use_shift;
+  const auto pd = dnnl::layer_normalization_forward::primitive_desc(
+      plan.eng(), dnnl::prop_kind::forward_inference, src.md, src.md,
+      node.float_attr("epsilon", 1e-5f), flags, Lowering::plain_attr());
+  const ArgRef scale =
+      plan.weight(expand_to_row(node, constant(1), normalized, 1.f), row_md, row_md);
+  const ArgRef shift =
+      plan.weight(expand_to_row(node, constant(2), normalized, 0.f), row_md, row_md);
+  const ArgRef dst = plan.new_buffer(src.md);
+  plan.add_primitive(
+      dnnl::layer_normalization_forward(pd),
+      {{DNNL_ARG_SRC, src}, {DNNL_ARG_SCALE, scale}, {DNNL_ARG_SHIFT, shift}, {DNNL_ARG_DST, dst}},
+      node.describe(), pd.scratchpad_desc());
+  plan.set(node.outputs[0], ArgRef{dst.kind, dst.index, dst.offset, plain(xs, type)});
+}
+
+constexpr OpDef kOps[] = {
+    {.name = "LayerNormalization",
+     .min_inputs = 2,
+     .infer = infer_layer_norm,
+     .evaluate = evaluate_layer_norm,
+     .lower = lower_layer_norm,
+     .training_outputs = true},
+};
+
+} // namespace
+
+std::span<const OpDef> norm_ops() { return kOps; }
+
+} // namespace kdflow::teacher
