@@ -17,9 +17,8 @@ std::pair<std::int64_t, std::int64_t> rows_and_length(const Shape& xs, std::int6
   return {numel(Shape(xs.begin(), split)), numel(Shape(split, xs.end()))};
 }
 
-// Scale and bias must be constants that broadcast to the normalized shape; they become one value
-// per position of the row (attributes scale_full / bias_full would copy the weights, so the
-// lowering and the reference expand them with expand_to_row).
+// Scale and bias must be constants that broadcast to the normalized shape (the lowering and the
+// reference expand them to one value per position of the row with expand_to_row).
 std::vector<InferredOutput> infer_layer_norm(Node& node, const InferArgs& a) {
   const auto rank = static_cast<std::int64_t>(a.in[0].size());
   const std::int64_t axis = norm_axis(node, node.int_attr("axis", -1), rank);
@@ -38,8 +37,7 @@ std::vector<InferredOutput> infer_layer_norm(Node& node, const InferArgs& a) {
 }
 
 // A constant broadcast to one normalized row; `fallback` where the input is omitted.
-std::vector<float> expand_to_row(const Node& node, const Tensor* t, const Shape& normalized,
-                                 float fallback) {
+std::vector<float> expand_to_row(const Tensor* t, const Shape& normalized, float fallback) {
   std::vector<float> row(static_cast<std::size_t>(numel(normalized)), fallback);
   if (t == nullptr) return row;
   const Shape st = broadcast_strides(t->shape, normalized);
@@ -48,7 +46,6 @@ std::vector<float> expand_to_row(const Node& node, const Tensor* t, const Shape&
     for (std::size_t d = 0; d < idx.size(); ++d) src += idx[d] * st[d];
     row[static_cast<std::size_t>(k)] = static_cast<float>(t->at(src));
   });
-  (void)node;
   return row;
 }
 
@@ -58,10 +55,8 @@ std::vector<Tensor> evaluate_layer_norm(const Node& node, const std::vector<cons
   const std::int64_t axis = node.int_attr("axis", -1);
   const Shape normalized(xs.begin() + axis, xs.end());
   const auto [rows, len] = rows_and_length(xs, axis);
-  const std::vector<float> scale =
-      expand_to_row(node, x.size() > 1 ? x[1] : nullptr, normalized, 1.f);
-  const std::vector<float> bias =
-      expand_to_row(node, x.size() > 2 ? x[2] : nullptr, normalized, 0.f);
+  const std::vector<float> scale = expand_to_row(x.size() > 1 ? x[1] : nullptr, normalized, 1.f);
+  const std::vector<float> bias = expand_to_row(x.size() > 2 ? x[2] : nullptr, normalized, 0.f);
   const double eps = node.float_attr("epsilon", 1e-5f);
   std::vector<float> r(x[0]->f.size());
   for (std::int64_t i = 0; i < rows; ++i) {
@@ -98,10 +93,8 @@ void lower_layer_norm(Lowering& plan, const Node& node) {
   const auto pd = dnnl::layer_normalization_forward::primitive_desc(
       plan.eng(), dnnl::prop_kind::forward_inference, src.md, src.md,
       node.float_attr("epsilon", 1e-5f), flags, Lowering::plain_attr());
-  const ArgRef scale =
-      plan.weight(expand_to_row(node, constant(1), normalized, 1.f), row_md, row_md);
-  const ArgRef shift =
-      plan.weight(expand_to_row(node, constant(2), normalized, 0.f), row_md, row_md);
+  const ArgRef scale = plan.weight(expand_to_row(constant(1), normalized, 1.f), row_md, row_md);
+  const ArgRef shift = plan.weight(expand_to_row(constant(2), normalized, 0.f), row_md, row_md);
   const ArgRef dst = plan.new_buffer(src.md);
   plan.add_primitive(
       dnnl::layer_normalization_forward(pd),

@@ -50,8 +50,7 @@ struct Activation {
   dnnl_alg_kind_t algorithm_if_alpha = dnnl_alg_kind_undef;
 
   [[nodiscard]] dnnl_alg_kind_t algorithm_for(float alpha) const {
-    return alpha != 0 && algorithm_if_alpha != dnnl_alg_kind_undef ? algorithm_if_alpha
-                                                                   : algorithm;
+    return alpha != 0 && algorithm_if_alpha != dnnl_alg_kind_undef ? algorithm_if_alpha : algorithm;
   }
 };
 
