@@ -1,12 +1,21 @@
 #!/usr/bin/env python3
 """kdflow's oneDNN teacher against ONNX Runtime (CPU execution provider, all graph optimizations,
-same threads, same batch), measured in one run on the same exported models. Run with the kdflow
-venv's python (torch, torchvision, onnxruntime).
+same threads, same batch, same exported file), measured in one run, model by model, over a broad
+set of networks (torchvision CNNs, ConvNeXt, a DeiT-tiny-shaped ViT, a TransformerEncoder
+classifier) at the input sizes people distil at. Run with the kdflow venv's python (torch,
+torchvision, onnxruntime, onnxscript).
 
-usage: teacher_vs_ort.py KDFLOW_BINARY OUT_JSON [--seconds S] [--threads 1 2]
+usage: teacher_vs_ort.py KDFLOW_BINARY OUT_JSON [--seconds S] [--threads 1 2] [--sizes 32 64 224]
+                         [--models NAME...] [--exporter dynamo|legacy] [--tune auto|off]
+
+Each model is exported by torch.onnx.export (the dynamo exporter with a dynamic batch unless
+--exporter legacy) once per input size. Rates are images/s from the median batch time; ORT and
+kdflow alternate per model so that drifts in the machine's speed hit both.
 """
 import argparse
+import contextlib
 import json
+import logging
 import os
 import platform
 import subprocess
@@ -17,93 +26,183 @@ import warnings
 import numpy as np
 import onnxruntime as ort
 import torch
+import torch.nn as nn
 import torchvision
 
 warnings.filterwarnings("ignore")
+logging.disable(logging.WARNING)
 
 
-def export(name, model, path):
+class EncoderClassifier(nn.Module):
+    """A TransformerEncoder over the image's rows (tokens = rows), mean-pooled."""
+
+    def __init__(self, width, classes=10, dim=128):
+        super().__init__()
+        self.embed = nn.Linear(width, dim)
+        layer = nn.TransformerEncoderLayer(dim, 4, 4 * dim, dropout=0.0, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, 4, enable_nested_tensor=False)
+        self.head = nn.Linear(dim, classes)
+
+    def forward(self, x):
+        return self.head(self.encoder(self.embed(x[:, 0])).mean(1))
+
+
+def deit_tiny(size):
+    # DeiT-tiny's shape (vit_b_16's structure at width 192, 3 heads); 8x8 patches at 32 and 64,
+    # 16x16 at 224 (196 tokens, as DeiT).
+    patch = 16 if size >= 224 else size // 8
+    return torchvision.models.VisionTransformer(image_size=size, patch_size=patch, num_layers=12,
+                                                num_heads=3, hidden_dim=192, mlp_dim=768,
+                                                num_classes=10)
+
+
+def model_set():
+    tv = torchvision.models
+    cnn = lambda f: (lambda size: f(num_classes=10))  # noqa: E731 (any input size)
+    # name: (constructor taking the input size, channels, whether it runs at every size)
+    return {
+        "resnet18": (cnn(tv.resnet18), 3),
+        "resnet50": (cnn(tv.resnet50), 3),
+        "mobilenet_v2": (cnn(tv.mobilenet_v2), 3),
+        "mobilenet_v3_large": (cnn(tv.mobilenet_v3_large), 3),
+        "efficientnet_b0": (cnn(tv.efficientnet_b0), 3),
+        "regnet_y_400mf": (cnn(tv.regnet_y_400mf), 3),
+        "shufflenet_v2_x1_0": (cnn(tv.shufflenet_v2_x1_0), 3),
+        "squeezenet1_1": (cnn(tv.squeezenet1_1), 3),
+        "densenet121": (cnn(tv.densenet121), 3),
+        "mnasnet1_0": (cnn(tv.mnasnet1_0), 3),
+        "convnext_tiny": (cnn(tv.convnext_tiny), 3),
+        "deit_tiny": (deit_tiny, 3),
+        "transformer_encoder": (lambda size: EncoderClassifier(size), 1),
+    }
+
+
+def export(model, shape, path, exporter):
     model.eval()
-    torch.onnx.export(model, torch.randn(1, 3, 32, 32), path, opset_version=17, dynamo=False,
-                      input_names=["input"], output_names=["logits"],
-                      dynamic_axes={"input": {0: "batch"}, "logits": {0: "batch"}})
+    x = torch.randn(2, *shape)
+    with open(os.devnull, "w") as quiet, contextlib.redirect_stdout(quiet):
+        export_quietly(model, x, path, exporter)
 
 
-def ort_images_per_s(path, batch, threads, seconds):
+def export_quietly(model, x, path, exporter):
+    if exporter == "legacy":
+        torch.onnx.export(model, x, path, opset_version=17, dynamo=False, input_names=["input"],
+                          output_names=["logits"],
+                          dynamic_axes={"input": {0: "batch"}, "logits": {0: "batch"}})
+    else:
+        torch.onnx.export(model, (x,), path, dynamo=True,
+                          dynamic_shapes=({0: torch.export.Dim("batch")},))
+
+
+def ort_images_per_s(path, shape, batch, threads, seconds):
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
     so.inter_op_num_threads = 1
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
-    x = np.random.default_rng(1).standard_normal((batch, 3, 32, 32)).astype(np.float32)
-    for _ in range(3):
-        sess.run(None, {"input": x})
+    name = sess.get_inputs()[0].name
+    x = np.random.default_rng(1).standard_normal((batch, *shape)).astype(np.float32)
+    sess.run(None, {name: x})
     times = []
     start = time.perf_counter()
-    while time.perf_counter() - start < seconds or len(times) < 5:
+    while time.perf_counter() - start < seconds or len(times) < 3:
         t0 = time.perf_counter()
-        sess.run(None, {"input": x})
+        sess.run(None, {name: x})
         times.append(time.perf_counter() - t0)
     times.sort()
     return batch / times[len(times) // 2]
 
 
-def kdflow_bench(binary, path, batch, threads, precision, seconds):
+def kdflow_bench(binary, path, batch, threads, precision, seconds, tune):
+    """kdflow teacher bench's JSON, or None where the precision is refused on this CPU (exit 2)."""
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
-        subprocess.run([binary, "teacher", "bench", "--model", path, "--batch", str(batch), "--threads", str(threads),
-                        "--precision", precision, "--seconds", str(seconds), "--profile", "--json", f.name],
-                       check=True,
-                       stdout=subprocess.DEVNULL)
+        env = dict(os.environ, KDFLOW_TEACHER_TUNE=tune)
+        r = subprocess.run([binary, "teacher", "bench", "--model", path, "--batch", str(batch),
+                            "--threads", str(threads), "--precision", precision, "--seconds",
+                            str(seconds), "--profile", "--json", f.name],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+        if r.returncode == 2 and precision == "bf16":
+            return None
+        if r.returncode != 0:
+            raise RuntimeError(f"kdflow teacher bench {path} {precision}: {r.stderr.strip()}")
         return json.load(open(f.name))
 
 
-def time_by_kind(fp32, bf16):
-    """Per kind of step (kdflow teacher bench --profile): ms per batch in fp32 and bf16, and the
-    speed-up bf16 gives that kind, which says where bf16's overall ratio comes from."""
-    ms = {p: {k["kind"]: k["ms"] for k in run["profile"]["by_kind"]} for p, run in (("fp32", fp32), ("bf16", bf16))}
-    kinds = sorted(set(ms["fp32"]) | set(ms["bf16"]), key=lambda k: -ms["fp32"].get(k, 0.0))
-    return {k: {"fp32_ms": ms["fp32"].get(k, 0.0), "bf16_ms": ms["bf16"].get(k, 0.0),
-                "bf16_speedup": ms["fp32"].get(k, 0.0) / ms["bf16"][k] if ms["bf16"].get(k) else None}
-            for k in kinds}
+def cpu_name():
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def slowest_kinds(run, k=3):
+    kinds = sorted(run["profile"]["by_kind"], key=lambda e: -e["ms"])[:k]
+    return {e["kind"]: round(e["ms"], 2) for e in kinds}
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("kdflow")
     ap.add_argument("out")
-    ap.add_argument("--seconds", type=float, default=4.0)
+    ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--threads", type=int, nargs="*", default=[1, 2])
+    ap.add_argument("--sizes", type=int, nargs="*", default=[32, 64, 224])
     ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--models", nargs="*")
+    ap.add_argument("--exporter", choices=["dynamo", "legacy"], default="dynamo")
+    ap.add_argument("--tune", choices=["auto", "off"], default="auto")
+    ap.add_argument("--no-bf16", action="store_true")
     args = ap.parse_args()
     torch.manual_seed(0)
-    models = {"resnet18": torchvision.models.resnet18(num_classes=10),
-              "mobilenet_v2": torchvision.models.mobilenet_v2(num_classes=10)}
-    result = {"benchmark": "teacher_vs_onnxruntime", "batch": args.batch, "input": [3, 32, 32], "classes": 10,
-              "machine": {"cpus": os.cpu_count(), "processor": platform.processor() or platform.machine()},
-              "onnxruntime": ort.__version__, "runs": []}
+    models = model_set()
+    chosen = args.models or list(models)
+    result = {"benchmark": "teacher_vs_onnxruntime", "batch": args.batch, "classes": 10,
+              "exporter": args.exporter, "tune": args.tune,
+              "machine": {"cpu": cpu_name(), "cpus": os.cpu_count(),
+                          "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA", "")},
+              "onnxruntime": ort.__version__, "torch": torch.__version__, "runs": []}
     with tempfile.TemporaryDirectory() as tmp:
-        for name, model in models.items():
-            path = os.path.join(tmp, name + ".onnx")
-            export(name, model, path)
-            for threads in args.threads:
-                ort_rate = ort_images_per_s(path, args.batch, threads, args.seconds)
-                fp32 = kdflow_bench(args.kdflow, path, args.batch, threads, "fp32", args.seconds)
-                bf16 = kdflow_bench(args.kdflow, path, args.batch, threads, "bf16", args.seconds)
-                run = {"model": name, "threads": threads,
-                       "onnxruntime_images_per_s": ort_rate,
-                       "kdflow_fp32_images_per_s": fp32["images_per_s"],
-                       "kdflow_bf16_images_per_s": bf16["images_per_s"],
-                       "fp32_vs_onnxruntime": fp32["images_per_s"] / ort_rate,
-                       "bf16_vs_kdflow_fp32": bf16["images_per_s"] / fp32["images_per_s"],
-                       "fp32_peak_fraction": fp32["peak_fraction"], "bf16_peak_fraction": bf16["peak_fraction"],
-                       "peak_gflops_per_s": fp32["peak_gflops_per_s"], "isa": fp32["isa"],
-                       "native_bf16": bf16["native_bf16"],
-                       "time_by_kind": time_by_kind(fp32, bf16)}
-                result["runs"].append(run)
-                print(f"{name:13s} {threads} thr: ORT {ort_rate:8.1f}  kdflow fp32 {fp32['images_per_s']:8.1f} "
-                      f"({run['fp32_vs_onnxruntime']:.2f}x ORT, {100 * fp32['peak_fraction']:.0f}% peak)  "
-                      f"bf16 {bf16['images_per_s']:8.1f} ({run['bf16_vs_kdflow_fp32']:.2f}x fp32)", flush=True)
+        for name in chosen:
+            make, channels = models[name]
+            sizes = [28] if name == "transformer_encoder" else args.sizes
+            for size in sizes:
+                shape = (channels, size, size)
+                path = os.path.join(tmp, f"{name}_{size}.onnx")
+                try:
+                    export(make(size), shape, path, args.exporter)
+                except Exception as e:  # an exporter failure is the exporter's, not kdflow's
+                    result["runs"].append({"model": name, "size": size, "export_error": str(e)[:300]})
+                    print(f"{name:20s} {size:3d}: export failed: {str(e)[:120]}", flush=True)
+                    continue
+                for threads in args.threads:
+                    ort_rate = ort_images_per_s(path, shape, args.batch, threads, args.seconds)
+                    fp32 = kdflow_bench(args.kdflow, path, args.batch, threads, "fp32", args.seconds,
+                                        args.tune)
+                    bf16 = None if args.no_bf16 else kdflow_bench(
+                        args.kdflow, path, args.batch, threads, "bf16", args.seconds, args.tune)
+                    run = {"model": name, "size": size, "threads": threads,
+                           "gflops_per_image": fp32["flops_per_sample"] / 1e9,
+                           "onnxruntime_images_per_s": ort_rate,
+                           "kdflow_fp32_images_per_s": fp32["images_per_s"],
+                           "fp32_vs_onnxruntime": fp32["images_per_s"] / ort_rate,
+                           "fp32_peak_fraction": fp32["peak_fraction"], "isa": fp32["isa"],
+                           "fp32_slowest_kinds_ms": slowest_kinds(fp32)}
+                    if bf16 is not None:
+                        run["kdflow_bf16_images_per_s"] = bf16["images_per_s"]
+                        run["bf16_vs_kdflow_fp32"] = bf16["images_per_s"] / fp32["images_per_s"]
+                    result["runs"].append(run)
+                    bf16_text = (f"bf16 {bf16['images_per_s']:8.1f} ({run['bf16_vs_kdflow_fp32']:.2f}x fp32)"
+                                 if bf16 else "bf16 -")
+                    print(f"{name:20s} {size:3d} {threads} thr: ORT {ort_rate:8.1f}  kdflow fp32 "
+                          f"{fp32['images_per_s']:8.1f} ({run['fp32_vs_onnxruntime']:.2f}x ORT, "
+                          f"{100 * fp32['peak_fraction']:.0f}% peak)  {bf16_text}", flush=True)
+                    with open(args.out, "w") as f:  # partial results survive an interrupted run
+                        json.dump(result, f, indent=2)
+                os.remove(path)
     with open(args.out, "w") as f:
         json.dump(result, f, indent=2)
 

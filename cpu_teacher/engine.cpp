@@ -27,6 +27,14 @@ Precision parse_precision(const std::string& text) {
 
 const char* precision_name(Precision p) { return p == Precision::fp32 ? "fp32" : "bf16"; }
 
+Tune parse_tune(const std::string& text) {
+  if (text == "auto") return Tune::automatic;
+  if (text == "off") return Tune::off;
+  throw InputError(fmt::format("teacher.tune '{}' is not auto or off", text));
+}
+
+const char* tune_name(Tune t) { return t == Tune::automatic ? "auto" : "off"; }
+
 bool has_native_bf16() {
   const auto isa = dnnl::get_effective_cpu_isa();
   return isa == dnnl::cpu_isa::avx512_core_bf16 || isa == dnnl::cpu_isa::avx512_core_amx ||
@@ -118,6 +126,7 @@ void Lowering::add_reorder(const ArgRef& src, const ArgRef& dst, const std::stri
   s.args = {{DNNL_ARG_FROM, src}, {DNNL_ARG_TO, dst}};
   s.label = "reorder " + label;
   s.kind = "reorder";
+  s.node = node_;
   s.reorder = true;
   p_.steps.push_back(std::move(s));
 }
@@ -172,6 +181,7 @@ void Lowering::add_primitive(dnnl::primitive prim, std::vector<std::pair<int, Ar
   s.args = std::move(args);
   s.label = label;
   s.kind = kind_;
+  s.node = node_;
   p_.steps.push_back(std::move(s));
 }
 
@@ -181,6 +191,7 @@ void Lowering::add_kernel(Kernel k, std::vector<ArgRef> operands, const std::str
   for (auto& o : operands) s.args.emplace_back(0, std::move(o));
   s.label = label + " (plain kernel)";
   s.kind = kind_;
+  s.node = node_;
   p_.steps.push_back(std::move(s));
 }
 
@@ -246,7 +257,18 @@ void Lowering::add_node(const Node& node) {
   if (op == nullptr || op->lower == nullptr)
     fail(node, fmt::format("op type '{}' is not supported by kdflow's teacher", node.op));
   kind_ = node.op;
+  node_ = node.name;
   op->lower(*this, node);
+  node_.clear();
+}
+
+std::string Lowering::choose(const Node& node, std::vector<std::string> options) {
+  const auto it = p_.choices.find(node.name);
+  const bool listed = it != p_.choices.end() &&
+                      std::find(options.begin(), options.end(), it->second) != options.end();
+  std::string way = listed ? it->second : options.front();
+  if (options.size() > 1) p_.options.push_back({node.name, std::move(options), way});
+  return way;
 }
 
 std::shared_ptr<const Teacher> Teacher::load(const std::string& path,
@@ -261,14 +283,24 @@ std::shared_ptr<const Teacher> Teacher::load(const std::string& path,
         "{}: teacher.precision = bf16 needs a CPU with AVX512_BF16 or AMX, and this one runs "
         "oneDNN's {} ISA; use fp32 (teacher.precision = fp32, or --precision fp32)",
         path, onednn_info().isa));
-  std::shared_ptr<Teacher> t(new Teacher());
-  t->plan_ = std::make_unique<Plan>();
   LoadOptions lo;
   lo.batch = options.batch;
   lo.sample_shape = options.sample_shape;
-  t->plan_->graph = load_onnx(path, lo);
-  t->plan_->precision = options.precision;
-  Lowering(*t->plan_).build(options.features);
+  Graph graph = load_onnx(path, lo);
+  std::shared_ptr<Teacher> t(new Teacher());
+  if (options.tune == Tune::automatic) {
+    t->plan_ = tuned_plan(std::move(graph), options, path);
+  } else {
+    t->plan_ = build_plan(std::move(graph), options.precision, options.features, {});
+    if (!options.prefer.empty()) {
+      auto ways = prefer_ways(t->plan_->options, options.prefer);
+      t->plan_ = build_plan(std::move(t->plan_->graph), options.precision, options.features,
+                            std::move(ways));
+    }
+    for (const auto& o : t->plan_->options)
+      t->plan_->tune.nodes.push_back(
+          {o.node, o.options, std::vector<double>(o.options.size(), -1.0), o.chosen});
+  }
   if (t->plan_->graph.chunks > 1)
     for (const auto& o : t->plan_->outputs)
       if (o.shape.empty() || o.shape[0] != t->plan_->graph.batch)
@@ -276,6 +308,17 @@ std::shared_ptr<const Teacher> Teacher::load(const std::string& path,
                                      "does not lead with it",
                                      path, t->plan_->graph.batch, o.name, format_shape(o.shape)));
   return t;
+}
+
+std::unique_ptr<Teacher::Plan> Teacher::build_plan(Graph graph, Precision precision,
+                                                   const std::vector<std::string>& features,
+                                                   std::map<std::string, std::string> choices) {
+  auto plan = std::make_unique<Plan>();
+  plan->graph = std::move(graph);
+  plan->precision = precision;
+  plan->choices = std::move(choices);
+  Lowering(*plan).build(features);
+  return plan;
 }
 
 Teacher::~Teacher() = default;
@@ -302,6 +345,8 @@ std::size_t Teacher::reorders() const {
   return static_cast<std::size_t>(std::count_if(plan_->steps.begin(), plan_->steps.end(),
                                                 [](const Step& s) { return s.reorder; }));
 }
+
+const TuneReport& Teacher::tune_report() const { return plan_->tune; }
 
 std::vector<StepInfo> Teacher::step_info() const {
   std::vector<StepInfo> out;

@@ -225,77 +225,6 @@ bool trim_padding_taps(Graph& g) {
   return false;
 }
 
-// Input positions an output position of one axis reads (valid taps), summed over the outputs.
-std::int64_t axis_pairs(std::int64_t in, std::int64_t out, std::int64_t kernel, std::int64_t stride,
-                        std::int64_t dilation, std::int64_t pad_begin) {
-  std::int64_t pairs = 0;
-  for (std::int64_t o = 0; o < out; ++o)
-    for (std::int64_t k = 0; k < kernel; ++k) {
-      const std::int64_t i = o * stride - pad_begin + k * dilation;
-      pairs += i >= 0 && i < in;
-    }
-  return pairs;
-}
-
-// A convolution on a tiny map in which (nearly) every output position reads every input position
-// (3x3 with padding 1 on 2x2, a kernel as large as the map) is one matrix product: the kernel
-// unrolled over the map's positions (OC*OH*OW x C*IH*IW, channels fastest, so that channels-last
-// tensors are its rows as they lie in memory). oneDNN runs it as an inner product with the batch as
-// rows, near the FMA peak, where its convolution kernels spend most of the time on the border or
-// on one-row products (a 1x1 map). Only where the unrolled product does at most
-// 25% more multiply-adds than the valid taps, and its matrix stays under 64 MiB.
-bool unroll_tiny_maps(Graph& g) {
-  for (auto& conv : g.nodes) {
-    const auto geo = conv_geometry(g, conv);
-    if (!geo || conv.has("kdflow_unrolled") || conv.int_attr("group", 1) != 1) continue;
-    const Shape &xs = geo->x, &os = geo->out;
-    const Tensor& w = *geo->w;
-    const auto &s = geo->strides, &d = geo->dilations, &pads = geo->pads;
-    const std::int64_t dense = os[2] * xs[2] * os[3] * xs[3];
-    const std::int64_t valid = axis_pairs(xs[2], os[2], w.shape[2], s[0], d[0], pads[0]) *
-                               axis_pairs(xs[3], os[3], w.shape[3], s[1], d[1], pads[1]);
-    const std::int64_t rows = os[1] * os[2] * os[3], cols = xs[1] * xs[2] * xs[3];
-    if (valid == 0 || 4 * dense > 5 * valid || rows * cols > (std::int64_t{16} << 20)) continue;
-    std::vector<float> m(static_cast<std::size_t>(rows * cols), 0.f);
-    const std::int64_t oc_n = os[1], c_n = xs[1];
-    for (std::int64_t oh = 0; oh < os[2]; ++oh)
-      for (std::int64_t ow = 0; ow < os[3]; ++ow)
-        for (std::int64_t kh = 0; kh < w.shape[2]; ++kh)
-          for (std::int64_t kw = 0; kw < w.shape[3]; ++kw) {
-            const std::int64_t ih = oh * s[0] - pads[0] + kh * d[0];
-            const std::int64_t iw = ow * s[1] - pads[1] + kw * d[1];
-            if (ih < 0 || ih >= xs[2] || iw < 0 || iw >= xs[3]) continue;
-            for (std::int64_t oc = 0; oc < oc_n; ++oc) {
-              const std::int64_t row = (oh * os[3] + ow) * oc_n + oc;
-              for (std::int64_t c = 0; c < c_n; ++c)
-                m[static_cast<std::size_t>(row * cols + (ih * xs[3] + iw) * c_n + c)] +=
-                    w.f[static_cast<std::size_t>(((oc * c_n + c) * w.shape[2] + kh) * w.shape[3] +
-                                                 kw)];
-            }
-          }
-    const std::string wname = conv.name + ".unrolled_weight";
-    g.constants[wname] = Tensor::floats({rows, cols, 1, 1}, std::move(m));
-    g.shapes[wname] = {rows, cols, 1, 1};
-    conv.inputs[1] = wname;
-    if (conv.inputs.size() > 2 && !conv.inputs[2].empty()) {
-      const auto& b = g.constants.at(conv.inputs[2]).f;
-      std::vector<float> bias(static_cast<std::size_t>(rows));
-      for (std::int64_t r = 0; r < rows; ++r)
-        bias[static_cast<std::size_t>(r)] = b[static_cast<std::size_t>(r % oc_n)];
-      const std::string bname = conv.name + ".unrolled_bias";
-      g.constants[bname] = Tensor::floats({rows}, std::move(bias));
-      g.shapes[bname] = {rows};
-      conv.inputs[2] = bname;
-    }
-    Attribute marker;
-    marker.kind = Attribute::Kind::i;
-    marker.i = 1;
-    conv.attrs["kdflow_unrolled"] = marker;
-    return true;
-  }
-  return false;
-}
-
 // Conv/Gemm -> activation (sole reader) becomes one node with an eltwise post-op.
 bool fuse_activation(Graph& g) {
   for (std::size_t i = 0; i < g.nodes.size(); ++i) {
@@ -359,8 +288,6 @@ void run_passes(Graph& g) {
   while (fold_batchnorm(g)) {
   }
   while (trim_padding_taps(g)) {
-  }
-  while (unroll_tiny_maps(g)) {
   }
   bool changed = true;
   while (changed) {

@@ -1,11 +1,14 @@
-// 2-D convolution (oneDNN's convolution, or one inner product where the passes unrolled it or it
-// is pointwise on channels-last tensors) and BatchNormalization, which the passes fold into the
-// convolution before it or turn into a depthwise one: the engine never runs it on its own.
+// 2-D convolution (oneDNN's direct convolution in one of two layouts, or one inner product: the
+// kernel unrolled over a tiny map, or pointwise on channels-last tensors; the tuner picks) and
+// BatchNormalization, which the passes fold into the convolution before it or turn into a
+// depthwise one: the engine never runs it on its own.
 #include "common.hpp"
 #include "lowering.hpp"
 #include "op_table.hpp"
 
 #include <cmath>
+#include <optional>
+#include <tuple>
 
 #include <fmt/format.h>
 
@@ -71,11 +74,75 @@ std::vector<Tensor> evaluate_conv(const Node& node, const std::vector<const Tens
   return {Tensor::floats(os, std::move(r))};
 }
 
+// Input positions an output position of one axis reads (valid taps), summed over the outputs.
+std::int64_t axis_pairs(std::int64_t in, std::int64_t out, std::int64_t kernel, std::int64_t stride,
+                        std::int64_t dilation, std::int64_t pad_begin) {
+  std::int64_t pairs = 0;
+  for (std::int64_t o = 0; o < out; ++o)
+    for (std::int64_t k = 0; k < kernel; ++k) {
+      const std::int64_t i = o * stride - pad_begin + k * dilation;
+      pairs += i >= 0 && i < in;
+    }
+  return pairs;
+}
+
+// How much more work a convolution does unrolled into one matrix product (see unrolled) than its
+// valid taps, or nullopt where it cannot be unrolled: grouped, or a matrix over 64 MiB.
+std::optional<double> unroll_overhead(const Graph& g, const Node& node) {
+  if (node.int_attr("group", 1) != 1 || !g.is_constant(node.inputs[1])) return std::nullopt;
+  const Shape& xs = g.shape(node.inputs[0]);
+  const Shape& os = g.shape(node.outputs[0]);
+  const Shape& ws = g.shape(node.inputs[1]);
+  const auto s = node.ints_attr("strides"), d = node.ints_attr("dilations"),
+             p = node.ints_attr("pads");
+  const std::int64_t dense = os[2] * xs[2] * os[3] * xs[3];
+  const std::int64_t valid = axis_pairs(xs[2], os[2], ws[2], s[0], d[0], p[0]) *
+                             axis_pairs(xs[3], os[3], ws[3], s[1], d[1], p[1]);
+  const std::int64_t rows = os[1] * os[2] * os[3], cols = xs[1] * xs[2] * xs[3];
+  if (valid == 0 || rows * cols > (std::int64_t{16} << 20)) return std::nullopt;
+  return static_cast<double>(dense) / static_cast<double>(valid);
+}
+
+// The convolution on a tiny map as one matrix product: the kernel unrolled over the map's
+// positions (OC*OH*OW x C*IH*IW, channels fastest, so that channels-last tensors are its rows as
+// they lie in memory), and the bias repeated per position.
+std::pair<std::vector<float>, std::vector<float>> unrolled(const Graph& g, const Node& node) {
+  const Shape& xs = g.shape(node.inputs[0]);
+  const Shape& os = g.shape(node.outputs[0]);
+  const Tensor& w = g.constants.at(node.inputs[1]);
+  const auto s = node.ints_attr("strides"), d = node.ints_attr("dilations"),
+             pads = node.ints_attr("pads");
+  const std::int64_t oc_n = os[1], c_n = xs[1];
+  const std::int64_t rows = oc_n * os[2] * os[3], cols = c_n * xs[2] * xs[3];
+  std::vector<float> m(static_cast<std::size_t>(rows * cols), 0.f);
+  for (std::int64_t oh = 0; oh < os[2]; ++oh)
+    for (std::int64_t ow = 0; ow < os[3]; ++ow)
+      for (std::int64_t kh = 0; kh < w.shape[2]; ++kh)
+        for (std::int64_t kw = 0; kw < w.shape[3]; ++kw) {
+          const std::int64_t ih = oh * s[0] - pads[0] + kh * d[0];
+          const std::int64_t iw = ow * s[1] - pads[1] + kw * d[1];
+          if (ih < 0 || ih >= xs[2] || iw < 0 || iw >= xs[3]) continue;
+          for (std::int64_t oc = 0; oc < oc_n; ++oc) {
+            const std::int64_t row = (oh * os[3] + ow) * oc_n + oc;
+            for (std::int64_t c = 0; c < c_n; ++c)
+              m[static_cast<std::size_t>(row * cols + (ih * xs[3] + iw) * c_n + c)] +=
+                  w.f[static_cast<std::size_t>(((oc * c_n + c) * w.shape[2] + kh) * w.shape[3] +
+                                               kw)];
+          }
+        }
+  std::vector<float> bias;
+  if (node.inputs.size() > 2 && !node.inputs[2].empty()) {
+    const auto& b = g.constants.at(node.inputs[2]).f;
+    bias.resize(static_cast<std::size_t>(rows));
+    for (std::int64_t r = 0; r < rows; ++r)
+      bias[static_cast<std::size_t>(r)] = b[static_cast<std::size_t>(r % oc_n)];
+  }
+  return {std::move(m), std::move(bias)};
+}
+
 // A pointwise convolution (1x1, stride 1, no padding, one group) reading a channels-last tensor
 // that its residual operand, if any, shares: with channels-last input and output every pixel of
-// the batch is a row of one matrix product. oneDNN's 1x1 convolution blocks its rows within one
-// image's map, so on small maps (2x2: four rows) its kernels starve; the inner product blocks
-// all N*H*W rows at once.
+// the batch is a row of one matrix product.
 bool pointwise_on_channels_last(const Lowering& plan, const Node& node) {
   const Graph& g = plan.graph();
   if (node.int_attr("group", 1) != 1) return false;
@@ -94,24 +161,34 @@ bool pointwise_on_channels_last(const Lowering& plan, const Node& node) {
 }
 
 // A convolution run as one inner product over channels-last views of its input and output:
-// either unrolled by the passes (unroll_tiny_maps: each sample's whole map is one row, the
-// weights are OC*OH*OW x C*IH*IW) or pointwise (each pixel is a row, the weights OC x C).
-void matrix_conv(Lowering& plan, const Node& node) {
+// unrolled (each sample's whole map is one row, the weights OC*OH*OW x C*IH*IW) or pointwise
+// (each pixel is a row, the weights OC x C). oneDNN's convolutions block their rows within one
+// image's map, so on small maps (2x2: four rows; 1x1: one) their kernels starve, where the inner
+// product blocks all rows of the batch at once.
+void matrix_conv(Lowering& plan, const Node& node, bool unroll) {
   const Graph& g = plan.graph();
   const dt act = plan.act();
-  plan.set_kind(node.has("kdflow_unrolled") ? "Conv (unrolled)" : "Conv (pointwise)");
+  plan.set_kind(unroll ? "Conv (unrolled)" : "Conv (pointwise)");
   const Shape& xs = g.shape(node.inputs[0]);
   const Shape& os = g.shape(node.outputs[0]);
-  const Shape& ws = g.shape(node.inputs[1]);
-  const std::int64_t rows = node.has("kdflow_unrolled") ? xs[0] : xs[0] * xs[2] * xs[3];
+  const bool has_bias = node.inputs.size() > 2 && !node.inputs[2].empty();
+  std::vector<float> w_data, bias_data;
+  if (unroll) {
+    std::tie(w_data, bias_data) = unrolled(g, node);
+  } else {
+    w_data = g.constants.at(node.inputs[1]).f;
+    if (has_bias) bias_data = g.constants.at(node.inputs[2]).f;
+  }
+  const std::int64_t rows = unroll ? xs[0] : xs[0] * xs[2] * xs[3];
+  const std::int64_t in_cols = unroll ? xs[1] * xs[2] * xs[3] : xs[1];
+  const std::int64_t out_cols = unroll ? os[1] * os[2] * os[3] : os[1];
   const auto tag = memory::format_tag::acdb;
   const memory::desc src_map(dims_of(xs), act, tag), dst_map(dims_of(os), act, tag);
-  const memory::desc src_row({rows, ws[1]}, act, memory::format_tag::ab);
-  const memory::desc dst_row({rows, ws[0]}, act, memory::format_tag::ab);
-  const memory::desc w_user({ws[0], ws[1]}, dt::f32, memory::format_tag::oi);
-  const memory::desc any_w({ws[0], ws[1]}, act, memory::format_tag::any);
-  const bool has_bias = node.inputs.size() > 2 && !node.inputs[2].empty();
-  const memory::desc bias_md({ws[0]}, dt::f32, memory::format_tag::a);
+  const memory::desc src_row({rows, in_cols}, act, memory::format_tag::ab);
+  const memory::desc dst_row({rows, out_cols}, act, memory::format_tag::ab);
+  const memory::desc w_user({out_cols, in_cols}, dt::f32, memory::format_tag::oi);
+  const memory::desc any_w({out_cols, in_cols}, act, memory::format_tag::any);
+  const memory::desc bias_md({out_cols}, dt::f32, memory::format_tag::a);
   const auto attr = plan.attr_with(node);
   const auto pd =
       has_bias ? dnnl::inner_product_forward::primitive_desc(plan.eng(),
@@ -128,25 +205,22 @@ void matrix_conv(Lowering& plan, const Node& node) {
   dst_view.md = dst_row;
   std::vector<std::pair<int, ArgRef>> args = {
       {DNNL_ARG_SRC, src},
-      {DNNL_ARG_WEIGHTS, plan.weight(g.constants.at(node.inputs[1]).f, w_user, pd.weights_desc())},
+      {DNNL_ARG_WEIGHTS, plan.weight(std::move(w_data), w_user, pd.weights_desc())},
       {DNNL_ARG_DST, dst_view}};
   if (has_bias)
-    args.emplace_back(DNNL_ARG_BIAS,
-                      plan.weight(g.constants.at(node.inputs[2]).f, bias_md, bias_md));
+    args.emplace_back(DNNL_ARG_BIAS, plan.weight(std::move(bias_data), bias_md, bias_md));
   plan.add_primitive(dnnl::inner_product_forward(pd), std::move(args), node.describe(),
                      pd.scratchpad_desc());
   plan.set(node.outputs[0], dst);
 }
 
-void lower_conv(Lowering& plan, const Node& node) {
-  if (node.has("kdflow_unrolled") || pointwise_on_channels_last(plan, node))
-    return matrix_conv(plan, node);
+// oneDNN's direct convolution writing channels-last (acdb) or the layout it prefers.
+void direct_conv(Lowering& plan, const Node& node, bool channels_last) {
   const Graph& g = plan.graph();
   const dt act = plan.act();
   const Shape& xs = g.shape(node.inputs[0]);
   const Shape& ws = g.shape(node.inputs[1]);
   const Shape& os = g.shape(node.outputs[0]);
-  if (!g.is_constant(node.inputs[1])) plan.fail(node, "weights must be constant");
   const std::int64_t group = node.int_attr("group", 1);
   if (group > 1)
     plan.set_kind(group == xs[1] && ws[0] == group ? "Conv (depthwise)" : "Conv (grouped)");
@@ -164,29 +238,19 @@ void lower_conv(Lowering& plan, const Node& node) {
   const memory::desc bias_md({ws[0]}, dt::f32, memory::format_tag::a);
   const PostOp* sum = Lowering::sum_post(node);
   const auto attr = plan.attr_with(node);
-  const auto make = [&](const memory::desc& dst_md) {
-    return has_bias ? dnnl::convolution_forward::primitive_desc(
-                          plan.eng(), dnnl::prop_kind::forward_inference,
-                          dnnl::algorithm::convolution_direct, any_src, any_w, bias_md, dst_md,
-                          strides, dil, pl, pr, attr)
-                    : dnnl::convolution_forward::primitive_desc(
-                          plan.eng(), dnnl::prop_kind::forward_inference,
-                          dnnl::algorithm::convolution_direct, any_src, any_w, dst_md, strides, dil,
-                          pl, pr, attr);
-  };
-  // Activations are channels-last (acdb) between convolutions: left to choose, neighbouring
-  // convolutions pick different layouts (resnet18's 8x8 maps: aBcd16b beside acdb) and reorders
-  // run inside the graph; channels-last also lets pointwise convolutions run as inner products
-  // (matrix_conv). Where this CPU has no fast channels-last kernel for it (oneDNN falls back to
-  // a reference or im2col-GEMM one), oneDNN chooses. With a residual sum the conv writes over the
-  // other operand's buffer, in its layout.
-  auto pd = make(sum ? plan.at(sum->sum_input).md
-                     : memory::desc(dims_of(os), act, memory::format_tag::acdb));
-  if (!sum) {
-    const std::string impl = pd.impl_info_str();
-    if (impl.starts_with("ref") || impl.starts_with("gemm:"))
-      pd = make(memory::desc(dims_of(os), act, memory::format_tag::any));
-  }
+  // With a residual sum the conv writes over the other operand's buffer, in its layout.
+  const memory::desc dst_md =
+      sum ? plan.at(sum->sum_input).md
+          : memory::desc(dims_of(os), act,
+                         channels_last ? memory::format_tag::acdb : memory::format_tag::any);
+  const auto pd =
+      has_bias
+          ? dnnl::convolution_forward::primitive_desc(
+                plan.eng(), dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
+                any_src, any_w, bias_md, dst_md, strides, dil, pl, pr, attr)
+          : dnnl::convolution_forward::primitive_desc(
+                plan.eng(), dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
+                any_src, any_w, dst_md, strides, dil, pl, pr, attr);
   const ArgRef src = plan.get(node.inputs[0], pd.src_desc());
   const ArgRef w = plan.weight(g.constants.at(node.inputs[1]).f, w_user, pd.weights_desc());
   const ArgRef dst = sum ? plan.at(sum->sum_input) : plan.new_buffer(pd.dst_desc());
@@ -198,6 +262,64 @@ void lower_conv(Lowering& plan, const Node& node) {
   plan.add_primitive(dnnl::convolution_forward(pd), std::move(args), node.describe(),
                      pd.scratchpad_desc());
   plan.set(node.outputs[0], dst);
+}
+
+// The implementation oneDNN picks for the direct convolution writing channels-last: a reference
+// or an im2col GEMM one where this CPU has no fast channels-last kernel for it.
+std::string channels_last_impl(Lowering& plan, const Node& node) {
+  const Graph& g = plan.graph();
+  const Shape& xs = g.shape(node.inputs[0]);
+  const Shape& ws = g.shape(node.inputs[1]);
+  const std::int64_t group = node.int_attr("group", 1);
+  const auto s = node.ints_attr("strides"), d = node.ints_attr("dilations"),
+             pads = node.ints_attr("pads");
+  const memory::dims wdims =
+      group == 1 ? dims_of(ws) : memory::dims{group, ws[0] / group, ws[1], ws[2], ws[3]};
+  const auto pd = dnnl::convolution_forward::primitive_desc(
+      plan.eng(), dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
+      memory::desc(dims_of(xs), plan.act(), memory::format_tag::any),
+      memory::desc(wdims, plan.act(), memory::format_tag::any),
+      memory::desc(dims_of(g.shape(node.outputs[0])), plan.act(), memory::format_tag::acdb),
+      {s[0], s[1]}, {d[0] - 1, d[1] - 1}, {pads[0], pads[1]}, {pads[2], pads[3]},
+      plan.attr_with(node));
+  return pd.impl_info_str();
+}
+
+// A convolution's ways to run, in the order the untuned plan prefers them:
+//  - "unrolled": one inner product over the unrolled kernel, first where it does at most 25% more
+//    multiply-adds than the valid taps (3x3 with padding 1 on 2x2 maps, a kernel as large as the
+//    map), offered up to 2x;
+//  - "inner_product": pointwise on channels-last input, each pixel of the batch a row;
+//  - "channels_last": the direct convolution writing channels-last, so that neighbouring
+//    convolutions do not pick different layouts with reorders between them (and pointwise ones
+//    can run as inner products); first unless oneDNN has only a GEMM kernel for it, not offered
+//    where it has only a reference one;
+//  - "library": the direct convolution in the layout oneDNN prefers.
+// With a residual sum the direct convolution writes in the sum operand's layout: one way.
+void lower_conv(Lowering& plan, const Node& node) {
+  const Graph& g = plan.graph();
+  if (!g.is_constant(node.inputs[1])) plan.fail(node, "weights must be constant");
+  std::vector<std::string> first, later;
+  if (const auto overhead = unroll_overhead(g, node); overhead && *overhead <= 2.0)
+    (*overhead <= 1.25 ? first : later).emplace_back("unrolled");
+  if (pointwise_on_channels_last(plan, node)) first.emplace_back("inner_product");
+  if (Lowering::sum_post(node) != nullptr) {
+    first.emplace_back("direct");
+  } else {
+    const std::string impl = channels_last_impl(plan, node);
+    if (impl.starts_with("ref")) {
+      first.emplace_back("library");
+    } else {
+      const bool gemm = impl.starts_with("gemm:");
+      first.emplace_back(gemm ? "library" : "channels_last");
+      later.emplace_back(gemm ? "channels_last" : "library");
+    }
+  }
+  first.insert(first.end(), later.begin(), later.end());
+  const std::string way = plan.choose(node, std::move(first));
+  if (way == "unrolled" || way == "inner_product")
+    return matrix_conv(plan, node, way == "unrolled");
+  direct_conv(plan, node, way == "channels_last");
 }
 
 PostOps conv_post_ops(const Graph&, const Node&) { return PostOps::eltwise_and_sum; }

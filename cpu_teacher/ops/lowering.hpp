@@ -37,12 +37,31 @@ struct Step {
   std::vector<std::pair<int, ArgRef>> args; // (DNNL_ARG_*, operand); kernels: positional
   std::string label;
   std::string kind; // StepInfo::kind
+  std::string node; // the node whose lowering added it (reorders included); "" for the outputs'
   bool reorder = false;
 };
+
+// A node that can run more than one way (a convolution: direct channels-last, direct in the
+// layout oneDNN prefers, as an inner product, unrolled): the ways it offers, in the order the
+// untuned plan prefers them, and the one this plan runs.
+struct NodeOptions {
+  std::string node;
+  std::vector<std::string> options;
+  std::string chosen;
+};
+
+// Each node's first way from `prefer` that it offers (nodes offering none are left out: they run
+// their first way).
+std::map<std::string, std::string> prefer_ways(const std::vector<NodeOptions>& nodes,
+                                               const std::vector<std::string>& prefer);
 
 struct Teacher::Plan {
   Graph graph;
   Precision precision = Precision::fp32;
+  // What the tuner (or a cache) chose, node by node; a node not named takes its first option.
+  std::map<std::string, std::string> choices;
+  std::vector<NodeOptions> options; // filled while lowering: every node with a choice
+  TuneReport tune;
   dnnl::engine eng{dnnl::engine::kind::cpu, 0};
   std::vector<std::size_t> buffer_bytes;
   std::vector<memory> weights;
@@ -84,6 +103,9 @@ public:
   [[noreturn]] void fail(const Node& node, const std::string& what) const;
   // StepInfo::kind of the steps the node adds from now on (its op type unless refined).
   void set_kind(std::string kind) { kind_ = std::move(kind); }
+  // Which of `options` (the untuned plan's preference first) the node runs: the plan's choice
+  // for it when that is one of them, else the first. Recorded for the tuner and `--plan`.
+  std::string choose(const Node& node, std::vector<std::string> options);
 
   // Where `value` lives now; a logic_error if nothing computed it yet.
   const ArgRef& at(const std::string& value) const;
@@ -126,6 +148,7 @@ private:
   std::set<std::string> skipped_;
   std::map<std::string, std::string> flat_source_;
   std::string kind_;
+  std::string node_;
 };
 
 } // namespace kdflow::teacher

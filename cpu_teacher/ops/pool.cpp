@@ -1,5 +1,6 @@
 // Pooling (MaxPool, AveragePool, GlobalAveragePool: oneDNN's pooling) and ReduceMean (oneDNN's
-// reduction), with the reference loops they are checked against.
+// reduction, or its pooling over a 4-D tensor's map), with the reference loops they are checked
+// against.
 #include "common.hpp"
 #include "lowering.hpp"
 #include "op_table.hpp"
@@ -7,6 +8,7 @@
 #include <algorithm>
 #include <limits>
 #include <numeric>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -185,25 +187,65 @@ std::vector<Tensor> evaluate_reduce_mean(const Node& node, const std::vector<con
   return {Tensor::floats(outs[0].shape, std::move(r))};
 }
 
+// ReduceMean's result as its output: the reduced tensor keeps the reduced axes as extent 1; with
+// keepdims = 0 the output is the same bytes seen without them, which needs them in plain order.
+void set_reduced(Lowering& plan, const Node& node, const ArgRef& reduced, const Shape& kept) {
+  const Graph& g = plan.graph();
+  const Shape& os = g.shape(node.outputs[0]);
+  if (os == kept) return plan.set(node.outputs[0], reduced);
+  ArgRef flat = reduced;
+  if (reduced.md != plain(kept, plan.act())) {
+    flat = plan.new_buffer(plain(kept, plan.act()));
+    plan.add_reorder(reduced, flat, node.outputs[0]);
+  }
+  flat.md = plain(os, plan.act());
+  plan.set(node.outputs[0], flat);
+}
+
+// ReduceMean runs as oneDNN's reduction, or, over the two spatial axes of a 4-D tensor (a global
+// average pool: squeeze-and-excitation blocks, heads), as its average pooling; each reads the
+// input in the layout it has where oneDNN has a kernel for that (the tuner picks between them).
 void lower_reduce_mean(Lowering& plan, const Node& node) {
   const Graph& g = plan.graph();
   const dt act = plan.act();
-  const ArgRef src = plan.get_plain(node.inputs[0], act);
-  const Shape kept = kept_shape(node, g.shape(node.inputs[0]));
-  if (kept == g.shape(node.inputs[0])) { // every reduced axis has extent 1: a view
+  const Shape& xs = g.shape(node.inputs[0]);
+  const Shape kept = kept_shape(node, xs);
+  if (kept == xs) { // every reduced axis has extent 1: a view
+    const ArgRef src = plan.get_plain(node.inputs[0], act);
     plan.set(node.outputs[0],
              ArgRef{src.kind, src.index, src.offset, plain(g.shape(node.outputs[0]), act)});
     return;
   }
-  const memory::desc dst_md = plain(kept, act);
-  const auto pd = dnnl::reduction::primitive_desc(plan.eng(), dnnl::algorithm::reduction_mean,
-                                                  src.md, dst_md, 0.f, 0.f, Lowering::plain_attr());
-  const ArgRef dst = plan.new_buffer(dst_md);
-  plan.add_primitive(dnnl::reduction(pd), {{DNNL_ARG_SRC, src}, {DNNL_ARG_DST, dst}},
-                     node.describe(), pd.scratchpad_desc());
-  // keepdims = 0 is the same bytes seen with the reduced axes dropped.
-  plan.set(node.outputs[0],
-           ArgRef{dst.kind, dst.index, dst.offset, plain(g.shape(node.outputs[0]), act)});
+  std::vector<std::string> ways;
+  if (xs.size() == 4 && kept == Shape{xs[0], xs[1], 1, 1}) ways.emplace_back("pooling");
+  ways.emplace_back("reduction");
+  const memory::desc src_md = plan.at(node.inputs[0]).md;
+  const memory::desc dst_any(dims_of(kept), act, memory::format_tag::any);
+  if (plan.choose(node, std::move(ways)) == "pooling") {
+    const auto pd = dnnl::pooling_forward::primitive_desc(
+        plan.eng(), dnnl::prop_kind::forward_inference,
+        dnnl::algorithm::pooling_avg_exclude_padding, src_md, dst_any, {1, 1}, {xs[2], xs[3]},
+        {0, 0}, {0, 0}, {0, 0}, Lowering::plain_attr());
+    const ArgRef src = plan.get(node.inputs[0], pd.src_desc());
+    const ArgRef dst = plan.new_buffer(pd.dst_desc());
+    plan.add_primitive(dnnl::pooling_forward(pd), {{DNNL_ARG_SRC, src}, {DNNL_ARG_DST, dst}},
+                       node.describe(), pd.scratchpad_desc());
+    return set_reduced(plan, node, dst, kept);
+  }
+  // The input's own layout where oneDNN reduces it; plain where it does not.
+  std::optional<dnnl::reduction::primitive_desc> pd;
+  try {
+    pd.emplace(plan.eng(), dnnl::algorithm::reduction_mean, src_md, dst_any, 0.f, 0.f,
+               Lowering::plain_attr());
+  } catch (const dnnl::error&) {
+    pd.emplace(plan.eng(), dnnl::algorithm::reduction_mean, plain(xs, act), plain(kept, act), 0.f,
+               0.f, Lowering::plain_attr());
+  }
+  const ArgRef src = plan.get(node.inputs[0], pd->src_desc());
+  const ArgRef dst = plan.new_buffer(pd->dst_desc());
+  plan.add_primitive(dnnl::reduction(*pd), {{DNNL_ARG_SRC, src}, {DNNL_ARG_DST, dst}},
+                     node.describe(), pd->scratchpad_desc());
+  set_reduced(plan, node, dst, kept);
 }
 
 constexpr OpDef kOps[] = {

@@ -175,7 +175,12 @@ std::shared_ptr<const teacher::Teacher> load_run_teacher(const RunInputs& run,
   options.precision = precision;
   options.sample_shape =
       teacher::Shape{run.train.channels(), run.train.height(), run.train.width()};
+  options.tune = teacher::parse_tune(run.config.get_string("teacher.tune"));
+  options.threads =
+      run.plan.teacher.empty() ? 0 : static_cast<int>(run.plan.teacher.front().size());
   auto loaded = teacher::Teacher::load(run.teacher_path, options);
+  if (const auto& note = loaded->tune_report().note; !note.empty())
+    fmt::print(stderr, "kdflow: {}\n", note);
   const teacher::Shape out = loaded->output_shape(0);
   if (out.size() != 2 || out[1] != run.train.classes())
     throw InputError(fmt::format(

@@ -47,7 +47,39 @@ std::shared_ptr<const teacher::Teacher> load(const TeacherArgs& args, std::int64
   opts.precision = teacher::parse_precision(args.precision);
   opts.features = args.features;
   if (sample_shape) opts.sample_shape = std::move(*sample_shape);
-  return teacher::Teacher::load(args.model, opts);
+  opts.tune = teacher::parse_tune(args.tune);
+  opts.threads = static_cast<int>(teacher_cpus(affinity::Topology::load(), args.threads).size());
+  auto t = teacher::Teacher::load(args.model, opts);
+  if (const auto& note = t->tune_report().note; !note.empty())
+    fmt::print(stderr, "kdflow: {}\n", note);
+  return t;
+}
+
+// teacher.tune's outcome in a line, and with --plan every node's ways.
+void print_tuning(const teacher::Teacher& t, bool every_node) {
+  const auto& r = t.tune_report();
+  if (r.mode == teacher::Tune::off) {
+    fmt::print("tuning:     off (every node runs its first way)\n");
+  } else if (r.nodes.empty()) {
+    fmt::print("tuning:     nothing to choose (no node runs more than one way)\n");
+  } else {
+    std::size_t changed = 0;
+    for (const auto& n : r.nodes) changed += n.chosen != n.options.front();
+    fmt::print("tuning:     {} of {} nodes run another way than their first; {:.3f} ms per batch "
+               "against {:.3f} untuned ({} plans timed{}; {})\n",
+               changed, r.nodes.size(), r.tuned_ms, r.untuned_ms, r.plans_timed,
+               r.from_cache ? ", read from the cache" : fmt::format(" in {:.1f} s", r.seconds),
+               r.cache_file.empty() ? "not cached" : r.cache_file);
+  }
+  if (!every_node) return;
+  fmt::print("plan (node: way ms per batch ..., * kept):\n");
+  for (const auto& n : r.nodes) {
+    std::string ways;
+    for (std::size_t k = 0; k < n.options.size(); ++k)
+      ways += fmt::format(" {}{} {}", n.options[k] == n.chosen ? "*" : "", n.options[k],
+                          k < n.ms.size() && n.ms[k] >= 0 ? fmt::format("{:.3f}", n.ms[k]) : "-");
+    fmt::print("  {:<40}{}\n", n.node.substr(0, 40), ways);
+  }
 }
 
 // Everything a command needs to run one replica on --threads pinned physical cores: the arena, the
@@ -149,6 +181,7 @@ int teacher_info(const TeacherArgs& args) {
   fmt::print("FLOPs:      {:.3f} M per sample\n", s.flops_per_sample / 1e6);
   fmt::print("plan:       {} steps at batch {} ({} reorders), precision {}\n", t->steps(),
              t->batch(), t->reorders(), teacher::precision_name(t->precision()));
+  print_tuning(*t, args.plan);
   fmt::print("graph after passes:\n{}", teacher::describe_graph(g));
   return 0;
 }
@@ -224,6 +257,14 @@ int teacher_bench(const TeacherArgs& args) {
       {"flops_per_sample", summary.flops_per_sample},
       {"onednn", info.version + " " + info.cpu_runtime},
   };
+  const auto& tuned = t->tune_report();
+  result["tune"] = {{"mode", teacher::tune_name(tuned.mode)},
+                    {"from_cache", tuned.from_cache},
+                    {"untuned_ms", tuned.untuned_ms},
+                    {"tuned_ms", tuned.tuned_ms},
+                    {"plans_timed", tuned.plans_timed},
+                    {"seconds", tuned.seconds},
+                    {"nodes", tuned.nodes.size()}};
   fmt::print("{}: {:.1f} images/s, {:.1f} GFLOP/s = {:.0f}% of the {:.1f} GFLOP/s FMA peak ({} {}, "
              "batch {}, {} thread(s), "
              "median of {} batches {:.2f} ms)\n",

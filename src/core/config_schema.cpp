@@ -57,6 +57,12 @@ const std::vector<ConfigKey>& config_schema() {
        std::string("fp32"),
        "teacher arithmetic on the CPU",
        {"fp32", "bf16"}},
+      {"teacher.tune",
+       T::string,
+       std::string("auto"),
+       "auto: time each node's ways to run at load (at the run's batch, precision and threads) "
+       "and keep the fastest, cached per model, batch and machine; off: the untuned plan",
+       {"auto", "off"}},
       // Its choices are the student registry's names (the app's run_schema).
       {"student.arch", T::string, std::string("cnn"), "student network"},
       {"student.width",

@@ -233,6 +233,103 @@ TEST(TeacherModels, MatchPyTorchInFp32AndBf16) {
       << agree_total << "/" << inputs_total;
 }
 
+// Every way a node can run computes the same function: each model runs with each way preferred
+// wherever a node offers it, and matches PyTorch in fp32; every way runs somewhere in the set.
+TEST(TeacherTune, EveryWayOfEveryNodeMatchesPyTorch) {
+  const fs::path dir = fixture_dir("models");
+  const auto m = manifest(dir);
+  const std::int64_t batch = m["batch"];
+  const std::vector<std::string> ways = {"library",  "channels_last", "inner_product",
+                                         "unrolled", "pooling",       "reduction"};
+  std::map<std::string, int> nodes_run;
+  for (const auto& entry : m["models"]) {
+    const std::string name = entry["name"];
+    const NpyArray x = read_npy((dir / (name + ".input.npy")).string());
+    const NpyArray ref = read_npy((dir / (name + ".output.npy")).string());
+    for (const auto& way : ways) {
+      SCOPED_TRACE(name + " preferring " + way);
+      TeacherOptions opts;
+      opts.batch = batch;
+      opts.prefer = {way};
+      const auto t = Teacher::load((dir / (name + ".onnx")).string(), opts);
+      int taken = 0;
+      for (const auto& n : t->tune_report().nodes) {
+        EXPECT_NE(std::find(n.options.begin(), n.options.end(), n.chosen), n.options.end());
+        taken += n.chosen == way;
+      }
+      if (taken == 0) continue;
+      nodes_run[way] += taken;
+      EXPECT_LE(normalized_error(run(t, x.data)[0], ref.data), 1e-4);
+    }
+  }
+  for (const auto& way : ways) EXPECT_GT(nodes_run[way], 0) << way << " never ran";
+}
+
+// teacher.tune = auto times the plans, keeps one no slower than the untuned plan, caches the
+// choice and reads it back; a damaged cache is tuned again and replaced, an unwritable one only
+// noted.
+TEST(TeacherTune, KeepsTheFastestPlanCachesItAndReadsItBack) {
+  const fs::path dir = fixture_dir("models");
+  const std::string path = (dir / "mobilenet_v2_opset13.onnx").string();
+  const fs::path cache = fs::path(::testing::TempDir()) / "kdflow_tune_test";
+  fs::remove_all(cache);
+  TeacherOptions opts;
+  opts.batch = 8;
+  opts.threads = 1;
+  opts.tune = Tune::automatic;
+  opts.cache_dir = cache.string();
+  const auto tuned = Teacher::load(path, opts);
+  const TuneReport& r = tuned->tune_report();
+  EXPECT_EQ(r.mode, Tune::automatic);
+  EXPECT_FALSE(r.from_cache);
+  EXPECT_TRUE(r.note.empty()) << r.note;
+  ASSERT_FALSE(r.cache_file.empty());
+  EXPECT_TRUE(fs::exists(r.cache_file));
+  EXPECT_GE(r.plans_timed, 2u);
+  EXPECT_GT(r.untuned_ms, 0.0);
+  EXPECT_LE(r.tuned_ms, r.untuned_ms);
+  ASSERT_FALSE(r.nodes.empty());
+  for (const auto& n : r.nodes) {
+    SCOPED_TRACE(n.node);
+    const auto at = std::find(n.options.begin(), n.options.end(), n.chosen);
+    ASSERT_NE(at, n.options.end());
+    EXPECT_GE(n.ms[static_cast<std::size_t>(at - n.options.begin())], 0.0); // it was timed
+  }
+  TeacherOptions off = opts;
+  off.tune = Tune::off;
+  const auto x = random_input(tuned->input_shape());
+  const auto got = run(tuned, x);
+  EXPECT_LE(normalized_error(got[0], run(Teacher::load(path, off), x)[0]), 1e-5);
+
+  const auto again = Teacher::load(path, opts);
+  EXPECT_TRUE(again->tune_report().from_cache);
+  EXPECT_EQ(again->tune_report().cache_file, r.cache_file);
+  ASSERT_EQ(again->tune_report().nodes.size(), r.nodes.size());
+  for (std::size_t k = 0; k < r.nodes.size(); ++k)
+    EXPECT_EQ(again->tune_report().nodes[k].chosen, r.nodes[k].chosen);
+  EXPECT_EQ(run(again, x)[0], got[0]); // the same plan: the same bits
+
+  { std::ofstream(r.cache_file, std::ios::trunc) << "{"; }
+  const auto retuned = Teacher::load(path, opts);
+  EXPECT_FALSE(retuned->tune_report().from_cache);
+  EXPECT_NE(retuned->tune_report().note.find("unreadable"), std::string::npos)
+      << retuned->tune_report().note;
+  EXPECT_TRUE(Teacher::load(path, opts)->tune_report().from_cache); // replaced by a whole file
+
+  TeacherOptions other = opts;
+  other.batch = 4; // another key, another file
+  EXPECT_NE(Teacher::load(path, other)->tune_report().cache_file, r.cache_file);
+
+  TeacherOptions unwritable = opts;
+  { std::ofstream(cache / "a_file") << "x"; }
+  unwritable.cache_dir = (cache / "a_file").string();
+  const auto uncached = Teacher::load(path, unwritable);
+  EXPECT_TRUE(uncached->tune_report().cache_file.empty());
+  EXPECT_NE(uncached->tune_report().note.find("could not write"), std::string::npos)
+      << uncached->tune_report().note;
+  fs::remove_all(cache);
+}
+
 // A timed run is the same computation with a time per step; the steps say what they are, so a
 // profile can tell mobilenet_v2's depthwise convolutions from its pointwise ones.
 TEST(TeacherModels, TimedRunTimesEveryStepAndGivesTheSameAnswers) {

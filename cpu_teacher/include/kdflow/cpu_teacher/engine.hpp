@@ -8,6 +8,7 @@
 #include "kdflow/cpu_teacher/graph.hpp"
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
@@ -22,11 +23,49 @@ const char* precision_name(Precision p);
 // Whether this CPU runs bf16 natively (AVX512_BF16 or AMX); bf16 elsewhere is emulated and slow.
 bool has_native_bf16();
 
+// teacher.tune: `auto` times each node's ways to run at load (or reads the choice from the plan
+// cache) and keeps the fastest; `off` runs every node its first way.
+enum class Tune { off, automatic };
+Tune parse_tune(const std::string& text); // "auto" | "off", InputError otherwise
+const char* tune_name(Tune t);
+
 struct TeacherOptions {
   std::int64_t batch = 64;
   Precision precision = Precision::fp32;
   std::vector<std::string> features; // intermediate values to return besides the logits
   std::optional<Shape> sample_shape; // checked against the model's input
+  Tune tune = Tune::off;
+  // Threads each replica runs with: the tuner times the plans in an arena this size (0: the
+  // calling thread's arena).
+  int threads = 0;
+  // With tune = off: ways every node that offers them runs, first listed first ("library",
+  // "channels_last", "inner_product", "unrolled", "pooling", "reduction"); a node offering none
+  // runs its first way. Pins a plan by hand; the tests run every way through it.
+  std::vector<std::string> prefer;
+  // Where tuned plans are kept between runs; "" = $KDFLOW_CACHE_DIR, else $XDG_CACHE_HOME/kdflow,
+  // else ~/.cache/kdflow (a "plans" folder inside).
+  std::string cache_dir;
+};
+
+// One node that can run more than one way, and what the tuner measured for each way (ms per
+// batch of the node's own steps, the reorders it needs included; < 0 where not measured).
+struct TunedNode {
+  std::string node;
+  std::vector<std::string> options;
+  std::vector<double> ms;
+  std::string chosen;
+};
+
+struct TuneReport {
+  Tune mode = Tune::off;
+  bool from_cache = false;
+  std::string cache_file; // "" when the cache could not be used (the reason in `note`)
+  std::string note;       // a cache that was unreadable or stale, a cache that could not be written
+  double untuned_ms = 0;  // the plan with every node's first way, ms per batch (when tuned)
+  double tuned_ms = 0;    // the plan kept
+  std::size_t plans_timed = 0;
+  double seconds = 0; // spent tuning
+  std::vector<TunedNode> nodes;
 };
 
 class Replica;
@@ -54,12 +93,19 @@ public:
   [[nodiscard]] std::size_t steps() const;               // primitives and kernels per batch
   [[nodiscard]] std::size_t reorders() const;            // of which layout/type conversions
   [[nodiscard]] std::vector<StepInfo> step_info() const; // one per step, in execution order
+  [[nodiscard]] const TuneReport& tune_report() const;
 
   struct Plan;
   [[nodiscard]] const Plan& plan() const { return *plan_; }
 
 private:
   Teacher() = default;
+  static std::unique_ptr<Plan> build_plan(Graph graph, Precision precision,
+                                          const std::vector<std::string>& features,
+                                          std::map<std::string, std::string> choices);
+  // tune.cpp: the plan cache, or the fastest of the plans timed at load.
+  static std::unique_ptr<Plan> tuned_plan(Graph graph, const TeacherOptions& options,
+                                          const std::string& path);
   std::unique_ptr<Plan> plan_;
 };
 

@@ -1,9 +1,8 @@
 // Graph passes run at load, after constant folding: no-op removal (Identity, Dropout, Flatten and
 // Reshape that change nothing), BatchNormalization folded into the preceding convolution (or,
 // alone, turned into a depthwise 1x1 convolution), kernel taps that only read padding cut off,
-// convolutions on tiny maps unrolled into one matrix product (run as an inner product), residual
-// adds fused as sum post-ops and activations as eltwise post-ops of the convolution or matrix
-// product before them.
+// residual adds fused as sum post-ops and activations as eltwise post-ops of the convolution or
+// matrix product before them. (How each node then runs is the lowering's and the tuner's choice.)
 #pragma once
 
 #include "kdflow/cpu_teacher/graph.hpp"

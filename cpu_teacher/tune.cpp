@@ -1,0 +1,332 @@
+// teacher.tune = auto: the plan is chosen by timing, at load, at the real batch, precision and
+// thread count, never by a rule about the network. Each node that can run more than one way (the
+// op table's lowerings offer them: a convolution direct in channels-last or in oneDNN's layout, as
+// an inner product, unrolled) is timed in whole plans, the fastest way per node is put together
+// and timed again, and the fastest whole plan is kept. Choices are cached on disk, keyed by the
+// model's bytes, the input, batch, precision, threads, oneDNN and the CPU.
+#include "kdflow/core/error.hpp"
+#include "kdflow/cpu_teacher/engine.hpp"
+#include "kdflow/cpu_teacher/versions.hpp"
+#include "ops/lowering.hpp"
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <random>
+#include <sstream>
+#include <unistd.h>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <oneapi/tbb/task_arena.h>
+
+namespace kdflow::teacher {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+using Choices = std::map<std::string, std::string>;
+
+// Bumped when a lowering's ways change meaning, so that no older choice is reused.
+constexpr int kPlanVersion = 1;
+// Another plan replaces the untuned one only when it is this much faster: below that, the
+// difference is the machine's noise, not the plan.
+constexpr double kMargin = 0.03;
+
+std::uint64_t fnv1a(std::string_view bytes, std::uint64_t h = 14695981039346656037ull) {
+  for (const char c : bytes) {
+    h ^= static_cast<unsigned char>(c);
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+std::string file_digest(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::uint64_t h = 14695981039346656037ull;
+  std::size_t total = 0;
+  std::vector<char> buf(1 << 20);
+  while (in) {
+    in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
+    const auto n = static_cast<std::size_t>(in.gcount());
+    h = fnv1a(std::string_view(buf.data(), n), h);
+    total += n;
+  }
+  return fmt::format("{:016x}-{}", h, total);
+}
+
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);)
+    if (line.starts_with("model name")) {
+      const auto colon = line.find(':');
+      return colon == std::string::npos ? line : line.substr(colon + 2);
+    }
+  return "unknown CPU";
+}
+
+fs::path cache_folder(const TeacherOptions& options) {
+  if (!options.cache_dir.empty()) return fs::path(options.cache_dir) / "plans";
+  if (const char* d = std::getenv("KDFLOW_CACHE_DIR"); d != nullptr && *d != 0)
+    return fs::path(d) / "plans";
+  if (const char* d = std::getenv("XDG_CACHE_HOME"); d != nullptr && *d != 0)
+    return fs::path(d) / "kdflow" / "plans";
+  if (const char* d = std::getenv("HOME"); d != nullptr && *d != 0)
+    return fs::path(d) / ".cache" / "kdflow" / "plans";
+  return {};
+}
+
+// Per step, ms per batch (the fastest of the timed runs), and the whole plan's median.
+struct Timing {
+  std::vector<double> step_ms;
+  double total_ms = 0;
+};
+
+// What a node's way cost in a timed plan: its own steps, the reorders it asked for included.
+std::map<std::string, double> ms_by_node(const Teacher::Plan& plan, const Timing& t) {
+  std::map<std::string, double> out;
+  for (std::size_t i = 0; i < plan.steps.size(); ++i)
+    if (!plan.steps[i].node.empty()) out[plan.steps[i].node] += t.step_ms[i];
+  return out;
+}
+
+Choices effective(const Teacher::Plan& plan) {
+  Choices c;
+  for (const auto& o : plan.options) c[o.node] = o.chosen;
+  return c;
+}
+
+} // namespace
+
+std::map<std::string, std::string> prefer_ways(const std::vector<NodeOptions>& nodes,
+                                               const std::vector<std::string>& prefer) {
+  Choices c;
+  for (const auto& n : nodes)
+    for (const auto& p : prefer)
+      if (std::find(n.options.begin(), n.options.end(), p) != n.options.end()) {
+        c[n.node] = p;
+        break;
+      }
+  return c;
+}
+
+std::unique_ptr<Teacher::Plan> Teacher::tuned_plan(Graph graph, const TeacherOptions& options,
+                                                   const std::string& path) {
+  const auto started = Clock::now();
+  const int threads =
+      options.threads > 0 ? options.threads : oneapi::tbb::this_task_arena::max_concurrency();
+  TuneReport report;
+  report.mode = Tune::automatic;
+
+  std::string features;
+  for (const auto& f : options.features) features += f + ",";
+  const OnednnInfo dnnl = onednn_info();
+  const std::string key =
+      fmt::format("kdflow plan v{} | model {} | input {} x{} | {} | {} threads | features {} | "
+                  "oneDNN {} {} {} | {}",
+                  kPlanVersion, file_digest(path), format_shape(graph.input_shape), graph.chunks,
+                  precision_name(options.precision), threads, features, dnnl.version, dnnl.hash,
+                  dnnl.isa, cpu_model());
+  const fs::path folder = cache_folder(options);
+  const fs::path file =
+      folder.empty() ? fs::path() : folder / fmt::format("{:016x}.json", fnv1a(key));
+
+  // The cached plan in `file` when it is this key's: the choices as they were measured.
+  const auto read_cache = [&](Graph& g) -> std::unique_ptr<Plan> {
+    std::ifstream in(file);
+    const auto j = nlohmann::json::parse(in);
+    if (j.at("key").get<std::string>() != key) return nullptr;
+    TuneReport cached;
+    cached.mode = Tune::automatic;
+    cached.from_cache = true;
+    cached.cache_file = file.string();
+    cached.untuned_ms = j.at("untuned_ms").get<double>();
+    cached.tuned_ms = j.at("tuned_ms").get<double>();
+    cached.plans_timed = j.at("plans_timed").get<std::size_t>();
+    for (const auto& n : j.at("nodes"))
+      cached.nodes.push_back(
+          {n.at("node").get<std::string>(), n.at("options").get<std::vector<std::string>>(),
+           n.at("ms").get<std::vector<double>>(), n.at("chosen").get<std::string>()});
+    Choices choices = j.at("choices").get<Choices>(); // parsed before the graph moves
+    auto plan = build_plan(std::move(g), options.precision, options.features, std::move(choices));
+    cached.seconds = std::chrono::duration<double>(Clock::now() - started).count();
+    plan->tune = std::move(cached);
+    return plan;
+  };
+  bool stale = false; // a file at the key's place that is not this key's plan: replaced
+  if (!file.empty() && fs::exists(file)) {
+    try {
+      if (auto plan = read_cache(graph)) return plan;
+      report.note = fmt::format("plan cache {} holds another key: tuned again", file.string());
+    } catch (const nlohmann::json::exception& e) {
+      report.note =
+          fmt::format("plan cache {} is unreadable ({}): tuned again", file.string(), e.what());
+    }
+    stale = true;
+  }
+
+  // Times a plan in an arena of the replicas' size: one warm-up run, then at least 3 runs and
+  // 0.2 s.
+  oneapi::tbb::task_arena arena(threads);
+  const auto time_plan = [&](std::unique_ptr<Plan>& plan) {
+    std::shared_ptr<Teacher> t(new Teacher());
+    t->plan_ = std::move(plan);
+    Timing out;
+    arena.execute([&] {
+      Replica r(t);
+      std::vector<float> input(static_cast<std::size_t>(numel(t->input_shape())));
+      std::mt19937 rng(7);
+      std::uniform_real_distribution<float> u(-1.f, 1.f);
+      for (auto& v : input) v = u(rng);
+      std::vector<std::vector<float>> outs;
+      std::vector<float*> ptrs;
+      for (std::size_t k = 0; k < t->output_names().size(); ++k)
+        outs.emplace_back(static_cast<std::size_t>(numel(t->output_shape(k))));
+      for (auto& o : outs) ptrs.push_back(o.data());
+      r.run(input.data(), ptrs);
+      out.step_ms.assign(t->steps(), std::numeric_limits<double>::infinity());
+      std::vector<double> step_s(t->steps()), totals;
+      const auto start = Clock::now();
+      while (totals.size() < 3 || Clock::now() - start < std::chrono::milliseconds(200)) {
+        r.run_timed(input.data(), ptrs, step_s);
+        double total = 0;
+        for (std::size_t i = 0; i < step_s.size(); ++i) {
+          out.step_ms[i] = std::min(out.step_ms[i], step_s[i] * 1e3);
+          total += step_s[i] * 1e3;
+        }
+        totals.push_back(total);
+      }
+      std::sort(totals.begin(), totals.end());
+      out.total_ms = totals[totals.size() / 2];
+    });
+    plan = std::move(t->plan_);
+    ++report.plans_timed;
+    return out;
+  };
+
+  // Every node's ways, and what each cost where it was timed.
+  std::map<std::string, std::map<std::string, double>> cost;
+  std::vector<std::pair<Choices, double>> measured; // effective choices, ms per batch
+  auto plan = build_plan(std::move(graph), options.precision, options.features, {});
+  const std::vector<NodeOptions> nodes = plan->options;
+  const auto measure = [&](std::unique_ptr<Plan>& p) {
+    const Timing t = time_plan(p);
+    const auto by_node = ms_by_node(*p, t);
+    for (const auto& o : p->options) {
+      const auto it = by_node.find(o.node);
+      if (it == by_node.end()) continue;
+      auto& ms = cost[o.node].try_emplace(o.chosen, it->second).first->second;
+      ms = std::min(ms, it->second);
+    }
+    measured.emplace_back(effective(*p), t.total_ms);
+    return t.total_ms;
+  };
+  const auto tried = [&](const Choices& c) {
+    return std::any_of(measured.begin(), measured.end(),
+                       [&](const auto& m) { return m.first == c; });
+  };
+  // Builds and times the plan with `choices` unless a plan with the same choices was timed.
+  const auto try_choices = [&](Choices choices) {
+    auto p =
+        build_plan(std::move(plan->graph), options.precision, options.features, std::move(choices));
+    if (!tried(effective(*p))) measure(p);
+    plan = std::move(p);
+  };
+
+  if (!nodes.empty()) {
+    report.untuned_ms = measure(plan);
+    // Whole plans, each preferring one way everywhere it is offered (layouts agree between
+    // neighbours that way), then each node's fastest way as timed in them.
+    for (const auto& prefs : std::vector<std::vector<std::string>>{
+             {"library", "reduction"},
+             {"channels_last", "pooling"},
+             {"unrolled", "inner_product", "channels_last", "reduction"},
+             {"inner_product", "channels_last", "pooling"}})
+      try_choices(prefer_ways(nodes, prefs));
+    Choices fastest;
+    for (const auto& [node, ways] : cost)
+      fastest[node] = std::min_element(ways.begin(), ways.end(), [](const auto& a, const auto& b) {
+                        return a.second < b.second;
+                      })->first;
+    try_choices(std::move(fastest));
+  }
+
+  // The untuned plan unless another beat it by more than the margin.
+  Choices best = measured.empty() ? Choices{} : measured.front().first;
+  double best_ms = report.untuned_ms;
+  for (const auto& [choices, ms] : measured)
+    if (ms < report.untuned_ms * (1 - kMargin) && ms < best_ms) {
+      best = choices;
+      best_ms = ms;
+    }
+  report.tuned_ms = best_ms;
+  if (effective(*plan) != best)
+    plan = build_plan(std::move(plan->graph), options.precision, options.features, best);
+  for (const auto& o : plan->options) {
+    TunedNode n{o.node, o.options, {}, o.chosen};
+    for (const auto& way : o.options) {
+      const auto it = cost[o.node].find(way);
+      n.ms.push_back(it == cost[o.node].end() ? -1.0 : it->second);
+    }
+    report.nodes.push_back(std::move(n));
+  }
+
+  // Cached for the next load: written beside, then renamed, so a reader never sees half a file.
+  if (!file.empty() && !nodes.empty()) {
+    nlohmann::json nodes_json = nlohmann::json::array();
+    for (const auto& n : report.nodes)
+      nodes_json.push_back(
+          {{"node", n.node}, {"options", n.options}, {"ms", n.ms}, {"chosen", n.chosen}});
+    const nlohmann::json j = {{"key", key},
+                              {"choices", effective(*plan)},
+                              {"untuned_ms", report.untuned_ms},
+                              {"tuned_ms", report.tuned_ms},
+                              {"plans_timed", report.plans_timed},
+                              {"nodes", nodes_json}};
+    std::error_code ec;
+    fs::create_directories(folder, ec);
+    const fs::path tmp = file.string() + fmt::format(".tmp{}", ::getpid());
+    {
+      std::ofstream out(tmp);
+      out << j.dump(1);
+      out.close();
+      if (!out) ec = std::make_error_code(std::errc::io_error);
+    }
+    // The first plan written for a key wins: processes that tuned the same teacher at once
+    // (ranks, parallel runs) all run the same plan, so their teacher outputs agree bit for bit.
+    bool lost_race = false;
+    if (!ec && stale) {
+      fs::rename(tmp, file, ec);
+    } else if (!ec) {
+      if (::link(tmp.c_str(), file.c_str()) != 0) {
+        lost_race = errno == EEXIST;
+        if (!lost_race) ec = std::error_code(errno, std::generic_category());
+      }
+      std::error_code ignored;
+      fs::remove(tmp, ignored);
+    }
+    if (ec) {
+      std::error_code ignored;
+      fs::remove(tmp, ignored);
+      report.note += fmt::format("{}could not write the plan cache {} ({}): kept for this run only",
+                                 report.note.empty() ? "" : "; ", file.string(), ec.message());
+    } else if (lost_race) {
+      try {
+        if (auto theirs = read_cache(plan->graph)) return theirs;
+      } catch (const nlohmann::json::exception&) {
+        // Another writer's half-made file cannot be: link() publishes whole files. Keep ours.
+      }
+    } else {
+      report.cache_file = file.string();
+    }
+  }
+  report.seconds = std::chrono::duration<double>(Clock::now() - started).count();
+  plan->tune = std::move(report);
+  return plan;
+}
+
+} // namespace kdflow::teacher
