@@ -3,6 +3,7 @@
 #include "kdflow/cpu_teacher/passes.hpp"
 
 #include "kdflow/cpu_teacher/ops.hpp"
+#include "ops/common.hpp"
 #include "ops/op_table.hpp"
 
 #include <algorithm>
@@ -225,6 +226,196 @@ bool trim_padding_taps(Graph& g) {
   return false;
 }
 
+// SiLU as the exporters write it, Mul(x, Sigmoid(x)) with the Sigmoid read by the Mul alone,
+// becomes one Swish activation (which fuse_activation can then fold into the node before it).
+bool fuse_silu(Graph& g) {
+  for (std::size_t i = 0; i < g.nodes.size(); ++i) {
+    const Node& mul = g.nodes[i];
+    if (mul.op != "Mul" || mul.inputs.size() != 2) continue;
+    for (int side = 0; side < 2; ++side) {
+      const std::string& x = mul.inputs[static_cast<std::size_t>(side)];
+      const std::string& gate = mul.inputs[static_cast<std::size_t>(1 - side)];
+      const int s = producer(g, gate);
+      if (s < 0 || g.nodes[static_cast<std::size_t>(s)].op != "Sigmoid" ||
+          g.nodes[static_cast<std::size_t>(s)].inputs[0] != x || g.consumers(gate).size() != 1 ||
+          g.is_output(gate))
+        continue;
+      Node swish;
+      swish.op = "Swish";
+      swish.name = mul.name;
+      swish.inputs = {x};
+      swish.outputs = mul.outputs;
+      swish.attrs["alpha"] = float_attribute(1.f);
+      g.nodes[i] = std::move(swish);
+      g.nodes.erase(g.nodes.begin() + s);
+      return true;
+    }
+  }
+  return false;
+}
+
+// Whether `value` is a one-element constant within 1e-6 (relative) of `want`.
+bool is_scalar(const Graph& g, const std::string& value, double want) {
+  if (!g.is_constant(value) || g.constants.at(value).size() != 1) return false;
+  return std::abs(g.constants.at(value).at(0) - want) <= 1e-6 * std::abs(want);
+}
+
+// The node that alone reads `value` (a graph output has a reader outside), or -1.
+int sole_reader(const Graph& g, const std::string& value) {
+  const auto readers = g.consumers(value);
+  if (readers.size() != 1 || g.is_output(value)) return -1;
+  return static_cast<int>(readers.front());
+}
+
+// The operand of binary node `n` other than `value`, or "" when `value` is not one of them.
+std::string other_operand(const Node& n, const std::string& value) {
+  if (n.inputs.size() != 2) return {};
+  if (n.inputs[0] == value) return n.inputs[1];
+  if (n.inputs[1] == value) return n.inputs[0];
+  return {};
+}
+
+// Gelu in the erf form older exporters write, x * (Erf(x / sqrt(2)) + 1) * 0.5 (the division
+// also as a product by 1/sqrt(2); sums and products either way round), becomes one Gelu.
+bool fuse_erf_gelu(Graph& g) {
+  const double root2 = std::sqrt(2.0);
+  for (std::size_t ie = 0; ie < g.nodes.size(); ++ie) {
+    if (g.nodes[ie].op != "Erf") continue;
+    const int d = producer(g, g.nodes[ie].inputs[0]);
+    if (d < 0 || sole_reader(g, g.nodes[ie].inputs[0]) != static_cast<int>(ie)) continue;
+    const Node& scale = g.nodes[static_cast<std::size_t>(d)];
+    std::string x;
+    if (scale.op == "Div" && scale.inputs.size() == 2 && is_scalar(g, scale.inputs[1], root2))
+      x = scale.inputs[0];
+    for (int side = 0; side < 2 && scale.op == "Mul" && scale.inputs.size() == 2; ++side)
+      if (is_scalar(g, scale.inputs[static_cast<std::size_t>(1 - side)], 1 / root2))
+        x = scale.inputs[static_cast<std::size_t>(side)];
+    if (x.empty() || g.is_constant(x)) continue;
+    const int a = sole_reader(g, g.nodes[ie].outputs[0]);
+    if (a < 0 || g.nodes[a].op != "Add" ||
+        !is_scalar(g, other_operand(g.nodes[a], g.nodes[ie].outputs[0]), 1.0))
+      continue;
+    const int m = sole_reader(g, g.nodes[a].outputs[0]);
+    if (m < 0 || g.nodes[m].op != "Mul" || other_operand(g.nodes[m], g.nodes[a].outputs[0]) != x)
+      continue;
+    const int h = sole_reader(g, g.nodes[m].outputs[0]);
+    if (h < 0 || g.nodes[h].op != "Mul" ||
+        !is_scalar(g, other_operand(g.nodes[h], g.nodes[m].outputs[0]), 0.5))
+      continue;
+    Node gelu;
+    gelu.op = "Gelu";
+    gelu.name = g.nodes[h].name;
+    gelu.inputs = {x};
+    gelu.outputs = g.nodes[h].outputs;
+    gelu.attrs["alpha"] = float_attribute(0.f); // the erf form
+    g.nodes[h] = std::move(gelu);
+    std::vector<int> gone = {d, static_cast<int>(ie), a, m};
+    std::sort(gone.rbegin(), gone.rend());
+    for (const int k : gone) g.nodes.erase(g.nodes.begin() + k);
+    return true;
+  }
+  return false;
+}
+
+// Layer normalization as exporters before opset 17 write it: m = ReduceMean(x) over trailing
+// axes, d = x - m, y = d / Sqrt(ReduceMean(d^2) + eps), then optionally * Scale and + B (constants
+// over the normalized axes), becomes one LayerNormalization.
+bool fuse_decomposed_layer_norm(Graph& g) {
+  const auto reader_of = [&](const std::string& value, const char* op) {
+    const int r = sole_reader(g, value);
+    return r >= 0 && g.nodes[static_cast<std::size_t>(r)].op == op ? r : -1;
+  };
+  for (std::size_t im = 0; im < g.nodes.size(); ++im) {
+    const Node& mean = g.nodes[im];
+    if (mean.op != "ReduceMean" || mean.int_attr("keepdims", 1) == 0) continue;
+    const std::string x = mean.inputs[0];
+    const Shape& xs = g.shape(x);
+    const auto axes = mean.ints_attr("axes");
+    const auto rank = static_cast<std::int64_t>(xs.size());
+    if (axes.empty() || axes.back() != rank - 1 ||
+        axes.front() != rank - static_cast<std::int64_t>(axes.size()))
+      continue; // not the trailing axes
+    // d = x - m, read by the square and the division only.
+    const auto m_readers = g.consumers(mean.outputs[0]);
+    if (m_readers.size() != 1 || g.is_output(mean.outputs[0])) continue;
+    const int sub = static_cast<int>(m_readers.front());
+    const Node& sn = g.nodes[static_cast<std::size_t>(sub)];
+    if (sn.op != "Sub" || sn.inputs[0] != x || sn.inputs[1] != mean.outputs[0]) continue;
+    const std::string d = sn.outputs[0];
+    const auto d_readers = g.consumers(d);
+    if (d_readers.size() != 2 || g.is_output(d)) continue;
+    int pow = -1, div = -1;
+    for (const auto r : d_readers) {
+      const Node& n = g.nodes[r];
+      if (n.op == "Pow" && n.inputs[0] == d && n.float_attr("beta", 0) == 2.f)
+        pow = static_cast<int>(r);
+      if (n.op == "Div" && n.inputs[0] == d) div = static_cast<int>(r);
+    }
+    if (pow < 0 || div < 0) continue;
+    const int var = reader_of(g.nodes[pow].outputs[0], "ReduceMean");
+    if (var < 0 || g.nodes[var].ints_attr("axes") != axes ||
+        g.nodes[var].int_attr("keepdims", 1) == 0)
+      continue;
+    const int add_eps = reader_of(g.nodes[var].outputs[0], "Add");
+    if (add_eps < 0) continue;
+    const std::string eps_name = other_operand(g.nodes[add_eps], g.nodes[var].outputs[0]);
+    if (!g.is_constant(eps_name) || g.constants.at(eps_name).size() != 1) continue;
+    const int sqrt = reader_of(g.nodes[add_eps].outputs[0], "Sqrt");
+    if (sqrt < 0 || g.nodes[div].inputs[1] != g.nodes[sqrt].outputs[0] ||
+        sole_reader(g, g.nodes[sqrt].outputs[0]) != div)
+      continue;
+    // The optional affine part: constants that broadcast to the normalized axes alone.
+    const Shape normalized(xs.end() - static_cast<std::ptrdiff_t>(axes.size()), xs.end());
+    const auto over_row = [&](const std::string& c) {
+      if (!g.is_constant(c)) return false;
+      Shape cs = g.shape(c);
+      while (!cs.empty() && cs.front() == 1 && cs.size() > normalized.size()) cs.erase(cs.begin());
+      if (cs.size() > normalized.size()) return false;
+      for (std::size_t k = 0; k < cs.size(); ++k)
+        if (cs[cs.size() - 1 - k] != 1 &&
+            cs[cs.size() - 1 - k] != normalized[normalized.size() - 1 - k])
+          return false;
+      return true;
+    };
+    int last = div;
+    std::string scale, bias;
+    if (const int mul = reader_of(g.nodes[last].outputs[0], "Mul"); mul >= 0) {
+      const std::string c = other_operand(g.nodes[mul], g.nodes[last].outputs[0]);
+      if (over_row(c)) {
+        scale = c;
+        last = mul;
+      }
+    }
+    if (const int add = reader_of(g.nodes[last].outputs[0], "Add"); add >= 0) {
+      const std::string c = other_operand(g.nodes[add], g.nodes[last].outputs[0]);
+      if (over_row(c)) {
+        bias = c;
+        last = add;
+      }
+    }
+    if (g.shape(g.nodes[last].outputs[0]) != xs) continue;
+    Node ln;
+    ln.op = "LayerNormalization";
+    ln.name = g.nodes[last].name;
+    ln.inputs = {x, scale, bias};
+    ln.outputs = g.nodes[last].outputs;
+    ln.attrs["axis"] = int_attribute(axes.front());
+    ln.attrs["epsilon"] = float_attribute(static_cast<float>(g.constants.at(eps_name).at(0)));
+    std::vector<int> gone = {static_cast<int>(im), sub, pow, var, add_eps, sqrt, div};
+    for (int k = div; k != last;) { // the Mul and Add between the division and `last`
+      k = sole_reader(g, g.nodes[k].outputs[0]);
+      if (k != last) gone.push_back(k);
+    }
+    g.nodes[static_cast<std::size_t>(last)] = std::move(ln);
+    std::sort(gone.rbegin(), gone.rend());
+    gone.erase(std::unique(gone.begin(), gone.end()), gone.end());
+    for (const int k : gone)
+      if (k != last) g.nodes.erase(g.nodes.begin() + k);
+    return true;
+  }
+  return false;
+}
+
 // Conv/Gemm -> activation (sole reader) becomes one node with an eltwise post-op.
 bool fuse_activation(Graph& g) {
   for (std::size_t i = 0; i < g.nodes.size(); ++i) {
@@ -288,6 +479,12 @@ void run_passes(Graph& g) {
   while (fold_batchnorm(g)) {
   }
   while (trim_padding_taps(g)) {
+  }
+  while (fuse_silu(g)) {
+  }
+  while (fuse_erf_gelu(g)) {
+  }
+  while (fuse_decomposed_layer_norm(g)) {
   }
   bool changed = true;
   while (changed) {

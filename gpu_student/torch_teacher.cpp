@@ -252,6 +252,9 @@ const std::map<std::string, TorchOp, std::less<>>& torch_ops() {
        })},
       {"Sigmoid",
        activation([](const torch::Tensor& x, float, float) { return torch::sigmoid(x); })},
+      {"Swish", activation([](const torch::Tensor& x, float alpha, float) {
+         return x * torch::sigmoid(x * alpha);
+       })},
       {"HardSigmoid", activation([](const torch::Tensor& x, float alpha, float beta) {
          return torch::clamp(x * alpha + beta, 0.0, 1.0);
        })},

@@ -73,6 +73,37 @@ def cases():
                              ("HardSigmoid", {"alpha": 0.3, "beta": 0.4}, 17), ("HardSwish", {}, 17)]:
         c[f"{op.lower()}_alone"] = model([node(op, ["x"], **attrs)], X, opset=opset)
         c[f"conv_{op.lower()}"] = model([node("Conv", ["x", "w"], ["c"]), helper.make_node(op, ["c"], ["y"], name="act", **attrs)], X, [const("w", rand(3, 4, 1, 1))], opset=opset)
+    # SiLU as exporters write it, x * Sigmoid(x): after a conv (fused into it), alone, and with the
+    # Sigmoid read twice (not fused).
+    c["conv_silu"] = model([node("Conv", ["x", "w"], ["c"]), helper.make_node("Sigmoid", ["c"], ["s"], name="sig"),
+                            helper.make_node("Mul", ["c", "s"], ["y"], name="mul")], X, [const("w", rand(3, 4, 1, 1))])
+    c["silu_alone"] = model([node("Sigmoid", ["x"], ["s"]), helper.make_node("Mul", ["s", "x"], ["y"], name="mul")], X)
+    c["silu_gate_read_twice"] = model([node("Sigmoid", ["x"], ["s"]), helper.make_node("Mul", ["x", "s"], ["m"], name="mul"),
+                                       helper.make_node("Add", ["m", "s"], ["y"], name="add")], X)
+    # Gelu's erf form as the legacy exporter writes it (fused into one Gelu), and with the scale
+    # as a product by 1/sqrt(2) and every sum and product the other way round.
+    c["gelu_erf_form"] = model([node("Div", ["x", "r2"], ["d"]), helper.make_node("Erf", ["d"], ["e"], name="erf"),
+                                helper.make_node("Add", ["e", "one"], ["a"], name="add"), helper.make_node("Mul", ["x", "a"], ["m"], name="mul"),
+                                helper.make_node("Mul", ["m", "half"], ["y"], name="half")], X,
+                               [const("r2", np.float32(np.sqrt(2))), const("one", np.float32(1)), const("half", np.float32(0.5))])
+    c["gelu_erf_form_swapped"] = model([node("Mul", ["inv", "x"], ["d"]), helper.make_node("Erf", ["d"], ["e"], name="erf"),
+                                        helper.make_node("Add", ["one", "e"], ["a"], name="add"), helper.make_node("Mul", ["a", "x"], ["m"], name="mul"),
+                                        helper.make_node("Mul", ["half", "m"], ["y"], name="half")], X,
+                                       [const("inv", np.float32(1 / np.sqrt(2))), const("one", np.float32(1)), const("half", np.float32(0.5))])
+    # LayerNormalization as exporters before opset 17 write it (fused into one), with and without
+    # the affine part.
+    def decomposed_ln(affine):
+        nodes = [node("ReduceMean", ["x"], ["m"], axes=[-1]), helper.make_node("Sub", ["x", "m"], ["d"], name="sub"),
+                 helper.make_node("Pow", ["d", "two"], ["p"], name="pow"), helper.make_node("ReduceMean", ["p"], ["v"], name="var", axes=[-1]),
+                 helper.make_node("Add", ["v", "eps"], ["ve"], name="addeps"), helper.make_node("Sqrt", ["ve"], ["s"], name="sqrt"),
+                 helper.make_node("Div", ["d", "s"], ["n" if affine else "y"], name="div")]
+        inits = [const("two", np.float32(2)), const("eps", np.float32(1e-5))]
+        if affine:
+            nodes += [helper.make_node("Mul", ["n", "gamma"], ["o"], name="scale"), helper.make_node("Add", ["o", "beta"], ["y"], name="shift")]
+            inits += [const("gamma", rand(11)), const("beta", rand(11))]
+        return model(nodes, X, inits, opset=13)
+    c["layernorm_decomposed"] = decomposed_ln(True)
+    c["layernorm_decomposed_plain"] = decomposed_ln(False)
     c["clip_inputs"] = model([node("Clip", ["x", "lo", "hi"])], X, [const("lo", np.float32(-0.5)), const("hi", np.float32(0.7))], opset=11)
     c["clip_max_only"] = model([node("Clip", ["x", "", "hi"])], X, [const("hi", np.float32(6.0))], opset=13)
     c["conv_clip_relu6"] = model([node("Conv", ["x", "w"], ["c"]), helper.make_node("Clip", ["c", "lo", "hi"], ["y"], name="clip")], X,

@@ -121,6 +121,8 @@ def models():
                                        20, True, "dynamo_static"),
         "encoder_dynamo": (EncoderClassifier, (1, 28, 28), 20, True, "dynamo"),
         "encoder_opset20": (EncoderClassifier, (1, 28, 28), 20, True, "legacy"),
+        # Before opset 17 the legacy exporter decomposes LayerNorm (ReduceMean, Sub, Pow, Sqrt, Div).
+        "encoder_opset16": (EncoderClassifier, (1, 28, 28), 16, True, "legacy"),
         "vit_dynamo": (tiny_vit, (3, 32, 32), 20, True, "dynamo"),
         "vit_dynamo_static": (tiny_vit, (3, 32, 32), 20, True, "dynamo_static"),
         "vit_opset17": (tiny_vit, (3, 32, 32), 17, True, "legacy"),

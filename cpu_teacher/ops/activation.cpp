@@ -1,8 +1,8 @@
-// Elementwise activations (Relu, LeakyRelu, Clip, Sigmoid, HardSigmoid, HardSwish, Gelu, Tanh,
-// Sqrt, Pow by a constant): one scalar function each for the reference, one oneDNN eltwise
+// Elementwise activations (Relu, LeakyRelu, Clip, Sigmoid, Swish, HardSigmoid, HardSwish, Gelu,
+// Tanh, Sqrt, Pow by a constant): one scalar function each for the reference, one oneDNN eltwise
 // algorithm for the engine, where they run as a primitive of their own or fused as a post-op of
 // the convolution or matrix product before them. Erf, which oneDNN has no eltwise for, is a plain
-// kernel (the passes fuse the exporters' erf form of Gelu into one Gelu).
+// kernel.
 #include "common.hpp"
 #include "lowering.hpp"
 #include "op_table.hpp"
@@ -21,6 +21,12 @@ namespace {
 
 std::vector<InferredOutput> infer_leaky_relu(Node& node, const InferArgs& a) {
   node.attrs["alpha"] = float_attribute(node.float_attr("alpha", 0.01f));
+  return same_shape(node, a);
+}
+
+// Swish (ONNX opset 24; the passes make it from the exporters' SiLU, x * Sigmoid(x)): alpha 1.
+std::vector<InferredOutput> infer_swish(Node& node, const InferArgs& a) {
+  node.attrs["alpha"] = float_attribute(node.float_attr("alpha", 1.f));
   return same_shape(node, a);
 }
 
@@ -118,6 +124,9 @@ constexpr Activation kClip{
 constexpr Activation kSigmoid{
     .algorithm = dnnl_eltwise_logistic,
     .scalar = [](float x, float, float) { return 1.f / (1.f + std::exp(-x)); }};
+constexpr Activation kSwish{
+    .algorithm = dnnl_eltwise_swish,
+    .scalar = [](float x, float alpha, float) { return x / (1.f + std::exp(-alpha * x)); }};
 constexpr Activation kHardSigmoid{.algorithm = dnnl_eltwise_hardsigmoid,
                                   .scalar = [](float x, float alpha, float beta) {
                                     return std::max(0.f, std::min(1.f, alpha * x + beta));
@@ -213,6 +222,11 @@ constexpr OpDef kOps[] = {
      .evaluate = evaluate_activation,
      .lower = lower_activation,
      .activation = &kSigmoid},
+    {.name = "Swish",
+     .infer = infer_swish,
+     .evaluate = evaluate_activation,
+     .lower = lower_activation,
+     .activation = &kSwish},
     {.name = "HardSigmoid",
      .infer = infer_hard_sigmoid,
      .evaluate = evaluate_activation,

@@ -64,6 +64,8 @@ struct Teacher::Plan {
   TuneReport tune;
   dnnl::engine eng{dnnl::engine::kind::cpu, 0};
   std::vector<std::size_t> buffer_bytes;
+  std::vector<std::size_t> buffer_offset; // each buffer's place in a replica's block of arena_bytes
+  std::size_t arena_bytes = 0;
   std::vector<memory> weights;
   std::vector<std::vector<float>> weight_storage; // f32 data behind user-layout weights
   std::vector<Step> steps;

@@ -181,6 +181,10 @@ int teacher_info(const TeacherArgs& args) {
   fmt::print("FLOPs:      {:.3f} M per sample\n", s.flops_per_sample / 1e6);
   fmt::print("plan:       {} steps at batch {} ({} reorders), precision {}\n", t->steps(),
              t->batch(), t->reorders(), teacher::precision_name(t->precision()));
+  fmt::print("memory:     {:.1f} MiB of intermediate tensors per replica ({:.1f} MiB were none "
+             "shared)\n",
+             static_cast<double>(t->buffer_bytes()) / (1 << 20),
+             static_cast<double>(t->unshared_buffer_bytes()) / (1 << 20));
   print_tuning(*t, args.plan);
   fmt::print("graph after passes:\n{}", teacher::describe_graph(g));
   return 0;

@@ -233,6 +233,40 @@ TEST(TeacherModels, MatchPyTorchInFp32AndBf16) {
       << agree_total << "/" << inputs_total;
 }
 
+// The exporters' spelled-out forms become one node each (their values are checked against the
+// reference by EveryOpMatchesTheReference); a gate read twice is left alone.
+TEST(TeacherPasses, ExportersDecomposedOpsBecomeOneNode) {
+  const fs::path dir = fixture_dir("ops");
+  const auto ops_after_passes = [&](const std::string& name) {
+    LoadOptions lo;
+    lo.batch = 2;
+    std::vector<std::string> ops;
+    for (const auto& n : load_onnx((dir / (name + ".onnx")).string(), lo).nodes) {
+      ops.push_back(n.op);
+      for (const auto& p : n.post_ops) ops.push_back("+" + p.op);
+    }
+    return ops;
+  };
+  using V = std::vector<std::string>;
+  EXPECT_EQ(ops_after_passes("layernorm_decomposed"), V{"LayerNormalization"});
+  EXPECT_EQ(ops_after_passes("layernorm_decomposed_plain"), V{"LayerNormalization"});
+  EXPECT_EQ(ops_after_passes("gelu_erf_form"), V{"Gelu"});
+  EXPECT_EQ(ops_after_passes("gelu_erf_form_swapped"), V{"Gelu"});
+  EXPECT_EQ(ops_after_passes("silu_alone"), V{"Swish"});
+  EXPECT_EQ(ops_after_passes("conv_silu"), (V{"Conv", "+Swish"}));
+  EXPECT_EQ(ops_after_passes("silu_gate_read_twice"), (V{"Sigmoid", "Mul", "Add"}));
+}
+
+// Buffers whose lives do not overlap share memory, and the answers stay those of PyTorch
+// (MatchPyTorchInFp32AndBf16 runs every fixture model through the shared block).
+TEST(TeacherModels, IntermediateBuffersShareMemory) {
+  TeacherOptions opts;
+  opts.batch = 16;
+  const auto t = Teacher::load((fixture_dir("models") / "resnet18_opset17.onnx").string(), opts);
+  EXPECT_GT(t->buffer_bytes(), 0u);
+  EXPECT_LT(t->buffer_bytes() * 3, t->unshared_buffer_bytes() * 2); // at least a third saved
+}
+
 // Every way a node can run computes the same function: each model runs with each way preferred
 // wherever a node offers it, and matches PyTorch in fp32; every way runs somewhere in the set.
 TEST(TeacherTune, EveryWayOfEveryNodeMatchesPyTorch) {

@@ -90,8 +90,12 @@ public:
   [[nodiscard]] Shape input_shape() const;                     // [batch, sample...]
   [[nodiscard]] std::vector<std::string> output_names() const; // graph outputs, then features
   [[nodiscard]] Shape output_shape(std::size_t k) const;
-  [[nodiscard]] std::size_t steps() const;               // primitives and kernels per batch
-  [[nodiscard]] std::size_t reorders() const;            // of which layout/type conversions
+  [[nodiscard]] std::size_t steps() const;    // primitives and kernels per batch
+  [[nodiscard]] std::size_t reorders() const; // of which layout/type conversions
+  // Intermediate memory per replica (buffers whose lives do not overlap share it), and what the
+  // buffers would take each on its own.
+  [[nodiscard]] std::size_t buffer_bytes() const;
+  [[nodiscard]] std::size_t unshared_buffer_bytes() const;
   [[nodiscard]] std::vector<StepInfo> step_info() const; // one per step, in execution order
   [[nodiscard]] const TuneReport& tune_report() const;
 
