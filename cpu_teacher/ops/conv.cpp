@@ -324,10 +324,18 @@ void lower_conv(Lowering& plan, const Node& node) {
 
 PostOps conv_post_ops(const Graph&, const Node&) { return PostOps::eltwise_and_sum; }
 
+// The multiply-adds of taps that read the input, not padding: the work done, whichever way the
+// convolution runs (an unrolled one multiplies zeros too, and is not credited for them).
 double conv_flops(const Graph& g, const Node& node) {
+  const Shape& xs = g.shape(node.inputs[0]);
   const Shape& out = g.shape(node.outputs[0]);
   const Shape& w = g.shape(node.inputs[1]);
-  return 2.0 * static_cast<double>(numel(out) / out[0]) * static_cast<double>(w[1] * w[2] * w[3]);
+  const auto s = node.ints_attr("strides"), d = node.ints_attr("dilations"),
+             p = node.ints_attr("pads");
+  const std::int64_t taps = axis_pairs(xs[2], out[2], w[2], s[0], d[0], p[0]) *
+                            axis_pairs(xs[3], out[3], w[3], s[1], d[1], p[1]);
+  return 2.0 * static_cast<double>(out[1]) * static_cast<double>(w[1]) *
+         static_cast<double>(taps);
 }
 
 // --- BatchNormalization --------------------------------------------------------------------------
