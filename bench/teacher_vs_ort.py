@@ -94,6 +94,22 @@ def export_quietly(model, x, path, exporter):
                           dynamic_shapes=({0: torch.export.Dim("batch")},))
 
 
+def error_vs_ort(binary, path, shape, batch, tune):
+    """max |kdflow - ORT| / max |ORT| of the logits on one random batch (fp32): the rates below
+    are rates of the same function."""
+    x = np.random.default_rng(2).standard_normal((batch, *shape)).astype(np.float32)
+    sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    ref = sess.run(None, {sess.get_inputs()[0].name: x})[0]
+    with tempfile.TemporaryDirectory() as tmp:
+        np.save(os.path.join(tmp, "x.npy"), x)
+        subprocess.run([binary, "teacher", "infer", "--model", path, "--input", os.path.join(tmp, "x.npy"),
+                        "--output", os.path.join(tmp, "y.npy"), "--threads", "1", "--tune", tune],
+                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                       env=dict(os.environ))
+        got = np.load(os.path.join(tmp, "y.npy"))
+    return float(np.abs(got - ref).max() / max(np.abs(ref).max(), 1e-30))
+
+
 def ort_images_per_s(path, shape, batch, threads, seconds):
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
@@ -117,11 +133,10 @@ def ort_images_per_s(path, shape, batch, threads, seconds):
 def kdflow_bench(binary, path, batch, threads, precision, seconds, tune):
     """kdflow teacher bench's JSON, or None where the precision is refused on this CPU (exit 2)."""
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
-        env = dict(os.environ, KDFLOW_TEACHER_TUNE=tune)
         r = subprocess.run([binary, "teacher", "bench", "--model", path, "--batch", str(batch),
                             "--threads", str(threads), "--precision", precision, "--seconds",
-                            str(seconds), "--profile", "--json", f.name],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+                            str(seconds), "--profile", "--json", f.name, "--tune", tune],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         if r.returncode == 2 and precision == "bf16":
             return None
         if r.returncode != 0:
@@ -178,6 +193,7 @@ def main():
                     result["runs"].append({"model": name, "size": size, "export_error": str(e)[:300]})
                     print(f"{name:20s} {size:3d}: export failed: {str(e)[:120]}", flush=True)
                     continue
+                error = error_vs_ort(args.kdflow, path, shape, args.batch, args.tune)
                 for threads in args.threads:
                     ort_rate = ort_images_per_s(path, shape, args.batch, threads, args.seconds)
                     fp32 = kdflow_bench(args.kdflow, path, args.batch, threads, "fp32", args.seconds,
@@ -189,6 +205,8 @@ def main():
                            "onnxruntime_images_per_s": ort_rate,
                            "kdflow_fp32_images_per_s": fp32["images_per_s"],
                            "fp32_vs_onnxruntime": fp32["images_per_s"] / ort_rate,
+                           "fp32_error_vs_onnxruntime": error,
+                           "tune": fp32.get("tune"),
                            "fp32_peak_fraction": fp32["peak_fraction"], "isa": fp32["isa"],
                            "fp32_slowest_kinds_ms": slowest_kinds(fp32)}
                     if bf16 is not None:
@@ -199,7 +217,8 @@ def main():
                                  if bf16 else "bf16 -")
                     print(f"{name:20s} {size:3d} {threads} thr: ORT {ort_rate:8.1f}  kdflow fp32 "
                           f"{fp32['images_per_s']:8.1f} ({run['fp32_vs_onnxruntime']:.2f}x ORT, "
-                          f"{100 * fp32['peak_fraction']:.0f}% peak)  {bf16_text}", flush=True)
+                          f"{100 * fp32['peak_fraction']:.0f}% peak, error {error:.1e})  {bf16_text}",
+                          flush=True)
                     with open(args.out, "w") as f:  # partial results survive an interrupted run
                         json.dump(result, f, indent=2)
                 os.remove(path)

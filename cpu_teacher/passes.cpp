@@ -416,6 +416,106 @@ bool fuse_decomposed_layer_norm(Graph& g) {
   return false;
 }
 
+// A linear layer as the dynamo exporter writes it, MatMul(A, W) with a constant 2-D W and A of any
+// rank, then Add(bias) over the last axis and an activation, each optional: one Gemm over A's rows
+// (a view of A as [rows, K]) with the bias and the activation fused, viewed back to A's leading
+// axes. oneDNN then runs one inner product with the rows blocked together, where the MatMul ran as
+// a broadcast matmul followed by a binary add and an eltwise pass over the whole tensor.
+bool matmul_as_gemm(Graph& g) {
+  for (std::size_t i = 0; i < g.nodes.size(); ++i) {
+    const Node& mm = g.nodes[i];
+    if (mm.op != "MatMul" || !g.is_constant(mm.inputs[1]) || g.is_constant(mm.inputs[0])) continue;
+    const Shape& as = g.shape(mm.inputs[0]);
+    const Shape& ws = g.shape(mm.inputs[1]);
+    if (ws.size() != 2 || as.size() < 2 || as.back() != ws[0]) continue;
+    const std::int64_t k = ws[0], n = ws[1], rows = numel(as) / k;
+    std::string out = mm.outputs[0];
+    std::string bias;
+    std::vector<int> gone;
+    if (const int add = sole_reader(g, out); add >= 0 && g.nodes[add].op == "Add") {
+      const std::string c = other_operand(g.nodes[add], out);
+      const bool per_column = g.is_constant(c) && g.constants.at(c).size() == n &&
+                              !g.shape(c).empty() && g.shape(c).back() == n &&
+                              g.shape(c).size() <= as.size();
+      if (per_column && g.shape(g.nodes[add].outputs[0]) == g.shape(out)) {
+        bias = c;
+        out = g.nodes[add].outputs[0];
+        gone.push_back(add);
+      }
+    }
+    if (as.size() == 2 && bias.empty()) continue; // already one inner product
+    // The activation after it, if any, joins before the view back.
+    std::optional<Node> act;
+    if (const int a = sole_reader(g, out); a >= 0 && as.size() > 2) {
+      const OpDef* op = find_op(g.nodes[a].op);
+      if (op != nullptr && op->activation != nullptr) {
+        act = g.nodes[a];
+        out = g.nodes[a].outputs[0];
+        gone.push_back(a);
+      }
+    }
+    const Shape out_shape = g.shape(out);
+    const std::string base = mm.name + ".rows";
+    std::vector<Node> nodes;
+    std::string a_rows = mm.inputs[0];
+    if (as.size() > 2) {
+      a_rows = base + ".in";
+      const std::string shape_name = base + ".in_shape";
+      g.constants[shape_name] = Tensor::ints({2}, {rows, k});
+      g.shapes[shape_name] = {2};
+      g.types[shape_name] = ElemType::i64;
+      g.shapes[a_rows] = {rows, k};
+      g.types[a_rows] = ElemType::f32;
+      Node view;
+      view.op = "Reshape";
+      view.name = base + ".view_in";
+      view.inputs = {mm.inputs[0], shape_name};
+      view.outputs = {a_rows};
+      nodes.push_back(std::move(view));
+    }
+    Node gemm;
+    gemm.op = "Gemm";
+    gemm.name = mm.name;
+    gemm.inputs = {a_rows, mm.inputs[1]};
+    if (!bias.empty()) gemm.inputs.push_back(bias);
+    gemm.attrs["alpha"] = float_attribute(1.f);
+    gemm.attrs["beta"] = float_attribute(1.f);
+    gemm.attrs["transA"] = int_attribute(0);
+    gemm.attrs["transB"] = int_attribute(0);
+    const std::string g_out = as.size() > 2 ? base + ".out" : out;
+    gemm.outputs = {act ? base + ".product" : g_out};
+    g.shapes[gemm.outputs[0]] = {rows, n};
+    g.types[gemm.outputs[0]] = ElemType::f32;
+    nodes.push_back(std::move(gemm));
+    if (act) {
+      act->inputs[0] = nodes.back().outputs[0];
+      act->outputs = {g_out};
+      nodes.push_back(std::move(*act));
+    }
+    if (as.size() > 2) {
+      g.shapes[g_out] = {rows, n};
+      g.types[g_out] = ElemType::f32;
+      const std::string shape_name = base + ".out_shape";
+      g.constants[shape_name] = Tensor::ints({static_cast<std::int64_t>(out_shape.size())},
+                                             std::vector<std::int64_t>(out_shape));
+      g.shapes[shape_name] = {static_cast<std::int64_t>(out_shape.size())};
+      g.types[shape_name] = ElemType::i64;
+      Node view;
+      view.op = "Reshape";
+      view.name = base + ".view_out";
+      view.inputs = {g_out, shape_name};
+      view.outputs = {out};
+      nodes.push_back(std::move(view));
+    }
+    std::sort(gone.rbegin(), gone.rend());
+    for (const int k2 : gone) g.nodes.erase(g.nodes.begin() + k2);
+    g.nodes.erase(g.nodes.begin() + static_cast<std::ptrdiff_t>(i));
+    g.nodes.insert(g.nodes.begin() + static_cast<std::ptrdiff_t>(i), nodes.begin(), nodes.end());
+    return true;
+  }
+  return false;
+}
+
 // Conv/Gemm -> activation (sole reader) becomes one node with an eltwise post-op.
 bool fuse_activation(Graph& g) {
   for (std::size_t i = 0; i < g.nodes.size(); ++i) {
@@ -485,6 +585,8 @@ void run_passes(Graph& g) {
   while (fuse_erf_gelu(g)) {
   }
   while (fuse_decomposed_layer_norm(g)) {
+  }
+  while (matmul_as_gemm(g)) {
   }
   bool changed = true;
   while (changed) {

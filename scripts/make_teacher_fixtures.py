@@ -127,8 +127,27 @@ def models():
         "vit_dynamo_static": (tiny_vit, (3, 32, 32), 20, True, "dynamo_static"),
         "vit_opset17": (tiny_vit, (3, 32, 32), 17, True, "legacy"),
         "convnext_dynamo": (small_convnext, (3, 32, 32), 20, True, "dynamo"),
+        # The other torchvision families, from today's default exporter: SiLU and
+        # squeeze-and-excitation (efficientnet, regnet), channel shuffle, fire modules with ceil-mode
+        # pooling, dense concatenation, mnasnet's inverted residuals.
+        "efficientnet_b0_dynamo": (lambda: tv.efficientnet_b0(num_classes=10), (3, 32, 32), 20, True,
+                                   "dynamo"),
+        "regnet_y_400mf_dynamo": (lambda: tv.regnet_y_400mf(num_classes=10), (3, 32, 32), 20, True,
+                                  "dynamo"),
+        "shufflenet_v2_dynamo": (lambda: tv.shufflenet_v2_x0_5(num_classes=10), (3, 32, 32), 20, True,
+                                 "dynamo"),
+        "squeezenet1_1_dynamo": (lambda: tv.squeezenet1_1(num_classes=10), (3, 32, 32), 20, True,
+                                 "dynamo"),
+        "densenet121_dynamo": (lambda: tv.densenet121(num_classes=10), (3, 32, 32), 20, True, "dynamo"),
+        "mnasnet0_5_dynamo": (lambda: tv.mnasnet0_5(num_classes=10), (3, 32, 32), 20, True, "dynamo"),
         "convnext_opset18": (small_convnext, (3, 32, 32), 18, True, "legacy"),
     }
+
+
+# Fewer fitting steps for the large families (each step is a training step at the fixture batch
+# on the test machine's CPU): enough to make their logits decisive, without minutes per model.
+FIT_STEPS = {"efficientnet_b0_dynamo": 8, "regnet_y_400mf_dynamo": 8, "shufflenet_v2_dynamo": 8,
+             "squeezenet1_1_dynamo": 8, "densenet121_dynamo": 6, "mnasnet0_5_dynamo": 8}
 
 
 def export(model, x, path, opset, fold, exporter):
@@ -169,7 +188,7 @@ def main():
         labels = torch.randint(0, classes, (args.batch,))
         opt = torch.optim.Adam(model.parameters(), lr=3e-3)
         model.train()
-        for _ in range(args.fit_steps):
+        for _ in range(min(args.fit_steps, FIT_STEPS.get(name, args.fit_steps))):
             opt.zero_grad()
             F.cross_entropy(model(x), labels).backward()
             opt.step()
