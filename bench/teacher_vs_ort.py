@@ -7,6 +7,7 @@ torchvision, onnxruntime, onnxscript).
 
 usage: teacher_vs_ort.py KDFLOW_BINARY OUT_JSON [--seconds S] [--threads 1 2] [--sizes 32 64 224]
                          [--models NAME...] [--exporter dynamo|legacy] [--tune auto|off]
+                         [--no-bf16] [--check-only]
 
 Each model is exported by torch.onnx.export (the dynamo exporter with a dynamic batch unless
 --exporter legacy) once per input size. Rates are images/s from the median batch time; ORT and
@@ -19,6 +20,7 @@ import logging
 import os
 import platform
 import subprocess
+import sys
 import tempfile
 import time
 import warnings
@@ -26,25 +28,13 @@ import warnings
 import numpy as np
 import onnxruntime as ort
 import torch
-import torch.nn as nn
 import torchvision
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts"))
+from make_teacher_fixtures import EncoderClassifier  # noqa: E402 (the test fixtures' classifier)
 
 warnings.filterwarnings("ignore")
 logging.disable(logging.WARNING)
-
-
-class EncoderClassifier(nn.Module):
-    """A TransformerEncoder over the image's rows (tokens = rows), mean-pooled."""
-
-    def __init__(self, width, classes=10, dim=128):
-        super().__init__()
-        self.embed = nn.Linear(width, dim)
-        layer = nn.TransformerEncoderLayer(dim, 4, 4 * dim, dropout=0.0, batch_first=True)
-        self.encoder = nn.TransformerEncoder(layer, 4, enable_nested_tensor=False)
-        self.head = nn.Linear(dim, classes)
-
-    def forward(self, x):
-        return self.head(self.encoder(self.embed(x[:, 0])).mean(1))
 
 
 def deit_tiny(size):
@@ -73,7 +63,8 @@ def model_set():
         "mnasnet1_0": (cnn(tv.mnasnet1_0), 3),
         "convnext_tiny": (cnn(tv.convnext_tiny), 3),
         "deit_tiny": (deit_tiny, 3),
-        "transformer_encoder": (lambda size: EncoderClassifier(size), 1),
+        "transformer_encoder": (
+            lambda size: EncoderClassifier(width=size, dim=128, layers=4, expansion=4), 1),
     }
 
 
@@ -171,6 +162,8 @@ def main():
     ap.add_argument("--exporter", choices=["dynamo", "legacy"], default="dynamo")
     ap.add_argument("--tune", choices=["auto", "off"], default="auto")
     ap.add_argument("--no-bf16", action="store_true")
+    ap.add_argument("--check-only", action="store_true",
+                    help="only compare kdflow's logits with ONNX Runtime's, time nothing")
     args = ap.parse_args()
     torch.manual_seed(0)
     models = model_set()
@@ -194,6 +187,13 @@ def main():
                     print(f"{name:20s} {size:3d}: export failed: {str(e)[:120]}", flush=True)
                     continue
                 error = error_vs_ort(args.kdflow, path, shape, args.batch, args.tune)
+                if args.check_only:
+                    result["runs"].append({"model": name, "size": size, "fp32_error_vs_onnxruntime": error})
+                    print(f"{name:20s} {size:3d}: error {error:.1e}", flush=True)
+                    with open(args.out, "w") as f:
+                        json.dump(result, f, indent=2)
+                    os.remove(path)
+                    continue
                 for threads in args.threads:
                     ort_rate = ort_images_per_s(path, shape, args.batch, threads, args.seconds)
                     fp32 = kdflow_bench(args.kdflow, path, args.batch, threads, "fp32", args.seconds,

@@ -76,11 +76,11 @@ class EncoderClassifier(nn.Module):
     """A TransformerEncoder over the image's rows (tokens = rows), mean-pooled, as a text-style
     transformer teacher: MatMul with batch dimensions, Softmax, LayerNormalization, Gather."""
 
-    def __init__(self, classes=10, width=28, dim=64):
+    def __init__(self, classes=10, width=28, dim=64, layers=2, expansion=2):
         super().__init__()
         self.embed = nn.Linear(width, dim)
-        layer = nn.TransformerEncoderLayer(dim, 4, 2 * dim, dropout=0.0, batch_first=True)
-        self.encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+        layer = nn.TransformerEncoderLayer(dim, 4, expansion * dim, dropout=0.0, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
         self.head = nn.Linear(dim, classes)
 
     def forward(self, x):
