@@ -360,14 +360,19 @@ void place_buffers(Teacher::Plan& p) {
 
 } // namespace
 
-std::unique_ptr<Teacher::Plan> Teacher::build_plan(Graph graph, Precision precision,
+std::unique_ptr<Teacher::Plan> Teacher::build_plan(Graph&& graph, Precision precision,
                                                    const std::vector<std::string>& features,
                                                    std::map<std::string, std::string> choices) {
   auto plan = std::make_unique<Plan>();
   plan->graph = std::move(graph);
   plan->precision = precision;
   plan->choices = std::move(choices);
-  Lowering(*plan).build(features);
+  try {
+    Lowering(*plan).build(features);
+  } catch (...) {
+    graph = std::move(plan->graph); // the caller keeps its graph (the lowering only reads it)
+    throw;
+  }
   place_buffers(*plan);
   return plan;
 }

@@ -165,6 +165,9 @@ std::unique_ptr<Teacher::Plan> Teacher::tuned_plan(Graph graph, const TeacherOpt
     } catch (const nlohmann::json::exception& e) {
       report.note =
           fmt::format("plan cache {} is unreadable ({}): tuned again", file.string(), e.what());
+    } catch (const InputError& e) { // choices this build of oneDNN cannot make
+      report.note =
+          fmt::format("plan cache {} cannot be used ({}): tuned again", file.string(), e.what());
     }
     stale = true;
   }
@@ -235,10 +238,19 @@ std::unique_ptr<Teacher::Plan> Teacher::tuned_plan(Graph graph, const TeacherOpt
     return std::any_of(measured.begin(), measured.end(),
                        [&](const auto& m) { return m.first == c; });
   };
-  // Builds and times the plan with `choices` unless a plan with the same choices was timed.
+  // Builds and times the plan with `choices` unless a plan with the same choices was timed. A
+  // way oneDNN cannot build here is left out of the tuning, not an error of the model (which the
+  // untuned plan has proved buildable).
   const auto try_choices = [&](Choices choices) {
-    auto p =
-        build_plan(std::move(plan->graph), options.precision, options.features, std::move(choices));
+    std::unique_ptr<Plan> p;
+    try {
+      p = build_plan(std::move(plan->graph), options.precision, options.features,
+                     std::move(choices));
+    } catch (const InputError& e) {
+      report.note += fmt::format("{}a tuning candidate could not be built ({}): left out",
+                                 report.note.empty() ? "" : "; ", e.what());
+      return;
+    }
     if (!tried(effective(*p))) measure(p);
     plan = std::move(p);
   };
@@ -325,6 +337,8 @@ std::unique_ptr<Teacher::Plan> Teacher::tuned_plan(Graph graph, const TeacherOpt
         if (auto theirs = read_cache(plan->graph)) return theirs;
       } catch (const nlohmann::json::exception&) {
         // Another writer's half-made file cannot be: link() publishes whole files. Keep ours.
+      } catch (const InputError&) {
+        // Their choices do not build here (another oneDNN behind the same key?): keep ours.
       }
     } else {
       report.cache_file = file.string();

@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 
 #include <nlohmann/json.hpp>
@@ -62,6 +63,33 @@ TEST(TeacherCli, BenchProfileAccountsForEveryStep) {
   EXPECT_NEAR(kinds_ms, steps_ms, 1e-9);
   EXPECT_NEAR(shares, 1.0, 1e-9);
   EXPECT_EQ(steps_of["Conv (depthwise)"], 17);
+}
+
+// teacher info --plan lists the tuned plan: a summary line, then every node that can run more
+// than one way with its ways' times and the one kept (marked *); --tune off says so instead.
+TEST(TeacherCli, InfoPlanListsEveryTunableNode) {
+  const fs::path dir = scratch("info_plan");
+  fs::create_directories(dir);
+  const std::string model = fixture("mobilenet_v2_opset13.onnx").string();
+  const auto info = [&](std::vector<std::string> extra, const std::string& name) {
+    std::vector<std::string> args = {"teacher", "info", "--model", model, "--batch", "8"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    const fs::path out = dir / name;
+    const Child c = spawn(args, out.string() + ".stderr", out);
+    EXPECT_EQ(wait_exit(c), 0) << read_text(out.string() + ".stderr");
+    return read_text(out);
+  };
+  const std::string tuned = info({"--threads", "1", "--plan"}, "tuned.txt");
+  EXPECT_NE(tuned.find("tuning:     "), std::string::npos) << tuned;
+  EXPECT_NE(tuned.find("plans timed"), std::string::npos) << tuned;
+  EXPECT_NE(tuned.find("memory:     "), std::string::npos) << tuned;
+  const auto listed = tuned.find("plan (node: way ms per batch");
+  ASSERT_NE(listed, std::string::npos) << tuned;
+  // mobilenet_v2's 1x1 convolutions each list their ways, one of them kept.
+  const std::string listing = tuned.substr(listed, tuned.find("graph after passes") - listed);
+  EXPECT_GE(std::count(listing.begin(), listing.end(), '*'), 30) << listing;
+  const std::string off = info({"--tune", "off"}, "off.txt");
+  EXPECT_NE(off.find("tuning:     off"), std::string::npos) << off;
 }
 
 TEST(TeacherCli, BadInputIsOneLineAndExitCode2) {

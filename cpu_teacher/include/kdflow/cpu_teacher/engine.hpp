@@ -104,7 +104,8 @@ public:
 
 private:
   Teacher() = default;
-  static std::unique_ptr<Plan> build_plan(Graph graph, Precision precision,
+  // The plan for `graph` with `choices`; where it cannot be built, `graph` is left as it was.
+  static std::unique_ptr<Plan> build_plan(Graph&& graph, Precision precision,
                                           const std::vector<std::string>& features,
                                           std::map<std::string, std::string> choices);
   // tune.cpp: the plan cache, or the fastest of the plans timed at load.
