@@ -21,6 +21,8 @@ namespace {
 using teacher::Graph;
 using teacher::Node;
 using teacher::PostOp;
+using teacher::resize_taps;
+using teacher::ResizeTaps;
 using teacher::Shape;
 using Values = TorchTeacher::Impl::Values;
 using OpFn = TorchTeacher::Impl::OpFn;
@@ -224,6 +226,25 @@ std::vector<torch::Tensor> gather(const Values& value, const Node& node) {
               .reshape(to_vector(value.m.graph.shape(node.outputs[0])))};
 }
 
+// Resize: the taps the oneDNN engine's kernel samples with, as gathers and blends, columns then
+// rows as that kernel blends them.
+std::vector<torch::Tensor> resize(const Values& value, const Node& node) {
+  torch::Tensor y = value(node.inputs[0]);
+  const Shape& in = value.m.graph.shape(node.inputs[0]);
+  const Shape& out = value.m.graph.shape(node.outputs[0]);
+  for (const int axis : {1, 0}) {
+    const ResizeTaps t = resize_taps(node, in, out, axis);
+    const auto on = torch::TensorOptions().device(y.device());
+    const torch::Tensor lo = torch::tensor(t.lo, on.dtype(torch::kLong));
+    const torch::Tensor hi = torch::tensor(t.hi, on.dtype(torch::kLong));
+    torch::Tensor w = torch::tensor(t.w, on.dtype(torch::kFloat)).to(y.scalar_type());
+    w = axis == 0 ? w.view({-1, 1}) : w.view({1, -1});
+    const torch::Tensor a = y.index_select(2 + axis, lo), b = y.index_select(2 + axis, hi);
+    y = a + (b - a) * w;
+  }
+  return {y};
+}
+
 std::vector<torch::Tensor> erf(const Values& value, const Node& node) {
   return {torch::erf(value(node.inputs[0]))};
 }
@@ -268,6 +289,7 @@ const std::map<std::string, TorchOp, std::less<>>& torch_ops() {
       {"Sqrt", activation([](const torch::Tensor& x, float, float) { return torch::sqrt(x); })},
       {"Pow", activation([](const torch::Tensor& x, float, float e) { return torch::pow(x, e); })},
       {"Erf", {erf}},
+      {"Resize", {resize}},
       {"LayerNormalization", {layer_norm}},
       {"Gather", {gather}},
       {"Add", {arithmetic<'+'>}},

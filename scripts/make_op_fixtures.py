@@ -104,6 +104,22 @@ def cases():
         return model(nodes, X, inits, opset=13)
     c["layernorm_decomposed"] = decomposed_ln(True)
     c["layernorm_decomposed_plain"] = decomposed_ln(False)
+    # Resize: nearest (each rounding, each coordinate transformation) and linear, up and down, by
+    # scales and by sizes.
+    R = (2, 3, 5, 7)
+    for i, (mode, transform, rounding) in enumerate([
+            ("nearest", "asymmetric", "floor"), ("nearest", "half_pixel", "round_prefer_floor"),
+            ("nearest", "align_corners", "round_prefer_ceil"), ("nearest", "pytorch_half_pixel", "ceil"),
+            ("linear", "half_pixel", "round_prefer_floor"), ("linear", "pytorch_half_pixel", "round_prefer_floor"),
+            ("linear", "align_corners", "round_prefer_floor"), ("linear", "asymmetric", "round_prefer_floor")]):
+        scales = [1, 1, 2.0, 1.5] if i % 2 == 0 else [1, 1, 0.6, 2.5]
+        c[f"resize_{mode}_{transform}_scales"] = model(
+            [node("Resize", ["x", "", "scales"], mode=mode, coordinate_transformation_mode=transform, nearest_mode=rounding)], R,
+            [const("scales", np.array(scales, np.float32))], opset=13)
+    c["resize_linear_sizes"] = model([node("Resize", ["x", "", "", "sizes"], mode="linear")], R,
+                                     [const("sizes", np.array([2, 3, 9, 4], np.int64))], opset=13)
+    c["resize_nearest_sizes_opset19"] = model([node("Resize", ["x", "", "", "sizes"], mode="nearest")], R,
+                                              [const("sizes", np.array([2, 3, 4, 11], np.int64))], opset=19)
     c["clip_inputs"] = model([node("Clip", ["x", "lo", "hi"])], X, [const("lo", np.float32(-0.5)), const("hi", np.float32(0.7))], opset=11)
     c["clip_max_only"] = model([node("Clip", ["x", "", "hi"])], X, [const("hi", np.float32(6.0))], opset=13)
     c["conv_clip_relu6"] = model([node("Conv", ["x", "w"], ["c"]), helper.make_node("Clip", ["c", "lo", "hi"], ["y"], name="clip")], X,

@@ -87,6 +87,24 @@ class EncoderClassifier(nn.Module):
         return self.head(self.encoder(self.embed(x[:, 0])).mean(1))
 
 
+class Upsampler(nn.Module):
+    """F.interpolate as segmentation and FPN-style teachers use it: nearest by a factor, bilinear to
+    a size (half-pixel) and bilinear with align_corners, between convolutions."""
+
+    def __init__(self, classes=10):
+        super().__init__()
+        self.c1 = nn.Conv2d(3, 8, 3, stride=2, padding=1)
+        self.c2 = nn.Conv2d(8, 8, 3, padding=1)
+        self.fc = nn.Linear(8, classes)
+
+    def forward(self, x):
+        a = F.relu(self.c1(x))
+        b = F.interpolate(a, scale_factor=2, mode="nearest")
+        c = F.interpolate(self.c2(b), size=(20, 12), mode="bilinear", align_corners=False)
+        d = F.interpolate(c, scale_factor=0.5, mode="bilinear", align_corners=True)
+        return self.fc(d.mean((2, 3)))
+
+
 def tiny_vit():
     m = torchvision.models.VisionTransformer(image_size=32, patch_size=8, num_layers=2, num_heads=4,
                                              hidden_dim=64, mlp_dim=128, num_classes=10)
@@ -127,6 +145,8 @@ def models():
         "vit_dynamo_static": (tiny_vit, (3, 32, 32), 20, True, "dynamo_static"),
         "vit_opset17": (tiny_vit, (3, 32, 32), 17, True, "legacy"),
         "convnext_dynamo": (small_convnext, (3, 32, 32), 20, True, "dynamo"),
+        "upsampler_dynamo": (Upsampler, (3, 16, 16), 20, True, "dynamo"),
+        "upsampler_opset13": (Upsampler, (3, 16, 16), 13, True, "legacy"),
         # The other torchvision families, from today's default exporter: SiLU and
         # squeeze-and-excitation (efficientnet, regnet), channel shuffle, fire modules with ceil-mode
         # pooling, dense concatenation, mnasnet's inverted residuals.

@@ -88,6 +88,7 @@ std::span<const OpDef> folding_ops();
 std::span<const OpDef> gemm_ops();
 std::span<const OpDef> norm_ops();
 std::span<const OpDef> pool_ops();
+std::span<const OpDef> resize_ops();
 std::span<const OpDef> shape_ops();
 std::span<const OpDef> softmax_ops();
 

@@ -26,4 +26,13 @@ std::vector<OpInfo> teacher_ops();
 // its alpha / beta (Clip's min / max) as the node holds them after import.
 PostOp activation_post_op(const Node& activation);
 
+// Where a Resize node (after import) samples along one spatial axis (0: rows, 1: columns): output
+// position o reads source positions lo[o] and hi[o] blended as src[lo] + (src[hi] - src[lo]) *
+// w[o] (nearest: lo = hi, w = 0). Every executor of the graph samples with these.
+struct ResizeTaps {
+  std::vector<std::int64_t> lo, hi;
+  std::vector<float> w;
+};
+ResizeTaps resize_taps(const Node& resize, const Shape& in, const Shape& out, int axis);
+
 } // namespace kdflow::teacher
