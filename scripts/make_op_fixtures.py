@@ -254,6 +254,12 @@ def rejects(out):
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
     m.ir_version = 8
     bad["two_inputs"] = (m, "more than one input")
+    bad["resize_huge"] = (model([node("Resize", ["x", "", "", "sizes"])], X, [const("sizes", np.array([2, 4, 1 << 19, 1 << 19], np.int64))], opset=13),
+                          "too large")
+    bad["resize_cubic"] = (model([node("Resize", ["x", "", "scales"], mode="cubic")], X, [const("scales", np.array([1, 1, 2, 2], np.float32))], opset=13),
+                           "mode = 'cubic' is not supported")
+    bad["resize_channels"] = (model([node("Resize", ["x", "", "scales"])], X, [const("scales", np.array([1, 2, 1, 1], np.float32))], opset=13),
+                              "only the two spatial axes")
     bad["bad_broadcast"] = (model([node("Add", ["x", "k"])], X, [const("k", rand(3, 1, 1))], out_shape=["N", 4, 9, 11]), "do not broadcast")
     return bad
 

@@ -66,8 +66,9 @@ std::vector<InferredOutput> infer_resize(Node& node, const InferArgs& a) {
     }
   }
   if (out[0] != x[0] || out[1] != x[1]) bad(node, "only the two spatial axes may be resized");
+  // Bounded before anything is allocated: at most 2^20 a side and 2^28 values a sample (1 GiB).
   if (out[2] < 1 || out[3] < 1 || out[2] > (std::int64_t{1} << 20) ||
-      out[3] > (std::int64_t{1} << 20))
+      out[3] > (std::int64_t{1} << 20) || out[1] * out[2] * out[3] > (std::int64_t{1} << 28))
     bad(node, fmt::format("output {} is empty or too large", format_shape(out)));
   node.attrs["mode"].kind = Attribute::Kind::s;
   node.attrs["mode"].s = mode;
