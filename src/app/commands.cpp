@@ -61,9 +61,10 @@ Commands::Commands(CLI::App& app) : app_(app) {
       ->check(CLI::IsMember({"fp32", "bf16"}));
   info->add_option("--threads", teacher_.threads,
                    "threads the plan is tuned for (0: every allowed physical core)");
-  info->add_option("--tune", teacher_.tune, "time each node's ways at load and keep the fastest")
-      ->check(CLI::IsMember({"auto", "off"}))
-      ->capture_default_str();
+  info->add_option("--tune", teacher_.tune,
+                   "time each node's ways at load and keep the fastest (default: auto with --plan, "
+                   "else off, so that info stays quick on large models)")
+      ->check(CLI::IsMember({"auto", "off"}));
   info->add_flag("--plan", teacher_.plan,
                  "list every node that can run more than one way: the ways, their times, the one "
                  "kept");
@@ -79,9 +80,10 @@ Commands::Commands(CLI::App& app) : app_(app) {
       ->check(CLI::IsMember({"fp32", "bf16"}));
   infer->add_option("--feature", teacher_.features,
                     "also write this intermediate value (repeatable)");
-  infer->add_option("--tune", teacher_.tune, "time each node's ways at load and keep the fastest")
-      ->check(CLI::IsMember({"auto", "off"}))
-      ->capture_default_str();
+  infer
+      ->add_option("--tune", teacher_.tune,
+                   "time each node's ways at load and keep the fastest (default: auto)")
+      ->check(CLI::IsMember({"auto", "off"}));
   infer->callback([this] { action_ = [this] { return teacher_infer(teacher_); }; });
   auto* tbench = teacher->add_subcommand(
       "bench", "teacher throughput, and its share of the measured FMA peak");
@@ -94,9 +96,10 @@ Commands::Commands(CLI::App& app) : app_(app) {
   tbench->add_option("--json", teacher_.json, "write the result as JSON here");
   tbench->add_flag("--profile", teacher_.profile,
                    "also time every step of the plan and report where the time goes, by kind");
-  tbench->add_option("--tune", teacher_.tune, "time each node's ways at load and keep the fastest")
-      ->check(CLI::IsMember({"auto", "off"}))
-      ->capture_default_str();
+  tbench
+      ->add_option("--tune", teacher_.tune,
+                   "time each node's ways at load and keep the fastest (default: auto)")
+      ->check(CLI::IsMember({"auto", "off"}));
   tbench->callback([this] { action_ = [this] { return teacher_bench(teacher_); }; });
 
   auto* cores = app.add_subcommand("cores", "show the topology and the core plan");

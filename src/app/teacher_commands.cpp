@@ -47,7 +47,7 @@ std::shared_ptr<const teacher::Teacher> load(const TeacherArgs& args, std::int64
   opts.precision = teacher::parse_precision(args.precision);
   opts.features = args.features;
   if (sample_shape) opts.sample_shape = std::move(*sample_shape);
-  opts.tune = teacher::parse_tune(args.tune);
+  opts.tune = args.tune.empty() ? teacher::Tune::automatic : teacher::parse_tune(args.tune);
   opts.threads = static_cast<int>(teacher_cpus(affinity::Topology::load(), args.threads).size());
   auto t = teacher::Teacher::load(args.model, opts);
   if (const auto& note = t->tune_report().note; !note.empty())
@@ -59,7 +59,8 @@ std::shared_ptr<const teacher::Teacher> load(const TeacherArgs& args, std::int64
 void print_tuning(const teacher::Teacher& t, bool every_node) {
   const auto& r = t.tune_report();
   if (r.mode == teacher::Tune::off) {
-    fmt::print("tuning:     off (every node runs its first way)\n");
+    fmt::print(
+        "tuning:     off (every node runs its first way; --plan tunes and lists the ways)\n");
   } else if (r.nodes.empty()) {
     fmt::print("tuning:     nothing to choose (no node runs more than one way)\n");
   } else {
@@ -164,7 +165,9 @@ void print_profile(const nlohmann::json& profile) {
 } // namespace
 
 int teacher_info(const TeacherArgs& args) {
-  const auto t = load(args, args.batch);
+  TeacherArgs info = args;
+  if (info.tune.empty()) info.tune = info.plan ? "auto" : "off";
+  const auto t = load(info, args.batch);
   const auto& g = t->graph();
   const auto s = teacher::summarize(g);
   fmt::print("model:      {} (opset {})\n", g.file, g.opset);

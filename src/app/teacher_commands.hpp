@@ -14,8 +14,8 @@ struct TeacherArgs {
   std::string precision = "fp32";
   std::vector<std::string> features;
   bool profile = false; // bench: time each step of the plan too
-  std::string tune = "auto";
-  bool plan = false; // info: every node's ways, their measured times and the one kept
+  std::string tune;     // "" = auto, except for info without --plan (off)
+  bool plan = false;    // info: every node's ways, their measured times and the one kept
 };
 
 int teacher_info(const TeacherArgs& args);
