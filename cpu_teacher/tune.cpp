@@ -4,7 +4,9 @@
 // an inner product, unrolled) is timed in whole plans, the fastest way per node is put together
 // and timed again, and the fastest whole plan is kept. Choices are cached on disk, keyed by the
 // model's bytes, the input, batch, precision, threads, oneDNN and the CPU.
+#include "kdflow/core/digest.hpp"
 #include "kdflow/core/error.hpp"
+#include "kdflow/core/versions.hpp"
 #include "kdflow/cpu_teacher/engine.hpp"
 #include "kdflow/cpu_teacher/versions.hpp"
 #include "ops/lowering.hpp"
@@ -17,7 +19,6 @@
 #include <fstream>
 #include <limits>
 #include <random>
-#include <sstream>
 #include <unistd.h>
 
 #include <fmt/format.h>
@@ -37,36 +38,18 @@ constexpr int kPlanVersion = 1;
 // difference is the machine's noise, not the plan.
 constexpr double kMargin = 0.03;
 
-std::uint64_t fnv1a(std::string_view bytes, std::uint64_t h = 14695981039346656037ull) {
-  for (const char c : bytes) {
-    h ^= static_cast<unsigned char>(c);
-    h *= 1099511628211ull;
-  }
-  return h;
-}
-
 std::string file_digest(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
-  std::uint64_t h = 14695981039346656037ull;
+  std::uint64_t h = kFnv1aOffset;
   std::size_t total = 0;
   std::vector<char> buf(1 << 20);
   while (in) {
     in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
     const auto n = static_cast<std::size_t>(in.gcount());
-    h = fnv1a(std::string_view(buf.data(), n), h);
+    h = fnv1a(std::as_bytes(std::span(buf.data(), n)), h);
     total += n;
   }
   return fmt::format("{:016x}-{}", h, total);
-}
-
-std::string cpu_model() {
-  std::ifstream in("/proc/cpuinfo");
-  for (std::string line; std::getline(in, line);)
-    if (line.starts_with("model name")) {
-      const auto colon = line.find(':');
-      return colon == std::string::npos ? line : line.substr(colon + 2);
-    }
-  return "unknown CPU";
 }
 
 fs::path cache_folder(const TeacherOptions& options) {
@@ -130,10 +113,13 @@ std::unique_ptr<Teacher::Plan> Teacher::tuned_plan(Graph graph, const TeacherOpt
                   "oneDNN {} {} {} | {}",
                   kPlanVersion, file_digest(path), format_shape(graph.input_shape), graph.chunks,
                   precision_name(options.precision), threads, features, dnnl.version, dnnl.hash,
-                  dnnl.isa, cpu_model());
+                  dnnl.isa, cpu_model_name());
   const fs::path folder = cache_folder(options);
   const fs::path file =
-      folder.empty() ? fs::path() : folder / fmt::format("{:016x}.json", fnv1a(key));
+      folder.empty()
+          ? fs::path()
+          : folder / fmt::format("{:016x}.json",
+                                 fnv1a(std::as_bytes(std::span(key.data(), key.size()))));
 
   // The cached plan in `file` when it is this key's: the choices as they were measured.
   const auto read_cache = [&](Graph& g) -> std::unique_ptr<Plan> {

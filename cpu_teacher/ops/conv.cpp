@@ -334,8 +334,7 @@ double conv_flops(const Graph& g, const Node& node) {
              p = node.ints_attr("pads");
   const std::int64_t taps = axis_pairs(xs[2], out[2], w[2], s[0], d[0], p[0]) *
                             axis_pairs(xs[3], out[3], w[3], s[1], d[1], p[1]);
-  return 2.0 * static_cast<double>(out[1]) * static_cast<double>(w[1]) *
-         static_cast<double>(taps);
+  return 2.0 * static_cast<double>(out[1]) * static_cast<double>(w[1]) * static_cast<double>(taps);
 }
 
 // --- BatchNormalization --------------------------------------------------------------------------

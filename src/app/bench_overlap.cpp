@@ -13,6 +13,7 @@
 #include "kdflow/core/error.hpp"
 #include "kdflow/core/log.hpp"
 #include "kdflow/core/trace.hpp"
+#include "kdflow/core/versions.hpp"
 #include "kdflow/gpu_student/h2d.hpp"
 #include "kdflow/gpu_student/torch_teacher.hpp"
 
@@ -34,17 +35,10 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 std::string machine_text() {
-  std::string model = "unknown CPU";
-  std::ifstream cpuinfo("/proc/cpuinfo");
-  for (std::string line; std::getline(cpuinfo, line);)
-    if (line.starts_with("model name")) {
-      model = line.substr(line.find(':') + 2);
-      break;
-    }
   struct utsname u {};
   ::uname(&u);
-  return fmt::format("{} ({} CPUs allowed), {} {}", model, ::sysconf(_SC_NPROCESSORS_ONLN),
-                     u.sysname, u.release);
+  return fmt::format("{} ({} CPUs allowed), {} {}", cpu_model_name(),
+                     ::sysconf(_SC_NPROCESSORS_ONLN), u.sysname, u.release);
 }
 
 // A bar chart of the modes with the ideal as a line, drawn by gnuplot (Debian's gnuplot-nox).

@@ -11,6 +11,7 @@
 
 #include "kdflow/affinity/pinning.hpp"
 #include "kdflow/core/atomic_file.hpp"
+#include "kdflow/core/digest.hpp"
 #include "kdflow/core/error.hpp"
 #include "kdflow/core/log.hpp"
 #include "kdflow/gpu_student/trainer.hpp"
@@ -115,11 +116,9 @@ std::vector<fs::path> list_checkpoints(const fs::path& folder) {
   return out;
 }
 
-std::uint64_t fnv1a(const std::vector<float>& values) {
-  std::uint64_t h = 1469598103934665603ull;
-  const auto* p = reinterpret_cast<const unsigned char*>(values.data());
-  for (std::size_t i = 0; i < values.size() * sizeof(float); ++i) h = (h ^ p[i]) * 1099511628211ull;
-  return h;
+// The trained state's digest (parameters, buffers, optimizer): equal digests, equal runs.
+std::uint64_t digest_of(const std::vector<float>& state) {
+  return fnv1a(std::as_bytes(std::span(state.data(), state.size())));
 }
 
 std::string clock_text(double seconds) {
@@ -516,7 +515,7 @@ int TrainRun::finish() {
       {"skipped_steps", trainer().skipped_steps()},
       {"interrupted", interrupted_},
       {"evaluations", evaluations_},
-      {"state_digest", fmt::format("{:016x}", fnv1a(trainer().state_vector()))}};
+      {"state_digest", fmt::format("{:016x}", digest_of(trainer().state_vector()))}};
   write_file_atomic(out_ / "summary.json", summary.dump(2) + "\n");
   if (interrupted_)
     throw Interrupted(fmt::format("interrupted at step {}: checkpoint saved in {}; continue with "
