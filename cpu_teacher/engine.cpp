@@ -37,6 +37,22 @@ Tune parse_tune(const std::string& text) {
 
 const char* tune_name(Tune t) { return t == Tune::automatic ? "auto" : "off"; }
 
+std::optional<Shape> parse_input_size(const std::string& text, const std::string& key) {
+  if (text == "auto") return std::nullopt;
+  const auto side = [&](const std::string& item) {
+    char* end = nullptr;
+    const long v = std::strtol(item.c_str(), &end, 10);
+    if (item.empty() || item[0] < '0' || item[0] > '9' || *end != '\0' || v < 1 ||
+        v > kMaxInputSide)
+      throw InputError(fmt::format("{} = \"{}\": want auto, N or HxW with sides from 1 to {}", key,
+                                   text, kMaxInputSide));
+    return static_cast<std::int64_t>(v);
+  };
+  const auto x = text.find('x');
+  if (x == std::string::npos) return Shape{0, side(text), side(text)};
+  return Shape{0, side(text.substr(0, x)), side(text.substr(x + 1))};
+}
+
 bool has_native_bf16() {
   const auto isa = dnnl::get_effective_cpu_isa();
   return isa == dnnl::cpu_isa::avx512_core_bf16 || isa == dnnl::cpu_isa::avx512_core_amx ||
@@ -288,6 +304,8 @@ std::shared_ptr<const Teacher> Teacher::load(const std::string& path,
   LoadOptions lo;
   lo.batch = options.batch;
   lo.sample_shape = options.sample_shape;
+  lo.sample_default = options.sample_default;
+  lo.sample_source = options.sample_source;
   Graph graph = load_onnx(path, lo);
   std::shared_ptr<Teacher> t(new Teacher());
   if (options.tune == Tune::automatic) {

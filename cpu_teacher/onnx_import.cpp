@@ -21,6 +21,7 @@
 #include <tuple>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 namespace kdflow::teacher {
 namespace {
@@ -304,6 +305,24 @@ pb::ModelProto parse(const std::string& path) {
 }
 
 // The batch the model's input declares: 0 where it is symbolic (dim_param) or absent.
+// A declared input's sample dimensions, "?" where the model leaves one open.
+std::string
+dims_text(const google::protobuf::RepeatedPtrField<pb::TensorShapeProto::Dimension>& dims) {
+  std::vector<std::string> out;
+  for (int d = 1; d < dims.size(); ++d)
+    out.push_back(dims[d].has_dim_value() && dims[d].dim_value() > 0
+                      ? std::to_string(dims[d].dim_value())
+                      : "?");
+  return fmt::format("[{}]", fmt::join(out, ", "));
+}
+
+// A requested sample shape, "any" where it leaves the dimension to the model.
+std::string wanted_text(const Shape& shape) {
+  std::vector<std::string> out;
+  for (const auto v : shape) out.push_back(v > 0 ? std::to_string(v) : "any");
+  return fmt::format("[{}]", fmt::join(out, ", "));
+}
+
 std::int64_t declared_batch(const pb::ModelProto& model) {
   for (const auto& in : model.graph().input()) {
     bool init = false;
@@ -375,27 +394,44 @@ Graph import_graph(const pb::ModelProto& model, const std::string& path,
     if (tt.elem_type() != pb::TensorProto::FLOAT)
       throw InputError(fmt::format("{}: input '{}' must be float32", path, in.name()));
     const auto& dims = tt.shape().dim();
-    for (int d = 0; d < dims.size(); ++d) {
-      if (d == 0)
-        g.input_shape.push_back(options.batch);
-      else if (dims[d].has_dim_value() && dims[d].dim_value() > 0)
-        g.input_shape.push_back(dims[d].dim_value());
-      else
-        throw InputError(
-            fmt::format("{}: input '{}' dimension {} is not fixed", path, in.name(), d));
-    }
-    if (g.input_shape.size() < 2)
+    if (dims.size() < 2)
       throw InputError(
           fmt::format("{}: input '{}' has rank {}; a batch of samples needs at least 2", path,
                       in.name(), dims.size()));
+    const auto given = [&](const std::optional<Shape>& shape, int d) -> std::int64_t {
+      return shape && static_cast<std::size_t>(d) <= shape->size()
+                 ? (*shape)[static_cast<std::size_t>(d - 1)]
+                 : 0;
+    };
+    g.input_shape.push_back(options.batch);
+    for (int d = 1; d < dims.size(); ++d) {
+      const std::int64_t required = given(options.sample_shape, d);
+      if (dims[d].has_dim_value() && dims[d].dim_value() > 0) {
+        if (required > 0 && required != dims[d].dim_value())
+          throw InputError(fmt::format(
+              "{}: input '{}' takes samples of shape {}, {} asks for {}", path, in.name(),
+              dims_text(dims), options.sample_source.empty() ? "the data" : options.sample_source,
+              wanted_text(*options.sample_shape)));
+        g.input_shape.push_back(dims[d].dim_value());
+      } else if (const std::int64_t v = required > 0 ? required : given(options.sample_default, d);
+                 v > 0) {
+        g.input_shape.push_back(v); // a dimension the model leaves open, bound here
+      } else {
+        throw InputError(
+            fmt::format("{}: input '{}' dimension {} is not fixed{}", path, in.name(), d,
+                        options.sample_source.empty()
+                            ? ""
+                            : fmt::format(" (set {} to bind it)", options.sample_source)));
+      }
+    }
   }
   if (g.input.empty()) throw InputError(fmt::format("{}: the graph has no input", path));
-  if (options.sample_shape &&
-      Shape(g.input_shape.begin() + 1, g.input_shape.end()) != *options.sample_shape)
+  if (options.sample_shape && g.input_shape.size() != options.sample_shape->size() + 1)
     throw InputError(
-        fmt::format("{}: input '{}' takes samples of shape {}, the data has {}", path, g.input,
+        fmt::format("{}: input '{}' takes samples of shape {}, {} asks for {}", path, g.input,
                     format_shape(Shape(g.input_shape.begin() + 1, g.input_shape.end())),
-                    format_shape(*options.sample_shape)));
+                    options.sample_source.empty() ? "the data" : options.sample_source,
+                    wanted_text(*options.sample_shape)));
   g.shapes[g.input] = g.input_shape;
   g.types[g.input] = ElemType::f32;
   for (const auto& out : gp.output()) g.outputs.push_back(out.name());

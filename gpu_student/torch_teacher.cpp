@@ -325,6 +325,26 @@ const torch::Tensor& TorchTeacher::Impl::Values::operator()(const std::string& n
   return env.at(name);
 }
 
+torch::Tensor adapt_images(const ImageAdapter& adapter, const torch::Tensor& images) {
+  if (adapter.passes_floats()) return images;
+  namespace F = torch::nn::functional;
+  torch::Tensor x = images.to(torch::kFloat);
+  if (adapter.box() > 1) x = F::avg_pool2d(x, F::AvgPool2dFuncOptions(adapter.box()));
+  const ImageSpec& to = adapter.to();
+  if (adapter.resizes())
+    x = F::interpolate(x, F::InterpolateFuncOptions()
+                              .size(std::vector<std::int64_t>{to.height, to.width})
+                              .mode(torch::kBilinear)
+                              .align_corners(false));
+  if (adapter.from().channels != to.channels) x = x.expand({x.size(0), to.channels, -1, -1});
+  const auto options = torch::TensorOptions().dtype(torch::kFloat);
+  const torch::Tensor scale =
+      torch::tensor(adapter.float_scale(), options).view({1, to.channels, 1, 1}).to(x.device());
+  const torch::Tensor shift =
+      torch::tensor(adapter.float_shift(), options).view({1, to.channels, 1, 1}).to(x.device());
+  return x * scale + shift;
+}
+
 std::vector<torch::Tensor> TorchTeacher::Impl::forward(const torch::Tensor& input) const {
   if (graph.chunks == 1) return forward_once(input);
   // A model that fixes its batch: graph.batch rows at a time, as the oneDNN engine runs it.

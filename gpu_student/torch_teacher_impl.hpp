@@ -1,6 +1,7 @@
 // TorchTeacher's torch-level side: the trainer runs the forward pass on device tensors directly.
 #pragma once
 
+#include "kdflow/core/image_adapter.hpp"
 #include "kdflow/gpu_student/torch_teacher.hpp"
 
 #include <torch/torch.h>
@@ -42,5 +43,10 @@ struct TorchTeacher::Impl {
   // batch).
   [[nodiscard]] std::vector<torch::Tensor> forward_once(const torch::Tensor& input) const;
 };
+
+// ImageAdapter's work with LibTorch ops on the device: float32 images [N, C, H, W] normalized as
+// the adapter's input -> the teacher's input (box average, bilinear without antialiasing, channel
+// 0 repeated, renormalized), equal to ImageAdapter::run within float rounding.
+torch::Tensor adapt_images(const ImageAdapter& adapter, const torch::Tensor& images);
 
 } // namespace kdflow::student

@@ -121,6 +121,7 @@ struct Trainer::Impl {
   std::int64_t step = 0;
   std::int64_t skipped = 0;
   std::shared_ptr<const TorchTeacher> colocated;
+  std::optional<ImageAdapter> colocated_input;
   torch::Tensor input_scale, input_shift; // uint8 slots: normalized here, [1, C, 1, 1]
 
   // The batch's inputs as the network takes them: float32 slots as they are, uint8 normalized.
@@ -171,7 +172,8 @@ std::optional<StepStats> Trainer::step(std::uint64_t batch) {
   if (o.kd_alpha > 0 && m.colocated) {
     // The colocated baseline: the teacher's forward pass on this device, before the student's.
     trace::Span forward("teacher", batch);
-    teacher = m.colocated->impl().forward(inputs)[0].slice(0, 0, n).to(torch::kFloat);
+    const torch::Tensor own = m.colocated_input ? adapt_images(*m.colocated_input, inputs) : inputs;
+    teacher = m.colocated->impl().forward(own)[0].slice(0, 0, n).to(torch::kFloat);
   } else if (o.kd_alpha > 0 && m.regions.teacher_logits) {
     teacher = b->regions[*m.regions.teacher_logits].slice(0, 0, n);
   }
@@ -242,10 +244,12 @@ std::optional<StepStats> Trainer::step(std::uint64_t batch) {
 
 void Trainer::drain() { impl_->feeder.drain(); }
 
-void Trainer::set_colocated_teacher(std::shared_ptr<const TorchTeacher> teacher) {
+void Trainer::set_colocated_teacher(std::shared_ptr<const TorchTeacher> teacher,
+                                    std::optional<ImageAdapter> input) {
   if (teacher && teacher->impl().device != impl_->device)
     throw std::invalid_argument("the colocated teacher must run on the student's device");
   impl_->colocated = std::move(teacher);
+  impl_->colocated_input = std::move(input);
 }
 
 double Trainer::evaluate(std::span<const float> images, std::span<const std::int64_t> labels) {

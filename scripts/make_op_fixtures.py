@@ -264,6 +264,27 @@ def rejects(out):
     return bad
 
 
+def image_teachers():
+    """Small image classifiers (10 logits) whose input is not Fashion-MNIST's 1x28x28: the app
+    tests make their input from the data's images (teacher.input_size, teacher.mean/std)."""
+    def classifier(x_dims, channels):
+        x = helper.make_tensor_value_info("x", TensorProto.FLOAT, x_dims)
+        y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 10])
+        nodes = [node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1], strides=[2, 2]),
+                 node("Relu", ["c"], ["r"]),
+                 node("GlobalAveragePool", ["r"], ["p"]),
+                 node("Flatten", ["p"], ["f"]),
+                 node("Gemm", ["f", "fc_w", "fc_b"], ["y"], transB=1)]
+        inits = [const("w", rand(8, channels, 3, 3)), const("b", rand(8)),
+                 const("fc_w", rand(10, 8)), const("fc_b", rand(10))]
+        m = helper.make_model(helper.make_graph(nodes, "g", [x], [y], initializer=inits),
+                              opset_imports=[helper.make_opsetid("", 17)])
+        m.ir_version = 8
+        return m
+    return {"teacher_rgb40": classifier(["N", 3, 40, 40], 3),  # fixed: 3 channels, 40x40
+            "teacher_open_hw": classifier(["N", 1, "H", "W"], 1)}  # height and width left open
+
+
 def main():
     out = sys.argv[1]
     os.makedirs(out, exist_ok=True)
@@ -280,6 +301,11 @@ def main():
     onnx.save(m, os.path.join(out, "conv_external_data.onnx"), save_as_external_data=True,
               all_tensors_to_one_file=True, location="conv_external_data.bin", size_threshold=0)
     manifest["models"].append({"name": "conv_external_data", "input": [2, 4, 9, 11]})
+    manifest["image_teachers"] = []
+    for name, m in image_teachers().items():
+        onnx.checker.check_model(m)
+        onnx.save(m, os.path.join(out, name + ".onnx"))
+        manifest["image_teachers"].append(name)
     for name, (m, err) in rejects(out).items():
         onnx.save(m, os.path.join(out, name + ".onnx"))
         manifest["rejects"].append({"name": name, "error": err})

@@ -57,6 +57,9 @@ Commands::Commands(CLI::App& app) : app_(app) {
       "info", "the graph after kdflow's passes: nodes, fused groups, parameters, FLOPs");
   info->add_option("--model", teacher_.model, "ONNX model")->required();
   info->add_option("--batch", teacher_.batch, "batch size to plan for")->capture_default_str();
+  info->add_option("--input-size", teacher_.input_size,
+                   "N or HxW: the height and width a model leaves open (or checks a fixed one)")
+      ->capture_default_str();
   info->add_option("--precision", teacher_.precision, "fp32 or bf16")
       ->check(CLI::IsMember({"fp32", "bf16"}));
   info->add_option("--threads", teacher_.threads,
@@ -89,6 +92,10 @@ Commands::Commands(CLI::App& app) : app_(app) {
       "bench", "teacher throughput, and its share of the measured FMA peak");
   tbench->add_option("--model", teacher_.model, "ONNX model")->required();
   tbench->add_option("--batch", teacher_.batch, "batch size")->capture_default_str();
+  tbench
+      ->add_option("--input-size", teacher_.input_size,
+                   "N or HxW: the height and width a model leaves open (or checks a fixed one)")
+      ->capture_default_str();
   tbench->add_option("--threads", teacher_.threads, "threads (0: every allowed physical core)");
   tbench->add_option("--precision", teacher_.precision, "fp32 or bf16")
       ->check(CLI::IsMember({"fp32", "bf16"}));

@@ -77,8 +77,9 @@ std::unique_ptr<CpuPipeline::TeacherUnit> CpuPipeline::make_teacher(const affini
   // is its float32 copy of the batch's inputs.
   run_in_arena(unit->arena->arena(), [&] {
     unit->replica = std::make_unique<teacher::Replica>(run_.teacher);
-    if (!run_.augment.normalize)
-      unit->inputs.assign(run_.sampler.batch_size * run_.train.sample_bytes(), 0.f);
+    const ImageAdapter& adapt = *run_.teacher_input;
+    if (!run_.augment.normalize || !adapt.passes_floats())
+      unit->inputs.assign(run_.sampler.batch_size * adapt.to().numel(), 0.f);
   });
   return unit;
 }
@@ -124,15 +125,20 @@ void CpuPipeline::start(std::uint64_t first_batch, std::uint64_t batches,
 
 void CpuPipeline::run_teacher(TeacherUnit& unit, const Slot& slot) {
   float* outputs[] = {slot.region<float>(*regions_.logits).data()};
+  const ImageAdapter& adapt = *run_.teacher_input;
+  const std::size_t n = run_.sampler.batch_size;
   if (run_.augment.normalize) {
-    unit.replica->run(slot.region<float>(regions_.loader.inputs).data(), outputs);
-    return;
+    const float* images = slot.region<float>(regions_.loader.inputs).data();
+    if (adapt.passes_floats()) {
+      unit.replica->run(images, outputs);
+      return;
+    }
+    adapt.run(images, n, unit.inputs.data(), unit.scratch);
+  } else {
+    // uint8 slots: normalized as the loader would have (and resized for the teacher's input).
+    adapt.run(slot.region<std::uint8_t>(regions_.loader.inputs).data(), n, unit.inputs.data(),
+              unit.scratch);
   }
-  // uint8 slots: the teacher's float32 inputs, normalized as the loader would have.
-  const Dataset& d = run_.train;
-  normalize_images(slot.region<std::uint8_t>(regions_.loader.inputs).data(), unit.inputs.data(),
-                   run_.sampler.batch_size, d.channels(),
-                   static_cast<std::size_t>(d.height()) * d.width(), run_.augment);
   unit.replica->run(unit.inputs.data(), outputs);
 }
 

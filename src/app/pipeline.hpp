@@ -94,12 +94,14 @@ public:
 
 private:
   // One teacher replica: its pinned arena, its oneDNN replica (buffers first touched on its
-  // cores), its float32 inputs (uint8 slots only) and, once started, its stage graph. Bodies hold
-  // a pointer to it: moves may add and remove replicas while others run.
+  // cores), its float32 input when the slot's images are not it as they are (uint8 slots, or
+  // teacher.input_size/mean/std) and, once started, its stage graph. Bodies hold a pointer to it:
+  // moves may add and remove replicas while others run.
   struct TeacherUnit {
     std::unique_ptr<affinity::PinnedArena> arena;
     std::unique_ptr<teacher::Replica> replica;
-    std::vector<float> inputs;
+    std::vector<float> inputs, scratch; // scratch: the adapter's box reduction
+
     std::unique_ptr<StageGraph> graph; // destroyed first: it waits for its bodies
   };
   std::unique_ptr<TeacherUnit> make_teacher(const affinity::CpuList& cpus, int first_index);

@@ -16,6 +16,7 @@
 #include <sstream>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 namespace kdflow::app {
 namespace {
@@ -164,8 +165,54 @@ RunInputs prepare_run(const Config& config) {
           "scripts/train_fmnist_teacher.py; kd.alpha = 0 trains without one)",
           run.teacher_path, std::filesystem::current_path().string()));
     run.teacher = load_run_teacher(run, run.precision);
+    run.teacher_input = teacher_input(run);
   }
   return run;
+}
+
+ImageAdapter teacher_input(const RunInputs& run) {
+  const Config& config = run.config;
+  const ImageSpec data{run.train.channels(), run.train.height(), run.train.width()};
+  const Normalization data_norm{run.augment.mean, run.augment.std};
+  const teacher::Shape in = run.teacher->input_shape();
+  const std::string mean = config.get_string("teacher.mean"),
+                    std = config.get_string("teacher.std");
+  if (in == teacher::Shape{in[0], data.channels, data.height, data.width} && mean == "auto" &&
+      std == "auto")
+    return {data, data_norm, data, data_norm}; // the slot's images as they are
+  if (in.size() != 4)
+    throw InputError(fmt::format(
+        "{}: the teacher takes samples of shape {}, not images [channels, height, width]: the "
+        "data's {}x{}x{} images cannot be made its input",
+        run.teacher_path, shape_text({in.begin() + 1, in.end()}), data.channels, data.height,
+        data.width));
+  const ImageSpec own{static_cast<int>(in[1]), static_cast<int>(in[2]), static_cast<int>(in[3])};
+  if (own.channels != data.channels && data.channels != 1)
+    throw InputError(fmt::format("{}: the teacher reads {}-channel images and the data's have {} "
+                                 "(only a 1-channel image can be repeated for it)",
+                                 run.teacher_path, own.channels, data.channels));
+  const auto channels = static_cast<std::size_t>(own.channels);
+  const auto repeated = [&](const std::vector<float>& v) {
+    return v.size() == channels ? v : std::vector<float>(channels, v.front());
+  };
+  const Normalization own_norm{mean == "auto" ? repeated(data_norm.mean)
+                                              : parse_floats(mean, "teacher.mean", channels, false),
+                               std == "auto" ? repeated(data_norm.std)
+                                             : parse_floats(std, "teacher.std", channels, true)};
+  ImageAdapter adapter(data, data_norm, own, own_norm);
+  std::vector<std::string> what;
+  if (adapter.resizes())
+    what.push_back(fmt::format("resized from {}x{}{}", data.height, data.width,
+                               adapter.box() > 1 ? fmt::format(" (box {} first)", adapter.box())
+                                                 : std::string()));
+  if (own.channels != data.channels)
+    what.push_back(fmt::format("channel repeated {} times", own.channels));
+  if (own_norm != Normalization{repeated(data_norm.mean), repeated(data_norm.std)})
+    what.push_back("normalized with teacher.mean/std");
+  if (!what.empty())
+    fmt::print(stderr, "kdflow: the teacher reads {}x{}x{} images: the data's, {}\n", own.channels,
+               own.height, own.width, fmt::join(what, ", "));
+  return adapter;
 }
 
 std::shared_ptr<const teacher::Teacher> load_run_teacher(const RunInputs& run,
@@ -173,8 +220,13 @@ std::shared_ptr<const teacher::Teacher> load_run_teacher(const RunInputs& run,
   teacher::TeacherOptions options;
   options.batch = static_cast<std::int64_t>(run.sampler.batch_size);
   options.precision = precision;
+  // The model's own input; teacher.input_size asks for (or binds) its height and width, and
+  // what the model leaves open takes the data's shape.
+  const teacher::Shape data{run.train.channels(), run.train.height(), run.train.width()};
   options.sample_shape =
-      teacher::Shape{run.train.channels(), run.train.height(), run.train.width()};
+      teacher::parse_input_size(run.config.get_string("teacher.input_size"), "teacher.input_size");
+  options.sample_default = data;
+  options.sample_source = "teacher.input_size";
   options.tune = teacher::parse_tune(run.config.get_string("teacher.tune"));
   options.threads =
       run.plan.teacher.empty() ? 0 : static_cast<int>(run.plan.teacher.front().size());
@@ -201,14 +253,16 @@ double teacher_test_accuracy(const RunInputs& run, std::span<const float> images
   std::size_t correct = 0;
   run_in_arena(arena, [&] {
     teacher::Replica replica(run.teacher);
-    std::vector<float> input(static_cast<std::size_t>(batch) * sample, 0.f);
+    const ImageAdapter& adapt = *run.teacher_input;
+    const std::size_t own = adapt.to().numel();
+    std::vector<float> input(static_cast<std::size_t>(batch) * own, 0.f), scratch;
     std::vector<float> logits(static_cast<std::size_t>(batch) * classes);
     float* outputs[] = {logits.data()};
     for (std::size_t i = 0; i < run.test.size(); i += static_cast<std::size_t>(batch)) {
       const std::size_t n =
           std::min<std::size_t>(static_cast<std::size_t>(batch), run.test.size() - i);
-      std::copy_n(images.data() + i * sample, n * sample, input.data());
-      std::fill(input.begin() + static_cast<std::ptrdiff_t>(n * sample), input.end(), 0.f);
+      adapt.run(images.data() + i * sample, n, input.data(), scratch);
+      std::fill(input.begin() + static_cast<std::ptrdiff_t>(n * own), input.end(), 0.f);
       replica.run(input.data(), outputs);
       for (std::size_t k = 0; k < n; ++k) {
         const float* row = logits.data() + k * classes;
@@ -254,7 +308,7 @@ Assembled assemble(const RunInputs& run, const Sampler& sampler, std::uint32_t s
   if (logits == StudentLogits::colocated) regions.teacher_logits.reset();
   parts.trainer = std::make_unique<student::Trainer>(options, parts.pipeline->ring(), regions);
   if (logits == StudentLogits::colocated)
-    parts.trainer->set_colocated_teacher(std::move(colocated));
+    parts.trainer->set_colocated_teacher(std::move(colocated), run.teacher_input);
   return parts;
 }
 

@@ -34,9 +34,14 @@ Config resolve_config(const std::string& file, const std::vector<std::string>& s
 RunInputs prepare_run(const Config& config);
 
 // The run's teacher (run.teacher_path) at the run's batch in `precision`, with every check
-// prepare_run makes: its input takes the dataset's samples, its logits are the dataset's classes.
+// prepare_run makes: its input is the model's own (teacher.input_size binds what it leaves open,
+// the data's shape the rest), its logits are the dataset's classes.
 std::shared_ptr<const teacher::Teacher> load_run_teacher(const RunInputs& run,
                                                          teacher::Precision precision);
+// How the run's teacher reads the slot's images (teacher.input_size, teacher.mean/std; one line
+// on stderr saying what is done to them when anything is). InputError naming the teacher file
+// when its input is not an image the data can become.
+ImageAdapter teacher_input(const RunInputs& run);
 
 // Every CUDA device with the allowed CPUs nearest it (all allowed CPUs where hwloc does not know
 // the device's locality, as in a container without PCI information); empty without a GPU.

@@ -7,11 +7,13 @@
 #include "kdflow/affinity/topology.hpp"
 #include "kdflow/core/config.hpp"
 #include "kdflow/core/dataset.hpp"
+#include "kdflow/core/image_adapter.hpp"
 #include "kdflow/core/loader.hpp"
 #include "kdflow/cpu_teacher/engine.hpp"
 #include "kdflow/gpu_student/device.hpp"
 
 #include <memory>
+#include <optional>
 #include <string>
 
 namespace kdflow::app {
@@ -28,6 +30,7 @@ struct RunInputs {
   bool teacher_runs = false;                       // kd.alpha > 0
   teacher::Precision precision{};                  // teacher.precision
   std::shared_ptr<const teacher::Teacher> teacher; // loaded when it runs
+  std::optional<ImageAdapter> teacher_input;       // the slot's images -> the teacher's input
   std::string teacher_path;
 };
 

@@ -46,7 +46,13 @@ std::shared_ptr<const teacher::Teacher> load(const TeacherArgs& args, std::int64
   opts.batch = batch;
   opts.precision = teacher::parse_precision(args.precision);
   opts.features = args.features;
-  if (sample_shape) opts.sample_shape = std::move(*sample_shape);
+  if (sample_shape) {
+    opts.sample_shape = std::move(*sample_shape);
+    opts.sample_source = "the input";
+  } else {
+    opts.sample_shape = teacher::parse_input_size(args.input_size, "--input-size");
+    opts.sample_source = "--input-size";
+  }
   opts.tune = args.tune.empty() ? teacher::Tune::automatic : teacher::parse_tune(args.tune);
   opts.threads = static_cast<int>(teacher_cpus(affinity::Topology::load(), args.threads).size());
   auto t = teacher::Teacher::load(args.model, opts);

@@ -63,6 +63,15 @@ const std::vector<ConfigKey>& config_schema() {
        "auto: time each node's ways to run at load (at the run's batch, precision and threads) "
        "and keep the fastest, cached per model, batch and machine; off: the untuned plan",
        {"auto", "off"}},
+      {"teacher.input_size", T::string, std::string("auto"),
+       "the images the teacher reads, \"N\" or \"HxW\": its replicas resize the slot's images "
+       "to it (box average, then bilinear, as the loader resizes); auto: the size the model "
+       "declares, and the data's where it leaves one open"},
+      {"teacher.mean", T::string, std::string("auto"),
+       "per-channel mean the teacher was trained with, e.g. \"0.485,0.456,0.406\" (auto: "
+       "data.mean)"},
+      {"teacher.std", T::string, std::string("auto"),
+       "per-channel std the teacher was trained with (auto: data.std)"},
       // Its choices are the student registry's names (the app's run_schema).
       {"student.arch", T::string, std::string("cnn"), "student network"},
       {"student.width",

@@ -3,6 +3,7 @@
 #include "kdflow/core/image_folder.hpp"
 
 #include "kdflow/core/error.hpp"
+#include "kdflow/core/image_adapter.hpp"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -143,8 +144,7 @@ ImageFolder list_image_folder(const std::string& root) {
 struct ImageDecoder::Impl {
   std::unique_ptr<void, TjDeleter> jpeg{tjInitDecompress()};
   std::vector<std::uint8_t> file, rgb, reduced;
-  std::vector<int> x0, x1;
-  std::vector<float> wx;
+  LinearTaps rows, cols; // the crop's bilinear taps
 
   // Decodes `path` (already in `file`) to interleaved RGB in `rgb`; returns its height and width.
   // A JPEG is decoded with the smallest DCT scaling whose shorter side still reaches `at_least`.
@@ -244,7 +244,8 @@ void ImageDecoder::decode(const std::string& path, const ImageGeometry& g, CropP
       tall ? static_cast<int>(std::lround(static_cast<double>(h) * g.resize / w)) : g.resize;
   const int rw =
       tall ? g.resize : static_cast<int>(std::lround(static_cast<double>(w) * g.resize / h));
-  if (const int k = short_side / g.resize; k >= 2) std::tie(h, w) = m.box_reduce(h, w, k);
+  if (const int k = box_factor(short_side, g.resize); k >= 2)
+    std::tie(h, w) = m.box_reduce(h, w, k);
   const int oy = static_cast<int>(std::lround(std::clamp(crop.y, 0.f, 1.f) * (rh - g.size)));
   const int ox = static_cast<int>(std::lround(std::clamp(crop.x, 0.f, 1.f) * (rw - g.size)));
   const std::size_t plane = static_cast<std::size_t>(g.size) * g.size;
@@ -259,29 +260,17 @@ void ImageDecoder::decode(const std::string& path, const ImageGeometry& g, CropP
     return;
   }
   // Bilinear with pixel centres aligned (as PIL and OpenCV), computed for the crop only.
-  const float sy = static_cast<float>(h) / rh, sx = static_cast<float>(w) / rw;
-  m.x0.resize(static_cast<std::size_t>(g.size));
-  m.x1.resize(static_cast<std::size_t>(g.size));
-  m.wx.resize(static_cast<std::size_t>(g.size));
-  for (int x = 0; x < g.size; ++x) {
-    const float fx =
-        std::clamp((static_cast<float>(ox + x) + 0.5f) * sx - 0.5f, 0.f, static_cast<float>(w - 1));
-    const int ix = static_cast<int>(fx);
-    m.x0[static_cast<std::size_t>(x)] = ix * 3;
-    m.x1[static_cast<std::size_t>(x)] = std::min(ix + 1, w - 1) * 3;
-    m.wx[static_cast<std::size_t>(x)] = fx - static_cast<float>(ix);
-  }
+  linear_taps(w, rw, ox, g.size, m.cols);
+  linear_taps(h, rh, oy, g.size, m.rows);
   for (int y = 0; y < g.size; ++y) {
-    const float fy =
-        std::clamp((static_cast<float>(oy + y) + 0.5f) * sy - 0.5f, 0.f, static_cast<float>(h - 1));
-    const int iy = static_cast<int>(fy);
-    const float wy = fy - static_cast<float>(iy);
-    const std::uint8_t* r0 = src + static_cast<std::size_t>(iy) * w * 3;
-    const std::uint8_t* r1 = src + static_cast<std::size_t>(std::min(iy + 1, h - 1)) * w * 3;
+    const auto yi = static_cast<std::size_t>(y);
+    const float wy = m.rows.frac[yi];
+    const std::uint8_t* r0 = src + static_cast<std::size_t>(m.rows.lo[yi]) * w * 3;
+    const std::uint8_t* r1 = src + static_cast<std::size_t>(m.rows.hi[yi]) * w * 3;
     for (int x = 0; x < g.size; ++x) {
       const auto xi = static_cast<std::size_t>(x);
-      const int a = m.x0[xi], b = m.x1[xi];
-      const float fx = m.wx[xi];
+      const int a = m.cols.lo[xi] * 3, b = m.cols.hi[xi] * 3;
+      const float fx = m.cols.frac[xi];
       for (int c = 0; c < 3; ++c) {
         const float top = r0[a + c] + (r0[b + c] - r0[a + c]) * fx;
         const float bottom = r1[a + c] + (r1[b + c] - r1[a + c]) * fx;

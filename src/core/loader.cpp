@@ -2,6 +2,7 @@
 #include "kdflow/core/loader.hpp"
 
 #include "kdflow/core/error.hpp"
+#include "kdflow/core/image_adapter.hpp"
 #include "kdflow/core/trace.hpp"
 
 #include <algorithm>
@@ -52,8 +53,10 @@ void shift_plane(const std::uint8_t* src, Out* dst, int h, int w, int dy, int dx
 
 } // namespace
 
-float channel_scale(const AugmentConfig& a, std::size_t c) { return 1.f / (255.f * a.std[c]); }
-float channel_shift(const AugmentConfig& a, std::size_t c) { return -a.mean[c] / a.std[c]; }
+float channel_scale(const AugmentConfig& a, std::size_t c) { return pixel_scale(a.std[c]); }
+float channel_shift(const AugmentConfig& a, std::size_t c) {
+  return pixel_shift(a.mean[c], a.std[c]);
+}
 
 Sampler::Sampler(std::size_t dataset_size, SamplerConfig config)
     : size_(dataset_size), config_(config) {

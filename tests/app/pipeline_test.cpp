@@ -1,10 +1,14 @@
-// The CPU pipeline driven directly (no student): its pools moved between CPUs while batches flow,
-// as kd-ctl moves them. On a machine with a CPU to spare the moves are kd-ctl's own (a loader CPU
-// to the teacher, where it starts a second replica, and back); on two CPUs the loader and teacher
-// pools trade CPUs. Checked: every batch arrives once, in order, with the sampler's samples and the
-// teacher's logits for them; the arenas the last move built run their workers on its CPUs.
+// The CPU pipeline driven directly (no student): a teacher of another input size, channel count and
+// normalization than the data's gets its own input; its pools moved between CPUs while batches
+// flow, as kd-ctl moves them. On a machine with a CPU to spare the moves are kd-ctl's own (a loader
+// CPU to the teacher, where it starts a second replica, and back); on two CPUs the loader and
+// teacher pools trade CPUs. Checked: every batch arrives once, in order, with the sampler's samples
+// and the teacher's logits for them; the arenas the last move built run their workers on its CPUs.
 #include "pipeline.hpp"
 #include "run.hpp"
+
+#include "../core/input_error.hpp"
+#include "torch_teacher_impl.hpp"
 
 #include "kdflow/affinity/pinning.hpp"
 #include "kdflow/gpu_student/pinned_host.hpp"
@@ -173,6 +177,103 @@ TEST(CpuPipeline, PoolsMovedWhileBatchesFlowLoseNothingAndRunOnTheirNewCpus) {
       << "each batch loaded once";
   EXPECT_EQ(stats.stages[static_cast<int>(RingStage::teacher)].acquisitions, kBatches)
       << "each batch taught once";
+}
+
+// The run's Config for a fixture teacher on the default data, student and loaders on the first
+// allowed CPU and the teacher on the second.
+Config teacher_config(const std::string& model, std::vector<std::string> sets) {
+  const CpuList cpus = allowed_cpus();
+  const char* fixtures = std::getenv("KDFLOW_FIXTURES");
+  sets.push_back("teacher.model=" + std::string(fixtures ? fixtures : ".") + "/ops/" + model);
+  sets.push_back("teacher.tune=off");
+  sets.push_back("cores.student_cpus=" + std::to_string(cpus.at(0)));
+  sets.push_back("cores.loader_cpus=" + std::to_string(cpus.at(0)));
+  sets.push_back("cores.teacher_cpus=" + std::to_string(cpus.at(1)));
+  return resolve_config("", sets);
+}
+
+TEST(CpuPipeline, TeacherReadsItsOwnSizeChannelsAndNormalization) {
+  ASSERT_GE(allowed_cpus().size(), 2u);
+  // A 3 x 40 x 40 teacher trained with its own mean and std, on Fashion-MNIST's 1 x 28 x 28: the
+  // replica's logits against the LibTorch executor given the same slot's images made its input
+  // with LibTorch's own bilinear resize.
+  for (const std::string dtype : {"float32", "uint8"}) {
+    SCOPED_TRACE(dtype);
+    const RunInputs run = prepare_run(teacher_config(
+        "teacher_rgb40.onnx",
+        {"data.batch_size=16", "data.slot_dtype=" + dtype, "teacher.mean=0.5,0.4,0.3",
+         "teacher.std=0.2,0.25,0.3", "data.pad_crop=2", "data.hflip=true"}));
+    ASSERT_TRUE(run.teacher_input);
+    const ImageAdapter& adapt = *run.teacher_input;
+    EXPECT_EQ(adapt.to(), (ImageSpec{3, 40, 40}));
+    EXPECT_FALSE(adapt.passes_floats());
+    const Sampler sampler(run.train.size(), run.sampler);
+    constexpr std::uint32_t kSlots = 3;
+    constexpr std::uint64_t kBatches = 12;
+    const SlotLayout layout = CpuPipeline::layout_for(run);
+    CpuPipeline pipeline(run, sampler, kSlots,
+                         student::allocate_pinned_for_device(kSlots * layout.slot_bytes()));
+    const student::TorchTeacher reference(run.teacher->graph(), student::resolve_device("cpu"));
+    pipeline.start(0, kBatches);
+    double worst = 0, largest = 0;
+    for (std::uint64_t b = 0; b < kBatches; ++b) {
+      auto slot = pipeline.ring().acquire_ready(b);
+      ASSERT_TRUE(slot) << "batch " << b;
+      const auto& d = run.train;
+      const auto n = static_cast<std::int64_t>(run.sampler.batch_size);
+      torch::Tensor images;
+      if (dtype == "float32") {
+        const auto in = slot->region<float>(pipeline.regions().loader.inputs);
+        images =
+            torch::from_blob(in.data(), {n, d.channels(), d.height(), d.width()}, torch::kFloat)
+                .clone();
+      } else {
+        const auto in = slot->region<std::uint8_t>(pipeline.regions().loader.inputs);
+        images =
+            torch::from_blob(in.data(), {n, d.channels(), d.height(), d.width()}, torch::kUInt8)
+                    .to(torch::kFloat) *
+                channel_scale(run.augment, 0) +
+            channel_shift(run.augment, 0);
+      }
+      const torch::Tensor expected =
+          reference.impl().forward(student::adapt_images(adapt, images))[0].contiguous();
+      const auto logits = slot->region<float>(*pipeline.regions().logits);
+      for (std::size_t i = 0; i < logits.size(); ++i) {
+        const float e = expected.data_ptr<float>()[i];
+        worst = std::max(worst, static_cast<double>(std::fabs(logits[i] - e)));
+        largest = std::max(largest, static_cast<double>(std::fabs(e)));
+      }
+      pipeline.ring().release(*slot);
+    }
+    pipeline.stop();
+    pipeline.ring().rethrow_if_failed();
+    EXPECT_GT(largest, 1e-2) << "logits that say something";
+    EXPECT_LE(worst, 1e-4 * std::max(1.0, largest));
+  }
+}
+
+TEST(CpuPipeline, TeacherInputSizeBindsOpenDimensionsAndRefusesOthers) {
+  ASSERT_GE(allowed_cpus().size(), 2u);
+  // Height and width left open by the model: the data's, unless teacher.input_size binds them.
+  RunInputs run = prepare_run(teacher_config("teacher_open_hw.onnx", {"data.batch_size=8"}));
+  EXPECT_EQ(run.teacher->input_shape(), (teacher::Shape{8, 1, 28, 28}));
+  EXPECT_TRUE(run.teacher_input->passes_floats()) << "nothing to do: the slots are its input";
+  run = prepare_run(
+      teacher_config("teacher_open_hw.onnx", {"data.batch_size=8", "teacher.input_size=56x48"}));
+  EXPECT_EQ(run.teacher->input_shape(), (teacher::Shape{8, 1, 56, 48}));
+  EXPECT_EQ(run.teacher_input->to(), (ImageSpec{1, 56, 48}));
+  // A size the model fixes otherwise, values for the wrong channel count, a size out of range.
+  const std::string fixed = test::error_of(
+      [] { prepare_run(teacher_config("teacher_rgb40.onnx", {"teacher.input_size=32"})); });
+  EXPECT_NE(fixed.find("teacher_rgb40.onnx"), std::string::npos) << fixed;
+  EXPECT_NE(fixed.find("teacher.input_size"), std::string::npos) << fixed;
+  EXPECT_NE(fixed.find("[3, 40, 40]"), std::string::npos) << fixed;
+  const std::string mean = test::error_of(
+      [] { prepare_run(teacher_config("teacher_rgb40.onnx", {"teacher.mean=0.5,0.5"})); });
+  EXPECT_NE(mean.find("teacher.mean"), std::string::npos) << mean;
+  const std::string size = test::error_of(
+      [] { prepare_run(teacher_config("teacher_open_hw.onnx", {"teacher.input_size=9000"})); });
+  EXPECT_NE(size.find("teacher.input_size"), std::string::npos) << size;
 }
 
 } // namespace

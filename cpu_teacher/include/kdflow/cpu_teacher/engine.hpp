@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -29,11 +30,20 @@ enum class Tune { off, automatic };
 Tune parse_tune(const std::string& text); // "auto" | "off", InputError otherwise
 const char* tune_name(Tune t);
 
+// teacher.input_size (`key` in errors): "auto" -> nullopt; "N" or "HxW" -> the sample shape
+// {0 (the model's channels), H, W} for TeacherOptions::sample_shape; InputError otherwise.
+constexpr std::int64_t kMaxInputSide = 8192;
+std::optional<Shape> parse_input_size(const std::string& text, const std::string& key);
+
 struct TeacherOptions {
   std::int64_t batch = 64;
   Precision precision = Precision::fp32;
   std::vector<std::string> features; // intermediate values to return besides the logits
-  std::optional<Shape> sample_shape; // checked against the model's input
+  // The input's sample dimensions required (> 0; 0: the model's), the ones bound where the model
+  // leaves them open, and what asked for them, for errors (LoadOptions).
+  std::optional<Shape> sample_shape;
+  std::optional<Shape> sample_default;
+  std::string sample_source;
   Tune tune = Tune::off;
   // Threads each replica runs with: the tuner times the plans in an arena this size (0: the
   // calling thread's arena).

@@ -98,8 +98,13 @@ struct Graph {
 
 struct LoadOptions {
   std::int64_t batch = 64;
-  std::optional<Shape> sample_shape; // when set, the model's input must take samples of this shape
-  bool run_passes = true;            // false: the graph as imported (constant folding only)
+  // The input's sample dimensions: where sample_shape gives one (> 0), the model's must be that or
+  // open (then bound to it); a dimension the model leaves open and sample_shape does not give is
+  // bound to sample_default's. `sample_source` names what asked ("teacher.input_size") in errors.
+  std::optional<Shape> sample_shape;
+  std::optional<Shape> sample_default;
+  std::string sample_source;
+  bool run_passes = true; // false: the graph as imported (constant folding only)
 };
 
 // Reads an ONNX file (external data beside it included; local functions inlined), checks it, and

@@ -5,6 +5,7 @@
 // the app includes it.
 #pragma once
 
+#include "kdflow/core/image_adapter.hpp"
 #include "kdflow/core/slot_ring.hpp"
 #include "kdflow/gpu_student/device.hpp"
 #include "kdflow/gpu_student/students.hpp"
@@ -79,8 +80,10 @@ public:
   // Waits for the device and releases every slot still in flight.
   void drain();
   // The colocated baseline: each step first runs this teacher on the student's device on the
-  // batch's inputs (instead of reading the slot's logits region). nullptr: off.
-  void set_colocated_teacher(std::shared_ptr<const TorchTeacher> teacher);
+  // batch's inputs (instead of reading the slot's logits region), made its own input by `input`
+  // when given (teacher.input_size, teacher.mean/std). nullptr: off.
+  void set_colocated_teacher(std::shared_ptr<const TorchTeacher> teacher,
+                             std::optional<ImageAdapter> input = {});
 
   // Top-1 accuracy on plain float32 images [count, C, H, W] (normalized like the training data).
   double evaluate(std::span<const float> images, std::span<const std::int64_t> labels);
