@@ -213,10 +213,11 @@ void Lowering::add_kernel(Kernel k, std::vector<ArgRef> operands, const std::str
   p_.steps.push_back(std::move(s));
 }
 
-dnnl::primitive_attr Lowering::attr_with(const Node& node) const {
+dnnl::primitive_attr Lowering::attr_with(const Node& node, float scale) const {
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   dnnl::post_ops ops;
+  if (scale != 1.f) ops.append_eltwise(dnnl::algorithm::eltwise_linear, scale, 0.f);
   for (const auto& post : node.post_ops) {
     if (post.kind == PostOp::Kind::sum) {
       ops.append_sum(1.f);

@@ -416,6 +416,58 @@ bool fuse_decomposed_layer_norm(Graph& g) {
   return false;
 }
 
+// The value of a one-element constant, or nullopt.
+std::optional<float> scalar_of(const Graph& g, const std::string& value) {
+  if (!g.is_constant(value) || g.constants.at(value).size() != 1) return std::nullopt;
+  return static_cast<float>(g.constants.at(value).at(0));
+}
+
+// What node `n` computes when it is x times a constant scalar k (Mul either way round, or Div by
+// it) and keeps x's shape: {x, k}.
+std::optional<std::pair<std::string, float>> scaling_of(const Graph& g, const Node& n) {
+  if (n.inputs.size() != 2) return std::nullopt;
+  for (int side = 0; side < 2 && (n.op == "Mul" || (n.op == "Div" && side == 0)); ++side) {
+    const std::string& x = n.inputs[static_cast<std::size_t>(side)];
+    const auto k = scalar_of(g, n.inputs[static_cast<std::size_t>(1 - side)]);
+    if (!k || g.is_constant(x) || g.shape(x) != g.shape(n.outputs[0])) continue;
+    if (n.op == "Div" && *k == 0) continue;
+    return std::pair{x, n.op == "Div" ? 1.f / *k : *k};
+  }
+  return std::nullopt;
+}
+
+// A product scaled by constants, as attention writes it (q * s and k * s before the product, or
+// the product / sqrt(d) after it): the scale joins the MatMul's (or Gemm's) alpha, which oneDNN
+// applies as the product's first post-op (or folds into constant weights), and the Mul or Div
+// goes. After the product only while nothing is fused into it yet (a Gemm's beta * C scales too).
+bool fuse_product_scale(Graph& g) {
+  for (std::size_t i = 0; i < g.nodes.size(); ++i) {
+    Node& mm = g.nodes[i];
+    if ((mm.op != "MatMul" && mm.op != "Gemm") || mm.inputs.size() < 2) continue;
+    for (std::size_t side = 0; side < 2; ++side) {
+      const int p = producer(g, mm.inputs[side]);
+      if (p < 0 || sole_reader(g, mm.inputs[side]) != static_cast<int>(i)) continue;
+      const auto scaled = scaling_of(g, g.nodes[static_cast<std::size_t>(p)]);
+      if (!scaled) continue;
+      mm.inputs[side] = scaled->first;
+      mm.attrs["alpha"] = float_attribute(mm.float_attr("alpha", 1) * scaled->second);
+      g.nodes.erase(g.nodes.begin() + p);
+      return true;
+    }
+    const int r = sole_reader(g, mm.outputs[0]);
+    if (r < 0 || !mm.post_ops.empty()) continue;
+    const auto scaled = scaling_of(g, g.nodes[static_cast<std::size_t>(r)]);
+    if (!scaled || scaled->first != mm.outputs[0]) continue;
+    mm.attrs["alpha"] = float_attribute(mm.float_attr("alpha", 1) * scaled->second);
+    if (has_input(mm, 2))
+      mm.attrs["beta"] = float_attribute(mm.float_attr("beta", 1) * scaled->second);
+    mm.outputs[0] = g.nodes[static_cast<std::size_t>(r)].outputs[0];
+    g.nodes.erase(g.nodes.begin() + r);
+    return true;
+  }
+  return false;
+}
+
 // A linear layer as the dynamo exporter writes it, MatMul(A, W) with a constant 2-D W and A of any
 // rank, then Add(bias) over the last axis and an activation, each optional: one Gemm over A's rows
 // (a view of A as [rows, K]) with the bias and the activation fused, viewed back to A's leading
@@ -478,7 +530,7 @@ bool matmul_as_gemm(Graph& g) {
     gemm.name = mm.name;
     gemm.inputs = {a_rows, mm.inputs[1]};
     if (!bias.empty()) gemm.inputs.push_back(bias);
-    gemm.attrs["alpha"] = float_attribute(1.f);
+    gemm.attrs["alpha"] = float_attribute(mm.float_attr("alpha", 1)); // fuse_product_scale's
     gemm.attrs["beta"] = float_attribute(1.f);
     gemm.attrs["transA"] = int_attribute(0);
     gemm.attrs["transB"] = int_attribute(0);
@@ -586,6 +638,8 @@ void run_passes(Graph& g) {
   }
   while (fuse_decomposed_layer_norm(g)) {
   }
+  while (fuse_product_scale(g)) {
+  }
   while (matmul_as_gemm(g)) {
   }
   bool changed = true;
@@ -619,6 +673,8 @@ std::string describe_graph(const Graph& g) {
   std::string out;
   for (const auto& n : g.nodes) {
     std::string post;
+    if (n.op == "MatMul" && n.float_attr("alpha", 1) != 1)
+      post += fmt::format(" x{:.6g}", n.float_attr("alpha", 1));
     for (const auto& p : n.post_ops)
       post += p.kind == PostOp::Kind::sum ? fmt::format(" +sum({})", p.sum_input)
                                           : fmt::format(" +{}", p.op);

@@ -197,7 +197,9 @@ std::vector<torch::Tensor> gemm(const Values& value, const Node& node) {
 }
 
 std::vector<torch::Tensor> matmul(const Values& value, const Node& node) {
-  return {torch::matmul(value(node.inputs[0]), value(node.inputs[1]))};
+  const torch::Tensor y = torch::matmul(value(node.inputs[0]), value(node.inputs[1]));
+  const float alpha = node.float_attr("alpha", 1); // a scale the passes fused
+  return {alpha == 1 ? y : y * alpha};
 }
 
 std::vector<torch::Tensor> softmax(const Values& value, const Node& node) {

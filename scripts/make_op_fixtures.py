@@ -90,6 +90,29 @@ def cases():
                                         helper.make_node("Add", ["one", "e"], ["a"], name="add"), helper.make_node("Mul", ["a", "x"], ["m"], name="mul"),
                                         helper.make_node("Mul", ["half", "m"], ["y"], name="half")], X,
                                        [const("inv", np.float32(1 / np.sqrt(2))), const("one", np.float32(1)), const("half", np.float32(0.5))])
+    # Attention's scaled products: q * s and k^T * s before the product as the dynamo exporter
+    # writes them, the product / sqrt(d) after it as the legacy one does (both fused into the
+    # MatMul's scale), a product followed by an activation (fused), a Gemm with C scaled after it
+    # (alpha and beta), and a scaled operand read twice (not fused).
+    def att(nodes, inits):
+        return model(nodes + [helper.make_node("Softmax", ["p"], ["sm"], name="softmax", axis=-1),
+                              helper.make_node("MatMul", ["sm", "x"], ["y"], name="context")], X, inits)
+    c["attention_scaled_operands"] = att([node("Mul", ["x", "s"], ["q"]), helper.make_node("Transpose", ["x"], ["kt"], name="kt", perm=[0, 1, 3, 2]),
+                                          helper.make_node("Mul", ["s", "kt"], ["ks"], name="ks"),
+                                          helper.make_node("MatMul", ["q", "ks"], ["p"], name="scores")],
+                                         [const("s", np.float32(11 ** -0.25))])
+    c["attention_divided_product"] = att([helper.make_node("Transpose", ["x"], ["kt"], name="kt", perm=[0, 1, 3, 2]),
+                                          helper.make_node("MatMul", ["x", "kt"], ["qk"], name="scores"),
+                                          node("Div", ["qk", "d"], ["p"])],
+                                         [const("d", np.array([np.sqrt(11)], np.float32))])
+    c["matmul_computed_relu"] = model([helper.make_node("Transpose", ["x"], ["kt"], name="kt", perm=[0, 1, 3, 2]),
+                                       helper.make_node("MatMul", ["x", "kt"], ["qk"], name="scores"), node("Relu", ["qk"])], X)
+    c["gemm_scaled_after"] = model([node("Flatten", ["x"], ["f"]), helper.make_node("Gemm", ["f", "w", "c"], ["g"], name="gemm", transB=1),
+                                    helper.make_node("Mul", ["g", "half"], ["y"], name="half")], X,
+                                   [const("w", rand(5, 396)), const("c", rand(5)), const("half", np.float32(0.5))])
+    c["scaled_operand_read_twice"] = model([node("Mul", ["x", "s"], ["q"]), helper.make_node("Transpose", ["q"], ["qt"], name="qt", perm=[0, 1, 3, 2]),
+                                            helper.make_node("MatMul", ["q", "qt"], ["p"], name="scores"),
+                                            helper.make_node("MatMul", ["p", "q"], ["y"], name="context")], X, [const("s", np.float32(0.3))])
     # LayerNormalization as exporters before opset 17 write it (fused into one), with and without
     # the affine part.
     def decomposed_ln(affine):

@@ -93,8 +93,21 @@ void matmul(Lowering& plan, const Node& node) {
   };
   const Shape as = padded(g.shape(node.inputs[0])), bs = padded(g.shape(node.inputs[1]));
   const memory::desc a_md = plain(as, act), b_md = plain(bs, act), dst_md = plain(os, act);
-  const auto pd =
-      dnnl::matmul::primitive_desc(plan.eng(), a_md, b_md, dst_md, plan.attr_with(node));
+  // alpha (a scale fused by the passes): a scale of the weights, which oneDNN's gemm-based
+  // matmul passes to the gemm as its alpha at no cost; where the implementation takes no scales,
+  // the first post-op (an extra pass over the output), the node's own after it.
+  const float alpha = node.float_attr("alpha", 1);
+  dnnl::primitive_attr attr = plan.attr_with(node);
+  if (alpha != 1) attr.set_scales_mask(DNNL_ARG_WEIGHTS, 0);
+  bool scaled = alpha != 1;
+  dnnl::matmul::primitive_desc pd;
+  try {
+    pd = dnnl::matmul::primitive_desc(plan.eng(), a_md, b_md, dst_md, attr);
+  } catch (const dnnl::error&) {
+    if (!scaled) throw;
+    scaled = false;
+    pd = dnnl::matmul::primitive_desc(plan.eng(), a_md, b_md, dst_md, plan.attr_with(node, alpha));
+  }
   const auto operand = [&](const std::string& v, const memory::desc& md, const Shape& shape) {
     if (g.is_constant(v)) return plan.constant(v, shape, md);
     const ArgRef r = plan.get_plain(v, act);
@@ -102,9 +115,13 @@ void matmul(Lowering& plan, const Node& node) {
   };
   const ArgRef a = operand(node.inputs[0], a_md, as), b = operand(node.inputs[1], b_md, bs);
   const ArgRef dst = plan.new_buffer(dst_md);
-  plan.add_primitive(dnnl::matmul(pd),
-                     {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, dst}},
-                     node.describe(), pd.scratchpad_desc());
+  std::vector<std::pair<int, ArgRef>> args = {
+      {DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, dst}};
+  if (scaled) {
+    const memory::desc one({1}, dt::f32, memory::format_tag::a);
+    args.emplace_back(DNNL_ARG_ATTR_SCALES | DNNL_ARG_WEIGHTS, plan.weight({alpha}, one, one));
+  }
+  plan.add_primitive(dnnl::matmul(pd), std::move(args), node.describe(), pd.scratchpad_desc());
   plan.set(node.outputs[0], dst);
 }
 
@@ -184,10 +201,8 @@ void lower_matmul(Lowering& plan, const Node& node) {
   matmul(plan, node);
 }
 
-// Only the inner product (a constant B) is fused with the activation after it.
-PostOps product_post_ops(const Graph& g, const Node& node) {
-  return g.is_constant(node.inputs[1]) ? PostOps::eltwise : PostOps::none;
-}
+// The activation after a product joins it (oneDNN's inner product or matmul post-op).
+PostOps product_post_ops(const Graph&, const Node&) { return PostOps::eltwise; }
 
 double product_flops(const Graph& g, const Node& node) {
   const Shape& out = g.shape(node.outputs[0]);

@@ -129,8 +129,9 @@ public:
                      const std::string& label, const memory::desc& scratchpad);
   void add_kernel(Kernel k, std::vector<ArgRef> operands, const std::string& label);
 
-  // A user scratchpad and the node's fused post-ops (eltwise activations, residual sum).
-  [[nodiscard]] dnnl::primitive_attr attr_with(const Node& node) const;
+  // A user scratchpad and the node's fused post-ops (eltwise activations, residual sum), after a
+  // scaling by `scale` when it is not 1.
+  [[nodiscard]] dnnl::primitive_attr attr_with(const Node& node, float scale = 1.f) const;
   // A user scratchpad, no post-ops.
   [[nodiscard]] static dnnl::primitive_attr plain_attr();
   [[nodiscard]] static const PostOp* sum_post(const Node& node);

@@ -21,6 +21,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <numeric>
 #include <random>
@@ -255,6 +256,24 @@ TEST(TeacherPasses, ExportersDecomposedOpsBecomeOneNode) {
   EXPECT_EQ(ops_after_passes("silu_alone"), V{"Swish"});
   EXPECT_EQ(ops_after_passes("conv_silu"), (V{"Conv", "+Swish"}));
   EXPECT_EQ(ops_after_passes("silu_gate_read_twice"), (V{"Sigmoid", "Mul", "Add"}));
+  // Attention's scaled products: the scale is the MatMul's alpha, its Mul or Div gone.
+  const auto alpha_of = [&](const std::string& name, const std::string& node) {
+    LoadOptions lo;
+    lo.batch = 2;
+    for (const auto& n : load_onnx((dir / (name + ".onnx")).string(), lo).nodes)
+      if (n.name == node) return n.float_attr("alpha", 1);
+    return std::numeric_limits<float>::quiet_NaN();
+  };
+  EXPECT_EQ(ops_after_passes("attention_scaled_operands"),
+            (V{"Transpose", "MatMul", "Softmax", "MatMul"}));
+  EXPECT_NEAR(alpha_of("attention_scaled_operands", "scores"), 1 / std::sqrt(11.f), 1e-6);
+  EXPECT_EQ(ops_after_passes("attention_divided_product"),
+            (V{"Transpose", "MatMul", "Softmax", "MatMul"}));
+  EXPECT_NEAR(alpha_of("attention_divided_product", "scores"), 1 / std::sqrt(11.f), 1e-6);
+  EXPECT_EQ(ops_after_passes("matmul_computed_relu"), (V{"Transpose", "MatMul", "+Relu"}));
+  EXPECT_EQ(ops_after_passes("gemm_scaled_after"), (V{"Flatten", "Gemm"}));
+  EXPECT_EQ(ops_after_passes("scaled_operand_read_twice"),
+            (V{"Mul", "Transpose", "MatMul", "MatMul"}));
 }
 
 // Buffers whose lives do not overlap share memory, and the answers stay those of PyTorch
