@@ -161,7 +161,7 @@ struct MobileNetV2 : Net {
 };
 
 // The student registry: each architecture once, with how it is built. A new student is an entry
-// here (TorchScript students will be one too); the config schema takes its names from this list.
+// here; the config schema takes its names from this list.
 struct StudentEntry {
   const char* name;
   bool convolutional; // halves the resolution up to 3 times: needs at least 8x8 inputs
@@ -200,6 +200,8 @@ const StudentEntry kStudents[] = {
      [](const StudentSpec& s) -> std::shared_ptr<Net> {
        return std::make_shared<MobileNetV2>(s.channels, s.width, s.classes);
      }},
+    // The user's own module (student.path), checked with one dry batch of the data's shape.
+    {"torchscript", false, make_script_net},
 };
 
 } // namespace

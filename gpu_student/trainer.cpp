@@ -40,9 +40,13 @@ std::string tensor_bytes(const torch::Tensor& t) {
 
 // The student's identity in a checkpoint: what must match for its tensors to fit.
 std::string describe(const TrainerOptions& o) {
-  return fmt::format("student {} width {} on {}x{}x{} inputs, {} classes, optimizer {}",
-                     o.model.arch, o.model.width, o.model.channels, o.model.height,
-                     o.model.width_px, o.model.classes, o.optimizer);
+  const std::string arch =
+      o.model.arch == "torchscript"
+          ? fmt::format("torchscript {} (digest {})", o.model.path, script_digest(o.model.path))
+          : o.model.arch;
+  return fmt::format("student {} width {} on {}x{}x{} inputs, {} classes, optimizer {}", arch,
+                     o.model.width, o.model.channels, o.model.height, o.model.width_px,
+                     o.model.classes, o.optimizer);
 }
 
 // Hopper, Ampere and Ada compute in bf16; Volta and Turing (7.x) do not.

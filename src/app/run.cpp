@@ -79,7 +79,8 @@ student::TrainerOptions trainer_options(const RunInputs& run, std::int64_t total
                 run.train.channels(),
                 run.train.height(),
                 run.train.width(),
-                run.train.classes()};
+                run.train.classes(),
+                config.get_string("student.path")};
   topt.device = run.device;
   const auto threads = config.get_int("train.threads");
   topt.threads =

@@ -73,7 +73,12 @@ const std::vector<ConfigKey>& config_schema() {
       {"teacher.std", T::string, std::string("auto"),
        "per-channel std the teacher was trained with (auto: data.std)"},
       // Its choices are the student registry's names (the app's run_schema).
-      {"student.arch", T::string, std::string("cnn"), "student network"},
+      {"student.arch", T::string, std::string("cnn"),
+       "student network: a built-in one, or torchscript (your module, student.path)"},
+      {"student.path", T::string, std::string(""),
+       "student.arch = torchscript: the module saved by torch.jit.script(m).save(path) or "
+       "torch.jit.trace; it takes [batch, channels, height, width] float32 images and returns "
+       "[batch, classes] logits (or a tuple or dict whose first or 'logits' entry they are)"},
       {"student.width",
        T::real,
        1.0,

@@ -1,17 +1,23 @@
-// The trainer on the CPU: every student architecture trains a step on 28x28 and 32x32 inputs, the
-// loss is the KD/CE mix its alpha says, the schedule warms up and decays, and a checkpoint restores
-// the exact state. Where a GPU is visible, the CUDA student follows the CPU student step by step
-// (within the tolerance of its precision) and its checkpoints restore exactly too.
+// The trainer on the CPU: every student architecture trains a step on 28x28 and 32x32 inputs, a
+// TorchScript student (scripted or traced, logits alone or in a tuple or dict) trains like them and
+// bad modules are refused in one line, the loss is the KD/CE mix its alpha says, the schedule warms
+// up and decays, and a checkpoint restores the exact state. Where a GPU is visible, the CUDA
+// student follows the CPU student step by step (within the tolerance of its precision) and its
+// checkpoints restore exactly too.
+#include "../core/input_error.hpp"
+#include "../teacher/fixtures.hpp"
 #include "kdflow/core/error.hpp"
 #include "kdflow/core/loader.hpp"
 #include "kdflow/gpu_student/pinned_host.hpp"
 #include "kdflow/gpu_student/trainer.hpp"
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 #include <torch/cuda.h>
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <optional>
 #include <random>
 
@@ -76,6 +82,94 @@ TEST(Trainer, EveryArchitectureTrainsOnBothInputSizes) {
       }
       EXPECT_EQ(t.steps_done(), 2);
     }
+}
+
+void expect_checkpoint_restores_exactly(const TrainerOptions& o, const std::filesystem::path& path);
+
+// The example students of scripts/make_students.py (made at test time).
+nlohmann::json students() {
+  std::ifstream in(test::fixture_dir("students") / "manifest.json");
+  return nlohmann::json::parse(in);
+}
+
+TrainerOptions script_options(const std::string& name) {
+  TrainerOptions o = options("torchscript", 1, 28);
+  o.model.path = (test::fixture_dir("students") / (name + ".pt")).string();
+  return o;
+}
+
+TEST(Trainer, TorchScriptStudentsTrainEveryParameterAndTheirStatistics) {
+  const auto m = students();
+  ASSERT_EQ(m["channels"], 1);
+  ASSERT_EQ(m["size"], 28);
+  ASSERT_GE(m["students"].size(), 6u);
+  for (const std::string name : m["students"]) {
+    SCOPED_TRACE(name);
+    Fixture f(1, 28, 28);
+    Trainer t(script_options(name), f.ring, {0, 1, 2});
+    EXPECT_GT(t.parameters(), 10000);
+    const std::vector<float> before = t.state_vector();
+    for (std::uint64_t b = 0; b < 3; ++b) {
+      f.produce(b);
+      const auto s = t.step(b);
+      ASSERT_TRUE(s);
+      EXPECT_TRUE(std::isfinite(s->loss));
+      EXPECT_GT(s->kd_loss, 0);
+    }
+    const std::vector<float> after = t.state_vector();
+    ASSERT_EQ(after.size(), before.size());
+    // Every parameter and buffer of the module moved: weights by the optimizer, BatchNorm's
+    // running statistics (and its batch counter) by the forward passes in train mode.
+    std::size_t same = 0;
+    for (std::size_t i = 0; i < after.size(); ++i) same += after[i] == before[i];
+    EXPECT_LT(same, after.size() / 100) << same << " of " << after.size() << " values unchanged";
+    std::vector<float> images(static_cast<std::size_t>(20 * 28 * 28), 0.5f);
+    std::vector<std::int64_t> labels(20, 3);
+    const double accuracy = t.evaluate(images, labels);
+    EXPECT_TRUE(accuracy == 0.0 || accuracy == 1.0) << "one image repeated: one answer";
+  }
+}
+
+TEST(Trainer, TorchScriptCheckpointRestoresTheExactState) {
+  const auto dir = std::filesystem::temp_directory_path() / "kdflow_trainer_test";
+  std::filesystem::create_directories(dir);
+  for (const char* name : {"resnet8_scripted", "mobilenet_tuple"}) {
+    SCOPED_TRACE(name);
+    expect_checkpoint_restores_exactly(script_options(name), dir / "script.ckpt");
+  }
+  // Another module file is another student, even with the same tensors' names.
+  const auto path = dir / "other.ckpt";
+  Fixture f(1, 28, 28);
+  Trainer traced(script_options("resnet8_traced"), f.ring, {0, 1, 2});
+  traced.save(path, "{}");
+  Fixture g(1, 28, 28);
+  Trainer scripted(script_options("resnet8_scripted"), g.ring, {0, 1, 2});
+  EXPECT_NE(test::error_of([&] { scripted.load(path); }).find("resnet8_traced.pt"),
+            std::string::npos);
+}
+
+TEST(Trainer, BadTorchScriptStudentsAreOneLineNamingTheFile) {
+  for (const auto& bad : students()["refused"]) {
+    const std::string name = bad["name"], error = bad["error"];
+    SCOPED_TRACE(name);
+    Fixture f(1, 28, 28);
+    const TrainerOptions o = script_options(name);
+    const std::string message = test::error_of([&] { Trainer t(o, f.ring, {0, 1, 2}); });
+    EXPECT_NE(message.find(o.model.path), std::string::npos) << message;
+    EXPECT_NE(message.find(error), std::string::npos) << message;
+  }
+  Fixture f(1, 28, 28);
+  TrainerOptions o = script_options("x");
+  o.model.path.clear();
+  EXPECT_NE(test::error_of([&] {
+              Trainer t(o, f.ring, {0, 1, 2});
+            }).find("student.path"),
+            std::string::npos);
+  o.model.path = "/no/such/student.pt";
+  EXPECT_NE(test::error_of([&] {
+              Trainer t(o, f.ring, {0, 1, 2});
+            }).find("/no/such/student.pt"),
+            std::string::npos);
 }
 
 TEST(Trainer, LossMixesKdAndCeByAlpha) {

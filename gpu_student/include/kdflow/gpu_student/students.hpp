@@ -14,6 +14,7 @@ struct StudentSpec {
   std::string arch = "cnn";
   double width = 1.0; // channel multiplier
   std::int64_t channels = 1, height = 28, width_px = 28, classes = 10;
+  std::string path; // arch "torchscript": the saved module (student.path)
 };
 
 // The registry's names, in its order (student.arch's choices).

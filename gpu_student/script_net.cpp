@@ -1,0 +1,153 @@
+// A student the user brings: a module saved by torch.jit.script or torch.jit.trace, loaded with
+// LibTorch and trained as it is. Its parameters and buffers are registered in the Net under their
+// own names, sharing storage with the scripted module, so the optimizer, checkpoints and device
+// moves of the built-in students apply unchanged.
+#include "models.hpp"
+
+#include "kdflow/core/digest.hpp"
+#include "kdflow/core/error.hpp"
+
+#include <torch/script.h>
+
+#include <algorithm>
+#include <fstream>
+#include <iterator>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+namespace kdflow::student {
+namespace {
+
+// The first sentence of a LibTorch error, without its backtrace.
+std::string first_sentence(const c10::Error& e) {
+  std::string what = e.what_without_backtrace();
+  what = what.substr(0, what.find('\n'));
+  return what.substr(0, what.find(". "));
+}
+
+// The cause of an error from the TorchScript interpreter: the last line that says something (its
+// message ends a serialized-code traceback).
+std::string last_line(const std::exception& e) {
+  std::string what = e.what();
+  if (const auto* c10_error = dynamic_cast<const c10::Error*>(&e))
+    what = c10_error->what_without_backtrace();
+  std::string line;
+  std::istringstream in(what);
+  for (std::string l; std::getline(in, l);)
+    if (l.find_first_not_of(" \t") != std::string::npos) line = l;
+  return line.substr(line.find_first_not_of(" \t"));
+}
+
+// Parameter and buffer names of nn::Module may not hold dots: "layer1.0.conv.weight" is kept as
+// "layer1/0/conv/weight".
+std::string registered_name(std::string name) {
+  std::replace(name.begin(), name.end(), '.', '/');
+  return name;
+}
+
+struct ScriptNet : Net {
+  explicit ScriptNet(const StudentSpec& spec) : path(spec.path) {
+    if (path.empty())
+      throw InputError("student.arch = torchscript needs student.path (a module saved by "
+                       "torch.jit.script(m).save(...) or torch.jit.trace)");
+    try {
+      module = torch::jit::load(path, torch::kCPU);
+    } catch (const c10::Error& e) {
+      throw InputError(fmt::format("student.path = {}: not a TorchScript archive ({})", path,
+                                   first_sentence(e)));
+    }
+    if (!module.find_method("forward"))
+      throw InputError(fmt::format("student.path = {}: the module has no forward method", path));
+    std::int64_t trainable = 0;
+    for (const auto& p : module.named_parameters(/*recurse=*/true)) {
+      const bool floating = p.value.is_floating_point();
+      register_parameter(registered_name(p.name), p.value, floating);
+      trainable += floating ? p.value.numel() : 0;
+    }
+    for (const auto& b : module.named_buffers(/*recurse=*/true))
+      register_buffer(registered_name(b.name), b.value);
+    if (trainable == 0)
+      throw InputError(fmt::format(
+          "student.path = {}: the module has no floating-point parameters to train", path));
+    check_dry_batch(spec);
+  }
+
+  torch::Tensor forward(torch::Tensor x) override { return logits_of(module.forward({x})); }
+
+  void train(bool on) override {
+    torch::nn::Module::train(on);
+    module.train(on);
+  }
+
+  // The logits in what forward returns: the tensor itself, a tuple's first entry, a dict's
+  // "logits" entry (else its first).
+  [[nodiscard]] torch::Tensor logits_of(const c10::IValue& out) const {
+    if (out.isTensor()) return out.toTensor();
+    if (out.isTuple() && !out.toTupleRef().elements().empty() &&
+        out.toTupleRef().elements()[0].isTensor())
+      return out.toTupleRef().elements()[0].toTensor();
+    if (out.isGenericDict() && !out.toGenericDict().empty()) {
+      const auto dict = out.toGenericDict();
+      for (const auto& entry : dict)
+        if (entry.key().isString() && entry.key().toStringRef() == "logits" &&
+            entry.value().isTensor())
+          return entry.value().toTensor();
+      if (dict.begin()->value().isTensor()) return dict.begin()->value().toTensor();
+    }
+    throw InputError(fmt::format("student.path = {}: forward returns {}, not the logits (a "
+                                 "tensor, or a tuple or dict whose first or 'logits' entry is one)",
+                                 path, out.tagKind()));
+  }
+
+  // One batch of two zero images through forward in eval mode (running statistics untouched):
+  // the shape the data gives must be accepted and give [2, classes] floating-point logits.
+  void check_dry_batch(const StudentSpec& spec) {
+    torch::NoGradGuard no_grad;
+    module.eval();
+    const std::vector<std::int64_t> shape = {2, spec.channels, spec.height, spec.width_px};
+    c10::IValue out;
+    try {
+      out = module.forward({torch::zeros(shape)});
+    } catch (const std::exception& e) { // c10::Error, or the interpreter's runtime_error
+      throw InputError(fmt::format("student.path = {}: forward rejects a batch of shape [{}] "
+                                   "(the data's images): {}",
+                                   path, fmt::join(shape, ", "), last_line(e)));
+    }
+    module.train();
+    const torch::Tensor y = logits_of(out);
+    if (y.dim() != 2 || y.size(0) != 2 || y.size(1) != spec.classes || !y.is_floating_point())
+      throw InputError(fmt::format(
+          "student.path = {}: forward gives {} [{}] for a batch of 2; the data has {} classes, so "
+          "the logits must be [2, {}]",
+          path, c10::toString(y.scalar_type()), fmt::join(y.sizes(), ", "), spec.classes,
+          spec.classes));
+  }
+
+  std::string path;
+  torch::jit::Module module;
+};
+
+} // namespace
+
+std::shared_ptr<Net> make_script_net(const StudentSpec& spec) {
+  return std::make_shared<ScriptNet>(spec);
+}
+
+std::string script_digest(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return fmt::format("{:016x}", fnv1a(std::as_bytes(std::span(bytes.data(), bytes.size()))));
+}
+
+void save_script_net(Net& net, std::ostream& out) {
+  auto* script = dynamic_cast<ScriptNet*>(&net);
+  if (script == nullptr) throw std::logic_error("save_script_net: not a TorchScript student");
+  const bool was_training = script->is_training();
+  script->train(false); // saved for inference: eval() is what a user deploys
+  script->module.save(out);
+  script->train(was_training);
+}
+
+} // namespace kdflow::student
