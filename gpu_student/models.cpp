@@ -38,6 +38,12 @@ struct ConvBnImpl : nn::Module {
     if (act == Act::relu6) return torch::clamp(x, 0, 6);
     return x;
   }
+  std::string export_onnx(GraphWriter& w, const std::string& x) const {
+    const std::string y = w.conv(x, *c, bn.get());
+    if (act == Act::relu) return w.relu(y);
+    if (act == Act::relu6) return w.relu6(y);
+    return y;
+  }
   nn::Conv2d c;
   nn::BatchNorm2d bn;
   Act act;
@@ -52,6 +58,10 @@ struct Mlp : Net {
   torch::Tensor forward(torch::Tensor x) override {
     x = torch::relu(fc1->forward(x.flatten(1)));
     return fc3->forward(torch::relu(fc2->forward(x)));
+  }
+  std::string export_onnx(GraphWriter& w, const std::string& x) override {
+    const std::string h = w.relu(w.linear(w.flatten(x), *fc1));
+    return w.linear(w.relu(w.linear(h, *fc2)), *fc3);
   }
   nn::Linear fc1, fc2, fc3;
 };
@@ -69,6 +79,15 @@ struct Cnn : Net {
     x = body->forward(x);
     return fc->forward(x.mean({2, 3}));
   }
+  std::string export_onnx(GraphWriter& w, const std::string& x) override {
+    std::string y = x;
+    for (const auto& layer : body->children())
+      if (const auto* cb = layer->as<ConvBnImpl>())
+        y = cb->export_onnx(w, y);
+      else if (const auto* pool = layer->as<nn::MaxPool2dImpl>())
+        y = w.max_pool(y, (*pool->options.kernel_size())[0]);
+    return w.linear(w.global_mean(y), *fc);
+  }
   nn::Sequential body{nullptr};
   nn::Linear fc{nullptr};
 };
@@ -83,6 +102,10 @@ struct BasicBlockImpl : nn::Module {
   torch::Tensor forward(torch::Tensor x) {
     const torch::Tensor skip = shortcut ? shortcut->forward(x) : x;
     return torch::relu(b->forward(a->forward(x)) + skip);
+  }
+  std::string export_onnx(GraphWriter& w, const std::string& x) const {
+    const std::string skip = shortcut ? shortcut->export_onnx(w, x) : x;
+    return w.relu(w.add(b->export_onnx(w, a->export_onnx(w, x)), skip));
   }
   ConvBn a, b, shortcut{nullptr};
 };
@@ -108,6 +131,11 @@ struct ResNet : Net {
     x = stages->forward(stem->forward(x));
     return fc->forward(x.mean({2, 3}));
   }
+  std::string export_onnx(GraphWriter& w, const std::string& x) override {
+    std::string y = stem->export_onnx(w, x);
+    for (const auto& block : stages->children()) y = block->as<BasicBlockImpl>()->export_onnx(w, y);
+    return w.linear(w.global_mean(y), *fc);
+  }
   ConvBn stem{nullptr};
   nn::Sequential stages;
   nn::Linear fc{nullptr};
@@ -124,6 +152,11 @@ struct InvertedResidualImpl : nn::Module {
   }
   torch::Tensor forward(torch::Tensor x) {
     return residual ? x + body->forward(x) : body->forward(x);
+  }
+  std::string export_onnx(GraphWriter& w, const std::string& x) const {
+    std::string y = x;
+    for (const auto& layer : body->children()) y = layer->as<ConvBnImpl>()->export_onnx(w, y);
+    return residual ? w.add(x, y) : y;
   }
   nn::Sequential body;
   bool residual;
@@ -155,6 +188,15 @@ struct MobileNetV2 : Net {
   }
   torch::Tensor forward(torch::Tensor x) override {
     return fc->forward(features->forward(x).mean({2, 3}));
+  }
+  std::string export_onnx(GraphWriter& w, const std::string& x) override {
+    std::string y = x;
+    for (const auto& layer : features->children())
+      if (const auto* cb = layer->as<ConvBnImpl>())
+        y = cb->export_onnx(w, y);
+      else
+        y = layer->as<InvertedResidualImpl>()->export_onnx(w, y);
+    return w.linear(w.global_mean(y), *fc);
   }
   nn::Sequential features;
   nn::Linear fc{nullptr};

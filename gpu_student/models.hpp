@@ -2,11 +2,13 @@
 // come from the data. Private to gpu_student (includes torch).
 #pragma once
 
+#include "kdflow/cpu_teacher/graph.hpp"
 #include "kdflow/gpu_student/students.hpp"
 
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <ostream>
 #include <string>
@@ -14,8 +16,38 @@
 
 namespace kdflow::student {
 
+// A built-in student written as an ONNX graph (student_export.cpp): each network writes its layers
+// through this, in eval mode (BatchNorm folded into the convolution before it).
+class GraphWriter {
+public:
+  GraphWriter(const StudentSpec& spec); // the graph's input "input", [batch, C, H, W]
+  [[nodiscard]] const std::string& input() const { return g_.input; }
+  std::string conv(const std::string& x, const torch::nn::Conv2dImpl& conv,
+                   const torch::nn::BatchNorm2dImpl* bn);
+  std::string linear(const std::string& x, const torch::nn::LinearImpl& fc);
+  std::string relu(const std::string& x);
+  std::string relu6(const std::string& x);
+  std::string add(const std::string& a, const std::string& b);
+  std::string max_pool(const std::string& x, std::int64_t k);
+  std::string global_mean(const std::string& x); // mean over height and width -> [batch, C]
+  std::string flatten(const std::string& x);
+  // The graph with `logits` renamed "logits" as its output, [batch, classes].
+  teacher::Graph finish(const std::string& logits);
+
+private:
+  std::string node(const std::string& op, std::vector<std::string> inputs,
+                   std::map<std::string, teacher::Attribute> attrs = {});
+  std::string constant(const std::string& hint, const torch::Tensor& t);
+  teacher::Graph g_;
+  std::int64_t classes_;
+  int count_ = 0;
+};
+
 struct Net : torch::nn::Module {
   virtual torch::Tensor forward(torch::Tensor x) = 0;
+  // Writes the network's layers after `x`; returns the logits' value. InputError for a student
+  // that has no ONNX form here (a TorchScript student is exported as TorchScript).
+  virtual std::string export_onnx(GraphWriter& w, const std::string& x);
 };
 
 // The registry's network for `spec`. InputError for an unknown name or an input too small for the

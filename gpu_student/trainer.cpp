@@ -283,6 +283,51 @@ double Trainer::evaluate(std::span<const float> images, std::span<const std::int
   return count > 0 ? static_cast<double>(correct) / static_cast<double>(count) : 0.0;
 }
 
+std::vector<float> Trainer::predict(std::span<const float> images) {
+  Impl& m = *impl_;
+  const auto& spec = m.options.model;
+  const std::int64_t sample = spec.channels * spec.height * spec.width_px;
+  const auto count = static_cast<std::int64_t>(images.size()) / sample;
+  torch::NoGradGuard no_grad;
+  m.net->eval();
+  const torch::Tensor x =
+      torch::from_blob(const_cast<float*>(images.data()),
+                       {count, spec.channels, spec.height, spec.width_px}, torch::kFloat)
+          .to(m.device);
+  torch::Tensor y;
+  {
+    AutocastScope amp(m.autocast, m.amp_dtype);
+    y = m.net->forward(x);
+  }
+  m.net->train();
+  const torch::Tensor host = y.to(torch::kCPU).to(torch::kFloat).contiguous();
+  return {host.data_ptr<float>(), host.data_ptr<float>() + host.numel()};
+}
+
+void Trainer::export_student(const std::filesystem::path& path, const std::string& format) {
+  Impl& m = *impl_;
+  const bool script = m.options.model.arch == "torchscript";
+  if (format == "torchscript") {
+    if (!script)
+      throw InputError(fmt::format("train.export = torchscript: the built-in student {} is "
+                                   "exported as ONNX (train.export = onnx)",
+                                   m.options.model.arch));
+    std::ostringstream out;
+    save_script_net(*m.net, out);
+    write_file_atomic(path, out.str());
+    return;
+  }
+  if (format != "onnx")
+    throw std::invalid_argument("export_student: format " + format + " is not onnx or torchscript");
+  if (script)
+    throw InputError("train.export = onnx: a TorchScript student is exported as TorchScript "
+                     "(train.export = torchscript; torch.onnx.export in Python converts it)");
+  torch::NoGradGuard no_grad;
+  GraphWriter writer(m.options.model);
+  const std::string logits = m.net->export_onnx(writer, writer.input());
+  teacher::write_onnx(writer.finish(logits), path.string(), "kdflow");
+}
+
 void Trainer::save(const std::filesystem::path& path, const std::string& run_state) const {
   const Impl& m = *impl_;
   torch::serialize::OutputArchive archive;

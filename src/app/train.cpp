@@ -5,6 +5,7 @@
 // SIGINT/SIGTERM finish the step, save and exit 130 (a second signal exits at once).
 #include "train.hpp"
 
+#include "export.hpp"
 #include "kd_ctl.hpp"
 #include "pipeline.hpp"
 #include "run.hpp"
@@ -229,6 +230,7 @@ private:
   const Sampler sampler_;
   const std::uint64_t per_epoch_, epochs_, last_; // last: the run's end (epochs or max_steps)
   const std::uint32_t slots_;
+  const std::string export_format_; // train.export resolved: onnx, torchscript or off
   student::TrainerOptions options_;
   Assembled parts_;
   // The assembled parts, once start() built them.
@@ -263,7 +265,8 @@ TrainRun::TrainRun(const TrainArgs& args)
         const auto max_steps = static_cast<std::uint64_t>(config_.get_int("train.max_steps"));
         return max_steps > 0 ? std::min(epochs_ * per_epoch_, max_steps) : epochs_ * per_epoch_;
       }()),
-      slots_(static_cast<std::uint32_t>(config_.get_int("ring.slots"))) {}
+      slots_(static_cast<std::uint32_t>(config_.get_int("ring.slots"))),
+      export_format_(export_format(config_)) {}
 
 TrainRun::~TrainRun() {
   // kd-ctl may be in a move, which waits for the stages to drain: stop the pipeline first.
@@ -481,6 +484,25 @@ int TrainRun::finish() {
   // below leaves out.
   const double loop_s = std::chrono::duration<double>(Clock::now() - loop_start_).count();
   const auto stall_ns = static_cast<double>(stall_ns_);
+  // The trained student, in the form people deploy, checked against the student.
+  json exported = nullptr;
+  std::optional<ExportCheck> check;
+  if (!interrupted_ && export_format_ != "off") {
+    const fs::path file = out_ / export_file_name(export_format_);
+    check = export_student(trainer(), options_, export_format_, file, test_images_);
+    exported = {{"file", file.filename().string()},
+                {"format", export_format_},
+                {"check",
+                 {{"runner", check->runner},
+                  {"samples", check->samples},
+                  {"max_normalized_error", check->max_normalized_error},
+                  {"top1_agreement", check->top1_agreement},
+                  {"ok", check->ok}}}};
+    log_info(fmt::format("student exported: {} ({}), checked on {} test images with {}: max "
+                         "normalized error {:.2e}, top-1 agreement {:.4f}",
+                         file.string(), export_format_, check->samples, check->runner,
+                         check->max_normalized_error, check->top1_agreement));
+  }
   json summary = {
       {"test_accuracy", test_accuracy_},
       {"best_test_accuracy", best_accuracy_},
@@ -502,8 +524,10 @@ int TrainRun::finish() {
       {"precision", trainer().precision()},
       {"student",
        {{"arch", options_.model.arch},
+        {"path", options_.model.path.empty() ? json(nullptr) : json(options_.model.path)},
         {"width", options_.model.width},
         {"parameters", trainer().parameters()}}},
+      {"export", exported},
       {"teacher", run_.teacher_runs ? json(run_.teacher_path) : json(nullptr)},
       {"plan", affinity::to_json(run_.plan)},
       {"elastic", elastic_off_ ? json{{"active", false}, {"reason", *elastic_off_}}
@@ -517,6 +541,11 @@ int TrainRun::finish() {
       {"evaluations", evaluations_},
       {"state_digest", fmt::format("{:016x}", digest_of(trainer().state_vector()))}};
   write_file_atomic(out_ / "summary.json", summary.dump(2) + "\n");
+  if (check && !check->ok)
+    throw std::runtime_error(fmt::format(
+        "the exported student does not give the student's logits (max normalized error {:.2e}, "
+        "top-1 agreement {:.4f} on {} test images); see summary.json",
+        check->max_normalized_error, check->top1_agreement, check->samples));
   if (interrupted_)
     throw Interrupted(fmt::format("interrupted at step {}: checkpoint saved in {}; continue with "
                                   "--resume auto --out {}",

@@ -165,6 +165,13 @@ const std::vector<ConfigKey>& config_schema() {
        {},
        1,
        1e15},
+      {"train.export",
+       T::string,
+       std::string("auto"),
+       "the trained student written beside summary.json at the end of the run, and checked "
+       "against the student: onnx (built-in students: student.onnx), torchscript (a TorchScript "
+       "student: student.pt), auto (the student's own form), off",
+       {"auto", "onnx", "torchscript", "off"}},
       {"train.keep_checkpoints",
        T::integer,
        std::int64_t{3},

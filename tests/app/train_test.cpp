@@ -266,6 +266,54 @@ TEST(Train, BadInputsAreExit2WithOneLine) {
   EXPECT_FALSE(fs::exists(out / "checkpoints")); // nothing was started
 }
 
+// The student out, and back in as a teacher: a built-in student's student.onnx (checked by the run
+// against the student) becomes the next run's teacher, whose test accuracy through kdflow's oneDNN
+// engine is the accuracy the first run measured with LibTorch. A TorchScript student comes out
+// as student.pt. An export format the student has no form in is refused before anything starts.
+TEST(Train, TheStudentComesOutCheckedAndServesAsTheNextTeacher) {
+  const fs::path a = scratch("export_onnx"), b = scratch("export_as_teacher");
+  ASSERT_EQ(run(with(base_args(a), {"train.max_steps=30"}), a).code, 0);
+  const json sa = summary(a);
+  ASSERT_TRUE(sa["export"].is_object()) << sa.dump();
+  EXPECT_EQ(sa["export"]["file"], "student.onnx");
+  EXPECT_EQ(sa["export"]["format"], "onnx");
+  EXPECT_TRUE(sa["export"]["check"]["ok"].get<bool>());
+  EXPECT_LE(sa["export"]["check"]["max_normalized_error"].get<double>(), 1e-4);
+  EXPECT_EQ(sa["export"]["check"]["top1_agreement"].get<double>(), 1.0);
+  ASSERT_TRUE(fs::exists(a / "student.onnx"));
+  const Result r = run(with(base_args(b), {"teacher.model=" + (a / "student.onnx").string(),
+                                           "train.max_steps=5", "train.export=off"}),
+                       b);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const json sb = summary(b);
+  EXPECT_NEAR(sb["teacher_test_accuracy"].get<double>(), sa["test_accuracy"].get<double>(), 2e-4)
+      << "the exported student classifies the test split as the student did";
+  EXPECT_TRUE(sb["export"].is_null());
+  EXPECT_FALSE(fs::exists(b / "student.onnx"));
+
+  const char* fixtures = std::getenv("KDFLOW_FIXTURES");
+  const std::string module =
+      (fs::path(fixtures ? fixtures : "fixtures") / "students" / "resnet8_scripted.pt").string();
+  const fs::path c = scratch("export_torchscript");
+  const Result rc = run(with(base_args(c), {"student.arch=torchscript", "student.path=" + module,
+                                            "train.max_steps=10"}),
+                        c);
+  ASSERT_EQ(rc.code, 0) << rc.err;
+  const json sc = summary(c);
+  EXPECT_EQ(sc["export"]["file"], "student.pt");
+  EXPECT_TRUE(sc["export"]["check"]["ok"].get<bool>());
+  EXPECT_EQ(sc["student"]["path"], module);
+  EXPECT_TRUE(fs::exists(c / "student.pt"));
+
+  const fs::path d = scratch("export_refused");
+  const Result rd = run(with(base_args(d), {"student.arch=torchscript", "student.path=" + module,
+                                            "train.export=onnx"}),
+                        d);
+  EXPECT_EQ(rd.code, 2);
+  expect_one_line_naming(rd.err, "train.export");
+  EXPECT_FALSE(fs::exists(d / "checkpoints"));
+}
+
 TEST(Train, AlphaZeroTrainsWithoutRunningTheTeacher) {
   const fs::path out = scratch("alpha0");
   const Result r = run(

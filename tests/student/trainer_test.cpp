@@ -8,6 +8,8 @@
 #include "../teacher/fixtures.hpp"
 #include "kdflow/core/error.hpp"
 #include "kdflow/core/loader.hpp"
+#include "kdflow/cpu_teacher/engine.hpp"
+#include "kdflow/cpu_teacher/npy.hpp"
 #include "kdflow/gpu_student/pinned_host.hpp"
 #include "kdflow/gpu_student/trainer.hpp"
 
@@ -15,11 +17,15 @@
 #include <nlohmann/json.hpp>
 #include <torch/cuda.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
+
 #include <filesystem>
 #include <fstream>
 #include <optional>
 #include <random>
+#include <stdlib.h>
 
 namespace kdflow::student {
 namespace {
@@ -149,7 +155,9 @@ TEST(Trainer, TorchScriptCheckpointRestoresTheExactState) {
 }
 
 TEST(Trainer, BadTorchScriptStudentsAreOneLineNamingTheFile) {
-  for (const auto& bad : students()["refused"]) {
+  const auto m = students();
+  ASSERT_EQ(m["refused"].size(), 4u);
+  for (const auto& bad : m["refused"]) {
     const std::string name = bad["name"], error = bad["error"];
     SCOPED_TRACE(name);
     Fixture f(1, 28, 28);
@@ -170,6 +178,88 @@ TEST(Trainer, BadTorchScriptStudentsAreOneLineNamingTheFile) {
               Trainer t(o, f.ring, {0, 1, 2});
             }).find("/no/such/student.pt"),
             std::string::npos);
+}
+
+// Logits of `a` against the reference `b`: max |a - b| / max(1, max |b|), and whether every row's
+// top-1 agrees.
+std::pair<double, bool> compare_logits(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double worst = 0, scale = 1;
+  bool agree = true;
+  for (std::size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
+    worst = std::max(worst, static_cast<double>(std::fabs(a[i] - b[i])));
+    scale = std::max(scale, static_cast<double>(std::fabs(b[i])));
+  }
+  for (std::size_t r = 0; r + 10 <= std::min(a.size(), b.size()); r += 10)
+    agree &= std::max_element(a.begin() + r, a.begin() + r + 10) - a.begin() ==
+             std::max_element(b.begin() + r, b.begin() + r + 10) - b.begin();
+  return {worst / scale, agree};
+}
+
+// Every built-in student, trained a few steps (BatchNorm statistics no longer the initial ones),
+// exported as ONNX and run by kdflow's own oneDNN teacher engine; the TorchScript students exported
+// as TorchScript and loaded again; then all of them through ONNX Runtime and Python's
+// torch.jit.load (scripts/check_export.py), each against the LibTorch student's logits.
+TEST(Trainer, ExportedStudentsGiveTheStudentsLogits) {
+  // A fresh folder (mkdtemp: LibTorch carries its own std::filesystem, whose remove_all the
+  // dynamic linker may bind here).
+  std::string pattern = (std::filesystem::temp_directory_path() / "kdflow_exports.XXXXXX").string();
+  ASSERT_NE(::mkdtemp(pattern.data()), nullptr);
+  const std::filesystem::path dir = pattern;
+  constexpr std::int64_t kImages = 16;
+  const auto check = [&](const TrainerOptions& o, const std::string& name) {
+    SCOPED_TRACE(name);
+    const auto& s = o.model;
+    Fixture f(s.channels, s.height, s.width_px);
+    Trainer t(o, f.ring, {0, 1, 2});
+    for (std::uint64_t b = 0; b < 3; ++b) {
+      f.produce(b);
+      ASSERT_TRUE(t.step(b));
+    }
+    std::vector<float> images(
+        static_cast<std::size_t>(kImages * s.channels * s.height * s.width_px));
+    std::mt19937 rng(3);
+    std::normal_distribution<float> normal;
+    for (float& v : images) v = normal(rng);
+    const std::vector<float> want = t.predict(images);
+    ASSERT_EQ(want.size(), static_cast<std::size_t>(kImages * 10));
+    const bool script = s.arch == "torchscript";
+    const auto path = dir / (name + (script ? ".pt" : ".onnx"));
+    t.export_student(path, script ? "torchscript" : "onnx");
+    std::vector<float> got(want.size());
+    if (script) {
+      got = run_torchscript(path.string(), images, s, o.device);
+    } else {
+      teacher::TeacherOptions to;
+      to.batch = kImages;
+      const auto engine = teacher::Teacher::load(path.string(), to);
+      EXPECT_EQ(engine->input_shape(), (teacher::Shape{kImages, s.channels, s.height, s.width_px}));
+      teacher::Replica replica(engine);
+      float* outputs[] = {got.data()};
+      replica.run(images.data(), outputs);
+    }
+    const auto [error, agree] = compare_logits(got, want);
+    EXPECT_LE(error, 1e-4);
+    EXPECT_TRUE(agree);
+    const teacher::Shape in = {kImages, s.channels, s.height, s.width_px};
+    teacher::write_npy((dir / (name + ".input.npy")).string(), in, images.data());
+    teacher::write_npy((dir / (name + ".logits.npy")).string(), {kImages, 10}, want.data());
+    // The format the student has no form in is refused, in one line.
+    EXPECT_FALSE(test::error_of([&] {
+                   t.export_student(dir / "wrong", script ? "onnx" : "torchscript");
+                 }).empty());
+    EXPECT_FALSE(std::filesystem::exists(dir / "wrong"));
+  };
+  for (const char* arch : {"mlp", "cnn", "resnet20", "resnet18", "mobilenetv2"})
+    for (auto [c, h] : {std::pair<std::int64_t, std::int64_t>{1, 28}, {3, 32}})
+      check(options(arch, c, h),
+            std::string(arch) + "_" + std::to_string(c) + "x" + std::to_string(h));
+  const auto scripted = students();
+  ASSERT_GE(scripted["students"].size(), 6u);
+  for (const std::string name : scripted["students"]) check(script_options(name), name);
+  const std::string command = std::string("'") + KD_PYTHON + "' '" + KDFLOW_SOURCE_DIR +
+                              "/scripts/check_export.py' '" + dir.string() + "'";
+  EXPECT_EQ(std::system(command.c_str()), 0) << command;
 }
 
 TEST(Trainer, LossMixesKdAndCeByAlpha) {

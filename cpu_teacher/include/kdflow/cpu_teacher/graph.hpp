@@ -113,4 +113,9 @@ struct LoadOptions {
 // InputError naming the file, node and op.
 Graph load_onnx(const std::string& path, const LoadOptions& options);
 
+// Writes `g` (no fused post-ops; shapes for every output) as an ONNX model at opset g.opset, its
+// input and outputs with an open batch dimension, constants as initializers; atomically (the
+// file is whole or absent). The exported student's writer (onnx_export.cpp).
+void write_onnx(const Graph& g, const std::string& path, const std::string& producer);
+
 } // namespace kdflow::teacher

@@ -2,7 +2,10 @@
 // registry itself, one entry per architecture, is in gpu_student/models.cpp.
 #pragma once
 
+#include "kdflow/gpu_student/device.hpp"
+
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -19,5 +22,11 @@ struct StudentSpec {
 
 // The registry's names, in its order (student.arch's choices).
 std::vector<std::string> student_names();
+
+// An exported TorchScript student (`path`) run in eval mode on `device` over `images` (float32
+// [count, C, H, W] of spec's shape, normalized as the data): its logits, [count, classes]
+// row-major. InputError naming the file when it is no TorchScript archive.
+std::vector<float> run_torchscript(const std::string& path, std::span<const float> images,
+                                   const StudentSpec& spec, const Device& device);
 
 } // namespace kdflow::student

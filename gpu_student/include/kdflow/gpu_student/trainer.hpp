@@ -87,6 +87,14 @@ public:
 
   // Top-1 accuracy on plain float32 images [count, C, H, W] (normalized like the training data).
   double evaluate(std::span<const float> images, std::span<const std::int64_t> labels);
+  // The student's logits in eval mode for plain float32 images [count, C, H, W], [count, classes]
+  // row-major on the host (the reference an export is checked against).
+  std::vector<float> predict(std::span<const float> images);
+  // Writes the trained student to `path`, atomically: "onnx" (built-in students: opset 17, input
+  // "input" and output "logits" with an open batch, BatchNorm folded into the convolutions) or
+  // "torchscript" (a TorchScript student: its module with the trained weights, in eval mode).
+  // InputError for a format the student has no form in.
+  void export_student(const std::filesystem::path& path, const std::string& format);
 
   // Checkpoint = model + optimizer + step + RNG state + `run_state` (opaque to the trainer).
   void save(const std::filesystem::path& path, const std::string& run_state) const;

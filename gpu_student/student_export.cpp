@@ -1,0 +1,171 @@
+// The trained student out of kdflow: built-in students as ONNX graphs written from their layers
+// (GraphWriter, BatchNorm folded into the convolutions), TorchScript students saved back as
+// TorchScript, and an exported TorchScript file run again for the export's check.
+#include "models.hpp"
+
+#include "kdflow/core/error.hpp"
+#include "torch_util.hpp"
+
+#include <torch/script.h>
+
+#include <fmt/format.h>
+
+namespace kdflow::student {
+namespace {
+
+using teacher::Attribute;
+
+Attribute ints(std::vector<std::int64_t> v) {
+  Attribute a;
+  a.kind = Attribute::Kind::ints;
+  a.ints = std::move(v);
+  return a;
+}
+
+Attribute integer(std::int64_t v) {
+  Attribute a;
+  a.kind = Attribute::Kind::i;
+  a.i = v;
+  return a;
+}
+
+std::vector<float> host_floats(const torch::Tensor& t) {
+  const torch::Tensor c = t.detach().to(torch::kCPU).to(torch::kFloat).contiguous();
+  return {c.data_ptr<float>(), c.data_ptr<float>() + c.numel()};
+}
+
+} // namespace
+
+std::string Net::export_onnx(GraphWriter&, const std::string&) {
+  throw InputError("this student has no ONNX form in kdflow (a TorchScript student is exported as "
+                   "TorchScript: train.export = torchscript)");
+}
+
+GraphWriter::GraphWriter(const StudentSpec& spec) : classes_(spec.classes) {
+  g_.opset = 17;
+  g_.batch = 1;
+  g_.input = "input";
+  g_.input_shape = {1, spec.channels, spec.height, spec.width_px};
+  g_.shapes[g_.input] = g_.input_shape;
+}
+
+std::string GraphWriter::node(const std::string& op, std::vector<std::string> inputs,
+                              std::map<std::string, Attribute> attrs) {
+  teacher::Node n;
+  n.op = op;
+  n.name = fmt::format("{}_{}", op, count_++);
+  n.inputs = std::move(inputs);
+  n.outputs = {n.name + "_out"};
+  n.attrs = std::move(attrs);
+  g_.nodes.push_back(std::move(n));
+  return g_.nodes.back().outputs[0];
+}
+
+std::string GraphWriter::constant(const std::string& hint, const torch::Tensor& t) {
+  const std::string name = fmt::format("{}_{}", hint, count_++);
+  g_.constants[name] =
+      teacher::Tensor::floats({t.sizes().begin(), t.sizes().end()}, host_floats(t));
+  return name;
+}
+
+std::string GraphWriter::conv(const std::string& x, const torch::nn::Conv2dImpl& conv,
+                              const torch::nn::BatchNorm2dImpl* bn) {
+  const auto& o = conv.options;
+  torch::Tensor w = conv.weight.detach().to(torch::kCPU).to(torch::kDouble);
+  torch::Tensor b = conv.bias.defined() ? conv.bias.detach().to(torch::kCPU).to(torch::kDouble)
+                                        : torch::zeros({w.size(0)}, torch::kDouble);
+  if (bn != nullptr) { // eval-mode BatchNorm folded in: y = (conv - mean) * gamma / sd + beta
+    const auto cpu = [](const torch::Tensor& t) {
+      return t.detach().to(torch::kCPU).to(torch::kDouble);
+    };
+    const torch::Tensor scale =
+        cpu(bn->weight) / torch::sqrt(cpu(bn->running_var) + bn->options.eps());
+    w = w * scale.view({-1, 1, 1, 1});
+    b = (b - cpu(bn->running_mean)) * scale + cpu(bn->bias);
+  }
+  const auto& k = *o.kernel_size();
+  const auto& s = *o.stride();
+  const auto& d = *o.dilation();
+  const auto* pad = std::get_if<torch::ExpandingArray<2>>(&o.padding());
+  if (pad == nullptr) throw std::logic_error("GraphWriter::conv: padding given by mode");
+  const std::int64_t ph = (**pad)[0], pw = (**pad)[1];
+  return node("Conv", {x, constant("w", w), constant("b", b)},
+              {{"kernel_shape", ints({k[0], k[1]})},
+               {"strides", ints({s[0], s[1]})},
+               {"dilations", ints({d[0], d[1]})},
+               {"pads", ints({ph, pw, ph, pw})},
+               {"group", integer(o.groups())}});
+}
+
+std::string GraphWriter::linear(const std::string& x, const torch::nn::LinearImpl& fc) {
+  std::vector<std::string> in = {x, constant("w", fc.weight)};
+  if (fc.bias.defined()) in.push_back(constant("b", fc.bias));
+  return node("Gemm", std::move(in), {{"transB", integer(1)}});
+}
+
+std::string GraphWriter::relu(const std::string& x) { return node("Relu", {x}); }
+
+std::string GraphWriter::relu6(const std::string& x) {
+  return node("Clip",
+              {x, constant("min", torch::tensor(0.f)), constant("max", torch::tensor(6.f))});
+}
+
+std::string GraphWriter::add(const std::string& a, const std::string& b) {
+  return node("Add", {a, b});
+}
+
+std::string GraphWriter::max_pool(const std::string& x, std::int64_t k) {
+  return node("MaxPool", {x}, {{"kernel_shape", ints({k, k})}, {"strides", ints({k, k})}});
+}
+
+std::string GraphWriter::global_mean(const std::string& x) {
+  return flatten(node("GlobalAveragePool", {x}));
+}
+
+std::string GraphWriter::flatten(const std::string& x) {
+  return node("Flatten", {x}, {{"axis", integer(1)}});
+}
+
+teacher::Graph GraphWriter::finish(const std::string& logits) {
+  for (auto& n : g_.nodes)
+    for (auto& out : n.outputs)
+      if (out == logits) out = "logits";
+  g_.outputs = {"logits"};
+  g_.shapes["logits"] = {1, classes_};
+  return std::move(g_);
+}
+
+std::vector<float> run_torchscript(const std::string& path, std::span<const float> images,
+                                   const StudentSpec& spec, const Device& device) {
+  const torch::Device where = to_torch(device);
+  torch::jit::Module m;
+  try {
+    m = torch::jit::load(path, where);
+  } catch (const c10::Error& e) {
+    const std::string what = e.what_without_backtrace();
+    throw InputError(
+        fmt::format("{}: not a TorchScript archive ({})", path, what.substr(0, what.find('\n'))));
+  }
+  m.eval();
+  torch::NoGradGuard no_grad;
+  const std::int64_t sample = spec.channels * spec.height * spec.width_px;
+  const auto count = static_cast<std::int64_t>(images.size()) / sample;
+  const torch::Tensor x =
+      torch::from_blob(const_cast<float*>(images.data()),
+                       {count, spec.channels, spec.height, spec.width_px}, torch::kFloat)
+          .to(where);
+  const c10::IValue out = m.forward({x});
+  torch::Tensor y;
+  if (out.isTensor())
+    y = out.toTensor();
+  else if (out.isTuple())
+    y = out.toTupleRef().elements().at(0).toTensor();
+  else if (out.isGenericDict())
+    y = out.toGenericDict().contains("logits") ? out.toGenericDict().at("logits").toTensor()
+                                               : out.toGenericDict().begin()->value().toTensor();
+  else
+    throw InputError(fmt::format("{}: forward returns {}, not the logits", path, out.tagKind()));
+  return host_floats(y);
+}
+
+} // namespace kdflow::student

@@ -1,0 +1,35 @@
+// The trained student out of a run: written in the format people deploy (ONNX for the built-in
+// students, TorchScript for a TorchScript student) and checked, not trusted: the written file is
+// run again on test images and compared with the student's own logits.
+#pragma once
+
+#include "kdflow/core/config.hpp"
+#include "kdflow/gpu_student/trainer.hpp"
+
+#include <filesystem>
+#include <span>
+#include <string>
+
+namespace kdflow::app {
+
+// train.export resolved for the configured student: "onnx", "torchscript" or "off" (auto: the
+// student's own form). InputError naming the key for a format the student has no form in.
+std::string export_format(const Config& config);
+// The file name an export takes in the run folder: student.onnx or student.pt.
+std::string export_file_name(const std::string& format);
+
+struct ExportCheck {
+  std::string runner;              // what ran the written file
+  std::size_t samples = 0;         // test images compared
+  double max_normalized_error = 0; // max |exported - student| / max(1, max |student|)
+  double top1_agreement = 0;       // share of images whose top-1 class agrees
+  bool ok = false;                 // error <= 1e-3 and agreement >= 99%
+};
+
+// Writes the student to `path` (atomically) and checks it on `images` (float32 [count, C, H, W],
+// normalized as the data; at most the first 256 are used).
+ExportCheck export_student(student::Trainer& trainer, const student::TrainerOptions& options,
+                           const std::string& format, const std::filesystem::path& path,
+                           std::span<const float> images);
+
+} // namespace kdflow::app
