@@ -50,6 +50,29 @@ Commands::Commands(CLI::App& app) : app_(app) {
   train->add_option("--cores", train_.cores, "core plan JSON written by kdflow tune-cores");
   train->callback([this] { action_ = [this] { return train_command(train_); }; });
 
+  auto* eval = app.add_subcommand(
+      "eval", "a model's top-1 (and top-5) accuracy on the data's test split, and its images/s");
+  eval->add_option("--model", eval_.model,
+                   "ONNX model (kdflow's engine, read as a teacher) or TorchScript module (.pt)")
+      ->required();
+  eval->add_option("--config", eval_.config,
+                   "TOML configuration file (the data, its normalization)")
+      ->check(CLI::ExistingFile);
+  eval->add_option("--set", eval_.sets, "override one key: section.key=value (repeatable)");
+  eval->add_option("--json", eval_.json, "write the result as JSON here");
+  eval->callback([this] { action_ = [this] { return eval_command(eval_); }; });
+
+  auto* exp = app.add_subcommand(
+      "export", "a run's trained student as ONNX or TorchScript, checked against the student");
+  exp->add_option("--run", export_.run, "run folder (config.toml, checkpoints/)")->required();
+  exp->add_option("--step", export_.step, "the checkpoint of this step (default: the latest)");
+  exp->add_option("--format", export_.format,
+                  "onnx (built-in students), torchscript (TorchScript students), auto")
+      ->check(CLI::IsMember({"auto", "onnx", "torchscript"}))
+      ->capture_default_str();
+  exp->add_option("--out", export_.out, "file to write")->required();
+  exp->callback([this] { action_ = [this] { return export_command(export_); }; });
+
   auto* teacher =
       app.add_subcommand("teacher", "inspect, run and benchmark an ONNX teacher on oneDNN");
   teacher->require_subcommand(1);

@@ -6,6 +6,8 @@
 #include <vector>
 
 #include "bench_overlap.hpp"
+#include "eval.hpp"
+#include "export.hpp"
 #include "kdflow/core/versions.hpp"
 #include "teacher_commands.hpp"
 #include "train.hpp"
@@ -42,6 +44,8 @@ private:
   CoresArgs cores_;
   TuneArgs tune_;
   OverlapArgs overlap_;
+  EvalArgs eval_;
+  ExportArgs export_;
   std::function<int()> action_;
 };
 

@@ -3,27 +3,34 @@
 // TorchScript through LibTorch's loader.
 #include "export.hpp"
 
+#include "run.hpp"
+#include "train.hpp"
+
 #include "kdflow/core/error.hpp"
+#include "kdflow/core/loader.hpp"
 #include "kdflow/cpu_teacher/engine.hpp"
+#include "kdflow/gpu_student/pinned_host.hpp"
 
 #include <algorithm>
 #include <cmath>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 namespace kdflow::app {
 
-std::string export_format(const Config& config) {
+std::string export_format(const Config& config, const std::string& key) {
   const std::string wanted = config.get_string("train.export");
   const bool script = config.get_string("student.arch") == "torchscript";
   if (wanted == "auto") return script ? "torchscript" : "onnx";
   if (wanted == "onnx" && script)
-    throw InputError("train.export = onnx: a TorchScript student is exported as TorchScript "
-                     "(train.export = torchscript; torch.onnx.export in Python converts it)");
+    throw InputError(fmt::format("{} = onnx: a TorchScript student is exported as TorchScript "
+                                 "({} = torchscript; torch.onnx.export in Python converts it)",
+                                 key, key));
   if (wanted == "torchscript" && !script)
-    throw InputError(fmt::format("train.export = torchscript: the built-in student {} is "
-                                 "exported as ONNX (train.export = onnx)",
-                                 config.get_string("student.arch")));
+    throw InputError(fmt::format("{} = torchscript: the built-in student {} is exported as ONNX "
+                                 "({} = onnx)",
+                                 key, config.get_string("student.arch"), key));
   return wanted;
 }
 
@@ -75,6 +82,51 @@ ExportCheck export_student(student::Trainer& trainer, const student::TrainerOpti
   check.top1_agreement = count > 0 ? static_cast<double>(agree) / static_cast<double>(count) : 0;
   check.ok = check.max_normalized_error <= 1e-3 && check.top1_agreement >= 0.99;
   return check;
+}
+
+int export_command(const ExportArgs& args) {
+  namespace fs = std::filesystem;
+  const fs::path run_dir = args.run, config_file = run_dir / "config.toml";
+  if (!fs::is_regular_file(config_file))
+    throw InputError(fmt::format("--run {}: no config.toml (not a kdflow run folder)", args.run));
+  if (args.out.empty()) throw InputError("--out: the file to write is required");
+  // The run's student and data; its teacher is not needed to export the student.
+  std::vector<std::string> sets = {"kd.alpha=0", "train.export=" + args.format};
+  const RunInputs run = prepare_run(resolve_config(config_file.string(), sets));
+  const std::string format = export_format(run.config, "--format");
+  if (format == "off") throw InputError("--format off: nothing to export");
+  const auto found = list_checkpoints(run_dir / "checkpoints");
+  fs::path checkpoint;
+  if (args.step >= 0) {
+    checkpoint = checkpoint_name(run_dir / "checkpoints", args.step);
+    if (!fs::is_regular_file(checkpoint))
+      throw InputError(fmt::format("--step {}: {} has no such checkpoint (it has {})", args.step,
+                                   args.run, found.size()));
+  } else {
+    if (found.empty()) throw InputError(fmt::format("--run {}: no checkpoint", args.run));
+    checkpoint = found.back();
+  }
+  const student::TrainerOptions options = trainer_options(run, 1);
+  // The trainer reads no batch here: the smallest ring of the run's layout is all it needs.
+  const SlotLayout layout = loader_layout(run.train, run.sampler.batch_size, true);
+  SlotRing ring(layout, 2, student::allocate_pinned_for_device(2 * layout.slot_bytes()));
+  student::Trainer trainer(options, ring, {0, 1, std::nullopt});
+  trainer.load(checkpoint);
+  AugmentConfig eval = run.augment;
+  eval.augment = false;
+  const std::vector<float> images = normalized_images(run.test, eval);
+  const ExportCheck check = export_student(trainer, options, format, args.out, images);
+  fmt::print("{}\n", nlohmann::json{{"checkpoint", checkpoint.string()},
+                                    {"file", args.out},
+                                    {"format", format},
+                                    {"check",
+                                     {{"runner", check.runner},
+                                      {"samples", check.samples},
+                                      {"max_normalized_error", check.max_normalized_error},
+                                      {"top1_agreement", check.top1_agreement},
+                                      {"ok", check.ok}}}}
+                         .dump());
+  return check.ok ? kExitOk : 1;
 }
 
 } // namespace kdflow::app

@@ -14,7 +14,7 @@ namespace kdflow::app {
 
 // train.export resolved for the configured student: "onnx", "torchscript" or "off" (auto: the
 // student's own form). InputError naming the key for a format the student has no form in.
-std::string export_format(const Config& config);
+std::string export_format(const Config& config, const std::string& key = "train.export");
 // The file name an export takes in the run folder: student.onnx or student.pt.
 std::string export_file_name(const std::string& format);
 
@@ -31,5 +31,13 @@ struct ExportCheck {
 ExportCheck export_student(student::Trainer& trainer, const student::TrainerOptions& options,
                            const std::string& format, const std::filesystem::path& path,
                            std::span<const float> images);
+
+// `kdflow export --run DIR [--step N] [--format F] --out FILE`: a run's checkpoint (the latest,
+// or step N's) exported and checked as the run's end does; one JSON line on stdout.
+struct ExportArgs {
+  std::string run, out, format = "auto";
+  std::int64_t step = -1; // -1: the latest checkpoint
+};
+int export_command(const ExportArgs& args);
 
 } // namespace kdflow::app

@@ -76,7 +76,7 @@ bool shapes_trajectory(const std::string& key) {
   static const char* const free_keys[] = {
       "train.epochs",    "train.max_steps",        "train.checkpoint_every",
       "train.log_every", "train.keep_checkpoints", "train.on_nonfinite",
-      "ring.slots",      "student.device"};
+      "ring.slots",      "student.device",         "train.export"};
   if (key.starts_with("cores.")) return false;
   return std::none_of(std::begin(free_keys), std::end(free_keys),
                       [&](const char* k) { return key == k; });
@@ -96,24 +96,6 @@ json trajectory_keys(const Config& config) {
   json out = json::object();
   for (const auto& key : config.schema())
     if (shapes_trajectory(key.name)) out[key.name] = value_text(config, key);
-  return out;
-}
-
-fs::path checkpoint_name(const fs::path& folder, std::int64_t step) {
-  return folder / fmt::format("step-{:09d}.ckpt", step);
-}
-
-// Finished checkpoints in `folder`, oldest first (temporaries of a killed writer are skipped).
-std::vector<fs::path> list_checkpoints(const fs::path& folder) {
-  std::vector<fs::path> out;
-  if (!fs::is_directory(folder)) return out;
-  for (const auto& entry : fs::directory_iterator(folder)) {
-    const std::string name = entry.path().filename().string();
-    if (entry.is_regular_file() && name.starts_with("step-") && name.ends_with(".ckpt") &&
-        !is_atomic_temporary(entry.path()))
-      out.push_back(entry.path());
-  }
-  std::sort(out.begin(), out.end());
   return out;
 }
 
@@ -558,6 +540,23 @@ int TrainRun::finish() {
 }
 
 } // namespace
+
+fs::path checkpoint_name(const fs::path& folder, std::int64_t step) {
+  return folder / fmt::format("step-{:09d}.ckpt", step);
+}
+
+std::vector<fs::path> list_checkpoints(const fs::path& folder) {
+  std::vector<fs::path> out;
+  if (!fs::is_directory(folder)) return out;
+  for (const auto& entry : fs::directory_iterator(folder)) {
+    const std::string name = entry.path().filename().string();
+    if (entry.is_regular_file() && name.starts_with("step-") && name.ends_with(".ckpt") &&
+        !is_atomic_temporary(entry.path()))
+      out.push_back(entry.path());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
 
 int train_command(const TrainArgs& args) {
   TrainRun run(args); // resolve

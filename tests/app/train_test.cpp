@@ -290,6 +290,21 @@ TEST(Train, TheStudentComesOutCheckedAndServesAsTheNextTeacher) {
       << "the exported student classifies the test split as the student did";
   EXPECT_TRUE(sb["export"].is_null());
   EXPECT_FALSE(fs::exists(b / "student.onnx"));
+  // The same export on demand from the run's last checkpoint, and the exported file evaluated.
+  const fs::path again = a / "again.onnx";
+  const Child exporter = spawn({"export", "--run", a.string(), "--out", again.string()},
+                               (a / "export.stderr").string(), a / "export.json");
+  ASSERT_EQ(wait_exit(exporter), 0) << read_text(a / "export.stderr");
+  EXPECT_TRUE(json::parse(read_text(a / "export.json"))["check"]["ok"].get<bool>());
+  EXPECT_EQ(read_text(again), read_text(a / "student.onnx"));
+  const Result ev =
+      run({"eval", "--model", again.string(), "--json", (a / "eval.json").string()}, a);
+  ASSERT_EQ(ev.code, 0) << ev.err;
+  const json e = json::parse(read_text(a / "eval.json"));
+  EXPECT_EQ(e["samples"], 10000);
+  EXPECT_NEAR(e["top1"].get<double>(), sa["test_accuracy"].get<double>(), 2e-4);
+  EXPECT_GE(e["top5"].get<double>(), e["top1"].get<double>());
+  EXPECT_GT(e["images_per_s"].get<double>(), 0.0);
 
   const char* fixtures = std::getenv("KDFLOW_FIXTURES");
   const std::string module =
@@ -304,6 +319,18 @@ TEST(Train, TheStudentComesOutCheckedAndServesAsTheNextTeacher) {
   EXPECT_TRUE(sc["export"]["check"]["ok"].get<bool>());
   EXPECT_EQ(sc["student"]["path"], module);
   EXPECT_TRUE(fs::exists(c / "student.pt"));
+  const Result ec = run(
+      {"eval", "--model", (c / "student.pt").string(), "--json", (c / "eval.json").string()}, c);
+  ASSERT_EQ(ec.code, 0) << ec.err;
+  EXPECT_NEAR(json::parse(read_text(c / "eval.json"))["top1"].get<double>(),
+              sc["test_accuracy"].get<double>(), 2e-4);
+  {
+    const Result bad = run(
+        {"export", "--run", c.string(), "--format", "onnx", "--out", (c / "x.onnx").string()}, c);
+    EXPECT_EQ(bad.code, 2);
+    expect_one_line_naming(bad.err, "--format");
+    EXPECT_FALSE(fs::exists(c / "x.onnx"));
+  }
 
   const fs::path d = scratch("export_refused");
   const Result rd = run(with(base_args(d), {"student.arch=torchscript", "student.path=" + module,

@@ -1,0 +1,130 @@
+// kdflow eval (eval.hpp): the test split normalized as the run's data, the model run in batches of
+// data.batch_size, top-1 and top-5 counted from its logits, images/s over the model's time alone.
+#include "eval.hpp"
+
+#include "pipeline.hpp"
+#include "run.hpp"
+
+#include "kdflow/affinity/pinning.hpp"
+#include "kdflow/core/atomic_file.hpp"
+#include "kdflow/core/error.hpp"
+#include "kdflow/core/loader.hpp"
+#include "kdflow/cpu_teacher/engine.hpp"
+#include "kdflow/gpu_student/students.hpp"
+
+#include <oneapi/tbb/task_arena.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <numeric>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+namespace kdflow::app {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Whether `label` is among the `k` largest of `row` (ties counted against it).
+bool in_top(std::span<const float> row, std::int64_t label, std::size_t k) {
+  const float mine = row[static_cast<std::size_t>(label)];
+  std::size_t above = 0;
+  for (std::size_t c = 0; c < row.size(); ++c)
+    above += row[c] > mine || (row[c] == mine && c < static_cast<std::size_t>(label));
+  return above < k;
+}
+
+} // namespace
+
+int eval_command(const EvalArgs& args) {
+  namespace fs = std::filesystem;
+  const std::string ext = fs::path(args.model).extension().string();
+  if (ext != ".onnx" && ext != ".pt")
+    throw InputError(fmt::format("--model {}: want an ONNX model (.onnx) or a TorchScript "
+                                 "module (.pt)",
+                                 args.model));
+  if (!fs::is_regular_file(args.model))
+    throw InputError(fmt::format("--model {}: no such file", args.model));
+  const bool onnx = ext == ".onnx";
+  std::vector<std::string> sets = args.sets;
+  // An ONNX model is read as the run's teacher is (teacher.input_size, mean, std, precision).
+  sets.push_back(onnx ? "teacher.model=" + args.model : "student.path=" + args.model);
+  sets.push_back(onnx ? "kd.alpha=1" : "kd.alpha=0");
+  if (!onnx) sets.emplace_back("student.arch=torchscript");
+  const RunInputs run = prepare_run(resolve_config(args.config, sets));
+  AugmentConfig eval = run.augment;
+  eval.augment = false;
+  const std::vector<float> images = normalized_images(run.test, eval);
+  const std::size_t count = run.test.size(), sample = run.test.sample_bytes();
+  const auto classes = static_cast<std::size_t>(run.test.classes());
+  const std::size_t batch = run.sampler.batch_size;
+  std::vector<float> logits(count * classes);
+  double seconds = 0;
+  std::string runner;
+  if (onnx) {
+    // The teacher's CPUs of the run's plan, as one replica.
+    affinity::CpuList cpus;
+    for (const auto& r : run.plan.teacher) cpus.insert(cpus.end(), r.begin(), r.end());
+    affinity::PinnedArena arena(run.topology, cpus, "eval");
+    runner = fmt::format("kdflow's oneDNN engine, {} thread(s), {}", cpus.size(),
+                         teacher::precision_name(run.precision));
+    run_in_arena(arena.arena(), [&] {
+      teacher::Replica replica(run.teacher);
+      const ImageAdapter& adapt = *run.teacher_input;
+      std::vector<float> input(batch * adapt.to().numel(), 0.f), scratch, out(batch * classes);
+      float* outputs[] = {out.data()};
+      for (std::size_t i = 0; i < count; i += batch) {
+        const std::size_t n = std::min(batch, count - i);
+        adapt.run(images.data() + i * sample, n, input.data(), scratch);
+        const auto t0 = Clock::now();
+        replica.run(input.data(), outputs);
+        seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+        std::copy_n(out.begin(), n * classes,
+                    logits.begin() + static_cast<std::ptrdiff_t>(i * classes));
+      }
+    });
+  } else {
+    runner = fmt::format("LibTorch on {}", run.device.is_cuda() ? "cuda" : "cpu");
+    student::StudentSpec spec{
+        "torchscript",      1.0,       run.test.channels(), run.test.height(), run.test.width(),
+        run.test.classes(), args.model};
+    for (std::size_t i = 0; i < count; i += batch) {
+      const std::size_t n = std::min(batch, count - i);
+      const auto t0 = Clock::now();
+      const std::vector<float> out = student::run_torchscript(
+          args.model, std::span(images).subspan(i * sample, n * sample), spec, run.device);
+      seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+      if (out.size() != n * classes)
+        throw InputError(fmt::format("--model {}: {} logits for {} images of {} classes",
+                                     args.model, out.size(), n, classes));
+      std::copy(out.begin(), out.end(), logits.begin() + static_cast<std::ptrdiff_t>(i * classes));
+    }
+  }
+  std::size_t top1 = 0, top5 = 0;
+  for (std::size_t i = 0; i < count; ++i) {
+    const std::span<const float> row(logits.data() + i * classes, classes);
+    top1 += in_top(row, run.test.label(i), 1);
+    top5 += in_top(row, run.test.label(i), 5);
+  }
+  const double n = static_cast<double>(count);
+  nlohmann::json result = {{"model", args.model},
+                           {"format", onnx ? "onnx" : "torchscript"},
+                           {"data", run.test.source()},
+                           {"samples", count},
+                           {"top1", static_cast<double>(top1) / n},
+                           {"top5", classes > 5 ? nlohmann::json(static_cast<double>(top5) / n)
+                                                : nlohmann::json(nullptr)},
+                           {"images_per_s", n / std::max(seconds, 1e-9)},
+                           {"batch", batch},
+                           {"runner", runner}};
+  fmt::print("{}: top-1 {:.4f}{} on {} test images ({}), {:.0f} images/s ({})\n", args.model,
+             result["top1"].get<double>(),
+             classes > 5 ? fmt::format(", top-5 {:.4f}", result["top5"].get<double>()) : "", count,
+             run.test.source(), result["images_per_s"].get<double>(), runner);
+  if (!args.json.empty()) write_file_atomic(args.json, result.dump(2) + "\n");
+  return kExitOk;
+}
+
+} // namespace kdflow::app
