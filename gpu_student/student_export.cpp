@@ -8,26 +8,15 @@
 
 #include <torch/script.h>
 
+#include <algorithm>
+#include <chrono>
+
 #include <fmt/format.h>
 
 namespace kdflow::student {
 namespace {
 
 using teacher::Attribute;
-
-Attribute ints(std::vector<std::int64_t> v) {
-  Attribute a;
-  a.kind = Attribute::Kind::ints;
-  a.ints = std::move(v);
-  return a;
-}
-
-Attribute integer(std::int64_t v) {
-  Attribute a;
-  a.kind = Attribute::Kind::i;
-  a.i = v;
-  return a;
-}
 
 std::vector<float> host_floats(const torch::Tensor& t) {
   const torch::Tensor c = t.detach().to(torch::kCPU).to(torch::kFloat).contiguous();
@@ -90,17 +79,17 @@ std::string GraphWriter::conv(const std::string& x, const torch::nn::Conv2dImpl&
   if (pad == nullptr) throw std::logic_error("GraphWriter::conv: padding given by mode");
   const std::int64_t ph = (**pad)[0], pw = (**pad)[1];
   return node("Conv", {x, constant("w", w), constant("b", b)},
-              {{"kernel_shape", ints({k[0], k[1]})},
-               {"strides", ints({s[0], s[1]})},
-               {"dilations", ints({d[0], d[1]})},
-               {"pads", ints({ph, pw, ph, pw})},
-               {"group", integer(o.groups())}});
+              {{"kernel_shape", teacher::ints_attribute({k[0], k[1]})},
+               {"strides", teacher::ints_attribute({s[0], s[1]})},
+               {"dilations", teacher::ints_attribute({d[0], d[1]})},
+               {"pads", teacher::ints_attribute({ph, pw, ph, pw})},
+               {"group", teacher::int_attribute(o.groups())}});
 }
 
 std::string GraphWriter::linear(const std::string& x, const torch::nn::LinearImpl& fc) {
   std::vector<std::string> in = {x, constant("w", fc.weight)};
   if (fc.bias.defined()) in.push_back(constant("b", fc.bias));
-  return node("Gemm", std::move(in), {{"transB", integer(1)}});
+  return node("Gemm", std::move(in), {{"transB", teacher::int_attribute(1)}});
 }
 
 std::string GraphWriter::relu(const std::string& x) { return node("Relu", {x}); }
@@ -115,7 +104,9 @@ std::string GraphWriter::add(const std::string& a, const std::string& b) {
 }
 
 std::string GraphWriter::max_pool(const std::string& x, std::int64_t k) {
-  return node("MaxPool", {x}, {{"kernel_shape", ints({k, k})}, {"strides", ints({k, k})}});
+  return node("MaxPool", {x},
+              {{"kernel_shape", teacher::ints_attribute({k, k})},
+               {"strides", teacher::ints_attribute({k, k})}});
 }
 
 std::string GraphWriter::global_mean(const std::string& x) {
@@ -123,7 +114,7 @@ std::string GraphWriter::global_mean(const std::string& x) {
 }
 
 std::string GraphWriter::flatten(const std::string& x) {
-  return node("Flatten", {x}, {{"axis", integer(1)}});
+  return node("Flatten", {x}, {{"axis", teacher::int_attribute(1)}});
 }
 
 teacher::Graph GraphWriter::finish(const std::string& logits) {
@@ -136,7 +127,8 @@ teacher::Graph GraphWriter::finish(const std::string& logits) {
 }
 
 std::vector<float> run_torchscript(const std::string& path, std::span<const float> images,
-                                   const StudentSpec& spec, const Device& device) {
+                                   const StudentSpec& spec, const Device& device,
+                                   std::int64_t batch, double* seconds) {
   const torch::Device where = to_torch(device);
   torch::jit::Module m;
   try {
@@ -150,22 +142,32 @@ std::vector<float> run_torchscript(const std::string& path, std::span<const floa
   torch::NoGradGuard no_grad;
   const std::int64_t sample = spec.channels * spec.height * spec.width_px;
   const auto count = static_cast<std::int64_t>(images.size()) / sample;
-  const torch::Tensor x =
-      torch::from_blob(const_cast<float*>(images.data()),
-                       {count, spec.channels, spec.height, spec.width_px}, torch::kFloat)
-          .to(where);
-  const c10::IValue out = m.forward({x});
-  torch::Tensor y;
-  if (out.isTensor())
-    y = out.toTensor();
-  else if (out.isTuple())
-    y = out.toTupleRef().elements().at(0).toTensor();
-  else if (out.isGenericDict())
-    y = out.toGenericDict().contains("logits") ? out.toGenericDict().at("logits").toTensor()
-                                               : out.toGenericDict().begin()->value().toTensor();
-  else
-    throw InputError(fmt::format("{}: forward returns {}, not the logits", path, out.tagKind()));
-  return host_floats(y);
+  std::vector<float> logits;
+  double forward_s = 0;
+  for (std::int64_t i = 0; i < count; i += batch) {
+    const std::int64_t n = std::min(batch, count - i);
+    const torch::Tensor x =
+        torch::from_blob(const_cast<float*>(images.data()) + i * sample,
+                         {n, spec.channels, spec.height, spec.width_px}, torch::kFloat)
+            .to(where);
+    const auto t0 = std::chrono::steady_clock::now();
+    const c10::IValue out = m.forward({x});
+    torch::Tensor y;
+    if (out.isTensor())
+      y = out.toTensor();
+    else if (out.isTuple() && !out.toTupleRef().elements().empty())
+      y = out.toTupleRef().elements()[0].toTensor();
+    else if (out.isGenericDict() && !out.toGenericDict().empty())
+      y = out.toGenericDict().contains("logits") ? out.toGenericDict().at("logits").toTensor()
+                                                 : out.toGenericDict().begin()->value().toTensor();
+    else
+      throw InputError(fmt::format("{}: forward returns {}, not the logits", path, out.tagKind()));
+    const std::vector<float> rows = host_floats(y); // waits for the device
+    forward_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    logits.insert(logits.end(), rows.begin(), rows.end());
+  }
+  if (seconds != nullptr) *seconds = forward_s;
+  return logits;
 }
 
 } // namespace kdflow::student

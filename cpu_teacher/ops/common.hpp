@@ -43,10 +43,6 @@ std::int64_t out_extent(std::int64_t in, std::int64_t k, std::int64_t stride, st
 // Turns auto_pad into explicit pads and fills defaults for a 2-D window op.
 void normalize_window(Node& node, const Shape& x, const Shape& kernel);
 
-Attribute ints_attribute(std::vector<std::int64_t> v);
-Attribute float_attribute(float v);
-Attribute int_attribute(std::int64_t v);
-
 // Input k's data, which must be a constant (kdflow runs at a fixed shape); `what` names it.
 const Tensor& need_constant(const Node& node, const std::vector<const Tensor*>& c, std::size_t k,
                             const char* what);

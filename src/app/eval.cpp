@@ -90,17 +90,11 @@ int eval_command(const EvalArgs& args) {
     student::StudentSpec spec{
         "torchscript",      1.0,       run.test.channels(), run.test.height(), run.test.width(),
         run.test.classes(), args.model};
-    for (std::size_t i = 0; i < count; i += batch) {
-      const std::size_t n = std::min(batch, count - i);
-      const auto t0 = Clock::now();
-      const std::vector<float> out = student::run_torchscript(
-          args.model, std::span(images).subspan(i * sample, n * sample), spec, run.device);
-      seconds += std::chrono::duration<double>(Clock::now() - t0).count();
-      if (out.size() != n * classes)
-        throw InputError(fmt::format("--model {}: {} logits for {} images of {} classes",
-                                     args.model, out.size(), n, classes));
-      std::copy(out.begin(), out.end(), logits.begin() + static_cast<std::ptrdiff_t>(i * classes));
-    }
+    logits = student::run_torchscript(args.model, images, spec, run.device,
+                                      static_cast<std::int64_t>(batch), &seconds);
+    if (logits.size() != count * classes)
+      throw InputError(fmt::format("--model {}: {} logits for {} images of {} classes", args.model,
+                                   logits.size(), count, classes));
   }
   std::size_t top1 = 0, top5 = 0;
   for (std::size_t i = 0; i < count; ++i) {

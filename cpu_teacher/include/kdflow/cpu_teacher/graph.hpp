@@ -44,6 +44,11 @@ struct Attribute {
   std::optional<Tensor> t;
 };
 
+// Attributes of one value (the passes' and the exported student's nodes).
+Attribute ints_attribute(std::vector<std::int64_t> v);
+Attribute float_attribute(float v);
+Attribute int_attribute(std::int64_t v);
+
 // An elementwise activation fused after a convolution or matrix product (oneDNN eltwise post-op),
 // or the residual sum (oneDNN sum post-op, `sum_input` accumulated in place).
 struct PostOp {

@@ -24,9 +24,11 @@ struct StudentSpec {
 std::vector<std::string> student_names();
 
 // An exported TorchScript student (`path`) run in eval mode on `device` over `images` (float32
-// [count, C, H, W] of spec's shape, normalized as the data): its logits, [count, classes]
-// row-major. InputError naming the file when it is no TorchScript archive.
+// [count, C, H, W] of spec's shape, normalized as the data), `batch` images at a time: its
+// logits, [count, classes] row-major; `seconds`, when given, receives the forward passes' time.
+// InputError naming the file when it is no TorchScript archive or gives no logits.
 std::vector<float> run_torchscript(const std::string& path, std::span<const float> images,
-                                   const StudentSpec& spec, const Device& device);
+                                   const StudentSpec& spec, const Device& device,
+                                   std::int64_t batch = 256, double* seconds = nullptr);
 
 } // namespace kdflow::student
