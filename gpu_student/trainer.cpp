@@ -6,6 +6,7 @@
 #include "kdflow/core/error.hpp"
 #include "kdflow/core/log.hpp"
 #include "kdflow/core/trace.hpp"
+#include "losses.hpp"
 #include "models.hpp"
 #include "slot_feeder.hpp"
 #include "torch_teacher_impl.hpp"
@@ -181,13 +182,9 @@ std::optional<StepStats> Trainer::step(std::uint64_t batch) {
   } else if (o.kd_alpha > 0 && m.regions.teacher_logits) {
     teacher = b->regions[*m.regions.teacher_logits].slice(0, 0, n);
   }
-  if (teacher.defined()) {
-    const double t = o.kd_temperature;
-    // T^2 * KL(softmax(t/T) || softmax(s/T)), batch mean (Hinton et al. 2015).
-    const torch::Tensor log_p_teacher = torch::log_softmax(teacher / t, 1);
-    const torch::Tensor log_p_student = torch::log_softmax(s / t, 1);
-    kd = (log_p_teacher.exp() * (log_p_teacher - log_p_student)).sum() * (t * t / n);
-  }
+  if (teacher.defined())
+    kd = o.kd_loss == "dkd" ? dkd_loss(s, teacher, y, o.kd_temperature, o.dkd_alpha, o.dkd_beta)
+                            : kl_loss(s, teacher, o.kd_temperature);
   const torch::Tensor loss = o.kd_alpha * kd + (1.0 - o.kd_alpha) * ce;
 
   m.optimizer->zero_grad(true);

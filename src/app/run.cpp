@@ -96,6 +96,9 @@ student::TrainerOptions trainer_options(const RunInputs& run, std::int64_t total
   topt.amp = config.get_string("train.amp");
   topt.kd_alpha = config.get_double("kd.alpha");
   topt.kd_temperature = config.get_double("kd.temperature");
+  topt.kd_loss = config.get_string("kd.loss");
+  topt.dkd_alpha = config.get_double("kd.dkd_alpha");
+  topt.dkd_beta = config.get_double("kd.dkd_beta");
   topt.skip_nonfinite = config.get_string("train.on_nonfinite") == "skip";
   topt.seed = static_cast<std::uint64_t>(config.get_int("train.seed"));
   if (!run.augment.normalize)
@@ -177,9 +180,9 @@ ImageAdapter teacher_input(const RunInputs& run) {
   const Normalization data_norm{run.augment.mean, run.augment.std};
   const teacher::Shape in = run.teacher->input_shape();
   const std::string mean = config.get_string("teacher.mean"),
-                    std = config.get_string("teacher.std");
+                    stdev = config.get_string("teacher.std");
   if (in == teacher::Shape{in[0], data.channels, data.height, data.width} && mean == "auto" &&
-      std == "auto")
+      stdev == "auto")
     return {data, data_norm, data, data_norm}; // the slot's images as they are
   if (in.size() != 4)
     throw InputError(fmt::format(
@@ -198,8 +201,9 @@ ImageAdapter teacher_input(const RunInputs& run) {
   };
   const Normalization own_norm{mean == "auto" ? repeated(data_norm.mean)
                                               : parse_floats(mean, "teacher.mean", channels, false),
-                               std == "auto" ? repeated(data_norm.std)
-                                             : parse_floats(std, "teacher.std", channels, true)};
+                               stdev == "auto"
+                                   ? repeated(data_norm.std)
+                                   : parse_floats(stdev, "teacher.std", channels, true)};
   ImageAdapter adapter(data, data_norm, own, own_norm);
   std::vector<std::string> what;
   if (adapter.resizes())

@@ -12,6 +12,7 @@
 #include "kdflow/cpu_teacher/npy.hpp"
 #include "kdflow/gpu_student/pinned_host.hpp"
 #include "kdflow/gpu_student/trainer.hpp"
+#include "losses.hpp"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -19,6 +20,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 
 #include <filesystem>
@@ -26,6 +28,7 @@
 #include <optional>
 #include <random>
 #include <stdlib.h>
+#include <tuple>
 
 namespace kdflow::student {
 namespace {
@@ -260,6 +263,57 @@ TEST(Trainer, ExportedStudentsGiveTheStudentsLogits) {
   const std::string command = std::string("'") + KD_PYTHON + "' '" + KDFLOW_SOURCE_DIR +
                               "/scripts/check_export.py' '" + dir.string() + "'";
   EXPECT_EQ(std::system(command.c_str()), 0) << command;
+}
+
+// Both distillation losses against their authors' PyTorch code (scripts/dkd_reference.py, in
+// float64) on fixed logits, at two temperatures and two weightings; and DKD in a training step.
+TEST(Trainer, DistillationLossesMatchTheirReferenceCode) {
+  std::string pattern = (std::filesystem::temp_directory_path() / "kdflow_dkd.XXXXXX").string();
+  ASSERT_NE(::mkdtemp(pattern.data()), nullptr);
+  const std::filesystem::path dir = pattern;
+  constexpr std::int64_t kRows = 6, kClasses = 10;
+  std::vector<float> s(kRows * kClasses), t(kRows * kClasses);
+  const std::vector<float> labels = {0, 3, 9, 2, 2, 7};
+  for (std::int64_t i = 0; i < kRows; ++i)
+    for (std::int64_t c = 0; c < kClasses; ++c) {
+      s[static_cast<std::size_t>(i * kClasses + c)] = 3.f * std::sin(0.7f * i + 1.3f * c);
+      t[static_cast<std::size_t>(i * kClasses + c)] = 4.f * std::cos(0.5f * i - 0.9f * c + 0.3f);
+    }
+  teacher::write_npy((dir / "student.npy").string(), {kRows, kClasses}, s.data());
+  teacher::write_npy((dir / "teacher.npy").string(), {kRows, kClasses}, t.data());
+  teacher::write_npy((dir / "labels.npy").string(), {kRows}, labels.data());
+  const torch::Tensor st = torch::from_blob(s.data(), {kRows, kClasses}).clone();
+  const torch::Tensor tt = torch::from_blob(t.data(), {kRows, kClasses}).clone();
+  const torch::Tensor y =
+      torch::from_blob(const_cast<float*>(labels.data()), {kRows}).to(torch::kLong);
+  for (const auto& [temperature, alpha, beta] :
+       {std::tuple{4.0, 1.0, 8.0}, std::tuple{1.5, 0.5, 2.0}}) {
+    const std::string command = std::string("'") + KD_PYTHON + "' '" + KDFLOW_SOURCE_DIR +
+                                "/scripts/dkd_reference.py' '" + dir.string() + "' " +
+                                std::to_string(temperature) + " " + std::to_string(alpha) + " " +
+                                std::to_string(beta);
+    FILE* pipe = ::popen(command.c_str(), "r");
+    ASSERT_NE(pipe, nullptr);
+    std::string out;
+    for (char buf[256]; std::fgets(buf, sizeof buf, pipe) != nullptr;) out += buf;
+    ASSERT_EQ(::pclose(pipe), 0) << command;
+    const auto want = nlohmann::json::parse(out);
+    const double kl = kl_loss(st, tt, temperature).item<double>();
+    const double dkd = dkd_loss(st, tt, y, temperature, alpha, beta).item<double>();
+    EXPECT_NEAR(kl, want["kl"].get<double>(), 1e-5 * std::max(1.0, std::fabs(kl))) << out;
+    EXPECT_NEAR(dkd, want["dkd"].get<double>(), 1e-5 * std::max(1.0, std::fabs(dkd))) << out;
+    EXPECT_GT(dkd, 0.0);
+  }
+  // In a step: the mix is still kd.alpha * DKD + (1 - kd.alpha) * CE.
+  Fixture f(1, 28, 28);
+  auto o = options("cnn", 1, 28);
+  o.kd_loss = "dkd";
+  Trainer trainer(o, f.ring, {0, 1, 2});
+  f.produce(0);
+  const auto step = trainer.step(0);
+  ASSERT_TRUE(step);
+  EXPECT_GT(step->kd_loss, 0);
+  EXPECT_NEAR(step->loss, o.kd_alpha * step->kd_loss + (1 - o.kd_alpha) * step->ce_loss, 1e-5);
 }
 
 TEST(Trainer, LossMixesKdAndCeByAlpha) {

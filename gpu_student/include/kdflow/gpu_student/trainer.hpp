@@ -34,6 +34,10 @@ struct TrainerOptions {
   double clip_grad_norm = 0.0;
   std::string amp = "auto"; // auto | off | bf16 | fp16 (CUDA only)
   double kd_alpha = 0.9, kd_temperature = 4.0;
+  // The distillation loss: "kl" (Hinton's) or "dkd" (decoupled KD, weighted by dkd_alpha on the
+  // target-class term and dkd_beta on the non-target term); kd_alpha mixes it with CE either way.
+  std::string kd_loss = "kl";
+  double dkd_alpha = 1.0, dkd_beta = 8.0;
   bool skip_nonfinite = false;
   std::uint64_t seed = 42;
   // uint8 input slots: x * input_scale[c] + input_shift[c] per channel on the student's device

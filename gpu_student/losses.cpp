@@ -1,0 +1,41 @@
+// Distillation losses (losses.hpp), written from the papers' formulas with LibTorch ops; the KL
+// terms as sum p * (log p - log q) with p log p as xlogy, so that zero probabilities add zero.
+#include "losses.hpp"
+
+namespace kdflow::student {
+namespace {
+
+// sum over everything of p * (log p - log_q): KL(p || q) summed over rows.
+torch::Tensor kl_sum(const torch::Tensor& p, const torch::Tensor& log_q) {
+  return (torch::xlogy(p, p) - p * log_q).sum();
+}
+
+} // namespace
+
+torch::Tensor kl_loss(const torch::Tensor& student, const torch::Tensor& teacher, double t) {
+  const torch::Tensor log_p_teacher = torch::log_softmax(teacher / t, 1);
+  const torch::Tensor log_p_student = torch::log_softmax(student / t, 1);
+  return (log_p_teacher.exp() * (log_p_teacher - log_p_student)).sum() *
+         (t * t / static_cast<double>(student.size(0)));
+}
+
+torch::Tensor dkd_loss(const torch::Tensor& student, const torch::Tensor& teacher,
+                       const torch::Tensor& labels, double t, double alpha, double beta) {
+  const double scale = t * t / static_cast<double>(student.size(0));
+  const torch::Tensor target = torch::one_hot(labels, student.size(1)).to(student.dtype());
+  const torch::Tensor others = 1 - target;
+  // Target-class KD: the (target, rest) split of each softened distribution.
+  const torch::Tensor p_student = torch::softmax(student / t, 1);
+  const torch::Tensor p_teacher = torch::softmax(teacher / t, 1);
+  const auto binary = [&](const torch::Tensor& p) {
+    return torch::stack({(p * target).sum(1), (p * others).sum(1)}, 1);
+  };
+  const torch::Tensor tckd = kl_sum(binary(p_teacher), torch::log(binary(p_student))) * scale;
+  // Non-target KD: the distributions over the other classes alone.
+  const torch::Tensor nckd = kl_sum(torch::softmax(teacher / t - 1000.0 * target, 1),
+                                    torch::log_softmax(student / t - 1000.0 * target, 1)) *
+                             scale;
+  return alpha * tckd + beta * nckd;
+}
+
+} // namespace kdflow::student
