@@ -127,6 +127,8 @@ struct Trainer::Impl {
   std::int64_t skipped = 0;
   std::shared_ptr<const TorchTeacher> colocated;
   std::optional<ImageAdapter> colocated_input;
+  // The student's identity in checkpoints (describe(): a TorchScript module's file is read once).
+  std::string identity = describe(options);
   torch::Tensor input_scale, input_shift; // uint8 slots: normalized here, [1, C, 1, 1]
 
   // The batch's inputs as the network takes them: float32 slots as they are, uint8 normalized.
@@ -334,7 +336,7 @@ void Trainer::save(const std::filesystem::path& path, const std::string& run_sta
   archive.write("model", model);
   archive.write("optimizer", optim);
   archive.write("format", torch::tensor(std::int64_t{kCheckpointFormat}));
-  archive.write("student", bytes_tensor(describe(m.options)));
+  archive.write("student", bytes_tensor(m.identity));
   archive.write("step", torch::tensor(m.step));
   archive.write("skipped", torch::tensor(m.skipped));
   archive.write("loss_scale", torch::tensor(m.loss_scale, torch::kDouble));
@@ -363,9 +365,9 @@ std::string Trainer::load(const std::filesystem::path& path) {
       throw InputError(fmt::format("checkpoint {}: format {} (this kdflow reads {})", path.string(),
                                    format, kCheckpointFormat));
     const std::string written = tensor_bytes(tensor_at("student"));
-    if (written != describe(m.options))
+    if (written != m.identity)
       throw InputError(fmt::format("checkpoint {}: written for {}; this run has {}", path.string(),
-                                   written, describe(m.options)));
+                                   written, m.identity));
     torch::serialize::InputArchive model, optim;
     archive.read("model", model);
     archive.read("optimizer", optim);
