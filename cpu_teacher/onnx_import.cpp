@@ -304,7 +304,6 @@ pb::ModelProto parse(const std::string& path) {
   return model;
 }
 
-// The batch the model's input declares: 0 where it is symbolic (dim_param) or absent.
 // A declared input's sample dimensions, "?" where the model leaves one open.
 std::string
 dims_text(const google::protobuf::RepeatedPtrField<pb::TensorShapeProto::Dimension>& dims) {
@@ -323,6 +322,7 @@ std::string wanted_text(const Shape& shape) {
   return fmt::format("[{}]", fmt::join(out, ", "));
 }
 
+// The batch the model's input declares: 0 where it is symbolic (dim_param) or absent.
 std::int64_t declared_batch(const pb::ModelProto& model) {
   for (const auto& in : model.graph().input()) {
     bool init = false;

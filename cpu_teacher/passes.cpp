@@ -437,9 +437,10 @@ std::optional<std::pair<std::string, float>> scaling_of(const Graph& g, const No
 }
 
 // A product scaled by constants, as attention writes it (q * s and k * s before the product, or
-// the product / sqrt(d) after it): the scale joins the MatMul's (or Gemm's) alpha, which oneDNN
-// applies as the product's first post-op (or folds into constant weights), and the Mul or Div
-// goes. After the product only while nothing is fused into it yet (a Gemm's beta * C scales too).
+// the product / sqrt(d) after it): the scale joins the MatMul's (or Gemm's) alpha, which the
+// lowering gives oneDNN's matmul as a weights scale (or folds into constant weights), and the Mul
+// or Div goes. After the product only while nothing is fused into it yet (a Gemm's beta * C scales
+// too).
 bool fuse_product_scale(Graph& g) {
   for (std::size_t i = 0; i < g.nodes.size(); ++i) {
     Node& mm = g.nodes[i];

@@ -37,7 +37,8 @@ std::string last_line(const std::exception& e) {
   std::istringstream in(what);
   for (std::string l; std::getline(in, l);)
     if (l.find_first_not_of(" \t") != std::string::npos) line = l;
-  return line.substr(line.find_first_not_of(" \t"));
+  const auto start = line.find_first_not_of(" \t");
+  return start == std::string::npos ? std::string("(no message)") : line.substr(start);
 }
 
 // Parameter and buffer names of nn::Module may not hold dots: "layer1.0.conv.weight" is kept as
@@ -101,21 +102,30 @@ struct ScriptNet : Net {
                                  path, out.tagKind()));
   }
 
-  // One batch of two zero images through forward in eval mode (running statistics untouched):
-  // the shape the data gives must be accepted and give [2, classes] floating-point logits.
+  // One batch of two zero images through forward in eval mode: the shape the data gives must be
+  // accepted and give [2, classes] floating-point logits. The buffers are put back afterwards (a
+  // module traced in train mode updates BatchNorm's statistics even in eval mode).
   void check_dry_batch(const StudentSpec& spec) {
     torch::NoGradGuard no_grad;
+    std::vector<std::pair<torch::Tensor, torch::Tensor>> saved;
+    for (const auto& b : module.named_buffers(/*recurse=*/true))
+      saved.emplace_back(b.value, b.value.clone());
+    const auto restore = [&] {
+      for (auto& [buffer, copy] : saved) buffer.copy_(copy);
+    };
     module.eval();
     const std::vector<std::int64_t> shape = {2, spec.channels, spec.height, spec.width_px};
     c10::IValue out;
     try {
       out = module.forward({torch::zeros(shape)});
     } catch (const std::exception& e) { // c10::Error, or the interpreter's runtime_error
+      restore();
       throw InputError(fmt::format("student.path = {}: forward rejects a batch of shape [{}] "
                                    "(the data's images): {}",
                                    path, fmt::join(shape, ", "), last_line(e)));
     }
     module.train();
+    restore();
     const torch::Tensor y = logits_of(out);
     if (y.dim() != 2 || y.size(0) != 2 || y.size(1) != spec.classes || !y.is_floating_point())
       throw InputError(fmt::format(

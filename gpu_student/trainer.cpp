@@ -293,13 +293,26 @@ std::vector<float> Trainer::predict(std::span<const float> images) {
       torch::from_blob(const_cast<float*>(images.data()),
                        {count, spec.channels, spec.height, spec.width_px}, torch::kFloat)
           .to(m.device);
+  // In full fp32, as the exported file computes: no autocast, and on CUDA no TF32 in cuDNN's
+  // convolutions or in matrix products for this pass.
+  auto& context = at::globalContext();
+  const bool tf32_conv = context.allowTF32CuDNN();
+  const bool tf32_matmul = context.allowTF32CuBLAS();
+  context.setAllowTF32CuDNN(false);
+  context.setAllowTF32CuBLAS(false);
   torch::Tensor y;
-  {
-    AutocastScope amp(m.autocast, m.amp_dtype);
-    y = m.net->forward(x);
+  try {
+    y = m.net->forward(x).to(torch::kCPU);
+  } catch (...) {
+    context.setAllowTF32CuDNN(tf32_conv);
+    context.setAllowTF32CuBLAS(tf32_matmul);
+    m.net->train();
+    throw;
   }
+  context.setAllowTF32CuDNN(tf32_conv);
+  context.setAllowTF32CuBLAS(tf32_matmul);
   m.net->train();
-  const torch::Tensor host = y.to(torch::kCPU).to(torch::kFloat).contiguous();
+  const torch::Tensor host = y.to(torch::kFloat).contiguous();
   return {host.data_ptr<float>(), host.data_ptr<float>() + host.numel()};
 }
 

@@ -91,8 +91,9 @@ public:
 
   // Top-1 accuracy on plain float32 images [count, C, H, W] (normalized like the training data).
   double evaluate(std::span<const float> images, std::span<const std::int64_t> labels);
-  // The student's logits in eval mode for plain float32 images [count, C, H, W], [count, classes]
-  // row-major on the host (the reference an export is checked against).
+  // The student's logits in eval mode and full fp32 (no autocast, no TF32) for plain float32
+  // images [count, C, H, W], [count, classes] row-major on the host (the reference an export is
+  // checked against).
   std::vector<float> predict(std::span<const float> images);
   // Writes the trained student to `path`, atomically: "onnx" (built-in students: opset 17, input
   // "input" and output "logits" with an open batch, BatchNorm folded into the convolutions) or
