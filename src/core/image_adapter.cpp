@@ -3,6 +3,7 @@
 #include "kdflow/core/image_adapter.hpp"
 
 #include <algorithm>
+#include <initializer_list>
 #include <stdexcept>
 
 #include <fmt/format.h>
@@ -31,8 +32,8 @@ int box_factor(int in, int out) { return out > 0 && in / out >= 2 ? in / out : 1
 ImageAdapter::ImageAdapter(ImageSpec from, Normalization from_norm, ImageSpec to,
                            Normalization to_norm)
     : from_(from), to_(to), from_norm_(std::move(from_norm)), to_norm_(std::move(to_norm)) {
-  if (from.numel() == 0 || to.numel() == 0 || from.channels < 0 || from.height < 0 || to.height < 0)
-    throw std::invalid_argument("ImageAdapter: empty image shape");
+  for (const int side : {from.channels, from.height, from.width, to.channels, to.height, to.width})
+    if (side < 1) throw std::invalid_argument("ImageAdapter: empty image shape");
   if (from.channels != to.channels && from.channels != 1)
     throw std::invalid_argument(
         fmt::format("ImageAdapter: {} channels cannot become {}", from.channels, to.channels));
