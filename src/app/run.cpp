@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <exception>
 #include <filesystem>
 #include <sstream>
@@ -28,8 +29,9 @@ std::vector<float> parse_floats(const std::string& text, const std::string& key,
   for (std::string item; std::getline(in, item, ',');) {
     char* end = nullptr;
     const float v = std::strtof(item.c_str(), &end);
-    if (item.empty() || end == item.c_str() || *end != '\0' || (positive && !(v > 0)))
-      throw InputError(fmt::format("{} = \"{}\": '{}' is not a {}number", key, text, item,
+    if (item.empty() || end == item.c_str() || *end != '\0' || !std::isfinite(v) ||
+        (positive && !(v > 0)))
+      throw InputError(fmt::format("{} = \"{}\": '{}' is not a {}finite number", key, text, item,
                                    positive ? "positive " : ""));
     out.push_back(v);
   }

@@ -136,7 +136,7 @@ void Config::assign(const ConfigKey& key, ConfigValue value, const std::string& 
     const double v = key.type == ConfigType::integer
                          ? static_cast<double>(std::get<std::int64_t>(value))
                          : std::get<double>(value);
-    if (v < key.min || v > key.max)
+    if (!(v >= key.min && v <= key.max)) // NaN too: it compares false with every bound
       throw InputError(fmt::format("{}: key '{}' = {} is outside [{}, {}]", origin, key.name,
                                    show(value), key.min, key.max));
   }

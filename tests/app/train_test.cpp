@@ -263,6 +263,12 @@ TEST(Train, BadInputsAreExit2WithOneLine) {
     EXPECT_EQ(r.code, 2);
     expect_one_line_naming(r.err, "/nonexistent/data");
   }
+  // Per-channel lists take finite numbers only (strtof reads "nan" and "inf").
+  for (const char* set : {"data.mean=nan", "data.std=0.3,inf", "teacher.mean=nan"}) {
+    const Result r = run(with(base_args(out), {set}), out);
+    EXPECT_EQ(r.code, 2) << set;
+    expect_one_line_naming(r.err, std::string(set).substr(0, std::string(set).find('=')));
+  }
   EXPECT_FALSE(fs::exists(out / "checkpoints")); // nothing was started
 }
 

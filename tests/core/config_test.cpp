@@ -92,6 +92,12 @@ TEST(Config, BadInputNamesTheKey) {
                      {"train.epochs", "integer"});
   expect_input_error([&] { c.merge_toml("[kd]\nalpha = 1.5\n", "f.toml"); },
                      {"kd.alpha", "outside"});
+  // TOML spells NaN and infinity as floats: no range admits them.
+  expect_input_error([&] { c.merge_toml("[train]\nlr = nan\n", "f.toml"); },
+                     {"f.toml", "train.lr", "outside"});
+  expect_input_error([&] { c.merge_toml("[kd]\ntemperature = -nan\n", "f.toml"); },
+                     {"kd.temperature"});
+  expect_input_error([&] { c.merge_toml("[train]\nlr = inf\n", "f.toml"); }, {"train.lr"});
   expect_input_error([&] { c.merge_toml("[student]\ndevice = \"tpu\"\n", "f.toml"); },
                      {"student.device", "tpu", "auto"});
   expect_input_error([&] { c.merge_toml("[train\nepochs=1", "broken.toml"); }, {"broken.toml:1"});
