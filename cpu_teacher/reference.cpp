@@ -95,6 +95,19 @@ void normalize_window(Node& node, const Shape& x, const Shape& kernel) {
   auto pads = node.ints_attr("pads", {0, 0, 0, 0});
   if (strides.size() != 2 || dil.size() != 2 || pads.size() != 4 || kernel.size() != 2)
     bad(node, "strides, dilations, kernel_shape and pads must describe 2 spatial axes");
+  // Bounded so that the output extents below neither divide by zero nor overflow.
+  constexpr std::int64_t kMaxWindow = 1 << 20;
+  for (int a = 0; a < 2; ++a) {
+    if (strides[a] < 1 || strides[a] > kMaxWindow || dil[a] < 1 || dil[a] > kMaxWindow)
+      bad(node, fmt::format("strides {} and dilations {} must be from 1 to {}",
+                            format_shape(strides), format_shape(dil), kMaxWindow));
+    if (kernel[a] < 1 || kernel[a] > kMaxWindow)
+      bad(node,
+          fmt::format("kernel_shape {} must be from 1 to {}", format_shape(kernel), kMaxWindow));
+  }
+  for (const auto p : pads)
+    if (p < 0 || p > kMaxWindow)
+      bad(node, fmt::format("pads {} must be from 0 to {}", format_shape(pads), kMaxWindow));
   const std::string auto_pad = node.string_attr("auto_pad", "NOTSET");
   if (auto_pad == "SAME_UPPER" || auto_pad == "SAME_LOWER") {
     for (int a = 0; a < 2; ++a) {

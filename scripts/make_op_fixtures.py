@@ -283,6 +283,19 @@ def rejects(out):
                            "mode = 'cubic' is not supported")
     bad["resize_channels"] = (model([node("Resize", ["x", "", "scales"])], X, [const("scales", np.array([1, 2, 1, 1], np.float32))], opset=13),
                               "only the two spatial axes")
+    # Attributes and parameters that once crashed the importer (issue 20): checked before use.
+    bad["transpose_bad_perm"] = (model([node("Transpose", ["x"], perm=[0, 1, 3, 7])], X, out_shape=["N", 4, 9, 11]),
+                                 "not a permutation")
+    bad["conv_zero_stride"] = (model([node("Conv", ["x", "w"], strides=[0, 1])], X, [const("w", rand(2, 4, 3, 3))]),
+                               "must be from 1")
+    bad["maxpool_zero_stride"] = (model([node("MaxPool", ["x"], kernel_shape=[2, 2], strides=[0, 0])], X),
+                                  "must be from 1")
+    bad["batchnorm_short_scale"] = (model([node("BatchNormalization", ["x", "s", "b", "m", "v"])], X,
+                                          [const("s", np.ones(0, np.float32)), const("b", rand(4)), const("m", rand(4)),
+                                           const("v", np.ones(4, np.float32))], out_shape=["N", 4, 9, 11]),
+                                    "scale has shape [0]")
+    bad["clip_empty_min"] = (model([node("Clip", ["x", "lo"])], X, [const("lo", np.ones(0, np.float32))], out_shape=["N", 4, 9, 11]),
+                             "min must be one value")
     bad["bad_broadcast"] = (model([node("Add", ["x", "k"])], X, [const("k", rand(3, 1, 1))], out_shape=["N", 4, 9, 11]), "do not broadcast")
     return bad
 

@@ -14,6 +14,8 @@
 #include <limits>
 #include <stdexcept>
 
+#include <fmt/format.h>
+
 namespace kdflow::teacher {
 namespace {
 
@@ -43,10 +45,13 @@ std::vector<InferredOutput> infer_clip(Node& node, const InferArgs& a) {
     lo = node.float_attr("min", lo);
     hi = node.float_attr("max", hi);
   } else {
-    if (has_input(node, 1))
-      lo = static_cast<float>(need_constant(node, a.constants, 1, "min").at(0));
-    if (has_input(node, 2))
-      hi = static_cast<float>(need_constant(node, a.constants, 2, "max").at(0));
+    const auto bound = [&](std::size_t k, const char* what) {
+      const Tensor& t = need_constant(node, a.constants, k, what);
+      if (t.size() != 1) bad(node, fmt::format("{} must be one value, has {}", what, t.size()));
+      return static_cast<float>(t.at(0));
+    };
+    if (has_input(node, 1)) lo = bound(1, "min");
+    if (has_input(node, 2)) hi = bound(2, "max");
   }
   node.attrs["min"] = float_attribute(lo);
   node.attrs["max"] = float_attribute(hi);

@@ -340,6 +340,13 @@ double conv_flops(const Graph& g, const Node& node) {
 // --- BatchNormalization --------------------------------------------------------------------------
 
 std::vector<InferredOutput> infer_batchnorm(Node& node, const InferArgs& a) {
+  // Scale, bias, mean and variance hold one value per channel (axis 1).
+  if (a.in[0].size() < 2) bad(node, "X needs a channel axis");
+  const char* names[] = {"scale", "B", "mean", "var"};
+  for (std::size_t k = 1; k <= 4; ++k)
+    if (a.in[k] != Shape{a.in[0][1]})
+      bad(node, fmt::format("{} has shape {}, X has {} channels", names[k - 1],
+                            format_shape(a.in[k]), a.in[0][1]));
   node.attrs["epsilon"] = float_attribute(node.float_attr("epsilon", 1e-5f));
   return {{a.in[0], ElemType::f32}};
 }

@@ -105,6 +105,13 @@ std::vector<InferredOutput> infer_transpose(Node& node, const InferArgs& a) {
   if (perm.empty())
     for (std::size_t k = 0; k < rank; ++k) perm.push_back(static_cast<std::int64_t>(rank - 1 - k));
   if (perm.size() != rank) bad(node, "perm has the wrong length");
+  std::vector<bool> seen(rank, false);
+  for (const auto p : perm) {
+    if (p < 0 || p >= static_cast<std::int64_t>(rank) || seen[static_cast<std::size_t>(p)])
+      bad(node,
+          fmt::format("perm {} is not a permutation of the {} axes", format_shape(perm), rank));
+    seen[static_cast<std::size_t>(p)] = true;
+  }
   node.attrs["perm"] = ints_attribute(perm);
   Shape out(rank);
   for (std::size_t k = 0; k < rank; ++k) out[k] = a.in[0][static_cast<std::size_t>(perm[k])];
