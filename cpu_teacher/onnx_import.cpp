@@ -132,7 +132,7 @@ Tensor to_tensor(const pb::TensorProto& t, const std::filesystem::path& model_di
   if (type == pb::TensorProto::FLOAT || type == pb::TensorProto::DOUBLE) {
     std::vector<float> v(count);
     if (type == pb::TensorProto::FLOAT && has_raw) {
-      std::memcpy(v.data(), raw.data(), raw.size());
+      if (count > 0) std::memcpy(v.data(), raw.data(), raw.size()); // an empty v has no data()
     } else if (type == pb::TensorProto::FLOAT) {
       std::copy(t.float_data().begin(), t.float_data().end(), v.begin());
     } else if (has_raw) {
