@@ -60,6 +60,9 @@ std::shared_ptr<Net> make_student(const StudentSpec& spec);
 // file, for checkpoints; and the module saved back (trained, in eval mode) to `out`.
 std::shared_ptr<Net> make_script_net(const StudentSpec& spec);
 std::string script_digest(const std::string& path);
+// The logits in what a TorchScript student's forward returns: the tensor itself, a tuple's first
+// entry, a dict's "logits" entry (else its first); InputError naming `path` otherwise.
+torch::Tensor script_logits(const c10::IValue& out, const std::string& path);
 void save_script_net(Net& net, std::ostream& out);
 
 } // namespace kdflow::student

@@ -75,31 +75,13 @@ struct ScriptNet : Net {
     check_dry_batch(spec);
   }
 
-  torch::Tensor forward(torch::Tensor x) override { return logits_of(module.forward({x})); }
+  torch::Tensor forward(torch::Tensor x) override {
+    return script_logits(module.forward({x}), path);
+  }
 
   void train(bool on) override {
     torch::nn::Module::train(on);
     module.train(on);
-  }
-
-  // The logits in what forward returns: the tensor itself, a tuple's first entry, a dict's
-  // "logits" entry (else its first).
-  [[nodiscard]] torch::Tensor logits_of(const c10::IValue& out) const {
-    if (out.isTensor()) return out.toTensor();
-    if (out.isTuple() && !out.toTupleRef().elements().empty() &&
-        out.toTupleRef().elements()[0].isTensor())
-      return out.toTupleRef().elements()[0].toTensor();
-    if (out.isGenericDict() && !out.toGenericDict().empty()) {
-      const auto dict = out.toGenericDict();
-      for (const auto& entry : dict)
-        if (entry.key().isString() && entry.key().toStringRef() == "logits" &&
-            entry.value().isTensor())
-          return entry.value().toTensor();
-      if (dict.begin()->value().isTensor()) return dict.begin()->value().toTensor();
-    }
-    throw InputError(fmt::format("student.path = {}: forward returns {}, not the logits (a "
-                                 "tensor, or a tuple or dict whose first or 'logits' entry is one)",
-                                 path, out.tagKind()));
   }
 
   // One batch of two zero images through forward in eval mode: the shape the data gives must be
@@ -126,7 +108,7 @@ struct ScriptNet : Net {
     }
     module.train();
     restore();
-    const torch::Tensor y = logits_of(out);
+    const torch::Tensor y = script_logits(out, path);
     if (y.dim() != 2 || y.size(0) != 2 || y.size(1) != spec.classes || !y.is_floating_point())
       throw InputError(fmt::format(
           "student.path = {}: forward gives {} [{}] for a batch of 2; the data has {} classes, so "
@@ -140,6 +122,24 @@ struct ScriptNet : Net {
 };
 
 } // namespace
+
+torch::Tensor script_logits(const c10::IValue& out, const std::string& path) {
+  if (out.isTensor()) return out.toTensor();
+  if (out.isTuple() && !out.toTupleRef().elements().empty() &&
+      out.toTupleRef().elements()[0].isTensor())
+    return out.toTupleRef().elements()[0].toTensor();
+  if (out.isGenericDict() && !out.toGenericDict().empty()) {
+    const auto dict = out.toGenericDict();
+    for (const auto& entry : dict)
+      if (entry.key().isString() && entry.key().toStringRef() == "logits" &&
+          entry.value().isTensor())
+        return entry.value().toTensor();
+    if (dict.begin()->value().isTensor()) return dict.begin()->value().toTensor();
+  }
+  throw InputError(fmt::format("{}: forward returns {}, not the logits (a tensor, or a tuple or "
+                               "dict whose first or 'logits' entry is one)",
+                               path, out.tagKind()));
+}
 
 std::shared_ptr<Net> make_script_net(const StudentSpec& spec) {
   return std::make_shared<ScriptNet>(spec);

@@ -152,16 +152,7 @@ std::vector<float> run_torchscript(const std::string& path, std::span<const floa
             .to(where);
     const auto t0 = std::chrono::steady_clock::now();
     const c10::IValue out = m.forward({x});
-    torch::Tensor y;
-    if (out.isTensor())
-      y = out.toTensor();
-    else if (out.isTuple() && !out.toTupleRef().elements().empty())
-      y = out.toTupleRef().elements()[0].toTensor();
-    else if (out.isGenericDict() && !out.toGenericDict().empty())
-      y = out.toGenericDict().contains("logits") ? out.toGenericDict().at("logits").toTensor()
-                                                 : out.toGenericDict().begin()->value().toTensor();
-    else
-      throw InputError(fmt::format("{}: forward returns {}, not the logits", path, out.tagKind()));
+    const torch::Tensor y = script_logits(out, path);
     const std::vector<float> rows = host_floats(y); // waits for the device
     forward_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     logits.insert(logits.end(), rows.begin(), rows.end());

@@ -294,25 +294,31 @@ std::vector<float> Trainer::predict(std::span<const float> images) {
                        {count, spec.channels, spec.height, spec.width_px}, torch::kFloat)
           .to(m.device);
   // In full fp32, as the exported file computes: no autocast, and on CUDA no TF32 in cuDNN's
-  // convolutions or in matrix products for this pass.
-  auto& context = at::globalContext();
-  const bool tf32_conv = context.allowTF32CuDNN();
-  const bool tf32_matmul = context.allowTF32CuBLAS();
-  context.setAllowTF32CuDNN(false);
-  context.setAllowTF32CuBLAS(false);
-  torch::Tensor y;
-  try {
-    y = m.net->forward(x).to(torch::kCPU);
-  } catch (...) {
-    context.setAllowTF32CuDNN(tf32_conv);
-    context.setAllowTF32CuBLAS(tf32_matmul);
-    m.net->train();
-    throw;
+  // convolutions or in matrix products for this pass (the settings and train mode come back
+  // however it ends).
+  struct Fp32Pass {
+    explicit Fp32Pass(Net& n) : net(n) {
+      auto& c = at::globalContext();
+      c.setAllowTF32CuDNN(false);
+      c.setAllowTF32CuBLAS(false);
+    }
+    ~Fp32Pass() {
+      auto& c = at::globalContext();
+      c.setAllowTF32CuDNN(conv);
+      c.setAllowTF32CuBLAS(matmul);
+      net.train();
+    }
+    Fp32Pass(const Fp32Pass&) = delete;
+    Fp32Pass& operator=(const Fp32Pass&) = delete;
+    Net& net;
+    bool conv = at::globalContext().allowTF32CuDNN();
+    bool matmul = at::globalContext().allowTF32CuBLAS();
+  };
+  torch::Tensor host;
+  {
+    const Fp32Pass fp32(*m.net);
+    host = m.net->forward(x).to(torch::kCPU).to(torch::kFloat).contiguous();
   }
-  context.setAllowTF32CuDNN(tf32_conv);
-  context.setAllowTF32CuBLAS(tf32_matmul);
-  m.net->train();
-  const torch::Tensor host = y.to(torch::kFloat).contiguous();
   return {host.data_ptr<float>(), host.data_ptr<float>() + host.numel()};
 }
 
