@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <set>
 
@@ -27,10 +28,61 @@ CpuList sorted(CpuList v) {
   return v;
 }
 
+// The cores whose first PU is in `share` (all of them without one).
+std::vector<Core> cores_in(const Topology& topology, const std::optional<CpuList>& share) {
+  std::vector<Core> out;
+  for (const auto& c : topology.cores())
+    if (!share || std::find(share->begin(), share->end(), c.pus[0]) != share->end())
+      out.push_back(c);
+  return out;
+}
+
 } // namespace
 
-Plan plan_auto(const Topology& topology, const PlanRequest& request) {
+std::vector<RankShare> rank_shares(const Topology& topology, int local_world,
+                                   const std::vector<std::optional<CpuList>>& gpu_local) {
   const auto& cores = topology.cores();
+  if (cores.empty()) throw InputError("cores: this process is allowed no CPU");
+  if (local_world < 1) throw std::invalid_argument("rank_shares: local_world below 1");
+  const auto ranks = static_cast<std::size_t>(local_world);
+  std::vector<RankShare> shares(ranks);
+  if (cores.size() < ranks) {
+    for (std::size_t r = 0; r < ranks; ++r) {
+      shares[r].cpus = cores[r % cores.size()].pus;
+      shares[r].shared = true;
+    }
+    return shares;
+  }
+  const auto near = [](const Core& c, const std::optional<CpuList>& cpus) {
+    return cpus && std::find(cpus->begin(), cpus->end(), c.pus[0]) != cpus->end();
+  };
+  const std::vector<int> sizes = balanced_sizes(static_cast<int>(cores.size()), local_world);
+  std::vector<bool> taken(cores.size(), false);
+  for (std::size_t r = 0; r < ranks; ++r) {
+    const std::optional<CpuList> local = r < gpu_local.size() ? gpu_local[r] : std::nullopt;
+    std::set<int> packages;
+    for (const auto& c : cores)
+      if (near(c, local)) packages.insert(c.package);
+    // Three passes: near the GPU, same package, anywhere.
+    const std::function<bool(const Core&)> passes[] = {
+        [&](const Core& c) { return near(c, local); },
+        [&](const Core& c) { return packages.count(c.package) > 0; },
+        [](const Core&) { return true; }};
+    int want = sizes[r];
+    for (const auto& pass : passes)
+      for (std::size_t i = 0; i < cores.size() && want > 0; ++i)
+        if (!taken[i] && pass(cores[i])) {
+          taken[i] = true;
+          --want;
+          shares[r].cpus.insert(shares[r].cpus.end(), cores[i].pus.begin(), cores[i].pus.end());
+        }
+    std::sort(shares[r].cpus.begin(), shares[r].cpus.end());
+  }
+  return shares;
+}
+
+Plan plan_auto(const Topology& topology, const PlanRequest& request) {
+  const std::vector<Core> cores = cores_in(topology, request.share);
   if (cores.empty()) throw InputError("cores: this process is allowed no CPU");
   Plan plan;
   plan.source = "auto";
@@ -94,12 +146,13 @@ Plan plan_auto(const Topology& topology, const PlanRequest& request) {
       plan.teacher.push_back(replica);
     }
   }
-  validate(plan, topology, request.teacher_runs);
+  validate(plan, topology, request.teacher_runs, request.share);
   return plan;
 }
 
-void validate(Plan& plan, const Topology& topology, bool teacher_runs) {
-  const CpuList allowed = topology.allowed_cpus();
+void validate(Plan& plan, const Topology& topology, bool teacher_runs,
+              const std::optional<CpuList>& share) {
+  const CpuList allowed = share ? sorted(*share) : topology.allowed_cpus();
   const std::set<int> allowed_set(allowed.begin(), allowed.end());
   std::vector<std::pair<std::string, CpuList>> roles = {{"student", plan.student},
                                                         {"loader", plan.loader}};
@@ -111,9 +164,11 @@ void validate(Plan& plan, const Topology& topology, bool teacher_runs) {
     for (const int c : cpus)
       if (!allowed_set.count(c)) bad.push_back(c);
     if (!bad.empty())
-      throw InputError(fmt::format("core plan: role '{}' uses CPUs {} not allowed to this process "
+      throw InputError(fmt::format("core plan: role '{}' uses CPUs {} not allowed to this {} "
                                    "(allowed: {})",
-                                   role, format_cpus(sorted(bad)), format_cpus(allowed)));
+                                   role, format_cpus(sorted(bad)),
+                                   share ? "rank's share of the node" : "process",
+                                   format_cpus(allowed)));
     if (std::set<int>(cpus.begin(), cpus.end()).size() != cpus.size())
       throw InputError(fmt::format("core plan: role '{}' lists a CPU twice ({})", role,
                                    format_cpus(sorted(cpus))));
@@ -126,14 +181,15 @@ void validate(Plan& plan, const Topology& topology, bool teacher_runs) {
     if (plan.teacher[i].empty())
       throw InputError(fmt::format("core plan: role 'teacher[{}]' has no CPU", i));
 
-  // Overlaps: loaders may share the student's CPUs on machines of under 3 cores.
-  const bool small = topology.cores().size() < 3;
+  // Overlaps: loaders may share the student's CPUs on machines (or shares) of under 3 cores.
+  const std::size_t cores = cores_in(topology, share).size();
+  const bool small = cores < 3;
   const auto may_share = [&](const std::string& a, const std::string& b) {
     const auto pair_is = [&](const char* x, const char* y) {
       return (a == x && b == y) || (a == y && b == x);
     };
     return (small && pair_is("loader", "student")) ||
-           (topology.cores().size() < 2); // one core: everything shares it
+           (cores < 2); // one core: everything shares it
   };
   for (std::size_t i = 0; i < roles.size(); ++i)
     for (std::size_t j = i + 1; j < roles.size(); ++j) {
@@ -257,11 +313,22 @@ CpuList parse_cpus(const std::string& text, const std::string& key) {
 }
 
 Plan plan_from_config(const Config& config, const Topology& topology,
-                      const std::optional<CpuList>& gpu_local) {
+                      const std::optional<CpuList>& gpu_local,
+                      const std::optional<CpuList>& share) {
   const bool teacher_runs = config.get_double("kd.alpha") > 0;
   const std::string& student = config.get_string("cores.student_cpus");
   const std::string& loader = config.get_string("cores.loader_cpus");
   const std::string& teacher = config.get_string("cores.teacher_cpus");
+  if (share && (!student.empty() || !loader.empty() || !teacher.empty()))
+    throw InputError(fmt::format(
+        "cores.{}_cpus: CPU lists plan one process's node; with several ranks on a node each "
+        "plans its own share (cores.plan = auto)",
+        !student.empty() ? "student" : !loader.empty() ? "loader" : "teacher"));
+  if (share && config.get_string("cores.plan") != "auto")
+    throw InputError(fmt::format("cores.plan = {}: a plan file plans one process's node; with "
+                                 "several ranks on a node each plans its own share (cores.plan = "
+                                 "auto)",
+                                 config.get_string("cores.plan")));
   if (!student.empty() || !loader.empty() || !teacher.empty()) {
     Plan plan;
     plan.source = "config CPU lists";
@@ -291,6 +358,7 @@ Plan plan_from_config(const Config& config, const Topology& topology,
   request.teacher_threads = static_cast<int>(config.get_int("cores.teacher_threads"));
   request.teacher_runs = teacher_runs;
   request.gpu_local = gpu_local;
+  request.share = share;
   return plan_auto(topology, request);
 }
 

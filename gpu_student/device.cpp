@@ -2,18 +2,27 @@
 #include "kdflow/gpu_student/device.hpp"
 
 #include "kdflow/core/error.hpp"
+#include "kdflow/gpu_student/versions.hpp"
 
 #include <torch/cuda.h>
 
+#include <fmt/format.h>
+
 namespace kdflow::student {
 
-Device resolve_device(const std::string& wanted) {
+Device resolve_device(const std::string& wanted, int local_rank) {
   if (wanted != "auto" && wanted != "cpu" && wanted != "cuda")
     throw InputError("student.device = " + wanted + ": not auto, cpu or cuda");
   const bool cuda = torch::cuda::is_available();
   if (wanted == "cuda" && !cuda)
     throw InputError("student.device = cuda: no CUDA device is visible to this process");
-  if (wanted == "cuda" || (wanted == "auto" && cuda)) return {Device::Kind::cuda, 0};
+  if (wanted == "cuda" || (wanted == "auto" && cuda)) {
+    if (local_rank >= cuda_device_count())
+      throw InputError(fmt::format("LOCAL_RANK = {}: this node has {} CUDA device(s), one per "
+                                   "local rank (torchrun --nproc-per-node at most {})",
+                                   local_rank, cuda_device_count(), cuda_device_count()));
+    return {Device::Kind::cuda, local_rank};
+  }
   return {};
 }
 

@@ -6,6 +6,7 @@
 #include "kdflow/core/error.hpp"
 #include "kdflow/core/log.hpp"
 #include "kdflow/core/trace.hpp"
+#include "grad_sync.hpp"
 #include "losses.hpp"
 #include "models.hpp"
 #include "slot_feeder.hpp"
@@ -87,6 +88,7 @@ struct Trainer::Impl {
     torch::manual_seed(o.seed);
     net = make_student(o.model);
     net->to(device);
+    if (o.group != nullptr) sync = std::make_unique<GradSync>(*o.group, net->parameters(), net->buffers());
     if (o.optimizer == "adamw")
       optimizer = std::make_unique<torch::optim::AdamW>(
           net->parameters(),
@@ -118,6 +120,7 @@ struct Trainer::Impl {
   SlotFeeder feeder;
   std::shared_ptr<Net> net;
   std::unique_ptr<torch::optim::Optimizer> optimizer;
+  std::unique_ptr<GradSync> sync; // several ranks
   bool autocast = false;
   torch::ScalarType amp_dtype = torch::kBFloat16;
   bool loss_scaling = false;
@@ -151,7 +154,7 @@ Trainer::~Trainer() {
   }
 }
 
-std::optional<StepStats> Trainer::step(std::uint64_t batch) {
+std::optional<StepStats> Trainer::step(std::uint64_t batch, bool stop) {
   Impl& m = *impl_;
   trace::Span wait("wait", batch);
   auto b = m.feeder.next(batch);
@@ -188,9 +191,21 @@ std::optional<StepStats> Trainer::step(std::uint64_t batch) {
     kd = o.kd_loss == "dkd" ? dkd_loss(s, teacher, y, o.kd_temperature, o.dkd_alpha, o.dkd_beta)
                             : kl_loss(s, teacher, o.kd_temperature);
   const torch::Tensor loss = o.kd_alpha * kd + (1.0 - o.kd_alpha) * ce;
+  const torch::Tensor hits = (s.argmax(1) == y).sum().to(torch::kFloat);
+  if (m.sync) {
+    // The job's losses, hits, samples and stop requests, summed over the ranks beside the
+    // gradients: [loss * n, kd * n, ce * n, hits, n, stop].
+    const auto count = static_cast<double>(n);
+    const torch::Tensor control =
+        torch::stack({loss.detach() * count, kd.detach() * count, ce.detach() * count, hits,
+                      torch::full({}, count, s.options()), torch::full({}, stop ? 1.0 : 0.0, s.options())})
+            .to(torch::kDouble);
+    m.sync->begin(control, m.step);
+  }
 
   m.optimizer->zero_grad(true);
   (m.loss_scaling ? loss * m.loss_scale : loss).backward();
+  const torch::Tensor job = m.sync ? m.sync->finish() : torch::Tensor();
   std::vector<torch::Tensor> norms;
   for (const auto& p : m.net->parameters())
     if (p.grad().defined()) {
@@ -198,14 +213,29 @@ std::optional<StepStats> Trainer::step(std::uint64_t batch) {
       norms.push_back(p.grad().norm());
     }
   const torch::Tensor grad_norm = torch::stack(norms).norm();
-  const torch::Tensor hits = (s.argmax(1) == y).sum().to(torch::kFloat);
   // The step's single synchronisation.
   const torch::Tensor host =
       torch::stack({loss.detach(), kd.detach(), ce.detach(), grad_norm, hits}).to(torch::kCPU);
   const auto* v = host.data_ptr<float>();
-  StepStats stats{
-      v[0], v[1], v[2], lr, v[3], static_cast<std::int64_t>(v[4]), static_cast<std::uint32_t>(n),
-      false};
+  StepStats stats{v[0],
+                  v[1],
+                  v[2],
+                  lr,
+                  v[3],
+                  static_cast<std::int64_t>(v[4]),
+                  static_cast<std::uint32_t>(n),
+                  false,
+                  static_cast<std::uint32_t>(n),
+                  stop};
+  if (job.defined()) {
+    const auto* j = job.data_ptr<double>();
+    stats.loss = j[0] / j[4];
+    stats.kd_loss = j[1] / j[4];
+    stats.ce_loss = j[2] / j[4];
+    stats.correct = static_cast<std::int64_t>(j[3]);
+    stats.samples = static_cast<std::uint32_t>(j[4]);
+    stats.stop = j[5] > 0;
+  }
 
   const bool loss_ok = std::isfinite(stats.loss);
   const bool grads_ok = std::isfinite(stats.grad_norm);
@@ -256,6 +286,12 @@ void Trainer::set_colocated_teacher(std::shared_ptr<const TorchTeacher> teacher,
 }
 
 double Trainer::evaluate(std::span<const float> images, std::span<const std::int64_t> labels) {
+  const auto count = static_cast<double>(labels.size());
+  return count > 0 ? static_cast<double>(correct(images, labels)) / count : 0.0;
+}
+
+std::int64_t Trainer::correct(std::span<const float> images,
+                              std::span<const std::int64_t> labels) {
   Impl& m = *impl_;
   const auto& spec = m.options.model;
   const std::int64_t count = static_cast<std::int64_t>(labels.size());
@@ -279,7 +315,7 @@ double Trainer::evaluate(std::span<const float> images, std::span<const std::int
     correct += (m.net->forward(x).argmax(1) == y).sum().item<std::int64_t>();
   }
   m.net->train();
-  return count > 0 ? static_cast<double>(correct) / static_cast<double>(count) : 0.0;
+  return correct;
 }
 
 std::vector<float> Trainer::predict(std::span<const float> images) {
@@ -368,8 +404,11 @@ void Trainer::save(const std::filesystem::path& path, const std::string& run_sta
 }
 
 std::string Trainer::load(const std::filesystem::path& path) {
+  return load(read_checked_file(path, "checkpoint"), path.string());
+}
+
+std::string Trainer::load(std::span<const std::byte> payload, const std::string& name) {
   Impl& m = *impl_;
-  const std::vector<std::byte> payload = read_checked_file(path, "checkpoint");
   try {
     torch::serialize::InputArchive archive;
     archive.load_from(reinterpret_cast<const char*>(payload.data()), payload.size(), m.device);
@@ -381,11 +420,11 @@ std::string Trainer::load(const std::filesystem::path& path) {
     };
     const auto format = tensor_at("format").item<std::int64_t>();
     if (format != kCheckpointFormat)
-      throw InputError(fmt::format("checkpoint {}: format {} (this kdflow reads {})", path.string(),
+      throw InputError(fmt::format("checkpoint {}: format {} (this kdflow reads {})", name,
                                    format, kCheckpointFormat));
     const std::string written = tensor_bytes(tensor_at("student"));
     if (written != m.identity)
-      throw InputError(fmt::format("checkpoint {}: written for {}; this run has {}", path.string(),
+      throw InputError(fmt::format("checkpoint {}: written for {}; this run has {}", name,
                                    written, m.identity));
     torch::serialize::InputArchive model, optim;
     archive.read("model", model);
@@ -400,7 +439,7 @@ std::string Trainer::load(const std::filesystem::path& path) {
     return tensor_bytes(tensor_at("run_state"));
   } catch (const c10::Error& e) {
     const std::string what = e.what_without_backtrace();
-    throw InputError(fmt::format("checkpoint {}: unreadable or incompatible ({})", path.string(),
+    throw InputError(fmt::format("checkpoint {}: unreadable or incompatible ({})", name,
                                  what.substr(0, what.find('\n'))));
   }
 }

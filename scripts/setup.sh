@@ -13,6 +13,7 @@ apt_packages=(
   build-essential cmake ninja-build pkg-config git ca-certificates
   python3 python3-venv python3-pip
   libhwloc-dev hwloc
+  libgloo-dev  # the headers c10d's ProcessGroupGloo header includes (LibTorch holds the code)
   libprotobuf-dev protobuf-compiler
   libcli11-dev libspdlog-dev libfmt-dev libtomlplusplus-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev

@@ -12,6 +12,9 @@
 #include "kdflow/gpu_student/pinned_host.hpp"
 #include "kdflow/gpu_student/versions.hpp"
 
+#include <charconv>
+#include <sstream>
+
 #include <fmt/format.h>
 
 namespace kdflow::app {
@@ -136,7 +139,11 @@ Commands::Commands(CLI::App& app) : app_(app) {
   cores->add_option("--synthetic", cores_.synthetic,
                     "plan for a synthetic hwloc topology, e.g. \"pack:2 numa:1 core:8 pu:2\"");
   cores->add_option("--gpu-numa", cores_.gpu_numa,
-                    "with --synthetic: describe a GPU attached to this NUMA node");
+                    "with --synthetic: the NUMA node of each GPU, e.g. 0 or 0,0,0,0,1,1,1,1");
+  cores->add_option("--local-world-size", cores_.local_world,
+                    "plan for this many ranks on the node (torchrun --nproc-per-node): each "
+                    "rank's share of the cores and its plan inside it")
+      ->check(CLI::Range(1, 4096));
   cores->add_flag("--json", cores_.json, "print JSON instead of a table");
   cores->add_option("--config", cores_.config, "TOML configuration file (cores.* and kd.alpha)")
       ->check(CLI::ExistingFile);
@@ -187,32 +194,70 @@ int Commands::show_cores() {
   const bool synthetic = !cores_.synthetic.empty();
   const affinity::Topology topology =
       synthetic ? affinity::Topology::synthetic(cores_.synthetic) : affinity::Topology::load();
-  std::optional<affinity::CpuList> gpu_local;
-  nlohmann::json gpus = nlohmann::json::array();
-  if (synthetic && cores_.gpu_numa >= 0) {
-    if (cores_.gpu_numa >= topology.numa_nodes())
-      throw InputError(fmt::format("--gpu-numa {}: the topology has {} NUMA node(s)",
-                                   cores_.gpu_numa, topology.numa_nodes()));
-    gpu_local = topology.numa_cpus(cores_.gpu_numa);
-    gpus.push_back({{"name", "described GPU"}, {"local_cpus", *gpu_local}});
+  // GPU k is local rank k's.
+  std::vector<affinity::GpuLocality> gpus;
+  if (synthetic && !cores_.gpu_numa.empty()) {
+    std::stringstream in(cores_.gpu_numa);
+    for (std::string item; std::getline(in, item, ',');) {
+      int node = -1;
+      const auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), node);
+      if (ec != std::errc() || end != item.data() + item.size() || node < 0 ||
+          node >= topology.numa_nodes())
+        throw InputError(fmt::format("--gpu-numa {}: '{}' is not a NUMA node of the topology (it "
+                                     "has {})",
+                                     cores_.gpu_numa, item, topology.numa_nodes()));
+      gpus.push_back({fmt::format("described GPU {} (NUMA node {})", gpus.size(), node),
+                      topology.numa_cpus(node)});
+    }
   } else if (!synthetic) {
-    for (const auto& gpu : gpu_localities(topology)) {
-      if (!gpu_local) gpu_local = gpu.local_cpus;
-      gpus.push_back({{"name", gpu.name}, {"local_cpus", gpu.local_cpus}});
+    gpus = gpu_localities(topology);
+  }
+  nlohmann::json gpu_json = nlohmann::json::array();
+  for (const auto& g : gpus) gpu_json.push_back({{"name", g.name}, {"local_cpus", g.local_cpus}});
+  const auto local_world = static_cast<std::size_t>(cores_.local_world);
+  std::vector<std::optional<affinity::CpuList>> near(local_world);
+  for (std::size_t r = 0; r < local_world && r < gpus.size(); ++r) near[r] = gpus[r].local_cpus;
+
+  if (local_world == 1) {
+    const affinity::Plan plan = affinity::plan_from_config(config, topology, near[0]);
+    if (cores_.json) {
+      nlohmann::json topo = affinity::to_json(topology);
+      topo["gpus"] = gpu_json;
+      fmt::print("{}\n",
+                 nlohmann::json{{"topology", topo}, {"plan", affinity::to_json(plan)}}.dump(2));
+      return kExitOk;
+    }
+    fmt::print("{}", affinity::format_plan(plan, topology));
+  } else {
+    const auto shares = affinity::rank_shares(topology, cores_.local_world, near);
+    nlohmann::json ranks = nlohmann::json::array();
+    for (std::size_t r = 0; r < local_world; ++r) {
+      const affinity::Plan plan =
+          affinity::plan_from_config(config, topology, near[r], shares[r].cpus);
+      ranks.push_back({{"local_rank", r},
+                       {"gpu", r < gpus.size() ? nlohmann::json(gpus[r].name) : nlohmann::json()},
+                       {"share", shares[r].cpus},
+                       {"shared", shares[r].shared},
+                       {"plan", affinity::to_json(plan)}});
+      if (!cores_.json)
+        fmt::print("local rank {}{}: share {}{}\n{}", r,
+                   r < gpus.size() ? " (" + gpus[r].name + ")" : std::string(),
+                   affinity::format_cpus(shares[r].cpus),
+                   shares[r].shared ? " (shared with other ranks: fewer cores than ranks)" : "",
+                   affinity::format_plan(plan, topology));
+    }
+    if (cores_.json) {
+      nlohmann::json topo = affinity::to_json(topology);
+      topo["gpus"] = gpu_json;
+      fmt::print("{}\n", nlohmann::json{{"topology", topo},
+                                        {"local_world_size", local_world},
+                                        {"ranks", ranks}}
+                             .dump(2));
+      return kExitOk;
     }
   }
-  const affinity::Plan plan = affinity::plan_from_config(config, topology, gpu_local);
-  if (cores_.json) {
-    nlohmann::json topo = affinity::to_json(topology);
-    topo["gpus"] = gpus;
-    fmt::print("{}\n",
-               nlohmann::json{{"topology", topo}, {"plan", affinity::to_json(plan)}}.dump(2));
-    return kExitOk;
-  }
-  fmt::print("{}", affinity::format_plan(plan, topology));
   for (const auto& g : gpus)
-    fmt::print("gpu: {} local CPUs {}\n", g["name"].get<std::string>(),
-               affinity::format_cpus(g["local_cpus"].get<affinity::CpuList>()));
+    fmt::print("gpu: {} local CPUs {}\n", g.name, affinity::format_cpus(g.local_cpus));
   if (gpus.empty()) fmt::print("gpu: none\n");
   return kExitOk;
 }

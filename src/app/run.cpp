@@ -6,6 +6,7 @@
 
 #include "kdflow/affinity/pinning.hpp"
 #include "kdflow/core/error.hpp"
+#include "kdflow/core/log.hpp"
 #include "kdflow/gpu_student/pinned_host.hpp"
 #include "kdflow/gpu_student/versions.hpp"
 
@@ -121,7 +122,7 @@ std::vector<affinity::GpuLocality> gpu_localities(const affinity::Topology& topo
   return out;
 }
 
-RunInputs prepare_run(const Config& config) {
+RunInputs prepare_run(const Config& config, const DistEnv& dist) {
   const std::string format = config.get_string("data.dataset");
   const std::string path = config.get_string("data.path");
   const ImageGeometry geometry{static_cast<int>(config.get_int("data.image_size")),
@@ -133,11 +134,13 @@ RunInputs prepare_run(const Config& config) {
                 {},
                 affinity::Topology::load(),
                 {},
-                student::resolve_device(config.get_string("student.device")),
+                student::resolve_device(config.get_string("student.device"), dist.local_rank),
                 config.get_double("kd.alpha") > 0,
                 teacher::parse_precision(config.get_string("teacher.precision")),
                 nullptr,
-                {}};
+                {},
+                {},
+                dist};
   if (run.train.class_names() != run.test.class_names())
     throw InputError(fmt::format("{} and {} have different class folders: labels would disagree",
                                  run.train.source(), run.test.source()));
@@ -154,14 +157,30 @@ RunInputs prepare_run(const Config& config) {
   run.sampler.batch_size = static_cast<std::size_t>(config.get_int("data.batch_size"));
   run.sampler.seed = static_cast<std::uint64_t>(config.get_int("train.seed"));
   run.sampler.drop_last = config.get_bool("data.drop_last");
+  run.sampler.rank = dist.rank;
+  run.sampler.world = dist.world;
   if (run.train.size() < run.sampler.batch_size && run.sampler.drop_last)
     throw InputError(fmt::format("data.batch_size = {}: larger than the training set of {} ({})",
                                  run.sampler.batch_size, run.train.size(), run.train.source()));
 
-  std::optional<affinity::CpuList> gpu_local;
-  if (const auto gpus = gpu_localities(run.topology); !gpus.empty())
-    gpu_local = gpus.front().local_cpus; // the student's device, cuda:0
-  run.plan = affinity::plan_from_config(config, run.topology, gpu_local);
+  // The student's GPU is its local rank's; with several ranks on the node, each plans inside its
+  // share of the node's cores, those nearest its GPU.
+  const auto gpus = gpu_localities(run.topology);
+  std::vector<std::optional<affinity::CpuList>> near(static_cast<std::size_t>(dist.local_world));
+  for (std::size_t r = 0; r < near.size() && r < gpus.size(); ++r) near[r] = gpus[r].local_cpus;
+  std::optional<affinity::CpuList> share;
+  if (dist.local_world > 1) {
+    const auto shares = affinity::rank_shares(run.topology, dist.local_world, near);
+    const auto& mine = shares[static_cast<std::size_t>(dist.local_rank)];
+    share = mine.cpus;
+    if (mine.shared)
+      log_warn(fmt::format("rank {}: {} local ranks on {} core(s): ranks share CPU(s) {} (each "
+                           "rank's roles share its cores too)",
+                           dist.rank, dist.local_world, run.topology.cores().size(),
+                           affinity::format_cpus(mine.cpus)));
+  }
+  run.plan = affinity::plan_from_config(config, run.topology,
+                                        near[static_cast<std::size_t>(dist.local_rank)], share);
 
   if (run.teacher_runs) {
     run.teacher_path = config.get_string("teacher.model");
@@ -252,8 +271,9 @@ std::shared_ptr<const teacher::Teacher> load_run_teacher(const RunInputs& run,
   return loaded;
 }
 
-double teacher_test_accuracy(const RunInputs& run, std::span<const float> images,
-                             oneapi::tbb::task_arena& arena) {
+std::size_t teacher_test_hits(const RunInputs& run, std::span<const float> images,
+                              std::size_t first, std::size_t count,
+                              oneapi::tbb::task_arena& arena) {
   const std::int64_t batch = run.teacher->batch();
   const std::size_t sample = run.test.sample_bytes();
   const auto classes = static_cast<std::size_t>(run.test.classes());
@@ -265,9 +285,9 @@ double teacher_test_accuracy(const RunInputs& run, std::span<const float> images
     std::vector<float> input(static_cast<std::size_t>(batch) * own, 0.f), scratch;
     std::vector<float> logits(static_cast<std::size_t>(batch) * classes);
     float* outputs[] = {logits.data()};
-    for (std::size_t i = 0; i < run.test.size(); i += static_cast<std::size_t>(batch)) {
+    for (std::size_t i = first; i < first + count; i += static_cast<std::size_t>(batch)) {
       const std::size_t n =
-          std::min<std::size_t>(static_cast<std::size_t>(batch), run.test.size() - i);
+          std::min<std::size_t>(static_cast<std::size_t>(batch), first + count - i);
       adapt.run(images.data() + i * sample, n, input.data(), scratch);
       std::fill(input.begin() + static_cast<std::ptrdiff_t>(n * own), input.end(), 0.f);
       replica.run(input.data(), outputs);
@@ -278,7 +298,7 @@ double teacher_test_accuracy(const RunInputs& run, std::span<const float> images
       }
     }
   });
-  return static_cast<double>(correct) / static_cast<double>(run.test.size());
+  return correct;
 }
 
 void Assembled::reset() noexcept {

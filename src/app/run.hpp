@@ -30,8 +30,10 @@ Config resolve_config(const std::string& file, const std::vector<std::string>& s
                       const std::string& cores = {});
 
 // Loads and checks everything the configuration names; InputError (exit 2) naming the key, the
-// file, or both sides of a mismatch (teacher classes vs dataset classes, input shapes).
-RunInputs prepare_run(const Config& config);
+// file, or both sides of a mismatch (teacher classes vs dataset classes, input shapes). Under
+// torchrun (`dist`), the sampler takes this rank's shard, the student its local rank's GPU and
+// the plan its local rank's share of the node's cores.
+RunInputs prepare_run(const Config& config, const DistEnv& dist = {});
 
 // The run's teacher (run.teacher_path) at the run's batch in `precision`, with every check
 // prepare_run makes: its input is the model's own (teacher.input_size binds what it leaves open,
@@ -50,9 +52,11 @@ std::vector<affinity::GpuLocality> gpu_localities(const affinity::Topology& topo
 // The student's options from the run's configuration; `total_steps` is the schedule's length.
 student::TrainerOptions trainer_options(const RunInputs& run, std::int64_t total_steps);
 
-// Teacher top-1 accuracy on the test split (`images`: normalized_images of it), on `arena`'s cores.
-double teacher_test_accuracy(const RunInputs& run, std::span<const float> images,
-                             oneapi::tbb::task_arena& arena);
+// How many of the test split's samples [first, first + count) the teacher classifies right
+// (`images`: normalized_images of the whole split), on `arena`'s cores.
+std::size_t teacher_test_hits(const RunInputs& run, std::span<const float> images,
+                              std::size_t first, std::size_t count,
+                              oneapi::tbb::task_arena& arena);
 
 // The started parts of a run: the CPU pipeline on its ring (page-locked for the GPU where there is
 // one, bound to the student's NUMA node) and the student reading that ring.

@@ -6,6 +6,7 @@
 #include "kdflow/affinity/plan.hpp"
 #include "kdflow/affinity/topology.hpp"
 #include "kdflow/core/config.hpp"
+#include "kdflow/core/dist_env.hpp"
 #include "kdflow/core/dataset.hpp"
 #include "kdflow/core/image_adapter.hpp"
 #include "kdflow/core/loader.hpp"
@@ -32,6 +33,7 @@ struct RunInputs {
   std::shared_ptr<const teacher::Teacher> teacher; // loaded when it runs
   std::optional<ImageAdapter> teacher_input;       // the slot's images -> the teacher's input
   std::string teacher_path;
+  DistEnv dist; // torchrun's ranks (one, without torchrun): the sampler's shard, the GPU, the cores
 };
 
 } // namespace kdflow::app

@@ -13,13 +13,16 @@
 #include "kdflow/affinity/pinning.hpp"
 #include "kdflow/core/atomic_file.hpp"
 #include "kdflow/core/digest.hpp"
+#include "kdflow/core/dist_env.hpp"
 #include "kdflow/core/error.hpp"
 #include "kdflow/core/log.hpp"
+#include "kdflow/gpu_student/process_group.hpp"
 #include "kdflow/gpu_student/trainer.hpp"
 
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <csignal>
@@ -76,7 +79,8 @@ bool shapes_trajectory(const std::string& key) {
   static const char* const free_keys[] = {
       "train.epochs",    "train.max_steps",        "train.checkpoint_every",
       "train.log_every", "train.keep_checkpoints", "train.on_nonfinite",
-      "ring.slots",      "student.device",         "train.export"};
+      "ring.slots",      "student.device",         "train.export",
+      "dist.backend",    "dist.timeout_s"};
   if (key.starts_with("cores.")) return false;
   return std::none_of(std::begin(free_keys), std::end(free_keys),
                       [&](const char* k) { return key == k; });
@@ -175,7 +179,46 @@ std::optional<fs::path> checkpoint_to_resume(const TrainArgs& args, const fs::pa
   return std::nullopt;
 }
 
-// One training run. The constructor resolves it; train_command calls the phases in order.
+// Under torchrun: this rank's place in the job (a process group for two ranks or more).
+std::unique_ptr<student::ProcessGroup> join_job(const Config& config, const DistEnv& dist) {
+  if (dist.world < 2) return nullptr;
+  const student::DistOptions options{config.get_string("dist.backend"),
+                                     config.get_double("dist.timeout_s"),
+                                     config.get_double("dist.bucket_mb")};
+  return std::make_unique<student::ProcessGroup>(
+      dist, options, student::resolve_device(config.get_string("student.device"), dist.local_rank));
+}
+
+// `f()`, with its failure agreed over the ranks: when any rank fails, every rank throws (one
+// process: `f()` as it is).
+template <class F>
+auto agreed(student::ProcessGroup* group, F&& f) -> decltype(f()) {
+  if (group == nullptr) return f();
+  std::optional<decltype(f())> value;
+  std::exception_ptr error;
+  try {
+    value.emplace(f());
+  } catch (...) {
+    error = std::current_exception();
+  }
+  group->agree(error);
+  return std::move(*value);
+}
+
+std::string host_name() {
+  std::array<char, 256> name{};
+  if (::gethostname(name.data(), name.size() - 1) != 0) return "unknown";
+  return name.data();
+}
+
+std::vector<std::byte> text_bytes(const std::string& text) {
+  const auto* p = reinterpret_cast<const std::byte*>(text.data());
+  return {p, p + text.size()};
+}
+
+// One training run. The constructor resolves it; train_command calls the phases in order. Under
+// torchrun every rank runs it: each trains on its shard of every batch, the gradients averaged
+// over the ranks; rank 0 alone writes the run folder.
 class TrainRun {
 public:
   explicit TrainRun(const TrainArgs& args);
@@ -194,7 +237,12 @@ public:
   int finish();
 
 private:
-  void resume(const fs::path& from);
+  void restore_checkpoint();
+  void resume(std::span<const std::byte> checkpoint, const std::string& name);
+  // Sums over the ranks, in place (one process: nothing to do).
+  void job_sum(std::span<double> values, const std::string& what);
+  // This rank's part [first, last) of `n` items (the whole with one process).
+  [[nodiscard]] std::pair<std::size_t, std::size_t> shard(std::size_t n) const;
   void start_kd_ctl();
   void evaluate(double epoch);
   void save(std::uint64_t next_batch);
@@ -206,8 +254,11 @@ private:
 
   const Clock::time_point started_ = Clock::now();
   const Config config_;
+  const DistEnv dist_;                            // one rank without torchrun
+  std::unique_ptr<student::ProcessGroup> group_; // two ranks or more
+  const bool writer_;                             // rank 0 writes the run folder
   const fs::path out_, ckpt_dir_;
-  const std::optional<fs::path> resume_from_;
+  const std::optional<fs::path> resume_from_; // rank 0's decision
   RunInputs run_;
   const Sampler sampler_;
   const std::uint64_t per_epoch_, epochs_, last_; // last: the run's end (epochs or max_steps)
@@ -233,15 +284,23 @@ private:
   double previous_wall_s_ = 0;
   double eval_s_ = 0, save_s_ = 0; // time outside the steps, for the steady-state rate
   Clock::time_point loop_start_{}; // the step loop's start: its clock runs to the last evaluation
-  std::uint64_t samples_ = 0;
+  std::uint64_t samples_ = 0;      // the job's
+  std::uint64_t rank_samples_ = 0; // this rank's
   std::uint64_t stall_ns_ = 0;
   bool interrupted_ = false;
 };
 
 TrainRun::TrainRun(const TrainArgs& args)
-    : config_(resolve_config(args.config, args.sets, args.cores)), out_(args.out),
-      ckpt_dir_(out_ / "checkpoints"), resume_from_(checkpoint_to_resume(args, ckpt_dir_)),
-      run_(prepare_run(config_)), sampler_(run_.train.size(), run_.sampler),
+    : config_(resolve_config(args.config, args.sets, args.cores)),
+      dist_(dist_env().value_or(DistEnv{})), group_(join_job(config_, dist_)),
+      writer_(dist_.rank == 0), out_(args.out), ckpt_dir_(out_ / "checkpoints"),
+      resume_from_(agreed(group_.get(),
+                          [&] {
+                            return writer_ ? checkpoint_to_resume(args, ckpt_dir_)
+                                           : std::optional<fs::path>();
+                          })),
+      run_(agreed(group_.get(), [&] { return prepare_run(config_, dist_); })),
+      sampler_(run_.train.size(), run_.sampler),
       per_epoch_(sampler_.batches_per_epoch()),
       epochs_(static_cast<std::uint64_t>(config_.get_int("train.epochs"))), last_([&] {
         const auto max_steps = static_cast<std::uint64_t>(config_.get_int("train.max_steps"));
@@ -259,14 +318,17 @@ void TrainRun::start() {
   // The student thread: pinned before torch starts its own threads (they inherit the binding).
   affinity::pin_this_thread(run_.topology, run_.plan.student, "kd-student");
   options_ = trainer_options(run_, static_cast<std::int64_t>(epochs_ * per_epoch_));
+  options_.group = group_.get();
   parts_ = assemble(run_, sampler_, slots_, options_, StudentLogits::teacher);
-  if (resume_from_) resume(*resume_from_);
+  restore_checkpoint();
 
-  fs::create_directories(ckpt_dir_);
-  write_file_atomic(out_ / "config.toml", config_.to_toml());
-  metrics_.open(out_ / "metrics.jsonl", resume_from_ ? std::ios::app : std::ios::trunc);
-  if (!metrics_)
-    throw InputError(fmt::format("cannot write {}", (out_ / "metrics.jsonl").string()));
+  if (writer_) {
+    fs::create_directories(ckpt_dir_);
+    write_file_atomic(out_ / "config.toml", config_.to_toml());
+    metrics_.open(out_ / "metrics.jsonl", resume_from_ ? std::ios::app : std::ios::trunc);
+    if (!metrics_)
+      throw InputError(fmt::format("cannot write {}", (out_ / "metrics.jsonl").string()));
+  }
 
   AugmentConfig eval = run_.augment;
   eval.augment = false;
@@ -274,19 +336,62 @@ void TrainRun::start() {
   test_labels_.resize(run_.test.size());
   for (std::size_t i = 0; i < run_.test.size(); ++i) test_labels_[i] = run_.test.label(i);
   if (run_.teacher_runs && !teacher_accuracy_) {
-    teacher_accuracy_ = teacher_test_accuracy(run_, test_images_, *pipeline().teacher_arena(0));
+    const auto [first, last] = shard(run_.test.size());
+    std::array<double, 1> hits{static_cast<double>(teacher_test_hits(
+        run_, test_images_, first, last - first, *pipeline().teacher_arena(0)))};
+    job_sum(hits, "the teacher's evaluation");
+    teacher_accuracy_ = hits[0] / static_cast<double>(run_.test.size());
     log_info(fmt::format("teacher {}: test accuracy {:.4f} ({} precision, {} replica(s))",
                          run_.teacher_path, *teacher_accuracy_,
                          teacher::precision_name(run_.precision), pipeline().replicas()));
   }
-  log_info(fmt::format("student {} ({} parameters) on {}, {}; {} steps of batch {} ({} per epoch)",
-                       options_.model.arch, trainer().parameters(), trainer().device(),
-                       trainer().precision(), last_, run_.sampler.batch_size, per_epoch_));
+  const std::string job =
+      group_ ? fmt::format(", rank {} of {} ({}; global batch {})", dist_.rank, dist_.world,
+                           group_->backend(), run_.sampler.batch_size * dist_.world)
+             : std::string();
+  log_info(fmt::format(
+      "student {} ({} parameters) on {}, {}; {} steps of batch {} ({} per epoch){}",
+      options_.model.arch, trainer().parameters(), trainer().device(), trainer().precision(),
+      last_, run_.sampler.batch_size, per_epoch_, job));
 }
 
-void TrainRun::resume(const fs::path& from) {
+void TrainRun::job_sum(std::span<double> values, const std::string& what) {
+  if (group_) group_->sum(values, what);
+}
+
+std::pair<std::size_t, std::size_t> TrainRun::shard(std::size_t n) const {
+  const auto r = static_cast<std::size_t>(dist_.rank), w = static_cast<std::size_t>(dist_.world);
+  return {n * r / w, n * (r + 1) / w};
+}
+
+void TrainRun::restore_checkpoint() {
+  if (!group_) {
+    if (resume_from_)
+      resume(read_checked_file(*resume_from_, "checkpoint"), resume_from_->string());
+    return;
+  }
+  // Rank 0 reads the checkpoint it chose and sends it: the other ranks need no shared folder.
+  std::vector<std::byte> payload;
+  agreed(group_.get(), [&] {
+    if (writer_ && resume_from_) payload = read_checked_file(*resume_from_, "checkpoint");
+    return 0;
+  });
+  payload = group_->broadcast(std::move(payload), "sending rank 0's checkpoint");
+  const std::vector<std::byte> name = group_->broadcast(
+      text_bytes(resume_from_ ? resume_from_->string() : std::string()), "sending its name");
+  if (!payload.empty())
+    resume(payload, std::string(reinterpret_cast<const char*>(name.data()), name.size()));
+}
+
+void TrainRun::resume(std::span<const std::byte> checkpoint, const std::string& from) {
   try {
-    const json state = json::parse(trainer().load(from));
+    const json state = json::parse(trainer().load(checkpoint, from));
+    const int world = state.value("world_size", 1);
+    if (world != dist_.world)
+      throw InputError(fmt::format(
+          "checkpoint {} was written by a job of {} rank(s); this job has {} (each rank trains "
+          "on its shard of every batch: resume with {} rank(s), or start a new --out)",
+          from, world, dist_.world, world));
     const json written = state.value("config", json::object());
     const json expected = trajectory_keys(config_);
     for (const auto& [key, value] : expected.items()) {
@@ -295,7 +400,7 @@ void TrainRun::resume(const fs::path& from) {
         throw InputError(fmt::format(
             "checkpoint {} was written with {} = {}; this run has {} (resume with the same "
             "settings, or start a new --out)",
-            from.string(), key, was, value.get<std::string>()));
+            from, key, was, value.get<std::string>()));
     }
     next_batch_ = state.at("next_batch").get<std::uint64_t>();
     best_accuracy_ = state.value("best_test_accuracy", 0.0);
@@ -305,18 +410,18 @@ void TrainRun::resume(const fs::path& from) {
     if (const auto t = state.value("teacher_test_accuracy", json()); t.is_number())
       teacher_accuracy_ = t.get<double>();
   } catch (const json::exception& e) {
-    throw InputError(
-        fmt::format("checkpoint {}: its run state is unreadable ({})", from.string(), e.what()));
+    throw InputError(fmt::format("checkpoint {}: its run state is unreadable ({})", from, e.what()));
   }
   if (next_batch_ > last_)
     throw InputError(fmt::format("checkpoint {} is at batch {}, past this run's end ({}): raise "
                                  "train.epochs or train.max_steps to continue it",
-                                 from.string(), next_batch_, last_));
-  log_info(fmt::format("resuming from {}: step {}, batch {} of {}", from.string(),
+                                 from, next_batch_, last_));
+  log_info(fmt::format("resuming from {}: step {}, batch {} of {}", from,
                        trainer().steps_done(), next_batch_, last_));
 }
 
 void TrainRun::write_metrics(const json& line) {
+  if (!writer_) return;
   std::lock_guard lock(metrics_mutex_);
   metrics_ << line.dump() << '\n' << std::flush;
 }
@@ -329,11 +434,13 @@ std::string TrainRun::run_state(std::uint64_t next_batch) const {
       {"test_accuracy", test_accuracy_},
       {"teacher_test_accuracy", teacher_accuracy_ ? json(*teacher_accuracy_) : json(nullptr)},
       {"evaluations", evaluations_},
+      {"world_size", dist_.world},
       {"wall_s", wall_s()}}
       .dump();
 }
 
 void TrainRun::save(std::uint64_t next_batch) {
+  if (!writer_) return; // every rank holds the same state: rank 0's checkpoint is the job's
   const auto t0 = Clock::now();
   trainer().save(checkpoint_name(ckpt_dir_, trainer().steps_done()), run_state(next_batch));
   const auto keep = static_cast<std::size_t>(config_.get_int("train.keep_checkpoints"));
@@ -344,7 +451,14 @@ void TrainRun::save(std::uint64_t next_batch) {
 
 void TrainRun::evaluate(double epoch) {
   const auto t0 = Clock::now();
-  test_accuracy_ = trainer().evaluate(test_images_, test_labels_);
+  // Each rank its part of the test split, the hits summed over the ranks.
+  const auto [first, last] = shard(test_labels_.size());
+  const std::size_t sample = run_.test.sample_bytes();
+  std::array<double, 1> hits{static_cast<double>(
+      trainer().correct(std::span(test_images_).subspan(first * sample, (last - first) * sample),
+                        std::span(test_labels_).subspan(first, last - first)))};
+  job_sum(hits, "the student's evaluation");
+  test_accuracy_ = hits[0] / static_cast<double>(std::max<std::size_t>(1, test_labels_.size()));
   best_accuracy_ = std::max(best_accuracy_, test_accuracy_);
   evaluations_.push_back(
       {{"epoch", epoch}, {"step", trainer().steps_done()}, {"test_accuracy", test_accuracy_}});
@@ -370,7 +484,7 @@ void TrainRun::step_loop() {
   const auto log_every = static_cast<std::uint64_t>(config_.get_int("train.log_every"));
   // The pipeline runs from the resume point to the end.
   StopSignals signals;
-  Progress progress(::isatty(STDERR_FILENO) == 1);
+  Progress progress(writer_ && ::isatty(STDERR_FILENO) == 1);
   loop_start_ = Clock::now();
   const std::uint64_t begin = next_batch_;
   pipeline().start(begin, last_ - begin);
@@ -380,9 +494,10 @@ void TrainRun::step_loop() {
   std::uint64_t last_wait_ns = ring_before.stages[2].wait_ns;
   std::uint64_t last_teacher_ns = 0;
   for (std::uint64_t b = begin; b < last_; ++b) {
-    const auto stats = trainer().step(b - begin);
+    const auto stats = trainer().step(b - begin, StopSignals::requested());
     if (!stats) break;
     samples_ += stats->samples;
+    rank_samples_ += stats->rank_samples;
     interval.loss += stats->loss * stats->samples;
     interval.kd += stats->kd_loss * stats->samples;
     interval.ce += stats->ce_loss * stats->samples;
@@ -417,7 +532,7 @@ void TrainRun::step_loop() {
           {"ring_ready", ring.occupancy[static_cast<int>(SlotState::ready)]},
           {"skipped_steps", trainer().skipped_steps()}};
       write_metrics(line);
-      if (!progress.terminal())
+      if (writer_ && !progress.terminal())
         log_info(fmt::format("step {}/{} epoch {} loss {:.4f} lr {:.4f} {:.0f} samples/s",
                              trainer().steps_done(), last_, epoch + 1, line["loss"].get<double>(),
                              stats->lr, line["samples_per_s"].get<double>()));
@@ -436,13 +551,14 @@ void TrainRun::step_loop() {
           ring.occupancy[static_cast<int>(SlotState::ready)], slots_));
     if (epoch_end) {
       evaluate(static_cast<double>(epoch + 1));
-      progress.line(fmt::format(
+      if (writer_)
+        progress.line(fmt::format(
           "epoch {}/{}: test accuracy {:.4f}{} ({:.0f} samples/s)", epoch + 1, epochs_,
           test_accuracy_,
           teacher_accuracy_ ? fmt::format(" (teacher {:.4f})", *teacher_accuracy_) : std::string(),
           rate));
     }
-    if (StopSignals::requested()) {
+    if (stats->stop) { // asked of this process, or (several ranks) of any rank
       interrupted_ = true;
       save(b + 1);
       break;
@@ -469,7 +585,7 @@ int TrainRun::finish() {
   // The trained student, in the form people deploy, checked against the student.
   json exported = nullptr;
   std::optional<ExportCheck> check;
-  if (!interrupted_ && export_format_ != "off") {
+  if (writer_ && !interrupted_ && export_format_ != "off") {
     const fs::path file = out_ / export_file_name(export_format_);
     check = export_student(trainer(), options_, export_format_, file, test_images_);
     exported = {{"file", file.filename().string()},
@@ -485,6 +601,35 @@ int TrainRun::finish() {
                          file.string(), export_format_, check->samples, check->runner,
                          check->max_normalized_error, check->top1_agreement));
   }
+  // Every rank's own figures, in rank 0's summary.
+  const double steps_s = std::max(1e-9, loop_s - eval_s_ - save_s_);
+  const std::string state_digest = fmt::format("{:016x}", digest_of(trainer().state_vector()));
+  const json mine = {
+      {"rank", dist_.rank},
+      {"local_rank", dist_.local_rank},
+      {"node", dist_.node},
+      {"host", host_name()},
+      {"device", trainer().device()},
+      {"samples_per_s", static_cast<double>(rank_samples_) / steps_s},
+      {"student_stall_fraction", stall_ns / (steps_s * 1e9)},
+      {"teacher_busy_fraction",
+       run_.teacher_runs ? static_cast<double>(pipeline().teacher_totals().busy_ns.load()) /
+                               (loop_s * 1e9 * static_cast<double>(pipeline().replicas()))
+                         : 0.0},
+      {"plan", affinity::to_json(run_.plan)},
+      {"state_digest", state_digest}};
+  json ranks = json::array({mine});
+  if (group_) {
+    ranks = json::array();
+    for (const auto& text : group_->all_gather(mine.dump(), "gathering the ranks' figures"))
+      ranks.push_back(json::parse(text));
+  }
+  if (!writer_) {
+    if (interrupted_)
+      throw Interrupted(fmt::format("rank {} interrupted at step {}: rank 0 saved the checkpoint",
+                                    dist_.rank, trainer().steps_done()));
+    return kExitOk;
+  }
   json summary = {
       {"test_accuracy", test_accuracy_},
       {"best_test_accuracy", best_accuracy_},
@@ -496,8 +641,8 @@ int TrainRun::finish() {
       {"evaluation_s", eval_s_},
       {"checkpoint_s", save_s_},
       // Training throughput: the steps' time, evaluations and checkpoint writes left out.
-      {"samples_per_s", static_cast<double>(samples_) / std::max(1e-9, loop_s - eval_s_ - save_s_)},
-      {"student_stall_fraction", stall_ns / std::max(1.0, (loop_s - eval_s_ - save_s_) * 1e9)},
+      {"samples_per_s", static_cast<double>(samples_) / steps_s},
+      {"student_stall_fraction", stall_ns / (steps_s * 1e9)},
       {"teacher_busy_fraction",
        run_.teacher_runs ? static_cast<double>(pipeline().teacher_totals().busy_ns.load()) /
                                (loop_s * 1e9 * static_cast<double>(pipeline().replicas()))
@@ -521,7 +666,18 @@ int TrainRun::finish() {
       {"skipped_steps", trainer().skipped_steps()},
       {"interrupted", interrupted_},
       {"evaluations", evaluations_},
-      {"state_digest", fmt::format("{:016x}", digest_of(trainer().state_vector()))}};
+      {"world_size", dist_.world},
+      {"batch_size", run_.sampler.batch_size},
+      {"global_batch_size", run_.sampler.batch_size * static_cast<std::size_t>(dist_.world)},
+      {"dist",
+       group_ ? json{{"backend", group_->backend()},
+                     {"timeout_s", group_->options().timeout_s},
+                     {"bucket_mb", group_->options().bucket_mb},
+                     {"batchnorm", "each rank's batch statistics; running statistics rank 0's "
+                                   "(broadcast after every step)"}}
+              : json(nullptr)},
+      {"ranks", ranks},
+      {"state_digest", state_digest}};
   write_file_atomic(out_ / "summary.json", summary.dump(2) + "\n");
   if (check && !check->ok)
     throw std::runtime_error(fmt::format(

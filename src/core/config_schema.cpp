@@ -247,6 +247,27 @@ const std::vector<ConfigKey>& config_schema() {
        {},
        0.0,
        10.0},
+      {"dist.backend",
+       T::string,
+       std::string("auto"),
+       "several ranks (torchrun): c10d's process group, auto (nccl for a CUDA student, else gloo)",
+       {"auto", "nccl", "gloo"}},
+      {"dist.timeout_s",
+       T::real,
+       300.0,
+       "several ranks: a collective or the rendezvous that takes longer ends the job, naming the "
+       "lost rank",
+       {},
+       1.0,
+       86400.0},
+      {"dist.bucket_mb",
+       T::real,
+       25.0,
+       "several ranks: gradient bucket size; each bucket is all-reduced as soon as the backward "
+       "pass has filled it",
+       {},
+       0.001,
+       65536.0},
   };
   return schema;
 }

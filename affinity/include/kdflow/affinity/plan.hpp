@@ -29,7 +29,21 @@ struct PlanRequest {
   int teacher_threads = 0;  // threads per replica; 0: auto (replicas of at most 8 cores)
   bool teacher_runs = true; // false when kd.alpha = 0: no teacher cores are planned
   std::optional<CpuList> gpu_local; // CPUs near the student's GPU, when there is one
+  std::optional<CpuList> share;     // plan inside these CPUs only (a local rank's share)
 };
+
+// A local rank's share of its node, when torchrun starts several ranks there (LOCAL_WORLD_SIZE):
+// each rank plans its roles inside its share as one process plans the node.
+struct RankShare {
+  CpuList cpus;        // every PU of the share's cores
+  bool shared = false; // fewer cores than local ranks: another rank has this rank's core too
+};
+// The node's cores split among `local_world` ranks without overlap, in near-equal counts. Rank r
+// takes, in rank order, the free cores nearest its GPU first (gpu_local[r], when known), then
+// free cores of the packages those are in, then any; without locality, contiguous runs in
+// topology order. With fewer cores than ranks, rank r gets core r mod cores (shared).
+std::vector<RankShare> rank_shares(const Topology& topology, int local_world,
+                                   const std::vector<std::optional<CpuList>>& gpu_local);
 
 // The rule: the student on the first physical core near the GPU (copy beside it), loaders next on
 // the student's NUMA node, teacher replicas on the remaining physical cores, each replica inside
@@ -50,18 +64,23 @@ PlanFile read_plan_file(const std::filesystem::path& path);
 nlohmann::json plan_file_json(const Plan& plan, const std::string& teacher_precision);
 
 // Throws InputError naming the role and CPUs when the plan is impossible here: a CPU not allowed to
-// this process, roles that overlap (only copy, and on machines of fewer than 3 cores the loaders,
-// may share the student's CPUs), or no CPUs for a role that runs. Fills `spare`.
-void validate(Plan& plan, const Topology& topology, bool teacher_runs);
+// this process (or outside `share`, when given), roles that overlap (only copy, and with fewer
+// than 3 cores the loaders, may share the student's CPUs), or no CPUs for a role that runs.
+// Fills `spare`.
+void validate(Plan& plan, const Topology& topology, bool teacher_runs,
+              const std::optional<CpuList>& share = std::nullopt);
 
 // Parses "0-3,8" (InputError naming `key` otherwise).
 CpuList parse_cpus(const std::string& text, const std::string& key);
 
 // The plan a run's configuration asks for: explicit CPU lists (cores.student_cpus, loader_cpus,
 // teacher_cpus), else cores.plan = "auto" (with cores.loader_cores and cores.teacher_threads) or a
-// plan file; the teacher is planned only when kd.alpha > 0.
+// plan file; the teacher is planned only when kd.alpha > 0. With a `share` (a local rank's), only
+// cores.plan = auto plans inside it: CPU lists and plan files describe one process's node and are
+// refused (InputError naming the key).
 Plan plan_from_config(const Config& config, const Topology& topology,
-                      const std::optional<CpuList>& gpu_local);
+                      const std::optional<CpuList>& gpu_local,
+                      const std::optional<CpuList>& share = std::nullopt);
 
 nlohmann::json to_json(const Plan& plan);
 nlohmann::json to_json(const Topology& topology);

@@ -14,8 +14,9 @@ struct Device {
   friend bool operator==(const Device&, const Device&) = default;
 };
 
-// auto: CUDA device 0 where LibTorch sees one, else the CPU. InputError naming student.device for
-// cuda without a visible device, or a name that is none of the three.
-Device resolve_device(const std::string& wanted);
+// auto: CUDA device `local_rank` (torchrun's LOCAL_RANK; 0 for one process) where LibTorch sees
+// one, else the CPU. InputError naming student.device for cuda without a visible device, or a
+// name that is none of the three, and naming LOCAL_RANK when it has no device of its own.
+Device resolve_device(const std::string& wanted, int local_rank = 0);
 
 } // namespace kdflow::student

@@ -8,6 +8,7 @@
 #include "kdflow/core/image_adapter.hpp"
 #include "kdflow/core/slot_ring.hpp"
 #include "kdflow/gpu_student/device.hpp"
+#include "kdflow/gpu_student/process_group.hpp"
 #include "kdflow/gpu_student/students.hpp"
 #include "kdflow/gpu_student/torch_teacher.hpp"
 
@@ -43,6 +44,9 @@ struct TrainerOptions {
   // uint8 input slots: x * input_scale[c] + input_shift[c] per channel on the student's device
   // (the loader's normalization, kdflow::channel_scale/shift). Empty: the slots hold float32.
   std::vector<float> input_scale, input_shift;
+  // Several ranks (torchrun): gradients averaged over `group` in buckets during the backward pass,
+  // parameters and buffers rank 0's (process_group.hpp). Null: one process. Not owned.
+  ProcessGroup* group = nullptr;
 };
 
 // Region indices of the slot layout the step reads.
@@ -51,11 +55,15 @@ struct StepRegions {
   std::optional<std::size_t> teacher_logits; // absent when kd.alpha = 0
 };
 
+// With several ranks the losses, hits and samples are the whole job's (summed over the ranks with
+// the gradients); rank_samples is this rank's share.
 struct StepStats {
   double loss = 0, kd_loss = 0, ce_loss = 0, lr = 0, grad_norm = 0;
   std::int64_t correct = 0; // top-1 hits of the student on this (augmented) batch
   std::uint32_t samples = 0;
   bool skipped = false; // non-finite and train.on_nonfinite = "skip" (or an fp16 scale overflow)
+  std::uint32_t rank_samples = 0;
+  bool stop = false; // a rank asked to stop after this step (every rank sees it at the same step)
 };
 
 // A non-finite loss, gradient or teacher output with train.on_nonfinite = "abort".
@@ -79,8 +87,9 @@ public:
   Trainer& operator=(const Trainer&) = delete;
 
   // Trains on ring batch `batch` (the next in order). nullopt when the ring closed and drained.
-  // Rethrows a failed stage's StageError; NonFiniteError as above.
-  std::optional<StepStats> step(std::uint64_t batch);
+  // Rethrows a failed stage's StageError; NonFiniteError as above. `stop`: this process was asked
+  // to stop (a signal); StepStats::stop says whether any rank was.
+  std::optional<StepStats> step(std::uint64_t batch, bool stop = false);
   // Waits for the device and releases every slot still in flight.
   void drain();
   // The colocated baseline: each step first runs this teacher on the student's device on the
@@ -91,6 +100,8 @@ public:
 
   // Top-1 accuracy on plain float32 images [count, C, H, W] (normalized like the training data).
   double evaluate(std::span<const float> images, std::span<const std::int64_t> labels);
+  // The number of those the student classifies right (a rank's share of a sharded evaluation).
+  std::int64_t correct(std::span<const float> images, std::span<const std::int64_t> labels);
   // The student's logits in eval mode and full fp32 (no autocast, no TF32) for plain float32
   // images [count, C, H, W], [count, classes] row-major on the host (the reference an export is
   // checked against).
@@ -106,6 +117,9 @@ public:
   // Restores a checkpoint and returns its run state. InputError naming the file when it is
   // corrupt or was written for another student; the trainer is unusable after such an error.
   std::string load(const std::filesystem::path& path);
+  // The same from a checked file's bytes (read_checked_file), `name` for the messages: every rank
+  // restores the checkpoint rank 0 read.
+  std::string load(std::span<const std::byte> payload, const std::string& name);
 
   [[nodiscard]] std::int64_t steps_done() const;
   [[nodiscard]] std::int64_t skipped_steps() const;
