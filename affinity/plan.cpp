@@ -188,8 +188,7 @@ void validate(Plan& plan, const Topology& topology, bool teacher_runs,
     const auto pair_is = [&](const char* x, const char* y) {
       return (a == x && b == y) || (a == y && b == x);
     };
-    return (small && pair_is("loader", "student")) ||
-           (cores < 2); // one core: everything shares it
+    return (small && pair_is("loader", "student")) || (cores < 2); // one core: everything shares it
   };
   for (std::size_t i = 0; i < roles.size(); ++i)
     for (std::size_t j = i + 1; j < roles.size(); ++j) {
@@ -323,7 +322,9 @@ Plan plan_from_config(const Config& config, const Topology& topology,
     throw InputError(fmt::format(
         "cores.{}_cpus: CPU lists plan one process's node; with several ranks on a node each "
         "plans its own share (cores.plan = auto)",
-        !student.empty() ? "student" : !loader.empty() ? "loader" : "teacher"));
+        !student.empty()  ? "student"
+        : !loader.empty() ? "loader"
+                          : "teacher"));
   if (share && config.get_string("cores.plan") != "auto")
     throw InputError(fmt::format("cores.plan = {}: a plan file plans one process's node; with "
                                  "several ranks on a node each plans its own share (cores.plan = "

@@ -31,9 +31,9 @@ GradSync::GradSync(ProcessGroup& group, std::vector<torch::Tensor> params,
     sizes.back() += bytes;
   }
   for (std::size_t i = 0; i < buckets_.size(); ++i)
-    buckets_[i].flat = torch::zeros({sizes[i] / static_cast<std::int64_t>(
-                                                    params_[buckets_[i].params[0]].element_size())},
-                                    params_[buckets_[i].params[0]].options());
+    buckets_[i].flat = torch::zeros(
+        {sizes[i] / static_cast<std::int64_t>(params_[buckets_[i].params[0]].element_size())},
+        params_[buckets_[i].params[0]].options());
   for (std::size_t k = 0; k < params_.size(); ++k)
     params_[k].register_hook([this, k](const torch::Tensor& grad) { on_gradient(k, grad); });
 

@@ -67,7 +67,8 @@ ProcessGroup::ProcessGroup(const DistEnv& env, const DistOptions& options, const
   m.options = options;
   if (options.backend != "auto" && options.backend != "gloo" && options.backend != "nccl")
     throw InputError(fmt::format("dist.backend = {}: not auto, nccl or gloo", options.backend));
-  m.backend_name = options.backend == "auto" ? (device.is_cuda() ? "nccl" : "gloo") : options.backend;
+  m.backend_name =
+      options.backend == "auto" ? (device.is_cuda() ? "nccl" : "gloo") : options.backend;
   if (m.backend_name == "nccl" && !device.is_cuda())
     throw InputError("dist.backend = nccl: the student is on the CPU (NCCL reduces CUDA tensors); "
                      "use gloo or auto");
@@ -76,7 +77,8 @@ ProcessGroup::ProcessGroup(const DistEnv& env, const DistOptions& options, const
     throw InputError("dist.backend = nccl: this kdflow was built without NCCL (no nccl.h beside "
                      "LibTorch); use gloo");
 #endif
-  const auto timeout = std::chrono::milliseconds(static_cast<std::int64_t>(options.timeout_s * 1e3));
+  const auto timeout =
+      std::chrono::milliseconds(static_cast<std::int64_t>(options.timeout_s * 1e3));
 
   c10d::TCPStoreOptions store_options;
   store_options.port = static_cast<std::uint16_t>(env.master_port);
@@ -160,7 +162,8 @@ void ProcessGroup::Impl::lost(const std::string& what, const std::string& cause)
       if (a.empty())
         gone.push_back(fmt::format("rank {} (never joined)", r));
       else if (a == b)
-        gone.push_back(fmt::format("rank {} (silent since step {})", r, a.substr(a.find(' ') + 1)));
+        gone.push_back(
+            fmt::format("rank {} (no heartbeat since step {})", r, a.substr(a.find(' ') + 1)));
     }
     if (!gone.empty())
       who = fmt::format("lost {} of {}", fmt::join(gone, ", "), world);
@@ -198,9 +201,8 @@ std::vector<std::byte> ProcessGroup::broadcast(std::vector<std::byte> bytes,
   }
   const auto n = static_cast<std::int64_t>(size);
   std::vector<at::Tensor> t{
-      m.env.rank == 0
-          ? torch::from_blob(bytes.data(), {n}, torch::kUInt8).to(m.device, false, true)
-          : torch::empty({n}, torch::TensorOptions(torch::kUInt8).device(m.device))};
+      m.env.rank == 0 ? torch::from_blob(bytes.data(), {n}, torch::kUInt8).to(m.device, false, true)
+                      : torch::empty({n}, torch::TensorOptions(torch::kUInt8).device(m.device))};
   if (n > 0) m.wait(m.backend->broadcast(t), what);
   const torch::Tensor host = t[0].to(torch::kCPU).contiguous();
   bytes.resize(static_cast<std::size_t>(n));

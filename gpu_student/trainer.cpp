@@ -2,11 +2,11 @@
 // back together), which is also where non-finite values are caught before the optimizer runs.
 #include "kdflow/gpu_student/trainer.hpp"
 
+#include "grad_sync.hpp"
 #include "kdflow/core/atomic_file.hpp"
 #include "kdflow/core/error.hpp"
 #include "kdflow/core/log.hpp"
 #include "kdflow/core/trace.hpp"
-#include "grad_sync.hpp"
 #include "losses.hpp"
 #include "models.hpp"
 #include "slot_feeder.hpp"
@@ -88,7 +88,8 @@ struct Trainer::Impl {
     torch::manual_seed(o.seed);
     net = make_student(o.model);
     net->to(device);
-    if (o.group != nullptr) sync = std::make_unique<GradSync>(*o.group, net->parameters(), net->buffers());
+    if (o.group != nullptr)
+      sync = std::make_unique<GradSync>(*o.group, net->parameters(), net->buffers());
     if (o.optimizer == "adamw")
       optimizer = std::make_unique<torch::optim::AdamW>(
           net->parameters(),
@@ -198,7 +199,8 @@ std::optional<StepStats> Trainer::step(std::uint64_t batch, bool stop) {
     const auto count = static_cast<double>(n);
     const torch::Tensor control =
         torch::stack({loss.detach() * count, kd.detach() * count, ce.detach() * count, hits,
-                      torch::full({}, count, s.options()), torch::full({}, stop ? 1.0 : 0.0, s.options())})
+                      torch::full({}, count, s.options()),
+                      torch::full({}, stop ? 1.0 : 0.0, s.options())})
             .to(torch::kDouble);
     m.sync->begin(control, m.step);
   }
@@ -290,8 +292,7 @@ double Trainer::evaluate(std::span<const float> images, std::span<const std::int
   return count > 0 ? static_cast<double>(correct(images, labels)) / count : 0.0;
 }
 
-std::int64_t Trainer::correct(std::span<const float> images,
-                              std::span<const std::int64_t> labels) {
+std::int64_t Trainer::correct(std::span<const float> images, std::span<const std::int64_t> labels) {
   Impl& m = *impl_;
   const auto& spec = m.options.model;
   const std::int64_t count = static_cast<std::int64_t>(labels.size());
@@ -420,12 +421,12 @@ std::string Trainer::load(std::span<const std::byte> payload, const std::string&
     };
     const auto format = tensor_at("format").item<std::int64_t>();
     if (format != kCheckpointFormat)
-      throw InputError(fmt::format("checkpoint {}: format {} (this kdflow reads {})", name,
-                                   format, kCheckpointFormat));
+      throw InputError(fmt::format("checkpoint {}: format {} (this kdflow reads {})", name, format,
+                                   kCheckpointFormat));
     const std::string written = tensor_bytes(tensor_at("student"));
     if (written != m.identity)
-      throw InputError(fmt::format("checkpoint {}: written for {}; this run has {}", name,
-                                   written, m.identity));
+      throw InputError(
+          fmt::format("checkpoint {}: written for {}; this run has {}", name, written, m.identity));
     torch::serialize::InputArchive model, optim;
     archive.read("model", model);
     archive.read("optimizer", optim);

@@ -140,9 +140,10 @@ Commands::Commands(CLI::App& app) : app_(app) {
                     "plan for a synthetic hwloc topology, e.g. \"pack:2 numa:1 core:8 pu:2\"");
   cores->add_option("--gpu-numa", cores_.gpu_numa,
                     "with --synthetic: the NUMA node of each GPU, e.g. 0 or 0,0,0,0,1,1,1,1");
-  cores->add_option("--local-world-size", cores_.local_world,
-                    "plan for this many ranks on the node (torchrun --nproc-per-node): each "
-                    "rank's share of the cores and its plan inside it")
+  cores
+      ->add_option("--local-world-size", cores_.local_world,
+                   "plan for this many ranks on the node (torchrun --nproc-per-node): each "
+                   "rank's share of the cores and its plan inside it")
       ->check(CLI::Range(1, 4096));
   cores->add_flag("--json", cores_.json, "print JSON instead of a table");
   cores->add_option("--config", cores_.config, "TOML configuration file (cores.* and kd.alpha)")
@@ -249,10 +250,10 @@ int Commands::show_cores() {
     if (cores_.json) {
       nlohmann::json topo = affinity::to_json(topology);
       topo["gpus"] = gpu_json;
-      fmt::print("{}\n", nlohmann::json{{"topology", topo},
-                                        {"local_world_size", local_world},
-                                        {"ranks", ranks}}
-                             .dump(2));
+      fmt::print(
+          "{}\n",
+          nlohmann::json{{"topology", topo}, {"local_world_size", local_world}, {"ranks", ranks}}
+              .dump(2));
       return kExitOk;
     }
   }

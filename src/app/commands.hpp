@@ -32,8 +32,8 @@ private:
   struct CoresArgs {
     std::string synthetic;
     bool json = false;
-    std::string gpu_numa;   // with synthetic: NUMA node of each GPU, "0" or "0,0,1,1"
-    int local_world = 1;    // torchrun's ranks on the node: each one's share and plan
+    std::string gpu_numa; // with synthetic: NUMA node of each GPU, "0" or "0,0,1,1"
+    int local_world = 1;  // torchrun's ranks on the node: each one's share and plan
     std::string config;
     std::vector<std::string> sets;
   };

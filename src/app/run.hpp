@@ -55,8 +55,7 @@ student::TrainerOptions trainer_options(const RunInputs& run, std::int64_t total
 // How many of the test split's samples [first, first + count) the teacher classifies right
 // (`images`: normalized_images of the whole split), on `arena`'s cores.
 std::size_t teacher_test_hits(const RunInputs& run, std::span<const float> images,
-                              std::size_t first, std::size_t count,
-                              oneapi::tbb::task_arena& arena);
+                              std::size_t first, std::size_t count, oneapi::tbb::task_arena& arena);
 
 // The started parts of a run: the CPU pipeline on its ring (page-locked for the GPU where there is
 // one, bound to the student's NUMA node) and the student reading that ring.

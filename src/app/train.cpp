@@ -254,9 +254,9 @@ private:
 
   const Clock::time_point started_ = Clock::now();
   const Config config_;
-  const DistEnv dist_;                            // one rank without torchrun
+  const DistEnv dist_;                           // one rank without torchrun
   std::unique_ptr<student::ProcessGroup> group_; // two ranks or more
-  const bool writer_;                             // rank 0 writes the run folder
+  const bool writer_;                            // rank 0 writes the run folder
   const fs::path out_, ckpt_dir_;
   const std::optional<fs::path> resume_from_; // rank 0's decision
   RunInputs run_;
@@ -300,8 +300,7 @@ TrainRun::TrainRun(const TrainArgs& args)
                                            : std::optional<fs::path>();
                           })),
       run_(agreed(group_.get(), [&] { return prepare_run(config_, dist_); })),
-      sampler_(run_.train.size(), run_.sampler),
-      per_epoch_(sampler_.batches_per_epoch()),
+      sampler_(run_.train.size(), run_.sampler), per_epoch_(sampler_.batches_per_epoch()),
       epochs_(static_cast<std::uint64_t>(config_.get_int("train.epochs"))), last_([&] {
         const auto max_steps = static_cast<std::uint64_t>(config_.get_int("train.max_steps"));
         return max_steps > 0 ? std::min(epochs_ * per_epoch_, max_steps) : epochs_ * per_epoch_;
@@ -337,8 +336,8 @@ void TrainRun::start() {
   for (std::size_t i = 0; i < run_.test.size(); ++i) test_labels_[i] = run_.test.label(i);
   if (run_.teacher_runs && !teacher_accuracy_) {
     const auto [first, last] = shard(run_.test.size());
-    std::array<double, 1> hits{static_cast<double>(teacher_test_hits(
-        run_, test_images_, first, last - first, *pipeline().teacher_arena(0)))};
+    std::array<double, 1> hits{static_cast<double>(
+        teacher_test_hits(run_, test_images_, first, last - first, *pipeline().teacher_arena(0)))};
     job_sum(hits, "the teacher's evaluation");
     teacher_accuracy_ = hits[0] / static_cast<double>(run_.test.size());
     log_info(fmt::format("teacher {}: test accuracy {:.4f} ({} precision, {} replica(s))",
@@ -349,10 +348,10 @@ void TrainRun::start() {
       group_ ? fmt::format(", rank {} of {} ({}; global batch {})", dist_.rank, dist_.world,
                            group_->backend(), run_.sampler.batch_size * dist_.world)
              : std::string();
-  log_info(fmt::format(
-      "student {} ({} parameters) on {}, {}; {} steps of batch {} ({} per epoch){}",
-      options_.model.arch, trainer().parameters(), trainer().device(), trainer().precision(),
-      last_, run_.sampler.batch_size, per_epoch_, job));
+  log_info(
+      fmt::format("student {} ({} parameters) on {}, {}; {} steps of batch {} ({} per epoch){}",
+                  options_.model.arch, trainer().parameters(), trainer().device(),
+                  trainer().precision(), last_, run_.sampler.batch_size, per_epoch_, job));
 }
 
 void TrainRun::job_sum(std::span<double> values, const std::string& what) {
@@ -410,14 +409,15 @@ void TrainRun::resume(std::span<const std::byte> checkpoint, const std::string& 
     if (const auto t = state.value("teacher_test_accuracy", json()); t.is_number())
       teacher_accuracy_ = t.get<double>();
   } catch (const json::exception& e) {
-    throw InputError(fmt::format("checkpoint {}: its run state is unreadable ({})", from, e.what()));
+    throw InputError(
+        fmt::format("checkpoint {}: its run state is unreadable ({})", from, e.what()));
   }
   if (next_batch_ > last_)
     throw InputError(fmt::format("checkpoint {} is at batch {}, past this run's end ({}): raise "
                                  "train.epochs or train.max_steps to continue it",
                                  from, next_batch_, last_));
-  log_info(fmt::format("resuming from {}: step {}, batch {} of {}", from,
-                       trainer().steps_done(), next_batch_, last_));
+  log_info(fmt::format("resuming from {}: step {}, batch {} of {}", from, trainer().steps_done(),
+                       next_batch_, last_));
 }
 
 void TrainRun::write_metrics(const json& line) {
@@ -552,11 +552,12 @@ void TrainRun::step_loop() {
     if (epoch_end) {
       evaluate(static_cast<double>(epoch + 1));
       if (writer_)
-        progress.line(fmt::format(
-          "epoch {}/{}: test accuracy {:.4f}{} ({:.0f} samples/s)", epoch + 1, epochs_,
-          test_accuracy_,
-          teacher_accuracy_ ? fmt::format(" (teacher {:.4f})", *teacher_accuracy_) : std::string(),
-          rate));
+        progress.line(fmt::format("epoch {}/{}: test accuracy {:.4f}{} ({:.0f} samples/s)",
+                                  epoch + 1, epochs_, test_accuracy_,
+                                  teacher_accuracy_
+                                      ? fmt::format(" (teacher {:.4f})", *teacher_accuracy_)
+                                      : std::string(),
+                                  rate));
     }
     if (stats->stop) { // asked of this process, or (several ranks) of any rank
       interrupted_ = true;
@@ -604,20 +605,20 @@ int TrainRun::finish() {
   // Every rank's own figures, in rank 0's summary.
   const double steps_s = std::max(1e-9, loop_s - eval_s_ - save_s_);
   const std::string state_digest = fmt::format("{:016x}", digest_of(trainer().state_vector()));
-  const json mine = {
-      {"rank", dist_.rank},
-      {"local_rank", dist_.local_rank},
-      {"node", dist_.node},
-      {"host", host_name()},
-      {"device", trainer().device()},
-      {"samples_per_s", static_cast<double>(rank_samples_) / steps_s},
-      {"student_stall_fraction", stall_ns / (steps_s * 1e9)},
-      {"teacher_busy_fraction",
-       run_.teacher_runs ? static_cast<double>(pipeline().teacher_totals().busy_ns.load()) /
-                               (loop_s * 1e9 * static_cast<double>(pipeline().replicas()))
-                         : 0.0},
-      {"plan", affinity::to_json(run_.plan)},
-      {"state_digest", state_digest}};
+  const json mine = {{"rank", dist_.rank},
+                     {"local_rank", dist_.local_rank},
+                     {"node", dist_.node},
+                     {"host", host_name()},
+                     {"device", trainer().device()},
+                     {"samples_per_s", static_cast<double>(rank_samples_) / steps_s},
+                     {"student_stall_fraction", stall_ns / (steps_s * 1e9)},
+                     {"teacher_busy_fraction",
+                      run_.teacher_runs
+                          ? static_cast<double>(pipeline().teacher_totals().busy_ns.load()) /
+                                (loop_s * 1e9 * static_cast<double>(pipeline().replicas()))
+                          : 0.0},
+                     {"plan", affinity::to_json(run_.plan)},
+                     {"state_digest", state_digest}};
   json ranks = json::array({mine});
   if (group_) {
     ranks = json::array();
@@ -669,13 +670,13 @@ int TrainRun::finish() {
       {"world_size", dist_.world},
       {"batch_size", run_.sampler.batch_size},
       {"global_batch_size", run_.sampler.batch_size * static_cast<std::size_t>(dist_.world)},
-      {"dist",
-       group_ ? json{{"backend", group_->backend()},
-                     {"timeout_s", group_->options().timeout_s},
-                     {"bucket_mb", group_->options().bucket_mb},
-                     {"batchnorm", "each rank's batch statistics; running statistics rank 0's "
-                                   "(broadcast after every step)"}}
-              : json(nullptr)},
+      {"dist", group_
+                   ? json{{"backend", group_->backend()},
+                          {"timeout_s", group_->options().timeout_s},
+                          {"bucket_mb", group_->options().bucket_mb},
+                          {"batchnorm", "each rank's batch statistics; running statistics rank 0's "
+                                        "(broadcast after every step)"}}
+                   : json(nullptr)},
       {"ranks", ranks},
       {"state_digest", state_digest}};
   write_file_atomic(out_ / "summary.json", summary.dump(2) + "\n");

@@ -24,8 +24,8 @@ int number(const std::function<const char*(const char*)>& get, const char* name,
   int value = 0;
   const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), value);
   if (ec != std::errc() || end != s.data() + s.size() || value < min || value > max)
-    throw InputError(
-        fmt::format("environment: {} = '{}' is not a whole number from {} to {}", name, s, min, max));
+    throw InputError(fmt::format("environment: {} = '{}' is not a whole number from {} to {}", name,
+                                 s, min, max));
   return value;
 }
 

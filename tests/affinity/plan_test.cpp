@@ -214,3 +214,105 @@ TEST(Topology, ThisMachineHasItsAllowedCpus) {
 
 } // namespace
 } // namespace kdflow::affinity
+
+namespace kdflow::affinity {
+namespace {
+
+// torchrun's local ranks on one node: each rank's GPU on a NUMA node (gpu_numa[r]); the shares
+// must be disjoint, cover the node, be near-equal, lie on the rank's GPU's NUMA node when it has
+// cores enough there, and a plan inside each share must be a valid plan of that share.
+struct ShareCase {
+  std::string desc;
+  std::vector<int> gpu_numa;
+};
+
+void PrintTo(const ShareCase& c, std::ostream* os) {
+  *os << c.desc << " with " << c.gpu_numa.size() << " GPUs";
+}
+
+class RankShares : public ::testing::TestWithParam<ShareCase> {};
+
+TEST_P(RankShares, AreDisjointBalancedAndNearTheirGpus) {
+  const Topology topo = Topology::synthetic(GetParam().desc);
+  const auto& numa = GetParam().gpu_numa;
+  const int ranks = static_cast<int>(numa.size());
+  std::vector<std::optional<CpuList>> near;
+  for (const int n : numa) near.emplace_back(topo.numa_cpus(n));
+  const auto shares = rank_shares(topo, ranks, near);
+  ASSERT_EQ(shares.size(), numa.size());
+
+  std::map<int, int> owner; // PU -> rank
+  std::map<int, int> numa_of;
+  for (const auto& c : topo.cores())
+    for (const int pu : c.pus) numa_of[pu] = c.numa;
+  std::size_t fewest = SIZE_MAX, most = 0;
+  for (int r = 0; r < ranks; ++r) {
+    const auto& share = shares[static_cast<std::size_t>(r)];
+    EXPECT_FALSE(share.shared);
+    ASSERT_FALSE(share.cpus.empty()) << "rank " << r;
+    for (const int pu : share.cpus) {
+      EXPECT_FALSE(owner.count(pu)) << "CPU " << pu << " in ranks " << owner[pu] << " and " << r;
+      owner[pu] = r;
+      EXPECT_EQ(numa_of[pu], numa[static_cast<std::size_t>(r)])
+          << "rank " << r << " CPU " << pu << " is not on its GPU's NUMA node";
+    }
+    fewest = std::min(fewest, share.cpus.size());
+    most = std::max(most, share.cpus.size());
+
+    PlanRequest request;
+    request.gpu_local = near[static_cast<std::size_t>(r)];
+    request.share = share.cpus;
+    const Plan plan = plan_auto(topo, request);
+    std::set<int> in_share(share.cpus.begin(), share.cpus.end());
+    for (const auto& cpus : {plan.student, plan.loader})
+      for (const int c : cpus) EXPECT_TRUE(in_share.count(c)) << "rank " << r << " CPU " << c;
+    for (const auto& replica : plan.teacher)
+      for (const int c : replica) EXPECT_TRUE(in_share.count(c)) << "rank " << r << " CPU " << c;
+  }
+  EXPECT_EQ(owner.size(), topo.allowed_cpus().size()); // the whole node is shared out
+  EXPECT_LE(most - fewest, topo.cores().front().pus.size()) << "one core apart at most";
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Synthetic, RankShares,
+    ::testing::Values(ShareCase{"pack:2 numa:1 core:8 pu:2", {0, 0, 0, 0, 1, 1, 1, 1}},
+                      // GPUs listed out of socket order: each rank still finds its own socket.
+                      ShareCase{"pack:2 numa:1 core:8 pu:2", {1, 0, 1, 0}},
+                      ShareCase{"pack:1 numa:1 core:8 pu:2", {0, 0, 0, 0}},
+                      ShareCase{"pack:2 numa:2 core:6 pu:1", {0, 1, 2, 3}}));
+
+TEST(RankShares, WithoutLocalityAreContiguousRuns) {
+  const Topology topo = Topology::synthetic("pack:1 numa:1 core:7 pu:1");
+  const auto shares = rank_shares(topo, 3, {});
+  EXPECT_EQ(shares[0].cpus, (CpuList{0, 1, 2}));
+  EXPECT_EQ(shares[1].cpus, (CpuList{3, 4}));
+  EXPECT_EQ(shares[2].cpus, (CpuList{5, 6}));
+}
+
+TEST(RankShares, FewerCoresThanRanksShareAndStillPlan) {
+  const Topology topo = Topology::synthetic("pack:1 numa:1 core:2 pu:1");
+  const auto shares = rank_shares(topo, 3, {});
+  for (std::size_t r = 0; r < 3; ++r) {
+    EXPECT_TRUE(shares[r].shared);
+    EXPECT_EQ(shares[r].cpus, (CpuList{static_cast<int>(r % 2)}));
+    PlanRequest request;
+    request.share = shares[r].cpus;
+    const Plan plan = plan_auto(topo, request); // every role on the one core
+    EXPECT_EQ(plan.student, shares[r].cpus);
+    EXPECT_EQ(plan.loader, shares[r].cpus);
+  }
+}
+
+TEST(RankShares, PlanFilesAndCpuListsAreRefusedForAShare) {
+  const Topology topo = Topology::synthetic("pack:1 numa:1 core:4 pu:1");
+  Config config;
+  config.set("cores.student_cpus=0");
+  config.set("cores.loader_cpus=1");
+  EXPECT_THROW(plan_from_config(config, topo, std::nullopt, CpuList{0, 1}), InputError);
+  Config file;
+  file.set("cores.plan=plan.json");
+  EXPECT_THROW(plan_from_config(file, topo, std::nullopt, CpuList{0, 1}), InputError);
+}
+
+} // namespace
+} // namespace kdflow::affinity

@@ -42,9 +42,10 @@ struct Child {
   fs::path err;
 };
 
-inline Child spawn(std::vector<std::string> args, const fs::path& err,
-                   const fs::path& out = "/dev/null") {
-  args.insert(args.begin(), KDFLOW_BIN);
+// `program` (argv[0] = program) with `args`, stderr and stdout into files.
+inline Child spawn_program(const std::string& program, std::vector<std::string> args,
+                           const fs::path& err, const fs::path& out = "/dev/null") {
+  args.insert(args.begin(), program);
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -56,9 +57,14 @@ inline Child spawn(std::vector<std::string> args, const fs::path& err,
                                    O_WRONLY | O_CREAT | O_TRUNC, 0644);
   Child c;
   c.err = err;
-  EXPECT_EQ(posix_spawn(&c.pid, KDFLOW_BIN, &actions, nullptr, argv.data(), environ), 0);
+  EXPECT_EQ(posix_spawn(&c.pid, program.c_str(), &actions, nullptr, argv.data(), environ), 0);
   posix_spawn_file_actions_destroy(&actions);
   return c;
+}
+
+inline Child spawn(std::vector<std::string> args, const fs::path& err,
+                   const fs::path& out = "/dev/null") {
+  return spawn_program(KDFLOW_BIN, std::move(args), err, out);
 }
 
 inline int wait_exit(const Child& c) {

@@ -1,13 +1,19 @@
-// Config: defaults, TOML files, --set overrides, and every kind of bad input naming its key.
+// Config: defaults, TOML files, --set overrides, and every kind of bad input naming its key; and
+// torchrun's environment (dist_env), read the same way.
 #include "kdflow/core/config.hpp"
 #include "kdflow/core/dataset.hpp"
+#include "kdflow/core/dist_env.hpp"
 #include "kdflow/core/error.hpp"
+
+#include "input_error.hpp"
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <optional>
 
 namespace kdflow {
 namespace {
@@ -120,6 +126,65 @@ TEST(Config, MergeFileReadsAFile) {
   c.merge_file(path);
   EXPECT_EQ(c.get_int("ring.slots"), 16);
   std::filesystem::remove(path);
+}
+
+} // namespace
+} // namespace kdflow
+
+namespace kdflow {
+namespace {
+
+// torchrun's environment, from a table instead of the process's.
+std::optional<DistEnv> env_of(const std::map<std::string, std::string>& vars) {
+  return dist_env_from([&vars](const char* name) -> const char* {
+    const auto it = vars.find(name);
+    return it == vars.end() ? nullptr : it->second.c_str();
+  });
+}
+
+TEST(DistEnv, ReadsTorchrunsVariables) {
+  EXPECT_FALSE(env_of({}).has_value()); // a plain run
+  const auto env = env_of({{"RANK", "5"},
+                           {"WORLD_SIZE", "8"},
+                           {"LOCAL_RANK", "1"},
+                           {"LOCAL_WORLD_SIZE", "4"},
+                           {"GROUP_RANK", "1"},
+                           {"MASTER_ADDR", "10.0.0.1"},
+                           {"MASTER_PORT", "29500"},
+                           {"TORCHELASTIC_USE_AGENT_STORE", "True"}});
+  ASSERT_TRUE(env.has_value());
+  EXPECT_EQ(env->rank, 5);
+  EXPECT_EQ(env->world, 8);
+  EXPECT_EQ(env->local_rank, 1);
+  EXPECT_EQ(env->local_world, 4);
+  EXPECT_EQ(env->node, 1);
+  EXPECT_EQ(env->master_addr, "10.0.0.1");
+  EXPECT_EQ(env->master_port, 29500);
+  EXPECT_TRUE(env->agent_store);
+}
+
+TEST(DistEnv, BadValuesNameTheVariable) {
+  const std::map<std::string, std::string> good = {
+      {"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "localhost"}, {"MASTER_PORT", "29500"}};
+  const auto with = [&](const std::string& key, const std::string& value) {
+    auto vars = good;
+    if (value.empty())
+      vars.erase(key);
+    else
+      vars[key] = value;
+    return vars;
+  };
+  const std::pair<std::string, std::string> cases[] = {
+      {"RANK", "2"},       {"RANK", "-1"},
+      {"RANK", "one"},     {"WORLD_SIZE", "0"},
+      {"WORLD_SIZE", ""},  {"MASTER_PORT", "70000"},
+      {"MASTER_PORT", ""}, {"MASTER_ADDR", ""},
+      {"LOCAL_RANK", "2"}, {"LOCAL_WORLD_SIZE", "3"},
+      {"RANK", "1x"}};
+  for (const auto& [key, value] : cases) {
+    const std::string message = test::error_of([&] { (void)env_of(with(key, value)); });
+    EXPECT_NE(message.find(key), std::string::npos) << key << "=" << value << ": " << message;
+  }
 }
 
 } // namespace

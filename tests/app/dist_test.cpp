@@ -1,0 +1,302 @@
+// Several ranks, as users launch them: the venv's real torchrun starting kdflow processes that meet
+// through c10d's TCPStore and average gradients with ProcessGroupGloo, on this machine's CPUs (the
+// ranks share them when it has few). No mocks: what is checked is what the ranks wrote.
+#include "kdflow/cpu_teacher/graph.hpp"
+#include "kdflow_process.hpp"
+
+#include <gtest/gtest.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace {
+
+using namespace kdflow_test;
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+// The fast run of train_test.cpp: MLP student and MLP fixture teacher.
+std::vector<std::string> train_args(const fs::path& out, int batch,
+                                    std::initializer_list<std::string> sets) {
+  std::vector<std::string> args = {"train",
+                                   "--out",
+                                   out.string(),
+                                   "--set",
+                                   "teacher.model=" + fixture("mlp_opset13.onnx").string(),
+                                   "--set",
+                                   "student.arch=mlp",
+                                   "--set",
+                                   "student.width=0.25",
+                                   "--set",
+                                   "data.batch_size=" + std::to_string(batch),
+                                   "--set",
+                                   "train.log_every=5",
+                                   "--set",
+                                   "ring.slots=4"};
+  for (const auto& s : sets) args.insert(args.end(), {"--set", s});
+  return args;
+}
+
+// torchrun's own options, then kdflow's: each rank's output in <logs>/.../<local rank>/.
+std::vector<std::string> launch(std::vector<std::string> torchrun, const fs::path& logs,
+                                const std::vector<std::string>& kdflow) {
+  torchrun.insert(torchrun.end(),
+                  {"--log-dir", logs.string(), "--redirects", "3", "--no-python", KDFLOW_BIN});
+  torchrun.insert(torchrun.end(), kdflow.begin(), kdflow.end());
+  return torchrun;
+}
+
+std::vector<std::string> local(int ranks) {
+  return {"--standalone", "--nproc-per-node", std::to_string(ranks)};
+}
+
+Child start_torchrun(const std::vector<std::string>& args, const fs::path& out) {
+  return spawn_program(KD_TORCHRUN, args, out.string() + ".torchrun");
+}
+
+Result torchrun(const std::vector<std::string>& args, const fs::path& out) {
+  const Child c = start_torchrun(args, out);
+  const int code = wait_exit(c);
+  return {code, read_text(c.err)};
+}
+
+// What local rank `rank` wrote on stderr (torchrun --log-dir, --redirects 3).
+std::string rank_stderr(const fs::path& logs, int rank) {
+  for (const auto& e : fs::recursive_directory_iterator(logs))
+    if (e.path().filename() == "stderr.log" &&
+        e.path().parent_path().filename() == std::to_string(rank))
+      return read_text(e.path());
+  return "<no stderr.log for local rank " + std::to_string(rank) + " under " + logs.string() + ">";
+}
+
+json summary(const fs::path& out) { return json::parse(read_text(out / "summary.json")); }
+
+int metric_lines(const fs::path& out) {
+  std::ifstream in(out / "metrics.jsonl");
+  int n = 0;
+  for (std::string line; std::getline(in, line);)
+    n += json::parse(line).value("event", "") != "elastic";
+  return n;
+}
+
+std::vector<fs::path> checkpoints(const fs::path& out) {
+  std::vector<fs::path> files;
+  if (!fs::exists(out / "checkpoints")) return files;
+  for (const auto& e : fs::directory_iterator(out / "checkpoints"))
+    if (e.path().extension() == ".ckpt") files.push_back(e.path());
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+// A TCP port nobody listens on now (the kernel's pick), for a rendezvous endpoint.
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  socklen_t size = sizeof(addr);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &size);
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+// The worker process of `torchrun` that has RANK=`rank` (-1 when none yet).
+pid_t worker(pid_t torchrun, int rank) {
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const std::string name = e.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    const std::string stat = read_text(e.path() / "stat");
+    const auto close = stat.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream rest(stat.substr(close + 2));
+    char state = 0;
+    pid_t parent = 0;
+    rest >> state >> parent;
+    if (parent != torchrun) continue;
+    std::string environ_text = read_text(e.path() / "environ");
+    std::replace(environ_text.begin(), environ_text.end(), '\0', '\n');
+    if (("\n" + environ_text).find("\nRANK=" + std::to_string(rank) + "\n") != std::string::npos)
+      return static_cast<pid_t>(std::stoi(name));
+  }
+  return -1;
+}
+
+// The student's exported weights (run passes off: the initializers as written).
+std::map<std::string, kdflow::teacher::Tensor> weights(const fs::path& onnx) {
+  kdflow::teacher::LoadOptions options;
+  options.batch = 1;
+  options.run_passes = false;
+  return kdflow::teacher::load_onnx(onnx.string(), options).constants;
+}
+
+TEST(Dist, TwoRanksTrainAsOneProcessOnTheGlobalBatch) {
+  constexpr int kSteps = 30;
+  const std::string steps = "train.max_steps=" + std::to_string(kSteps);
+  const fs::path plain = scratch("plain"), one = scratch("one_rank"), two = scratch("two_ranks");
+  const Result p = run(train_args(plain, 64, {steps}), plain);
+  ASSERT_EQ(p.code, 0) << p.err;
+
+  // One rank under torchrun is the plain run, bit for bit.
+  const Result r1 =
+      torchrun(launch(local(1), one.string() + ".logs", train_args(one, 64, {steps})), one);
+  ASSERT_EQ(r1.code, 0) << r1.err << rank_stderr(one.string() + ".logs", 0);
+  EXPECT_EQ(summary(one)["state_digest"], summary(plain)["state_digest"]);
+  EXPECT_EQ(summary(one)["world_size"], 1);
+
+  // Two ranks of 32: the same global batch of 64.
+  const fs::path logs = two.string() + ".logs";
+  const Result r2 = torchrun(launch(local(2), logs, train_args(two, 32, {steps})), two);
+  ASSERT_EQ(r2.code, 0) << r2.err << rank_stderr(logs, 0) << rank_stderr(logs, 1);
+  const json s = summary(two);
+  EXPECT_EQ(s["world_size"], 2);
+  EXPECT_EQ(s["batch_size"], 32);
+  EXPECT_EQ(s["global_batch_size"], 64);
+  EXPECT_EQ(s["steps"], kSteps);
+  EXPECT_EQ(s["dist"]["backend"], "gloo");
+  // Every rank holds the same parameters and buffers, bit for bit.
+  ASSERT_EQ(s["ranks"].size(), 2u);
+  EXPECT_EQ(s["ranks"][0]["rank"], 0);
+  EXPECT_EQ(s["ranks"][1]["rank"], 1);
+  EXPECT_EQ(s["ranks"][0]["state_digest"], s["ranks"][1]["state_digest"]);
+  EXPECT_EQ(s["ranks"][0]["state_digest"], s["state_digest"]);
+  for (const auto& rank : s["ranks"]) {
+    EXPECT_GT(rank["samples_per_s"].get<double>(), 0.0);
+    EXPECT_TRUE(rank["plan"].contains("student"));
+  }
+  // The job's rate counts both ranks' samples.
+  const double steps_s = s["train_loop_s"].get<double>() - s["evaluation_s"].get<double>() -
+                         s["checkpoint_s"].get<double>();
+  EXPECT_NEAR(s["samples_per_s"].get<double>() * steps_s, kSteps * 64.0, 1e-6 * kSteps * 64);
+  // Rank 0 alone writes the folder: one metrics line per 5 steps, not two.
+  EXPECT_EQ(metric_lines(two), kSteps / 5);
+  // The trained weights equal the one-process run's within float summation order.
+  const auto a = weights(plain / "student.onnx"), b = weights(two / "student.onnx");
+  ASSERT_EQ(a.size(), b.size());
+  ASSERT_FALSE(a.empty());
+  for (const auto& [name, t] : a) {
+    ASSERT_TRUE(b.count(name)) << name;
+    const auto& u = t.f;
+    const auto& v = b.at(name).f;
+    ASSERT_EQ(u.size(), v.size()) << name;
+    double diff = 0, scale = 0;
+    for (std::size_t i = 0; i < u.size(); ++i) {
+      diff = std::max(diff, static_cast<double>(std::abs(u[i] - v[i])));
+      scale = std::max(scale, static_cast<double>(std::abs(u[i])));
+    }
+    EXPECT_LE(diff, 1e-5 * scale) << name;
+  }
+}
+
+TEST(Dist, TwoNodesOnOneHostEqualTwoLocalRanks) {
+  const std::string steps = "train.max_steps=20";
+  const fs::path ranks = scratch("local_ranks"), nodes = scratch("nodes");
+  const Result r =
+      torchrun(launch(local(2), ranks.string() + ".logs", train_args(ranks, 32, {steps})), ranks);
+  ASSERT_EQ(r.code, 0) << r.err;
+
+  const std::string endpoint = "127.0.0.1:" + std::to_string(free_port());
+  std::vector<Child> agents;
+  for (int node = 0; node < 2; ++node)
+    agents.push_back(start_torchrun(launch({"--nnodes", "2", "--node-rank", std::to_string(node),
+                                            "--nproc-per-node", "1", "--rdzv-endpoint", endpoint},
+                                           nodes.string() + ".logs" + std::to_string(node),
+                                           train_args(nodes, 32, {steps})),
+                                    nodes.string() + std::to_string(node)));
+  for (const auto& a : agents) EXPECT_EQ(wait_exit(a), 0) << read_text(a.err);
+  const json s = summary(nodes);
+  EXPECT_EQ(s["state_digest"], summary(ranks)["state_digest"]);
+  ASSERT_EQ(s["ranks"].size(), 2u);
+  EXPECT_EQ(s["ranks"][0]["node"], 0);
+  EXPECT_EQ(s["ranks"][1]["node"], 1);
+}
+
+TEST(Dist, LostRankEndsTheJobNamingIt) {
+  const fs::path out = scratch("lost"), logs = out.string() + ".logs";
+  const Child agent =
+      start_torchrun(launch(local(2), logs,
+                            train_args(out, 32, {"train.epochs=100", "train.checkpoint_every=50"})),
+                     out);
+  for (int i = 0; i < 6000 && checkpoints(out).empty(); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_FALSE(checkpoints(out).empty()) << read_text(agent.err);
+  const pid_t victim = worker(agent.pid, 1);
+  ASSERT_GT(victim, 0);
+  ::kill(victim, SIGKILL);
+  const auto killed = Clock::now();
+  EXPECT_NE(wait_exit(agent), 0);
+  EXPECT_LT(Clock::now() - killed, std::chrono::seconds(60));
+  const std::string survivor = rank_stderr(logs, 0);
+  EXPECT_TRUE(std::regex_search(survivor, std::regex("rank 0: .* failed: lost rank 1 ")))
+      << survivor;
+
+  // The last checkpoint loads: a new job of two ranks continues from it.
+  const fs::path last = checkpoints(out).back();
+  const int step = std::stoi(last.stem().string().substr(5));
+  auto resume = train_args(out, 32,
+                           {"train.epochs=100", "train.checkpoint_every=50",
+                            "train.max_steps=" + std::to_string(step + 5)});
+  resume.insert(resume.end(), {"--resume", last.string()});
+  const Result r = torchrun(launch(local(2), out.string() + ".logs2", resume), out);
+  ASSERT_EQ(r.code, 0) << r.err << rank_stderr(out.string() + ".logs2", 0);
+  EXPECT_EQ(summary(out)["steps"], step + 5);
+}
+
+TEST(Dist, InterruptStopsEveryRankAtOneStepAndResumesExactly) {
+  const std::string steps = "train.max_steps=3000";
+  const fs::path ref = scratch("dist_reference"), out = scratch("dist_interrupted");
+  const Result r =
+      torchrun(launch(local(2), ref.string() + ".logs", train_args(ref, 32, {steps})), ref);
+  ASSERT_EQ(r.code, 0) << r.err;
+
+  const fs::path logs = out.string() + ".logs";
+  const Child agent = start_torchrun(launch(local(2), logs, train_args(out, 32, {steps})), out);
+  for (int i = 0;
+       i < 6000 && !(fs::exists(out / "metrics.jsonl") && fs::file_size(out / "metrics.jsonl") > 0);
+       ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  ::kill(agent.pid, SIGINT); // as Ctrl-C does to torchrun: it passes the signal to every rank
+  EXPECT_NE(wait_exit(agent), 0);
+  // Both ranks stopped after the same step; rank 0 saved it.
+  const std::regex stopped("interrupted at step ([0-9]+)");
+  std::smatch m0, m1;
+  const std::string e0 = rank_stderr(logs, 0), e1 = rank_stderr(logs, 1);
+  ASSERT_TRUE(std::regex_search(e0, m0, stopped)) << e0;
+  ASSERT_TRUE(std::regex_search(e1, m1, stopped)) << e1;
+  EXPECT_EQ(m0[1], m1[1]);
+  const int at = std::stoi(m0[1]);
+  EXPECT_LT(at, 3000);
+  EXPECT_TRUE(summary(out)["interrupted"].get<bool>());
+  EXPECT_EQ(summary(out)["steps"], at);
+  ASSERT_FALSE(checkpoints(out).empty());
+  EXPECT_EQ(std::stoi(checkpoints(out).back().stem().string().substr(5)), at);
+
+  // One process cannot continue a two-rank run: exit 2, both sizes named.
+  auto resume = train_args(out, 32, {steps});
+  resume.insert(resume.end(), {"--resume", "auto"});
+  const Result wrong = run(resume, out);
+  EXPECT_EQ(wrong.code, 2) << wrong.err;
+  expect_one_line_naming(wrong.err, "written by a job of 2 rank(s); this job has 1");
+
+  const Result resumed = torchrun(launch(local(2), out.string() + ".logs2", resume), out);
+  ASSERT_EQ(resumed.code, 0) << resumed.err << rank_stderr(out.string() + ".logs2", 0);
+  EXPECT_EQ(summary(out)["state_digest"], summary(ref)["state_digest"]) << "interrupted at " << at;
+}
+
+} // namespace
