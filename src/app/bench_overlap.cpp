@@ -10,6 +10,7 @@
 
 #include "kdflow/affinity/pinning.hpp"
 #include "kdflow/core/atomic_file.hpp"
+#include "kdflow/core/dist_env.hpp"
 #include "kdflow/core/error.hpp"
 #include "kdflow/core/log.hpp"
 #include "kdflow/core/trace.hpp"
@@ -24,6 +25,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <optional>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -61,7 +64,8 @@ void write_plot(const fs::path& png, const json& report) {
         << "set ylabel 'samples/s (median of repetitions)'\nset grid ytics\n"
         << "ideal = " << ideal << "\ntop = 2.5 * ideal\nset yrange [0:top]\n"
         << "set style fill solid 0.8 border -1\nset boxwidth 0.7\n"
-        << "set xtics noenhanced\nset key top right\nset xrange [-0.6:5.6]\n"
+        << "set xtics noenhanced rotate by -20\nset key top right\nset xrange [-0.6:"
+        << std::size(kModes) - 0.4 << "]\n"
         << "plot '" << (dir / "modes.dat").string()
         << "' using 0:($2 < top ? $2 : top):xtic(1) with boxes lc rgb '#4477aa' "
            "title 'samples/s', "
@@ -111,6 +115,11 @@ json h2d_report(const RunInputs& run, std::uint32_t slots) {
 
 int bench_overlap_command(const OverlapArgs& args) {
   const Config config = resolve_config(args.config, args.sets, args.cores);
+  // Under torchrun every rank measures every mode on its share (the student's modes averaging
+  // gradients over the ranks); rank 0 reports each rank's figures and the job's.
+  const DistEnv dist = dist_env().value_or(DistEnv{});
+  const std::unique_ptr<student::ProcessGroup> group = join_job(config, dist);
+  const bool writer = dist.rank == 0;
   if (!(config.get_double("kd.alpha") > 0))
     throw InputError("kd.alpha = 0: bench-overlap measures distillation, which needs a teacher "
                      "(set kd.alpha > 0)");
@@ -118,11 +127,14 @@ int bench_overlap_command(const OverlapArgs& args) {
     throw InputError(
         "--steps and --repeats must be at least 1, --warmup and --min-seconds at least 0");
   // Refuse unwritable outputs before minutes of measuring.
-  for (const std::string& f : {args.json, args.trace, args.plot})
-    if (!f.empty() && !fs::is_directory(fs::absolute(f).parent_path()))
-      throw InputError(fmt::format("{}: its folder does not exist", f));
+  agreed(group.get(), [&] {
+    for (const std::string& f : {args.json, args.trace, args.plot})
+      if (writer && !f.empty() && !fs::is_directory(fs::absolute(f).parent_path()))
+        throw InputError(fmt::format("{}: its folder does not exist", f));
+    return 0;
+  });
 
-  const RunInputs run = prepare_run(config);
+  const RunInputs run = agreed(group.get(), [&] { return prepare_run(config, dist); });
   const Sampler sampler(run.train.size(), run.sampler);
   const auto slots = static_cast<std::uint32_t>(config.get_int("ring.slots"));
   // At least a lap of the ring before measuring: the replay modes load each slot once there.
@@ -140,26 +152,32 @@ int bench_overlap_command(const OverlapArgs& args) {
               args.min_seconds,
               trainer_options(run, static_cast<std::int64_t>(warmup + steps)),
               nullptr};
+  setup.options.group = group.get();
   setup.colocated = std::make_shared<const student::TorchTeacher>(run.teacher->graph(), run.device,
                                                                   run.precision);
 
   trace::Recorder recorder;
-  if (!args.trace.empty()) trace::set_active(&recorder);
-  json modes = json::object();
-  std::string device;
-  for (const Mode mode : kModes) {
-    recorder.begin_section(mode_name(mode));
+  if (writer && !args.trace.empty()) trace::set_active(&recorder);
+  // The median of `args.repeats` repetitions of `mode`, and every repetition's rate.
+  const auto measure = [&](const Setup& on, Mode mode) {
     std::vector<Rep> reps;
     for (int r = 0; r < args.repeats; ++r) {
-      log_info(fmt::format("{}: repetition {}/{} ({} + {} steps, at least {} s)", mode_name(mode),
-                           r + 1, args.repeats, warmup, steps, args.min_seconds));
-      reps.push_back(run_rep(setup, mode));
+      if (writer)
+        log_info(fmt::format("{}: repetition {}/{} ({} + {} steps, at least {} s)", mode_name(mode),
+                             r + 1, args.repeats, warmup, steps, args.min_seconds));
+      reps.push_back(run_rep(on, mode));
     }
     std::vector<double> rates;
     for (const Rep& rep : reps) rates.push_back(rep.rate());
     std::sort(reps.begin(), reps.end(),
               [](const Rep& a, const Rep& b) { return a.rate() < b.rate(); });
-    const Rep& med = reps[reps.size() / 2];
+    return std::pair(reps[reps.size() / 2], rates);
+  };
+  json modes = json::object();
+  std::string device;
+  for (const Mode mode : kModes) {
+    recorder.begin_section(mode_name(mode));
+    const auto [med, rates] = measure(setup, mode);
     if (!med.device.empty()) device = med.device;
     const double s = med.seconds;
     const double replicas = static_cast<double>(run.plan.teacher.size());
@@ -188,9 +206,25 @@ int bench_overlap_command(const OverlapArgs& args) {
   }
   trace::set_active(nullptr);
 
+  // Several ranks: the scaling reference, one rank training alone (no all-reduce) on its share
+  // while the others wait.
+  std::optional<double> one_rank;
+  if (group) {
+    if (writer) {
+      Setup alone = setup;
+      alone.options.group = nullptr;
+      one_rank = measure(alone, Mode::overlapped).first.rate();
+    }
+    (void)group->all_gather("", "waiting for rank 0's one-rank measurement");
+  }
+
   const auto rate = [&](Mode m) { return modes[mode_name(m)]["samples_per_s"].get<double>(); };
   const double ideal =
       std::min({rate(Mode::student_alone), rate(Mode::teacher_alone), rate(Mode::loader_alone)});
+  // The contention ceiling: the slowest stage alone, the student measured beside the busy
+  // teacher replicas. Efficiency against it is what the pipeline itself loses.
+  const double ceiling = std::min(
+      {rate(Mode::student_contended), rate(Mode::teacher_alone), rate(Mode::loader_alone)});
   const char* bottleneck = ideal == rate(Mode::student_alone)   ? "student"
                            : ideal == rate(Mode::teacher_alone) ? "teacher"
                                                                 : "loader";
@@ -200,37 +234,71 @@ int bench_overlap_command(const OverlapArgs& args) {
       fmt::format("student {} | loader {} | teacher {}", affinity::format_cpus(run.plan.student),
                   affinity::format_cpus(run.plan.loader),
                   run.plan.teacher.empty() ? "-" : affinity::format_cpus(run.plan.teacher[0]));
-  json report = {{"modes", modes},
-                 {"ideal_samples_per_s", ideal},
-                 {"bottleneck", bottleneck},
-                 {"efficiency", rate(Mode::overlapped) / ideal},
-                 {"speedup_vs_serial_cpu", rate(Mode::overlapped) / rate(Mode::serial_cpu)},
-                 {"speedup_vs_colocated", rate(Mode::overlapped) / rate(Mode::colocated)},
-                 {"student_idle_fraction", modes["overlapped"]["student_idle_fraction"]},
-                 {"device", device},
-                 {"plan", affinity::to_json(run.plan)},
-                 {"plan_summary", plan_summary},
-                 {"versions", versions},
-                 {"machine", machine_text()},
-                 {"setup",
-                  {{"dataset", config.get_string("data.dataset")},
-                   {"batch", run.sampler.batch_size},
-                   {"teacher", run.teacher_path},
-                   {"teacher_precision", teacher::precision_name(run.precision)},
-                   {"student", config.get_string("student.arch")},
-                   {"student_width", config.get_double("student.width")},
-                   {"ring_slots", slots},
-                   {"warmup_steps", warmup},
-                   {"steps", steps},
-                   {"repetitions", args.repeats}}},
-                 {"h2d", h2d_report(run, slots)}};
+  json report = {
+      {"modes", modes},
+      {"ideal_samples_per_s", ideal},
+      {"bottleneck", bottleneck},
+      {"efficiency", rate(Mode::overlapped) / ideal},
+      {"contention_ceiling_samples_per_s", ceiling},
+      {"efficiency_vs_contention_ceiling", rate(Mode::overlapped) / ceiling},
+      {"student_contention_slowdown", rate(Mode::student_alone) / rate(Mode::student_contended)},
+      {"speedup_vs_serial_cpu", rate(Mode::overlapped) / rate(Mode::serial_cpu)},
+      {"speedup_vs_colocated", rate(Mode::overlapped) / rate(Mode::colocated)},
+      {"student_idle_fraction", modes["overlapped"]["student_idle_fraction"]},
+      {"device", device},
+      {"plan", affinity::to_json(run.plan)},
+      {"plan_summary", plan_summary},
+      {"versions", versions},
+      {"machine", machine_text()},
+      {"setup",
+       {{"dataset", config.get_string("data.dataset")},
+        {"batch", run.sampler.batch_size},
+        {"teacher", run.teacher_path},
+        {"teacher_precision", teacher::precision_name(run.precision)},
+        {"student", config.get_string("student.arch")},
+        {"student_width", config.get_double("student.width")},
+        {"ring_slots", slots},
+        {"warmup_steps", warmup},
+        {"steps", steps},
+        {"repetitions", args.repeats}}},
+      {"h2d", h2d_report(run, slots)}};
+  report["world_size"] = dist.world;
+  if (group) {
+    // Each rank's modes, plan and device; the job's rate is the ranks' sum.
+    const json mine = {
+        {"rank", dist.rank},
+        {"node", dist.node},
+        {"local_rank", dist.local_rank},
+        {"modes", modes},
+        {"device", device},
+        {"plan", report["plan"]},
+        {"efficiency", report["efficiency"]},
+        {"efficiency_vs_contention_ceiling", report["efficiency_vs_contention_ceiling"]}};
+    json ranks = json::array();
+    for (const auto& text : group->all_gather(mine.dump(), "gathering the ranks' figures"))
+      ranks.push_back(json::parse(text));
+    if (!writer) return kExitOk;
+    json job = json::object();
+    for (const Mode m : kModes) {
+      double sum = 0;
+      for (const auto& r : ranks) sum += r["modes"][mode_name(m)]["samples_per_s"].get<double>();
+      job[mode_name(m)] = {{"samples_per_s", sum}};
+    }
+    const double world = dist.world;
+    report["ranks"] = ranks;
+    report["job"] = {{"modes", job},
+                     {"one_rank_overlapped_samples_per_s", *one_rank},
+                     // The job against `world` ranks that each trained as one rank alone does.
+                     {"scaling_efficiency",
+                      job["overlapped"]["samples_per_s"].get<double>() / (world * *one_rank)}};
+  }
 
-  fmt::print("\n{:<14} {:>10} {:>8} {:>9} {:>8} {:>8} {:>8} {:>6}\n", "mode", "samples/s",
+  fmt::print("\n{:<18} {:>10} {:>8} {:>9} {:>8} {:>8} {:>8} {:>6}\n", "mode", "samples/s",
              "step ms", "vs ideal", "st.idle", "loader", "teacher", "ready");
   for (const Mode m : kModes) {
     const json& r = modes[mode_name(m)];
     const json& idle = r["student_idle_fraction"];
-    fmt::print("{:<14} {:>10.1f} {:>8.2f} {:>9.3f} {:>8} {:>7.0f}% {:>7.0f}% {:>6.2f}\n",
+    fmt::print("{:<18} {:>10.1f} {:>8.2f} {:>9.3f} {:>8} {:>7.0f}% {:>7.0f}% {:>6.2f}\n",
                mode_name(m), r["samples_per_s"].get<double>(), r["step_ms"].get<double>(),
                r["samples_per_s"].get<double>() / ideal,
                idle.is_null() ? std::string("-") : fmt::format("{:.1f}%", 100 * idle.get<double>()),
@@ -243,6 +311,15 @@ int bench_overlap_command(const OverlapArgs& args) {
              ideal, bottleneck, report["efficiency"].get<double>(),
              report["speedup_vs_serial_cpu"].get<double>(),
              report["speedup_vs_colocated"].get<double>(), device, plan_summary);
+  fmt::print("contention ceiling {:.1f} samples/s (the student {:.2f}x slower beside the busy "
+             "teacher); overlapped efficiency against it {:.3f}\n",
+             ceiling, report["student_contention_slowdown"].get<double>(),
+             report["efficiency_vs_contention_ceiling"].get<double>());
+  if (report.contains("job"))
+    fmt::print("{} ranks (rank 0's figures above): job overlapped {:.1f} samples/s, one rank "
+               "alone {:.1f}; scaling efficiency {:.3f}\n",
+               dist.world, report["job"]["modes"]["overlapped"]["samples_per_s"].get<double>(),
+               *one_rank, report["job"]["scaling_efficiency"].get<double>());
 
   if (const json& h = report["h2d"]; !h.is_null())
     for (const char* which : {"run_slots", "large_slots"})

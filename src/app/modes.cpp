@@ -18,6 +18,7 @@ using Clock = std::chrono::steady_clock;
 const char* mode_name(Mode m) {
   switch (m) {
   case Mode::student_alone: return "student-alone";
+  case Mode::student_contended: return "student-contended";
   case Mode::teacher_alone: return "teacher-alone";
   case Mode::loader_alone: return "loader-alone";
   case Mode::serial_cpu: return "serial-cpu";
@@ -129,13 +130,29 @@ Rep run_rep(const Setup& setup, Mode mode) {
   student::Trainer* trainer = parts.trainer.get();
   SlotRing& ring = pipeline.ring();
   BenchProducer producer(pipeline, setup.sampler);
+  // The contention ceiling's replicas stop however the repetition ends (before the producer and
+  // the pipeline go).
+  struct Background {
+    CpuPipeline* pipeline = nullptr;
+    Background() = default;
+    Background(const Background&) = delete;
+    Background& operator=(const Background&) = delete;
+    ~Background() {
+      if (pipeline) pipeline->stop_background_teachers();
+    }
+  } background;
   // Fast modes (a loader alone runs thousands of batches a second) continue past `steps` until the
   // window has lasted min_seconds; the ring is closed then, which stops the producers.
   const std::uint64_t total = setup.warmup + setup.steps * 1000;
   switch (mode) {
   case Mode::student_alone:
+  case Mode::student_contended:
     pipeline.start(0, total, {.loaders = false, .teacher = false});
     producer.start_replay(total, false);
+    if (mode == Mode::student_contended) {
+      pipeline.start_background_teachers();
+      background.pipeline = &pipeline;
+    }
     break;
   case Mode::teacher_alone:
     pipeline.start(0, total, {.loaders = false, .teacher = true});
@@ -154,6 +171,10 @@ Rep run_rep(const Setup& setup, Mode mode) {
   };
 
   Rep rep;
+  // Several ranks end their window at one step: a rank that is done asks with its next step, and
+  // every rank stops after the step any rank asked at (their all-reduces stay paired).
+  const bool ranks = trainer != nullptr && setup.options.group != nullptr;
+  bool done = false;
   RingStats before{};
   std::uint64_t loader_before = 0, teacher_before = 0;
   Clock::time_point t0{};
@@ -167,11 +188,13 @@ Rep run_rep(const Setup& setup, Mode mode) {
     }
     if (mode == Mode::serial_cpu) producer.produce_serially(b);
     std::uint32_t samples = 0;
+    bool last = false; // several ranks: a rank asked to stop at this step
     if (trainer) {
       const auto s0 = Clock::now();
-      const auto stats = trainer->step(b);
+      const auto stats = trainer->step(b, done);
       if (!stats) break;
-      samples = stats->samples;
+      samples = stats->rank_samples; // this rank's (the job's rate is the ranks' sum)
+      last = ranks && stats->stop;
       if (b >= setup.warmup)
         rep.student_busy_s += std::chrono::duration<double>(Clock::now() - s0).count();
     } else {
@@ -185,10 +208,11 @@ Rep run_rep(const Setup& setup, Mode mode) {
       rep.samples += samples;
       ++rep.steps;
       rep.ring_ready += ring.stats().occupancy[static_cast<int>(SlotState::ready)];
-      if (rep.steps >= setup.steps &&
-          std::chrono::duration<double>(Clock::now() - t0).count() >= setup.min_seconds)
-        break;
+      done = rep.steps >= setup.steps &&
+             std::chrono::duration<double>(Clock::now() - t0).count() >= setup.min_seconds;
+      if (done && !ranks) break;
     }
+    if (last) break;
   }
   if (trainer) {
     trainer->drain();
@@ -198,6 +222,10 @@ Rep run_rep(const Setup& setup, Mode mode) {
   const RingStats after = ring.stats();
   const std::uint64_t loader_busy = loader_busy_ns() - loader_before;
   const std::uint64_t teacher_busy = pipeline.teacher_totals().busy_ns.load() - teacher_before;
+  if (background.pipeline) {
+    pipeline.stop_background_teachers();
+    background.pipeline = nullptr;
+  }
   pipeline.stop();
   ring.rethrow_if_failed();
   if (rep.steps < setup.steps)

@@ -1,6 +1,9 @@
 // The measuring modes bench-overlap and tune-cores share: one repetition of one mode on a run's
 // plan, with a fresh pipeline (the training run's own ring and stage graphs) and a fresh student.
 //   student-alone  replayed batches with synthetic logits already in the slots -> student
+//   student-contended  student-alone while the teacher replicas run on their own cores on a
+//                  batch of their own (no ring): the student's rate beside a busy CPU (shared
+//                  caches, memory bandwidth), the ceiling the overlapped pipeline can reach
 //   teacher-alone  replayed batches -> CPU teacher replicas -> drained
 //   loader-alone   loaders -> drained
 //   serial-cpu     one thread: load (loader cores), teach (teacher cores), then the student step
@@ -19,9 +22,18 @@
 
 namespace kdflow::app {
 
-enum class Mode { student_alone, teacher_alone, loader_alone, serial_cpu, colocated, overlapped };
-inline constexpr Mode kModes[] = {Mode::student_alone, Mode::teacher_alone, Mode::loader_alone,
-                                  Mode::serial_cpu,    Mode::colocated,     Mode::overlapped};
+enum class Mode {
+  student_alone,
+  student_contended,
+  teacher_alone,
+  loader_alone,
+  serial_cpu,
+  colocated,
+  overlapped
+};
+inline constexpr Mode kModes[] = {Mode::student_alone, Mode::student_contended, Mode::teacher_alone,
+                                  Mode::loader_alone,  Mode::serial_cpu,        Mode::colocated,
+                                  Mode::overlapped};
 
 const char* mode_name(Mode m);
 // Whether the student trains in this mode (the others drain the ring instead).

@@ -157,6 +157,51 @@ void CpuPipeline::teach_now(const Slot& slot) {
   teacher_totals_.batches.fetch_add(1, std::memory_order_relaxed);
 }
 
+void CpuPipeline::start_background_teachers() {
+  background_stop_.store(false);
+  background_started_.store(0);
+  for (auto& unit : teachers_) {
+    background_running_.fetch_add(1);
+    unit->arena->arena().enqueue([this, u = unit.get()] {
+      background_started_.fetch_add(1);
+      background_started_.notify_all();
+      // An unrelated batch: fixed values, the replica's own input and output buffers.
+      const std::size_t in = static_cast<std::size_t>(run_.teacher->batch()) *
+                             static_cast<std::size_t>(run_.teacher_input->to().numel());
+      std::vector<float> inputs(in, 0.5f);
+      std::vector<float> logits(
+          static_cast<std::size_t>(teacher::numel(run_.teacher->output_shape(0))));
+      float* outputs[] = {logits.data()};
+      for (std::uint64_t n = 0; !background_stop_.load(std::memory_order_relaxed); ++n) {
+        const auto t0 = std::chrono::steady_clock::now();
+        try {
+          trace::Span span("teacher", n);
+          u->replica->run(inputs.data(), outputs);
+        } catch (...) {
+          break; // the same replica fails in the measured modes, which report it
+        }
+        teacher_totals_.busy_ns.fetch_add(
+            static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                           std::chrono::steady_clock::now() - t0)
+                                           .count()),
+            std::memory_order_relaxed);
+        teacher_totals_.batches.fetch_add(1, std::memory_order_relaxed);
+      }
+      if (background_running_.fetch_sub(1) == 1) background_running_.notify_all();
+    });
+  }
+  // Every replica is at work when the measured steps begin.
+  for (std::size_t n = background_started_.load(); n < teachers_.size();
+       n = background_started_.load())
+    background_started_.wait(n);
+}
+
+void CpuPipeline::stop_background_teachers() {
+  background_stop_.store(true);
+  for (int n = background_running_.load(); n != 0; n = background_running_.load())
+    background_running_.wait(n);
+}
+
 void CpuPipeline::stop() {
   // A move in progress ends: the closed ring releases every body it waits for.
   ring_->close();

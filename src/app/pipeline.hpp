@@ -60,6 +60,11 @@ public:
   // Runs the first replica's forward pass on `slot` on its cores, for the calling thread, which
   // waits (a hand-written loop's order of work, for the serial baseline); counted as teacher work.
   void teach_now(const Slot& slot);
+  // The contention ceiling's load: every replica runs its forward pass again and again on its own
+  // cores, on a batch of its own (no ring), until stop_background_teachers(), which waits for
+  // them. Their work counts as teacher work.
+  void start_background_teachers();
+  void stop_background_teachers();
   // Closes the ring and waits for every stage. Idempotent.
   void stop();
 
@@ -121,6 +126,9 @@ private:
   std::unique_ptr<StageGraph> loaders_;
   std::vector<std::unique_ptr<TeacherUnit>> teachers_;
   StageTotals loader_totals_, teacher_totals_;
+  std::atomic<bool> background_stop_{false};
+  std::atomic<int> background_running_{0};
+  std::atomic<std::size_t> background_started_{0};
   std::atomic<std::size_t> replica_count_{0};
 
   // What start() was asked for, for the graphs a move starts later.

@@ -122,6 +122,15 @@ std::vector<affinity::GpuLocality> gpu_localities(const affinity::Topology& topo
   return out;
 }
 
+std::unique_ptr<student::ProcessGroup> join_job(const Config& config, const DistEnv& dist) {
+  if (dist.world < 2) return nullptr;
+  const student::DistOptions options{config.get_string("dist.backend"),
+                                     config.get_double("dist.timeout_s"),
+                                     config.get_double("dist.bucket_mb")};
+  return std::make_unique<student::ProcessGroup>(
+      dist, options, student::resolve_device(config.get_string("student.device"), dist.local_rank));
+}
+
 RunInputs prepare_run(const Config& config, const DistEnv& dist) {
   const std::string format = config.get_string("data.dataset");
   const std::string path = config.get_string("data.path");

@@ -11,7 +11,9 @@
 
 #include <oneapi/tbb/task_arena.h>
 
+#include <exception>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -28,6 +30,26 @@ const std::vector<ConfigKey>& run_schema();
 // file, as cores.plan, whose teacher precision comes first: --set still wins).
 Config resolve_config(const std::string& file, const std::vector<std::string>& sets,
                       const std::string& cores = {});
+
+// Under torchrun: this rank's place in the job, a process group for two ranks or more (dist.*);
+// null for one process.
+std::unique_ptr<student::ProcessGroup> join_job(const Config& config, const DistEnv& dist);
+
+// `f()`, with a failure agreed over the ranks: when any rank's throws, every rank throws (one
+// process, a null group: `f()` as it is).
+template <class F>
+auto agreed(student::ProcessGroup* group, F&& f) -> decltype(f()) {
+  if (group == nullptr) return f();
+  std::optional<decltype(f())> value;
+  std::exception_ptr error;
+  try {
+    value.emplace(f());
+  } catch (...) {
+    error = std::current_exception();
+  }
+  group->agree(error);
+  return std::move(*value);
+}
 
 // Loads and checks everything the configuration names; InputError (exit 2) naming the key, the
 // file, or both sides of a mismatch (teacher classes vs dataset classes, input shapes). Under

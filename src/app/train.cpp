@@ -179,32 +179,6 @@ std::optional<fs::path> checkpoint_to_resume(const TrainArgs& args, const fs::pa
   return std::nullopt;
 }
 
-// Under torchrun: this rank's place in the job (a process group for two ranks or more).
-std::unique_ptr<student::ProcessGroup> join_job(const Config& config, const DistEnv& dist) {
-  if (dist.world < 2) return nullptr;
-  const student::DistOptions options{config.get_string("dist.backend"),
-                                     config.get_double("dist.timeout_s"),
-                                     config.get_double("dist.bucket_mb")};
-  return std::make_unique<student::ProcessGroup>(
-      dist, options, student::resolve_device(config.get_string("student.device"), dist.local_rank));
-}
-
-// `f()`, with its failure agreed over the ranks: when any rank fails, every rank throws (one
-// process: `f()` as it is).
-template <class F>
-auto agreed(student::ProcessGroup* group, F&& f) -> decltype(f()) {
-  if (group == nullptr) return f();
-  std::optional<decltype(f())> value;
-  std::exception_ptr error;
-  try {
-    value.emplace(f());
-  } catch (...) {
-    error = std::current_exception();
-  }
-  group->agree(error);
-  return std::move(*value);
-}
-
 std::string host_name() {
   std::array<char, 256> name{};
   if (::gethostname(name.data(), name.size() - 1) != 0) return "unknown";

@@ -17,8 +17,8 @@ namespace {
 using namespace kdflow_test;
 using nlohmann::json;
 
-const char* const kModes[] = {"student-alone", "teacher-alone", "loader-alone",
-                              "serial-cpu",    "colocated",     "overlapped"};
+const char* const kModes[] = {"student-alone", "student-contended", "teacher-alone", "loader-alone",
+                              "serial-cpu",    "colocated",         "overlapped"};
 
 // The committed Fashion-MNIST teacher (~20 ms a batch on one core) against a tiny student: the
 // overlapped pipeline is teacher-bound, so its teacher is busy through every student step and the
@@ -120,6 +120,13 @@ TEST(BenchOverlap, WritesJsonTraceAndPlotThatAgreeWithTheModes) {
   };
   EXPECT_DOUBLE_EQ(report.at("ideal_samples_per_s").get<double>(), lowest_alone);
   EXPECT_NEAR(report.at("efficiency").get<double>(), rate("overlapped") / lowest_alone, 1e-9);
+  // The contention ceiling: the slowest stage alone with the student measured beside the busy
+  // teacher replicas.
+  const double ceiling =
+      std::min({rate("student-contended"), rate("teacher-alone"), rate("loader-alone")});
+  EXPECT_DOUBLE_EQ(report.at("contention_ceiling_samples_per_s").get<double>(), ceiling);
+  EXPECT_NEAR(report.at("efficiency_vs_contention_ceiling").get<double>(),
+              rate("overlapped") / ceiling, 1e-9);
   EXPECT_NEAR(report.at("speedup_vs_serial_cpu").get<double>(),
               rate("overlapped") / rate("serial-cpu"), 1e-9);
   EXPECT_NEAR(report.at("speedup_vs_colocated").get<double>(),
@@ -145,6 +152,7 @@ TEST(BenchOverlap, WritesJsonTraceAndPlotThatAgreeWithTheModes) {
   const auto modes = spans_by_mode(json::parse(read_text(dir / "trace.json")));
   const std::map<std::string, std::set<std::string>> expected = {
       {"student-alone", {"wait", "step"}},
+      {"student-contended", {"wait", "step", "teacher"}},
       {"teacher-alone", {"teacher", "wait"}},
       {"loader-alone", {"load", "wait"}},
       {"serial-cpu", {"load", "teacher", "wait", "step"}},
@@ -179,6 +187,11 @@ TEST(BenchOverlap, WritesJsonTraceAndPlotThatAgreeWithTheModes) {
   // The pipeline overlaps the teacher with the student's steps; the serial loop never does.
   EXPECT_TRUE(
       any_overlap(named(modes.at("overlapped"), "teacher"), named(modes.at("overlapped"), "step")));
+  // The contention ceiling's replicas work while the student steps, on their own threads.
+  EXPECT_TRUE(any_overlap(named(modes.at("student-contended"), "teacher"),
+                          named(modes.at("student-contended"), "step")));
+  EXPECT_TRUE(
+      named({{"kd-student", modes.at("student-contended").at("kd-student")}}, "teacher").empty());
   EXPECT_FALSE(
       any_overlap(named(modes.at("serial-cpu"), "teacher"), named(modes.at("serial-cpu"), "step")));
   EXPECT_FALSE(

@@ -18,6 +18,7 @@
 #include <fstream>
 #include <map>
 #include <regex>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -297,6 +298,83 @@ TEST(Dist, InterruptStopsEveryRankAtOneStepAndResumesExactly) {
   const Result resumed = torchrun(launch(local(2), out.string() + ".logs2", resume), out);
   ASSERT_EQ(resumed.code, 0) << resumed.err << rank_stderr(out.string() + ".logs2", 0);
   EXPECT_EQ(summary(out)["state_digest"], summary(ref)["state_digest"]) << "interrupted at " << at;
+}
+
+} // namespace
+
+namespace {
+
+TEST(Dist, CoresPrintsEveryLocalRanksShareAndPlan) {
+  const fs::path out = scratch("cores_ranks.json");
+  const Child c = spawn({"cores", "--synthetic", "pack:2 numa:1 core:8 pu:2", "--gpu-numa",
+                         "0,0,0,0,1,1,1,1", "--local-world-size", "8", "--json"},
+                        out.string() + ".stderr", out);
+  ASSERT_EQ(wait_exit(c), 0) << read_text(c.err);
+  const json j = json::parse(read_text(out));
+  ASSERT_EQ(j["ranks"].size(), 8u);
+  std::set<int> seen;
+  for (int r = 0; r < 8; ++r) {
+    const json& rank = j["ranks"][static_cast<std::size_t>(r)];
+    const auto share = rank["share"].get<std::vector<int>>();
+    EXPECT_EQ(share.size(), 4u) << "2 cores of 2 PUs each";
+    const auto& near = j["topology"]["gpus"][static_cast<std::size_t>(r)]["local_cpus"];
+    for (const int cpu : share) {
+      EXPECT_TRUE(seen.insert(cpu).second) << "CPU " << cpu << " in two shares";
+      EXPECT_NE(std::find(near.begin(), near.end(), cpu), near.end())
+          << "rank " << r << " CPU " << cpu << " is not near its GPU";
+    }
+    for (const int cpu : rank["plan"]["student"].get<std::vector<int>>())
+      EXPECT_NE(std::find(share.begin(), share.end(), cpu), share.end());
+  }
+  const Result bad = run({"cores", "--synthetic", "pack:2 numa:1 core:8 pu:2", "--gpu-numa", "0,2",
+                          "--local-world-size", "2"},
+                         scratch("cores_bad"));
+  EXPECT_EQ(bad.code, 2);
+  expect_one_line_naming(bad.err, "--gpu-numa 0,2: '2' is not a NUMA node");
+}
+
+} // namespace
+
+namespace {
+
+TEST(Dist, BenchOverlapReportsEveryRankAndTheJob) {
+  const fs::path dir = scratch("dist_overlap");
+  fs::create_directories(dir);
+  const std::vector<std::string> bench = {"bench-overlap",
+                                          "--set",
+                                          "teacher.model=" + fixture("mlp_opset13.onnx").string(),
+                                          "--set",
+                                          "student.arch=mlp",
+                                          "--set",
+                                          "student.width=0.25",
+                                          "--set",
+                                          "ring.slots=4",
+                                          "--steps",
+                                          "6",
+                                          "--repeats",
+                                          "1",
+                                          "--min-seconds",
+                                          "0",
+                                          "--json",
+                                          (dir / "overlap.json").string()};
+  const Result r = torchrun(launch(local(2), dir / "logs", bench), dir / "run");
+  ASSERT_EQ(r.code, 0) << r.err << rank_stderr(dir / "logs", 0) << rank_stderr(dir / "logs", 1);
+  const json report = json::parse(read_text(dir / "overlap.json"));
+  EXPECT_EQ(report["world_size"], 2);
+  ASSERT_EQ(report["ranks"].size(), 2u);
+  const json& job = report["job"];
+  for (const auto& [mode, figures] : job["modes"].items()) {
+    const double sum = report["ranks"][0]["modes"][mode]["samples_per_s"].get<double>() +
+                       report["ranks"][1]["modes"][mode]["samples_per_s"].get<double>();
+    EXPECT_NEAR(figures["samples_per_s"].get<double>(), sum, 1e-9 * sum) << mode;
+  }
+  const double one = job["one_rank_overlapped_samples_per_s"].get<double>();
+  EXPECT_GT(one, 0.0);
+  EXPECT_NEAR(job["scaling_efficiency"].get<double>(),
+              job["modes"]["overlapped"]["samples_per_s"].get<double>() / (2 * one), 1e-9);
+  // Rank 0's own figures are the report's top level.
+  EXPECT_EQ(report["modes"]["overlapped"]["samples_per_s"],
+            report["ranks"][0]["modes"]["overlapped"]["samples_per_s"]);
 }
 
 } // namespace
