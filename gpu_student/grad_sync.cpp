@@ -102,15 +102,16 @@ void GradSync::on_gradient(std::size_t param, const torch::Tensor& grad) {
     arrived_[param] = true;
     ++b.ready;
   }
-  launch_ready();
+  launch_ready(in_backward_);
 }
 
-void GradSync::launch_ready() {
+void GradSync::launch_ready(std::uint64_t& counter) {
   // In bucket order on every rank: c10d pairs the ranks' collectives by their order.
   while (next_ < buckets_.size() && buckets_[next_].ready == buckets_[next_].params.size()) {
     std::vector<at::Tensor> t{buckets_[next_].flat};
     buckets_[next_].work = group_.backend->allreduce(t);
     ++next_;
+    ++counter;
   }
 }
 
@@ -124,7 +125,7 @@ torch::Tensor GradSync::finish() {
       arrived_[k] = true;
       ++buckets_[s.bucket].ready;
     }
-  launch_ready();
+  launch_ready(after_backward_);
   const std::string what = fmt::format("the gradients' all-reduce at step {}", step_);
   group_.wait(control_work_, what);
   const double world = group_.env.world;

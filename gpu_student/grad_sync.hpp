@@ -31,6 +31,9 @@ public:
   torch::Tensor finish();
 
   [[nodiscard]] std::size_t buckets() const { return buckets_.size(); }
+  // Buckets launched from the gradient hooks (during backward) and after it, over all steps.
+  [[nodiscard]] std::uint64_t launched_in_backward() const { return in_backward_; }
+  [[nodiscard]] std::uint64_t launched_after_backward() const { return after_backward_; }
 
 private:
   struct Slice {
@@ -44,7 +47,7 @@ private:
     c10::intrusive_ptr<c10d::Work> work;
   };
   void on_gradient(std::size_t param, const torch::Tensor& grad);
-  void launch_ready();
+  void launch_ready(std::uint64_t& counter);
   static void copy_to(const std::vector<torch::Tensor>& tensors, const torch::Tensor& flat);
   static void copy_from(const torch::Tensor& flat, const std::vector<torch::Tensor>& tensors);
 
@@ -58,6 +61,7 @@ private:
   std::vector<at::Tensor> control_; // the step's control sum
   c10::intrusive_ptr<c10d::Work> control_work_, buffers_work_;
   std::int64_t step_ = 0;
+  std::uint64_t in_backward_ = 0, after_backward_ = 0;
 };
 
 } // namespace kdflow::student

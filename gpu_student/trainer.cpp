@@ -73,6 +73,8 @@ struct Trainer::Impl {
       : options(o), device(to_torch(o.device)), regions(r), feeder(ring, device) {
     if (device.is_cpu()) at::set_num_threads(std::max(1, o.threads));
     if (device.is_cuda()) {
+      // The rank's GPU (LOCAL_RANK under torchrun) is the student thread's current device.
+      c10::cuda::set_device(device.index());
       const cudaDeviceProp& prop = *at::cuda::getDeviceProperties(device.index());
       device_name = fmt::format("cuda:{} ({})", device.index(), prop.name);
       const std::string amp = resolve_amp(o.amp, prop.major, device_name);
@@ -459,6 +461,12 @@ std::int64_t Trainer::parameters() const {
   std::int64_t n = 0;
   for (const auto& p : impl_->net->parameters()) n += p.numel();
   return n;
+}
+
+std::optional<BucketStats> Trainer::bucket_stats() const {
+  if (!impl_->sync) return std::nullopt;
+  const GradSync& g = *impl_->sync;
+  return BucketStats{g.buckets(), g.launched_in_backward(), g.launched_after_backward()};
 }
 
 std::vector<float> Trainer::state_vector() const {

@@ -44,7 +44,7 @@ ExportCheck export_student(student::Trainer& trainer, const student::TrainerOpti
   trainer.export_student(path, format);
   const auto& spec = options.model;
   const auto sample = static_cast<std::size_t>(spec.channels * spec.height * spec.width_px);
-  const std::size_t count = std::min<std::size_t>(256, images.size() / sample);
+  const std::size_t count = std::min(kExportCheckSamples, images.size() / sample);
   const std::span<const float> batch = images.first(count * sample);
   const std::vector<float> want = trainer.predict(batch);
   ExportCheck check;
@@ -114,7 +114,8 @@ int export_command(const ExportArgs& args) {
   trainer.load(checkpoint);
   AugmentConfig eval = run.augment;
   eval.augment = false;
-  const std::vector<float> images = normalized_images(run.test, eval);
+  const std::vector<float> images =
+      normalized_images(run.test, eval, 0, std::min(kExportCheckSamples, run.test.size()));
   const ExportCheck check = export_student(trainer, options, format, args.out, images);
   fmt::print("{}\n", nlohmann::json{{"checkpoint", checkpoint.string()},
                                     {"file", args.out},

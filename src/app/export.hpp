@@ -6,6 +6,7 @@
 #include "kdflow/core/config.hpp"
 #include "kdflow/gpu_student/trainer.hpp"
 
+#include <cstddef>
 #include <filesystem>
 #include <span>
 #include <string>
@@ -26,8 +27,11 @@ struct ExportCheck {
   bool ok = false;                 // error <= 1e-3 and agreement >= 99%
 };
 
+// How many images an export is checked on, at most.
+inline constexpr std::size_t kExportCheckSamples = 256;
+
 // Writes the student to `path` (atomically) and checks it on `images` (float32 [count, C, H, W],
-// normalized as the data; at most the first 256 are used).
+// normalized as the data; at most the first kExportCheckSamples are used).
 ExportCheck export_student(student::Trainer& trainer, const student::TrainerOptions& options,
                            const std::string& format, const std::filesystem::path& path,
                            std::span<const float> images);

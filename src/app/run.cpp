@@ -297,7 +297,7 @@ std::size_t teacher_test_hits(const RunInputs& run, std::span<const float> image
     for (std::size_t i = first; i < first + count; i += static_cast<std::size_t>(batch)) {
       const std::size_t n =
           std::min<std::size_t>(static_cast<std::size_t>(batch), first + count - i);
-      adapt.run(images.data() + i * sample, n, input.data(), scratch);
+      adapt.run(images.data() + (i - first) * sample, n, input.data(), scratch);
       std::fill(input.begin() + static_cast<std::ptrdiff_t>(n * own), input.end(), 0.f);
       replica.run(input.data(), outputs);
       for (std::size_t k = 0; k < n; ++k) {

@@ -75,7 +75,7 @@ std::vector<affinity::GpuLocality> gpu_localities(const affinity::Topology& topo
 student::TrainerOptions trainer_options(const RunInputs& run, std::int64_t total_steps);
 
 // How many of the test split's samples [first, first + count) the teacher classifies right
-// (`images`: normalized_images of the whole split), on `arena`'s cores.
+// (`images`: normalized_images of those samples), on `arena`'s cores.
 std::size_t teacher_test_hits(const RunInputs& run, std::span<const float> images,
                               std::size_t first, std::size_t count, oneapi::tbb::task_arena& arena);
 

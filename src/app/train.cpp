@@ -29,6 +29,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <mutex>
 
@@ -215,6 +216,11 @@ private:
   void resume(std::span<const std::byte> checkpoint, const std::string& name);
   // Sums over the ranks, in place (one process: nothing to do).
   void job_sum(std::span<double> values, const std::string& what);
+  // This rank's part of the test split, at most kEvalChunk samples at a time: their normalized
+  // images (no augmentation), labels and first index. Memory for one chunk, whatever the split.
+  void for_test_chunks(
+      const std::function<void(std::span<const float>, std::span<const std::int64_t>, std::size_t)>&
+          fn) const;
   // This rank's part [first, last) of `n` items (the whole with one process).
   [[nodiscard]] std::pair<std::size_t, std::size_t> shard(std::size_t n) const;
   void start_kd_ctl();
@@ -249,8 +255,6 @@ private:
   std::unique_ptr<KdCtl> kd_ctl_; // after metrics_: it writes them until it stops
   std::optional<std::string> elastic_off_ = "cores.elastic = false";
 
-  std::vector<float> test_images_;
-  std::vector<std::int64_t> test_labels_;
   std::uint64_t next_batch_ = 0;
   double best_accuracy_ = 0, test_accuracy_ = 0;
   std::optional<double> teacher_accuracy_;
@@ -303,15 +307,13 @@ void TrainRun::start() {
       throw InputError(fmt::format("cannot write {}", (out_ / "metrics.jsonl").string()));
   }
 
-  AugmentConfig eval = run_.augment;
-  eval.augment = false;
-  test_images_ = normalized_images(run_.test, eval);
-  test_labels_.resize(run_.test.size());
-  for (std::size_t i = 0; i < run_.test.size(); ++i) test_labels_[i] = run_.test.label(i);
   if (run_.teacher_runs && !teacher_accuracy_) {
-    const auto [first, last] = shard(run_.test.size());
-    std::array<double, 1> hits{static_cast<double>(
-        teacher_test_hits(run_, test_images_, first, last - first, *pipeline().teacher_arena(0)))};
+    std::array<double, 1> hits{0};
+    for_test_chunks([&](std::span<const float> images, std::span<const std::int64_t> labels,
+                        std::size_t first) {
+      hits[0] += static_cast<double>(
+          teacher_test_hits(run_, images, first, labels.size(), *pipeline().teacher_arena(0)));
+    });
     job_sum(hits, "the teacher's evaluation");
     teacher_accuracy_ = hits[0] / static_cast<double>(run_.test.size());
     log_info(fmt::format("teacher {}: test accuracy {:.4f} ({} precision, {} replica(s))",
@@ -330,6 +332,23 @@ void TrainRun::start() {
 
 void TrainRun::job_sum(std::span<double> values, const std::string& what) {
   if (group_) group_->sum(values, what);
+}
+
+void TrainRun::for_test_chunks(
+    const std::function<void(std::span<const float>, std::span<const std::int64_t>, std::size_t)>&
+        fn) const {
+  constexpr std::size_t kEvalChunk = 1024;
+  AugmentConfig eval = run_.augment;
+  eval.augment = false;
+  const auto [first, last] = shard(run_.test.size());
+  std::vector<std::int64_t> labels;
+  for (std::size_t i = first; i < last; i += kEvalChunk) {
+    const std::size_t n = std::min(kEvalChunk, last - i);
+    const std::vector<float> images = normalized_images(run_.test, eval, i, n);
+    labels.resize(n);
+    for (std::size_t k = 0; k < n; ++k) labels[k] = run_.test.label(i + k);
+    fn(images, labels, i);
+  }
 }
 
 std::pair<std::size_t, std::size_t> TrainRun::shard(std::size_t n) const {
@@ -425,14 +444,14 @@ void TrainRun::save(std::uint64_t next_batch) {
 
 void TrainRun::evaluate(double epoch) {
   const auto t0 = Clock::now();
-  // Each rank its part of the test split, the hits summed over the ranks.
-  const auto [first, last] = shard(test_labels_.size());
-  const std::size_t sample = run_.test.sample_bytes();
-  std::array<double, 1> hits{static_cast<double>(
-      trainer().correct(std::span(test_images_).subspan(first * sample, (last - first) * sample),
-                        std::span(test_labels_).subspan(first, last - first)))};
+  // Each rank its part of the test split, a chunk at a time; the hits summed over the ranks.
+  std::array<double, 1> hits{0};
+  for_test_chunks(
+      [&](std::span<const float> images, std::span<const std::int64_t> labels, std::size_t) {
+        hits[0] += static_cast<double>(trainer().correct(images, labels));
+      });
   job_sum(hits, "the student's evaluation");
-  test_accuracy_ = hits[0] / static_cast<double>(std::max<std::size_t>(1, test_labels_.size()));
+  test_accuracy_ = hits[0] / static_cast<double>(std::max<std::size_t>(1, run_.test.size()));
   best_accuracy_ = std::max(best_accuracy_, test_accuracy_);
   evaluations_.push_back(
       {{"epoch", epoch}, {"step", trainer().steps_done()}, {"test_accuracy", test_accuracy_}});
@@ -562,7 +581,11 @@ int TrainRun::finish() {
   std::optional<ExportCheck> check;
   if (writer_ && !interrupted_ && export_format_ != "off") {
     const fs::path file = out_ / export_file_name(export_format_);
-    check = export_student(trainer(), options_, export_format_, file, test_images_);
+    AugmentConfig eval = run_.augment;
+    eval.augment = false;
+    const std::size_t n = std::min(kExportCheckSamples, run_.test.size());
+    check = export_student(trainer(), options_, export_format_, file,
+                           normalized_images(run_.test, eval, 0, n));
     exported = {{"file", file.filename().string()},
                 {"format", export_format_},
                 {"check",
@@ -644,13 +667,18 @@ int TrainRun::finish() {
       {"world_size", dist_.world},
       {"batch_size", run_.sampler.batch_size},
       {"global_batch_size", run_.sampler.batch_size * static_cast<std::size_t>(dist_.world)},
-      {"dist", group_
-                   ? json{{"backend", group_->backend()},
-                          {"timeout_s", group_->options().timeout_s},
-                          {"bucket_mb", group_->options().bucket_mb},
-                          {"batchnorm", "each rank's batch statistics; running statistics rank 0's "
-                                        "(broadcast after every step)"}}
-                   : json(nullptr)},
+      {"dist",
+       group_
+           ? json{{"backend", group_->backend()},
+                  {"timeout_s", group_->options().timeout_s},
+                  {"bucket_mb", group_->options().bucket_mb},
+                  {"buckets", trainer().bucket_stats()->buckets},
+                  {"buckets_launched_in_backward", trainer().bucket_stats()->launched_in_backward},
+                  {"buckets_launched_after_backward",
+                   trainer().bucket_stats()->launched_after_backward},
+                  {"batchnorm", "each rank's batch statistics; running statistics rank 0's "
+                                "(broadcast after every step)"}}
+           : json(nullptr)},
       {"ranks", ranks},
       {"state_digest", state_digest}};
   write_file_atomic(out_ / "summary.json", summary.dump(2) + "\n");

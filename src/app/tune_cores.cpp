@@ -8,6 +8,7 @@
 
 #include "kdflow/affinity/pinning.hpp"
 #include "kdflow/core/atomic_file.hpp"
+#include "kdflow/core/dist_env.hpp"
 #include "kdflow/core/error.hpp"
 #include "kdflow/core/log.hpp"
 
@@ -110,6 +111,11 @@ int tune_cores_command(const TuneArgs& args) {
     return std::chrono::duration<double>(Clock::now() - started).count();
   };
   const Config config = resolve_config(args.config, args.sets);
+  if (const auto dist = dist_env(); dist && dist->world > 1)
+    throw InputError(fmt::format("tune-cores under torchrun (WORLD_SIZE = {}): a plan file plans "
+                                 "one process's node; several ranks each plan their share with "
+                                 "cores.plan = auto (kdflow cores --local-world-size N shows them)",
+                                 dist->world));
   if (!(args.budget_s > 0)) throw InputError("--budget-s must be positive");
   if (args.verify < 1) throw InputError("--verify must be at least 1");
   if (!fs::is_directory(fs::absolute(args.out).parent_path()))

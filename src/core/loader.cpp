@@ -195,12 +195,20 @@ void normalize_images(const std::uint8_t* src, float* dst, std::size_t samples, 
 }
 
 std::vector<float> normalized_images(const Dataset& dataset, const AugmentConfig& augment) {
+  return normalized_images(dataset, augment, 0, dataset.size());
+}
+
+std::vector<float> normalized_images(const Dataset& dataset, const AugmentConfig& augment,
+                                     std::size_t first, std::size_t count) {
+  if (first > dataset.size() || count > dataset.size() - first)
+    throw std::out_of_range("normalized_images: samples past the dataset's end");
   const std::size_t plane = static_cast<std::size_t>(dataset.height()) * dataset.width();
-  std::vector<float> out(dataset.size() * dataset.sample_bytes());
+  std::vector<float> out(count * dataset.sample_bytes());
   SampleScratch scratch;
-  for (std::size_t i = 0; i < dataset.size(); ++i)
-    normalize_images(dataset.sample(i, scratch).data(), out.data() + i * dataset.sample_bytes(), 1,
-                     dataset.channels(), plane, augment);
+  for (std::size_t i = 0; i < count; ++i)
+    normalize_images(dataset.sample(first + i, scratch).data(),
+                     out.data() + i * dataset.sample_bytes(), 1, dataset.channels(), plane,
+                     augment);
   return out;
 }
 

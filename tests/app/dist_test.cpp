@@ -163,7 +163,9 @@ TEST(Dist, TwoRanksTrainAsOneProcessOnTheGlobalBatch) {
 
   // Two ranks of 32: the same global batch of 64.
   const fs::path logs = two.string() + ".logs";
-  const Result r2 = torchrun(launch(local(2), logs, train_args(two, 32, {steps})), two);
+  // Small buckets: several per step, each launched from the backward pass's hooks.
+  const Result r2 =
+      torchrun(launch(local(2), logs, train_args(two, 32, {steps, "dist.bucket_mb=0.01"})), two);
   ASSERT_EQ(r2.code, 0) << r2.err << rank_stderr(logs, 0) << rank_stderr(logs, 1);
   const json s = summary(two);
   EXPECT_EQ(s["world_size"], 2);
@@ -171,6 +173,10 @@ TEST(Dist, TwoRanksTrainAsOneProcessOnTheGlobalBatch) {
   EXPECT_EQ(s["global_batch_size"], 64);
   EXPECT_EQ(s["steps"], kSteps);
   EXPECT_EQ(s["dist"]["backend"], "gloo");
+  const auto buckets = s["dist"]["buckets"].get<std::uint64_t>();
+  EXPECT_GE(buckets, 3u); // the MLP's 6 tensors (220 KB) in 10 KB buckets
+  EXPECT_EQ(s["dist"]["buckets_launched_in_backward"].get<std::uint64_t>(), buckets * kSteps);
+  EXPECT_EQ(s["dist"]["buckets_launched_after_backward"].get<std::uint64_t>(), 0u);
   // Every rank holds the same parameters and buffers, bit for bit.
   ASSERT_EQ(s["ranks"].size(), 2u);
   EXPECT_EQ(s["ranks"][0]["rank"], 0);
@@ -206,10 +212,11 @@ TEST(Dist, TwoRanksTrainAsOneProcessOnTheGlobalBatch) {
 }
 
 TEST(Dist, TwoNodesOnOneHostEqualTwoLocalRanks) {
-  const std::string steps = "train.max_steps=20";
+  // A student with BatchNorm: its running statistics are buffers the ranks must agree on too.
+  const std::initializer_list<std::string> sets = {"train.max_steps=20", "student.arch=cnn"};
   const fs::path ranks = scratch("local_ranks"), nodes = scratch("nodes");
   const Result r =
-      torchrun(launch(local(2), ranks.string() + ".logs", train_args(ranks, 32, {steps})), ranks);
+      torchrun(launch(local(2), ranks.string() + ".logs", train_args(ranks, 32, sets)), ranks);
   ASSERT_EQ(r.code, 0) << r.err;
 
   const std::string endpoint = "127.0.0.1:" + std::to_string(free_port());
@@ -218,12 +225,13 @@ TEST(Dist, TwoNodesOnOneHostEqualTwoLocalRanks) {
     agents.push_back(start_torchrun(launch({"--nnodes", "2", "--node-rank", std::to_string(node),
                                             "--nproc-per-node", "1", "--rdzv-endpoint", endpoint},
                                            nodes.string() + ".logs" + std::to_string(node),
-                                           train_args(nodes, 32, {steps})),
+                                           train_args(nodes, 32, sets)),
                                     nodes.string() + std::to_string(node)));
   for (const auto& a : agents) EXPECT_EQ(wait_exit(a), 0) << read_text(a.err);
   const json s = summary(nodes);
   EXPECT_EQ(s["state_digest"], summary(ranks)["state_digest"]);
   ASSERT_EQ(s["ranks"].size(), 2u);
+  EXPECT_EQ(s["ranks"][0]["state_digest"], s["ranks"][1]["state_digest"]);
   EXPECT_EQ(s["ranks"][0]["node"], 0);
   EXPECT_EQ(s["ranks"][1]["node"], 1);
 }
@@ -257,6 +265,39 @@ TEST(Dist, LostRankEndsTheJobNamingIt) {
   const Result r = torchrun(launch(local(2), out.string() + ".logs2", resume), out);
   ASSERT_EQ(r.code, 0) << r.err << rank_stderr(out.string() + ".logs2", 0);
   EXPECT_EQ(summary(out)["steps"], step + 5);
+}
+
+TEST(Dist, StoppedRankEndsTheJobWithinTheTimeoutNamingIt) {
+  // A rank that hangs (here: SIGSTOP, so its heartbeat stops too): the others' collective fails
+  // after dist.timeout_s and they name it.
+  constexpr int kTimeoutS = 8;
+  const fs::path out = scratch("stopped"), logs = out.string() + ".logs";
+  const Child agent =
+      start_torchrun(launch(local(2), logs,
+                            train_args(out, 32,
+                                       {"train.epochs=100", "train.checkpoint_every=50",
+                                        "dist.timeout_s=" + std::to_string(kTimeoutS)})),
+                     out);
+  for (int i = 0; i < 6000 && checkpoints(out).empty(); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_FALSE(checkpoints(out).empty()) << read_text(agent.err);
+  const pid_t victim = worker(agent.pid, 1);
+  ASSERT_GT(victim, 0);
+  ::kill(victim, SIGSTOP);
+  const auto stopped = Clock::now();
+  std::string survivor;
+  while (Clock::now() - stopped < std::chrono::seconds(kTimeoutS + 30) &&
+         survivor.find("lost rank 1") == std::string::npos) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    survivor = rank_stderr(logs, 0);
+  }
+  const double waited = std::chrono::duration<double>(Clock::now() - stopped).count();
+  ::kill(victim, SIGKILL); // torchrun's SIGTERM waits while it is stopped
+  EXPECT_NE(wait_exit(agent), 0);
+  EXPECT_TRUE(std::regex_search(survivor, std::regex("rank 0: .* failed: lost rank 1 ")))
+      << survivor;
+  EXPECT_GE(waited, kTimeoutS - 1.0);
+  EXPECT_LT(waited, kTimeoutS + 15.0);
 }
 
 TEST(Dist, InterruptStopsEveryRankAtOneStepAndResumesExactly) {

@@ -66,6 +66,13 @@ struct StepStats {
   bool stop = false; // a rank asked to stop after this step (every rank sees it at the same step)
 };
 
+// Several ranks: how the gradient buckets went, over every step so far.
+struct BucketStats {
+  std::size_t buckets = 0;
+  std::uint64_t launched_in_backward = 0;    // from the gradient hooks, overlapping backward
+  std::uint64_t launched_after_backward = 0; // after it (buckets holding unused parameters)
+};
+
 // A non-finite loss, gradient or teacher output with train.on_nonfinite = "abort".
 class NonFiniteError : public std::runtime_error {
 public:
@@ -126,6 +133,8 @@ public:
   [[nodiscard]] std::string device() const;    // "cpu" or "cuda:0 (name)"
   [[nodiscard]] std::string precision() const; // fp32, bf16 autocast, fp16 autocast
   [[nodiscard]] std::int64_t parameters() const;
+  // Several ranks (TrainerOptions::group): the gradient buckets' record; nullopt for one process.
+  [[nodiscard]] std::optional<BucketStats> bucket_stats() const;
   // Every parameter and buffer, flattened (tests compare runs bit for bit).
   [[nodiscard]] std::vector<float> state_vector() const;
   // The learning rate the schedule gives at `step`.

@@ -89,6 +89,10 @@ void normalize_images(const std::uint8_t* src, float* dst, std::size_t samples, 
 
 // The whole dataset as float32 (x / 255 - mean[c]) / std[c], N x C x H x W: evaluation input.
 std::vector<float> normalized_images(const Dataset& dataset, const AugmentConfig& augment);
+// The same for samples [first, first + count) only (evaluation in bounded memory, a chunk at a
+// time).
+std::vector<float> normalized_images(const Dataset& dataset, const AugmentConfig& augment,
+                                     std::size_t first, std::size_t count);
 
 // Starts the loader stage in `arena`: `workers` bodies at once, each taking the next batch number,
 // filling its slot and handing it on (`publish_to`: filled for the teacher, ready when no teacher
