@@ -99,6 +99,11 @@ def main():
     out["train_cuda"] = {k: s.get(k) for k in ("device", "precision", "steps", "test_accuracy", "samples_per_s",
                                                 "student_stall_fraction", "wall_s")} if s else None
     out["cuda_follows_cpu"] = follow(work)
+    digests = {name: (load(os.path.join(work, name, "summary.json")) or {}).get("state_digest")
+               for name in ("plain_a", "plain_b", "torchrun_1")}
+    out["torchrun_one_gpu"] = {"digests": digests,
+                               "plain_runs_equal": digests["plain_a"] is not None and digests["plain_a"] == digests["plain_b"],
+                               "torchrun_equals_plain": digests["torchrun_1"] is not None and digests["torchrun_1"] == digests["plain_a"]}
     t = load(os.path.join(work, "tune_default.json"))
     out["tune_exhaustive"] = t.get("exhaustive") if t else None
     if out["tune_exhaustive"]:
@@ -145,6 +150,9 @@ def main():
     if f:
         lines.append(f"CUDA vs CPU student, same seed, {f['steps']} steps: loss rel. diff max {f['max_rel_loss_diff']:.4f}, "
                      f"median {f['median_rel_loss_diff']:.4f}, first step {f['first_step_rel_diff']:.5f}")
+    g = out["torchrun_one_gpu"]
+    lines.append(f"torchrun, one GPU, 100 steps: equals the plain run {g['torchrun_equals_plain']} "
+                 f"(two plain runs equal each other: {g['plain_runs_equal']})")
     lines.append(f"elastic/pipeline/tuner tests: {out['ctest_elastic_pipeline_tuner']}")
     e = out["tune_exhaustive"]
     if e:

@@ -10,7 +10,8 @@
 #       tests    the whole ctest suite (the CUDA feeder and trainer tests must not skip there)
 #       default  kdflow bench-overlap on the default job (with H2D bandwidth: slots vs cudaMemcpy)
 #       gpu      tune-cores, then bench-overlap with its plan, on bench/overlap_gpu.toml
-#       train    a short CUDA run (bf16 autocast), and CPU vs CUDA losses for the same seed
+#       train    a short CUDA run (bf16 autocast), CPU vs CUDA losses for the same seed, and a
+#                one-GPU torchrun run against the plain run
 #       tune     the elastic / pipeline / tuner tests, tune-cores --exhaustive on the default job,
 #                and bench-overlap of the default job on the tuned plan
 #       placement  (not in the default set) the GPU-sized job with its loader and teacher on CPUs
@@ -124,6 +125,13 @@ phase_train() {
       --set train.max_steps=40 --set train.log_every=1 --set cores.elastic=false \
       >"$work/follow_$device.log" 2>&1
   done
+  # torchrun with one GPU is the plain run (issue 18): two plain runs (is CUDA bit-reproducible
+  # here at all?) and one under torchrun, compared by their parameters' digest.
+  local same=(--set train.max_steps=100 --set cores.elastic=false)
+  "$kdflow" train --out "$work/plain_a" "${same[@]}" >"$work/plain_a.log" 2>&1
+  "$kdflow" train --out "$work/plain_b" "${same[@]}" >"$work/plain_b.log" 2>&1
+  python3 -m torch.distributed.run --standalone --nproc-per-node 1 --no-python "$kdflow" train \
+    --out "$work/torchrun_1" "${same[@]}" >"$work/torchrun_1.log" 2>&1
 }
 
 phase_tune() {
