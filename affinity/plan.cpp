@@ -15,6 +15,7 @@ namespace kdflow::affinity {
 namespace {
 
 constexpr int kMaxReplicaThreads = 8; // beyond this a replica's oneDNN scaling flattens on CNNs
+constexpr int kMaxCpu = 65535;        // CPU lists name OS CPU indices below this
 
 // Splits `n` cores into `parts` near-equal runs.
 std::vector<int> balanced_sizes(int n, int parts) {
@@ -301,6 +302,9 @@ CpuList parse_cpus(const std::string& text, const std::string& key) {
         hi = std::stoi(part.substr(dash + 1), &used);
         if (used != part.size() - dash - 1 || hi < lo) throw bad();
       }
+      if (hi > kMaxCpu)
+        throw InputError(fmt::format("{} = '{}': CPU {} is beyond any machine's (at most {})", key,
+                                     text, hi, kMaxCpu));
       for (int c = lo; c <= hi; ++c) out.push_back(c);
     } catch (const std::logic_error&) {
       throw bad();

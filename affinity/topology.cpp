@@ -7,6 +7,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <sstream>
 #include <stdexcept>
 
 namespace kdflow::affinity {
@@ -65,6 +67,18 @@ Topology Topology::load() {
 }
 
 Topology Topology::synthetic(const std::string& description) {
+  // hwloc builds every object it is told of: a description of 10^9 PUs would take minutes and
+  // gigabytes. Each level's count multiplies (the number after "type:").
+  constexpr double kMaxPus = 1 << 16;
+  double pus = 1;
+  std::istringstream levels(description);
+  for (std::string level; levels >> level;)
+    if (const auto colon = level.find(':'); colon != std::string::npos)
+      pus *= std::max(1.0, std::strtod(level.c_str() + colon + 1, nullptr));
+  if (pus > kMaxPus)
+    throw InputError(fmt::format("--synthetic '{}': {:.0f} PUs, more than a machine has (at most "
+                                 "{:.0f})",
+                                 description, pus, kMaxPus));
   auto h = std::make_unique<Handle>();
   h->synthetic = true;
   check(hwloc_topology_init(&h->topo), "topology init");

@@ -159,6 +159,22 @@ struct Interval {
   std::uint64_t wait_ns = 0, teacher_ns = 0;
 };
 
+// The run folder --out names: refused when empty (the current folder would take the run's files)
+// or when its config.toml is the --config file the run reads.
+fs::path run_folder(const TrainArgs& args) {
+  if (args.out.empty())
+    throw InputError("--out '': name the run folder (it gets config.toml, metrics.jsonl, "
+                     "summary.json and checkpoints/; the default is runs/latest)");
+  const fs::path out(args.out);
+  std::error_code ec;
+  if (!args.config.empty() && fs::equivalent(args.config, out / "config.toml", ec))
+    throw InputError(fmt::format("--out {}: its config.toml is the --config file, which the run "
+                                 "would overwrite with the resolved configuration (choose another "
+                                 "--out, or copy the file)",
+                                 args.out));
+  return out;
+}
+
 // The checkpoint a run continues from, picked before anything is written: --resume auto (the
 // folder's last, if any), a path, or none (a folder that holds checkpoints is then refused).
 std::optional<fs::path> checkpoint_to_resume(const TrainArgs& args, const fs::path& ckpt_dir) {
@@ -170,6 +186,16 @@ std::optional<fs::path> checkpoint_to_resume(const TrainArgs& args, const fs::pa
   if (!args.resume.empty()) {
     if (!fs::is_regular_file(args.resume))
       throw InputError(fmt::format("--resume {}: no such checkpoint file", args.resume));
+    // Into a folder that holds another run's checkpoints, it would overwrite that run's files.
+    const auto own = list_checkpoints(ckpt_dir);
+    std::error_code ec;
+    if (!own.empty() && std::none_of(own.begin(), own.end(), [&](const fs::path& p) {
+          return fs::equivalent(p, args.resume, ec);
+        }))
+      throw InputError(fmt::format(
+          "--resume {}: {} holds the checkpoints of another run, which this one would overwrite "
+          "(continue that run with one of its own checkpoints, or choose another --out)",
+          args.resume, ckpt_dir.string()));
     return fs::path(args.resume);
   }
   if (!list_checkpoints(ckpt_dir).empty())
@@ -271,7 +297,7 @@ private:
 TrainRun::TrainRun(const TrainArgs& args)
     : config_(resolve_config(args.config, args.sets, args.cores)),
       dist_(dist_env().value_or(DistEnv{})), group_(join_job(config_, dist_)),
-      writer_(dist_.rank == 0), out_(args.out), ckpt_dir_(out_ / "checkpoints"),
+      writer_(dist_.rank == 0), out_(run_folder(args)), ckpt_dir_(out_ / "checkpoints"),
       resume_from_(agreed(group_.get(),
                           [&] {
                             return writer_ ? checkpoint_to_resume(args, ckpt_dir_)

@@ -51,9 +51,16 @@ Dataset load_idx(const std::string& dir, Split split, const std::string& name) {
   if (big_endian(labels, 4) != n)
     throw InputError(fmt::format("{}: {} labels for {} images in {}", labels_path,
                                  big_endian(labels, 4), n, images_path));
-  if (images.size() != 16 + n * h * w)
-    throw InputError(fmt::format("{}: truncated: {} bytes, the header promises {}", images_path,
-                                 images.size(), 16 + n * h * w));
+  // Sizes checked by division: n * h * w of a lying header may not fit in 64 bits.
+  constexpr std::size_t kMaxSide = 1 << 16;
+  if (h == 0 || w == 0 || h > kMaxSide || w > kMaxSide)
+    throw InputError(fmt::format("{}: images of {}x{} pixels (each side from 1 to {})", images_path,
+                                 h, w, kMaxSide));
+  const std::size_t body = images.size() - 16;
+  if (body % (h * w) != 0 || body / (h * w) != n)
+    throw InputError(fmt::format("{}: truncated or too long: {} bytes of pixels, the header "
+                                 "promises {} images of {}x{}",
+                                 images_path, body, n, h, w));
   if (labels.size() != 8 + n)
     throw InputError(fmt::format("{}: truncated: {} bytes, the header promises {}", labels_path,
                                  labels.size(), 8 + n));

@@ -47,6 +47,7 @@ bool is_image_name(const std::string& name) {
 struct Entry {
   std::string name;
   bool directory;
+  bool regular; // a plain file (not a FIFO, socket or device, which a read could block on)
 };
 
 std::vector<Entry> sorted_entries(const std::string& dir) {
@@ -59,7 +60,7 @@ std::vector<Entry> sorted_entries(const std::string& dir) {
     if (name == "." || name == ".." || name.starts_with('.')) continue; // hidden files too
     struct stat st {};
     if (::stat((dir + "/" + name).c_str(), &st) != 0) continue; // a dangling link
-    out.push_back({name, S_ISDIR(st.st_mode)});
+    out.push_back({name, S_ISDIR(st.st_mode), S_ISREG(st.st_mode)});
   }
   ::closedir(d);
   std::sort(out.begin(), out.end(), [](const Entry& a, const Entry& b) { return a.name < b.name; });
@@ -68,12 +69,17 @@ std::vector<Entry> sorted_entries(const std::string& dir) {
 
 // Reads `path` whole into `buffer` (resized within its capacity once it has grown).
 void read_whole(const std::string& path, std::vector<std::uint8_t>& buffer, std::size_t limit) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // Non-blocking: a FIFO put in a listed file's place must not hang the open.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) throw InputError(fmt::format("{}: cannot open ({})", path, std::strerror(errno)));
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
     ::close(fd);
     throw InputError(fmt::format("{}: cannot stat ({})", path, std::strerror(errno)));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    throw InputError(fmt::format("{}: not a regular file (a FIFO, socket or device)", path));
   }
   const auto size = std::min<std::size_t>(static_cast<std::size_t>(st.st_size), limit);
   buffer.resize(size);
@@ -124,6 +130,8 @@ ImageFolder list_image_folder(const std::string& root) {
         continue;
       }
       const std::string path = class_dir + "/" + file.name;
+      if (!file.regular)
+        throw InputError(fmt::format("{}: not a regular file (a FIFO, socket or device)", path));
       read_whole(path, head, 8); // the signature only: decoding every file would cost an epoch
       if (kind_of(head.data(), head.size()) == ImageKind::other)
         throw InputError(fmt::format("{}: not a JPEG or PNG file (its first bytes)", path));

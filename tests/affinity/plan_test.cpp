@@ -204,6 +204,22 @@ TEST(PlanFromConfig, ExplicitCpuListsAndCounts) {
 
 TEST(Topology, BadSyntheticDescriptionIsInputError) {
   EXPECT_THROW(Topology::synthetic("pack:two"), InputError);
+  // A machine of 10^9 PUs is refused before hwloc builds it (it used to take minutes).
+  EXPECT_THROW(Topology::synthetic("pack:1 core:1000000000 pu:1"), InputError);
+  EXPECT_THROW(Topology::synthetic("pack:1000 numa:100 core:100 pu:2"), InputError);
+}
+
+TEST(PlanFromConfig, CpuRangesBeyondAnyMachineAreRefusedAtOnce) {
+  // "0-2147483647" used to expand into 2^31 entries (a hang, then out of memory).
+  for (const char* list : {"0-2147483647", "65536", "3-70000"}) {
+    try {
+      (void)parse_cpus(list, "cores.loader_cpus");
+      ADD_FAILURE() << list;
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find("cores.loader_cpus"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_EQ(parse_cpus("65534-65535", "k"), (CpuList{65534, 65535}));
 }
 
 TEST(Topology, ThisMachineHasItsAllowedCpus) {

@@ -236,6 +236,44 @@ TEST(Train, FreshRunIntoAFolderWithCheckpointsIsExit2) {
   const Result r = run(with(base_args(out), {"train.max_steps=5"}), out);
   EXPECT_EQ(r.code, 2);
   expect_one_line_naming(r.err, "--resume auto");
+
+  // Nor does --resume with another run's checkpoint: nothing of the folder's run changes.
+  const fs::path other = scratch("other_run");
+  ASSERT_EQ(run(with(base_args(other), {"train.max_steps=3"}), other).code, 0);
+  const std::string summary_before = read_text(out / "summary.json");
+  const auto checkpoints_before = checkpoints(out);
+  auto foreign = with(base_args(out), {"train.max_steps=8"});
+  foreign.insert(foreign.end(), {"--resume", checkpoints(other).back().string()});
+  const Result f = run(foreign, out);
+  EXPECT_EQ(f.code, 2);
+  expect_one_line_naming(f.err, "holds the checkpoints of another run");
+  EXPECT_EQ(read_text(out / "summary.json"), summary_before);
+  EXPECT_EQ(checkpoints(out), checkpoints_before);
+  // Its own checkpoint is fine.
+  auto own = with(base_args(out), {"train.max_steps=8"});
+  own.insert(own.end(), {"--resume", checkpoints(out).back().string()});
+  const Result o = run(own, out);
+  EXPECT_EQ(o.code, 0) << o.err;
+}
+
+TEST(Train, RunFolderThatWouldLoseFilesIsExit2) {
+  // --out '' would write into the current folder; an --out whose config.toml is the --config
+  // file would overwrite it.
+  const fs::path dir = scratch("config_in_out");
+  fs::create_directories(dir);
+  const std::string config = "[train]\nmax_steps = 3\n";
+  std::ofstream(dir / "config.toml") << config;
+  auto empty = base_args(dir);
+  empty[2] = "";
+  const Result e = run(empty, dir);
+  EXPECT_EQ(e.code, 2);
+  expect_one_line_naming(e.err, "--out ''");
+  auto same = base_args(dir);
+  same.insert(same.end(), {"--config", (dir / "config.toml").string()});
+  const Result s = run(same, dir);
+  EXPECT_EQ(s.code, 2);
+  expect_one_line_naming(s.err, "is the --config file");
+  EXPECT_EQ(read_text(dir / "config.toml"), config);
 }
 
 TEST(Train, BadInputsAreExit2WithOneLine) {

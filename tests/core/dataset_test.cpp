@@ -85,6 +85,15 @@ TEST(Idx, BadFilesAreNamed) {
   images(0x803, 3, 11);
   EXPECT_NE(error_of([&] { Dataset::load("mnist", d.string(), Split::train); }).find("truncated"),
             std::string::npos);
+  // Headers whose n x h x w wraps in 64 bits (4 x 2^31 x 2^31 = 2^64: "no pixels"), or has a zero
+  // side, are refused before any sample is read.
+  for (const auto& [h, w] :
+       {std::pair<std::uint32_t, std::uint32_t>{0x80000000u, 0x80000000u}, {0, 5}, {70000, 1}}) {
+    write(d / "train-images-idx3-ubyte", be32({0x803, 4, h, w}));
+    labels(4, {1, 2, 3, 4});
+    const std::string e = error_of([&] { Dataset::load("mnist", d.string(), Split::train); });
+    EXPECT_NE(e.find("train-images-idx3-ubyte: images of"), std::string::npos) << e;
+  }
   images(0x803, 3, 12);
   labels(3, {1, 12, 3});
   const std::string bad_label = error_of([&] { Dataset::load("mnist", d.string(), Split::train); });

@@ -11,6 +11,8 @@
 
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
 #include <filesystem>
 #include <functional>
 
@@ -252,6 +254,14 @@ TEST(ImageFolder, BadInputsAreOneLineNamingTheFileOrFolder) {
               decoder.decode(f.files[0], {8, 8}, {}, out.data());
             }).find("a.png"),
             std::string::npos);
+  // A FIFO where an image was listed, or listed under an image's name: refused, never a read that
+  // blocks for a writer.
+  ASSERT_EQ(::mkfifo((root / "train" / "cat" / "a.png").c_str(), 0644), 0);
+  const std::string fifo = error_of([&] { decoder.decode(f.files[0], {8, 8}, {}, out.data()); });
+  EXPECT_NE(fifo.find("a.png: not a regular file"), std::string::npos) << fifo;
+  const std::string listed = error_of([&] { list_image_folder((root / "train").string()); });
+  EXPECT_NE(listed.find("a.png: not a regular file"), std::string::npos) << listed;
+  fs::remove(root / "train" / "cat" / "a.png");
   // Geometry: resize below the crop.
   EXPECT_NE(error_of([&] {
               Dataset::load("folder", root.string(), Split::train, {32, 16});
