@@ -149,9 +149,13 @@ void CpuPipeline::teach_now(const Slot& slot) {
     trace::Span span("teacher", slot.header().batch);
     run_teacher(unit, slot);
   });
+  count_teacher_batch(t0);
+}
+
+void CpuPipeline::count_teacher_batch(std::chrono::steady_clock::time_point since) {
   teacher_totals_.busy_ns.fetch_add(
       static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                     std::chrono::steady_clock::now() - t0)
+                                     std::chrono::steady_clock::now() - since)
                                      .count()),
       std::memory_order_relaxed);
   teacher_totals_.batches.fetch_add(1, std::memory_order_relaxed);
@@ -180,12 +184,7 @@ void CpuPipeline::start_background_teachers() {
         } catch (...) {
           break; // the same replica fails in the measured modes, which report it
         }
-        teacher_totals_.busy_ns.fetch_add(
-            static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                           std::chrono::steady_clock::now() - t0)
-                                           .count()),
-            std::memory_order_relaxed);
-        teacher_totals_.batches.fetch_add(1, std::memory_order_relaxed);
+        count_teacher_batch(t0);
       }
       if (background_running_.fetch_sub(1) == 1) background_running_.notify_all();
     });

@@ -16,6 +16,7 @@
 #include <oneapi/tbb/global_control.h>
 
 #include <atomic>
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -111,6 +112,8 @@ private:
   };
   std::unique_ptr<TeacherUnit> make_teacher(const affinity::CpuList& cpus, int first_index);
   void start_teacher(TeacherUnit& unit);
+  // One teacher batch done, begun at `since`: its time counts as teacher work.
+  void count_teacher_batch(std::chrono::steady_clock::time_point since);
   void start_loader_graph();
   // The replica's forward pass on `slot`'s inputs into its logits region.
   void run_teacher(TeacherUnit& unit, const Slot& slot);

@@ -32,26 +32,10 @@ using namespace kdflow_test;
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
-// The fast run of train_test.cpp: MLP student and MLP fixture teacher.
+// The fast run of train_test.cpp (MLP student, MLP fixture teacher) with `sets`.
 std::vector<std::string> train_args(const fs::path& out, int batch,
                                     std::initializer_list<std::string> sets) {
-  std::vector<std::string> args = {"train",
-                                   "--out",
-                                   out.string(),
-                                   "--set",
-                                   "teacher.model=" + fixture("mlp_opset13.onnx").string(),
-                                   "--set",
-                                   "student.arch=mlp",
-                                   "--set",
-                                   "student.width=0.25",
-                                   "--set",
-                                   "data.batch_size=" + std::to_string(batch),
-                                   "--set",
-                                   "train.log_every=5",
-                                   "--set",
-                                   "ring.slots=4"};
-  for (const auto& s : sets) args.insert(args.end(), {"--set", s});
-  return args;
+  return with(fast_train_args(out, batch), sets);
 }
 
 // torchrun's own options, then kdflow's: each rank's output in <logs>/.../<local rank>/.
@@ -236,17 +220,24 @@ TEST(Dist, TwoNodesOnOneHostEqualTwoLocalRanks) {
   EXPECT_EQ(s["ranks"][1]["node"], 1);
 }
 
-TEST(Dist, LostRankEndsTheJobNamingIt) {
-  const fs::path out = scratch("lost"), logs = out.string() + ".logs";
-  const Child agent =
-      start_torchrun(launch(local(2), logs,
-                            train_args(out, 32, {"train.epochs=100", "train.checkpoint_every=50"})),
-                     out);
+// Two ranks on a run of 100 epochs (longer than any test waits), returned once rank 0 has written
+// its first checkpoint (every 50 steps), or after 60 s.
+Child start_long_job(const fs::path& out, const fs::path& logs,
+                     std::initializer_list<std::string> sets) {
+  const auto args =
+      with(train_args(out, 32, {"train.epochs=100", "train.checkpoint_every=50"}), sets);
+  const Child agent = start_torchrun(launch(local(2), logs, args), out);
   for (int i = 0; i < 6000 && checkpoints(out).empty(); ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  ASSERT_FALSE(checkpoints(out).empty()) << read_text(agent.err);
+  EXPECT_FALSE(checkpoints(out).empty()) << read_text(agent.err);
+  return agent;
+}
+
+TEST(Dist, LostRankEndsTheJobNamingIt) {
+  const fs::path out = scratch("lost"), logs = out.string() + ".logs";
+  const Child agent = start_long_job(out, logs, {});
   const pid_t victim = worker(agent.pid, 1);
-  ASSERT_GT(victim, 0);
+  ASSERT_GT(victim, 0) << read_text(agent.err);
   ::kill(victim, SIGKILL);
   const auto killed = Clock::now();
   EXPECT_NE(wait_exit(agent), 0);
@@ -272,17 +263,9 @@ TEST(Dist, StoppedRankEndsTheJobWithinTheTimeoutNamingIt) {
   // after dist.timeout_s and they name it.
   constexpr int kTimeoutS = 8;
   const fs::path out = scratch("stopped"), logs = out.string() + ".logs";
-  const Child agent =
-      start_torchrun(launch(local(2), logs,
-                            train_args(out, 32,
-                                       {"train.epochs=100", "train.checkpoint_every=50",
-                                        "dist.timeout_s=" + std::to_string(kTimeoutS)})),
-                     out);
-  for (int i = 0; i < 6000 && checkpoints(out).empty(); ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  ASSERT_FALSE(checkpoints(out).empty()) << read_text(agent.err);
+  const Child agent = start_long_job(out, logs, {"dist.timeout_s=" + std::to_string(kTimeoutS)});
   const pid_t victim = worker(agent.pid, 1);
-  ASSERT_GT(victim, 0);
+  ASSERT_GT(victim, 0) << read_text(agent.err);
   ::kill(victim, SIGSTOP);
   const auto stopped = Clock::now();
   std::string survivor;
@@ -381,23 +364,11 @@ namespace {
 TEST(Dist, BenchOverlapReportsEveryRankAndTheJob) {
   const fs::path dir = scratch("dist_overlap");
   fs::create_directories(dir);
-  const std::vector<std::string> bench = {"bench-overlap",
-                                          "--set",
-                                          "teacher.model=" + fixture("mlp_opset13.onnx").string(),
-                                          "--set",
-                                          "student.arch=mlp",
-                                          "--set",
-                                          "student.width=0.25",
-                                          "--set",
-                                          "ring.slots=4",
-                                          "--steps",
-                                          "6",
-                                          "--repeats",
-                                          "1",
-                                          "--min-seconds",
-                                          "0",
-                                          "--json",
-                                          (dir / "overlap.json").string()};
+  // The fast run's student and teacher, six measured steps per mode.
+  const auto bench = with({"bench-overlap", "--steps", "6", "--repeats", "1", "--min-seconds", "0",
+                           "--json", (dir / "overlap.json").string()},
+                          {"teacher.model=" + fixture("mlp_opset13.onnx").string(),
+                           "student.arch=mlp", "student.width=0.25", "ring.slots=4"});
   const Result r = torchrun(launch(local(2), dir / "logs", bench), dir / "run");
   ASSERT_EQ(r.code, 0) << r.err << rank_stderr(dir / "logs", 0) << rank_stderr(dir / "logs", 1);
   const json report = json::parse(read_text(dir / "overlap.json"));

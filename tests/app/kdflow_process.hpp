@@ -114,6 +114,36 @@ inline void expect_student_device(const std::string& device) {
     EXPECT_EQ(device, "cpu");
 }
 
+// A fast `kdflow train` into `out`: MLP student and MLP fixture teacher, `batch` per step, one
+// metrics line every 5 steps, a ring of 4 slots.
+inline std::vector<std::string> fast_train_args(const fs::path& out, int batch = 64) {
+  return {"train",
+          "--out",
+          out.string(),
+          "--set",
+          "teacher.model=" + fixture("mlp_opset13.onnx").string(),
+          "--set",
+          "student.arch=mlp",
+          "--set",
+          "student.width=0.25",
+          "--set",
+          "data.batch_size=" + std::to_string(batch),
+          "--set",
+          "train.log_every=5",
+          "--set",
+          "ring.slots=4"};
+}
+
+// `args` with one --set per `sets` entry.
+inline std::vector<std::string> with(std::vector<std::string> args,
+                                     std::initializer_list<std::string> sets) {
+  for (const auto& s : sets) {
+    args.push_back("--set");
+    args.push_back(s);
+  }
+  return args;
+}
+
 // One line on stderr, naming `what`.
 inline void expect_one_line_naming(const std::string& err, const std::string& what) {
   EXPECT_NE(err.find(what), std::string::npos) << err;

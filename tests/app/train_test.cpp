@@ -41,34 +41,6 @@ std::vector<int> allowed_cpus() {
   return out;
 }
 
-// A fast run: MLP student and MLP fixture teacher, batch 64, one loader and one teacher thread.
-std::vector<std::string> base_args(const fs::path& out) {
-  return {"train",
-          "--out",
-          out.string(),
-          "--set",
-          "teacher.model=" + fixture("mlp_opset13.onnx").string(),
-          "--set",
-          "student.arch=mlp",
-          "--set",
-          "student.width=0.25",
-          "--set",
-          "data.batch_size=64",
-          "--set",
-          "train.log_every=5",
-          "--set",
-          "ring.slots=4"};
-}
-
-std::vector<std::string> with(std::vector<std::string> args,
-                              std::initializer_list<std::string> sets) {
-  for (const auto& s : sets) {
-    args.push_back("--set");
-    args.push_back(s);
-  }
-  return args;
-}
-
 json summary(const fs::path& out) { return json::parse(read_text(out / "summary.json")); }
 
 std::vector<fs::path> checkpoints(const fs::path& out) {
@@ -81,9 +53,10 @@ std::vector<fs::path> checkpoints(const fs::path& out) {
 
 TEST(Train, RunsAndWritesTheRunFolder) {
   const fs::path out = scratch("folder");
-  const Result r = run(with(base_args(out), {"train.max_steps=20", "train.checkpoint_every=10",
-                                             "train.keep_checkpoints=1"}),
-                       out);
+  const Result r =
+      run(with(fast_train_args(out),
+               {"train.max_steps=20", "train.checkpoint_every=10", "train.keep_checkpoints=1"}),
+          out);
   ASSERT_EQ(r.code, 0) << r.err;
   const json s = summary(out);
   EXPECT_EQ(s["steps"], 20);
@@ -125,9 +98,9 @@ TEST(Train, RunsAndWritesTheRunFolder) {
 
 TEST(Train, ResumeContinuesBitIdentically) {
   const fs::path a = scratch("straight"), b = scratch("resumed");
-  ASSERT_EQ(run(with(base_args(a), {"train.max_steps=24"}), a).code, 0);
-  ASSERT_EQ(run(with(base_args(b), {"train.max_steps=12"}), b).code, 0);
-  auto resume = with(base_args(b), {"train.max_steps=24"});
+  ASSERT_EQ(run(with(fast_train_args(a), {"train.max_steps=24"}), a).code, 0);
+  ASSERT_EQ(run(with(fast_train_args(b), {"train.max_steps=12"}), b).code, 0);
+  auto resume = with(fast_train_args(b), {"train.max_steps=24"});
   resume.insert(resume.end(), {"--resume", "auto"});
   const Result r = run(resume, b);
   ASSERT_EQ(r.code, 0) << r.err;
@@ -139,9 +112,9 @@ TEST(Train, SigintSavesExits130AndResumesExactly) {
   const fs::path ref = scratch("reference"), out = scratch("interrupted");
   constexpr int kSteps = 300;
   const std::string steps = "train.max_steps=" + std::to_string(kSteps);
-  ASSERT_EQ(run(with(base_args(ref), {steps}), ref).code, 0);
+  ASSERT_EQ(run(with(fast_train_args(ref), {steps}), ref).code, 0);
 
-  const Child c = spawn(with(base_args(out), {steps}), out.string() + ".stderr");
+  const Child c = spawn(with(fast_train_args(out), {steps}), out.string() + ".stderr");
   // Interrupt once the run is under way (its first metrics line is written).
   for (int i = 0;
        i < 3000 && !(fs::exists(out / "metrics.jsonl") && fs::file_size(out / "metrics.jsonl") > 0);
@@ -157,7 +130,7 @@ TEST(Train, SigintSavesExits130AndResumesExactly) {
             fs::path("step-" + std::string(9 - std::to_string(at).size(), '0') +
                      std::to_string(at) + ".ckpt"));
 
-  auto resume = with(base_args(out), {steps});
+  auto resume = with(fast_train_args(out), {steps});
   resume.insert(resume.end(), {"--resume", "auto"});
   const Result r = run(resume, out);
   ASSERT_EQ(r.code, 0) << r.err;
@@ -168,8 +141,9 @@ TEST(Train, SigkillDuringSavesLeavesALoadableCheckpoint) {
   const fs::path out = scratch("killed");
   std::mt19937 rng(std::random_device{}());
   // Saving after every step: most of the run's time is spent writing checkpoints.
-  const auto args = with(base_args(out), {"train.max_steps=100000", "train.checkpoint_every=1",
-                                          "train.keep_checkpoints=2"});
+  const auto args =
+      with(fast_train_args(out),
+           {"train.max_steps=100000", "train.checkpoint_every=1", "train.keep_checkpoints=2"});
   for (int round = 0; round < 3; ++round) {
     auto a = args;
     if (round > 0) a.insert(a.end(), {"--resume", "auto"});
@@ -187,7 +161,7 @@ TEST(Train, SigkillDuringSavesLeavesALoadableCheckpoint) {
   ASSERT_FALSE(files.empty());
   for (const auto& f : files) {
     const int step = std::stoi(f.stem().string().substr(5));
-    auto a = with(base_args(out), {"train.max_steps=" + std::to_string(step + 1)});
+    auto a = with(fast_train_args(out), {"train.max_steps=" + std::to_string(step + 1)});
     a.insert(a.end(), {"--resume", f.string()});
     const fs::path out2 = scratch("killed_check");
     a[2] = out2.string();
@@ -198,7 +172,7 @@ TEST(Train, SigkillDuringSavesLeavesALoadableCheckpoint) {
 
 TEST(Train, CorruptCheckpointIsExit2AndNothingIsOverwritten) {
   const fs::path out = scratch("corrupt");
-  ASSERT_EQ(run(with(base_args(out), {"train.max_steps=10"}), out).code, 0);
+  ASSERT_EQ(run(with(fast_train_args(out), {"train.max_steps=10"}), out).code, 0);
   const fs::path ckpt = checkpoints(out).back();
   {
     std::fstream f(ckpt, std::ios::in | std::ios::out | std::ios::binary);
@@ -210,7 +184,7 @@ TEST(Train, CorruptCheckpointIsExit2AndNothingIsOverwritten) {
   }
   const std::string before = read_text(ckpt);
   const auto metrics_before = read_text(out / "metrics.jsonl");
-  auto a = with(base_args(out), {"train.max_steps=20"});
+  auto a = with(fast_train_args(out), {"train.max_steps=20"});
   a.insert(a.end(), {"--resume", "auto"});
   const Result r = run(a, out);
   EXPECT_EQ(r.code, 2);
@@ -222,8 +196,8 @@ TEST(Train, CorruptCheckpointIsExit2AndNothingIsOverwritten) {
 
 TEST(Train, CheckpointOfAnotherStudentIsExit2) {
   const fs::path out = scratch("other_student");
-  ASSERT_EQ(run(with(base_args(out), {"train.max_steps=5"}), out).code, 0);
-  auto a = with(base_args(out), {"train.max_steps=10", "student.width=0.5"});
+  ASSERT_EQ(run(with(fast_train_args(out), {"train.max_steps=5"}), out).code, 0);
+  auto a = with(fast_train_args(out), {"train.max_steps=10", "student.width=0.5"});
   a.insert(a.end(), {"--resume", "auto"});
   const Result r = run(a, out);
   EXPECT_EQ(r.code, 2);
@@ -232,17 +206,17 @@ TEST(Train, CheckpointOfAnotherStudentIsExit2) {
 
 TEST(Train, FreshRunIntoAFolderWithCheckpointsIsExit2) {
   const fs::path out = scratch("occupied");
-  ASSERT_EQ(run(with(base_args(out), {"train.max_steps=5"}), out).code, 0);
-  const Result r = run(with(base_args(out), {"train.max_steps=5"}), out);
+  ASSERT_EQ(run(with(fast_train_args(out), {"train.max_steps=5"}), out).code, 0);
+  const Result r = run(with(fast_train_args(out), {"train.max_steps=5"}), out);
   EXPECT_EQ(r.code, 2);
   expect_one_line_naming(r.err, "--resume auto");
 
   // Nor does --resume with another run's checkpoint: nothing of the folder's run changes.
   const fs::path other = scratch("other_run");
-  ASSERT_EQ(run(with(base_args(other), {"train.max_steps=3"}), other).code, 0);
+  ASSERT_EQ(run(with(fast_train_args(other), {"train.max_steps=3"}), other).code, 0);
   const std::string summary_before = read_text(out / "summary.json");
   const auto checkpoints_before = checkpoints(out);
-  auto foreign = with(base_args(out), {"train.max_steps=8"});
+  auto foreign = with(fast_train_args(out), {"train.max_steps=8"});
   foreign.insert(foreign.end(), {"--resume", checkpoints(other).back().string()});
   const Result f = run(foreign, out);
   EXPECT_EQ(f.code, 2);
@@ -250,7 +224,7 @@ TEST(Train, FreshRunIntoAFolderWithCheckpointsIsExit2) {
   EXPECT_EQ(read_text(out / "summary.json"), summary_before);
   EXPECT_EQ(checkpoints(out), checkpoints_before);
   // Its own checkpoint is fine.
-  auto own = with(base_args(out), {"train.max_steps=8"});
+  auto own = with(fast_train_args(out), {"train.max_steps=8"});
   own.insert(own.end(), {"--resume", checkpoints(out).back().string()});
   const Result o = run(own, out);
   EXPECT_EQ(o.code, 0) << o.err;
@@ -263,12 +237,12 @@ TEST(Train, RunFolderThatWouldLoseFilesIsExit2) {
   fs::create_directories(dir);
   const std::string config = "[train]\nmax_steps = 3\n";
   std::ofstream(dir / "config.toml") << config;
-  auto empty = base_args(dir);
+  auto empty = fast_train_args(dir);
   empty[2] = "";
   const Result e = run(empty, dir);
   EXPECT_EQ(e.code, 2);
   expect_one_line_naming(e.err, "--out ''");
-  auto same = base_args(dir);
+  auto same = fast_train_args(dir);
   same.insert(same.end(), {"--config", (dir / "config.toml").string()});
   const Result s = run(same, dir);
   EXPECT_EQ(s.code, 2);
@@ -279,31 +253,32 @@ TEST(Train, RunFolderThatWouldLoseFilesIsExit2) {
 TEST(Train, BadInputsAreExit2WithOneLine) {
   const fs::path out = scratch("bad");
   {
-    const Result r = run(with(base_args(out), {"teacher.model=/nonexistent/teacher.onnx"}), out);
+    const Result r =
+        run(with(fast_train_args(out), {"teacher.model=/nonexistent/teacher.onnx"}), out);
     EXPECT_EQ(r.code, 2);
     expect_one_line_naming(r.err, "/nonexistent/teacher.onnx");
   }
   {
     const std::string seven = fixture("mlp7_opset13.onnx").string();
-    const Result r = run(with(base_args(out), {"teacher.model=" + seven}), out);
+    const Result r = run(with(fast_train_args(out), {"teacher.model=" + seven}), out);
     EXPECT_EQ(r.code, 2);
     expect_one_line_naming(r.err, seven);
     EXPECT_NE(r.err.find("7 logits"), std::string::npos) << r.err;
     EXPECT_NE(r.err.find("10 classes"), std::string::npos) << r.err;
   }
   {
-    const Result r = run(with(base_args(out), {"train.no_such_key=1"}), out);
+    const Result r = run(with(fast_train_args(out), {"train.no_such_key=1"}), out);
     EXPECT_EQ(r.code, 2);
     expect_one_line_naming(r.err, "train.no_such_key");
   }
   {
-    const Result r = run(with(base_args(out), {"data.path=/nonexistent/data"}), out);
+    const Result r = run(with(fast_train_args(out), {"data.path=/nonexistent/data"}), out);
     EXPECT_EQ(r.code, 2);
     expect_one_line_naming(r.err, "/nonexistent/data");
   }
   // Per-channel lists take finite numbers only (strtof reads "nan" and "inf").
   for (const char* set : {"data.mean=nan", "data.std=0.3,inf", "teacher.mean=nan"}) {
-    const Result r = run(with(base_args(out), {set}), out);
+    const Result r = run(with(fast_train_args(out), {set}), out);
     EXPECT_EQ(r.code, 2) << set;
     expect_one_line_naming(r.err, std::string(set).substr(0, std::string(set).find('=')));
   }
@@ -316,7 +291,7 @@ TEST(Train, BadInputsAreExit2WithOneLine) {
 // as student.pt. An export format the student has no form in is refused before anything starts.
 TEST(Train, TheStudentComesOutCheckedAndServesAsTheNextTeacher) {
   const fs::path a = scratch("export_onnx"), b = scratch("export_as_teacher");
-  ASSERT_EQ(run(with(base_args(a), {"train.max_steps=30"}), a).code, 0);
+  ASSERT_EQ(run(with(fast_train_args(a), {"train.max_steps=30"}), a).code, 0);
   const json sa = summary(a);
   ASSERT_TRUE(sa["export"].is_object()) << sa.dump();
   EXPECT_EQ(sa["export"]["file"], "student.onnx");
@@ -325,8 +300,8 @@ TEST(Train, TheStudentComesOutCheckedAndServesAsTheNextTeacher) {
   EXPECT_LE(sa["export"]["check"]["max_normalized_error"].get<double>(), 1e-4);
   EXPECT_EQ(sa["export"]["check"]["top1_agreement"].get<double>(), 1.0);
   ASSERT_TRUE(fs::exists(a / "student.onnx"));
-  const Result r = run(with(base_args(b), {"teacher.model=" + (a / "student.onnx").string(),
-                                           "train.max_steps=5", "train.export=off"}),
+  const Result r = run(with(fast_train_args(b), {"teacher.model=" + (a / "student.onnx").string(),
+                                                 "train.max_steps=5", "train.export=off"}),
                        b);
   ASSERT_EQ(r.code, 0) << r.err;
   const json sb = summary(b);
@@ -354,8 +329,8 @@ TEST(Train, TheStudentComesOutCheckedAndServesAsTheNextTeacher) {
   const std::string module =
       (fs::path(fixtures ? fixtures : "fixtures") / "students" / "resnet8_scripted.pt").string();
   const fs::path c = scratch("export_torchscript");
-  const Result rc = run(with(base_args(c), {"student.arch=torchscript", "student.path=" + module,
-                                            "train.max_steps=10"}),
+  const Result rc = run(with(fast_train_args(c), {"student.arch=torchscript",
+                                                  "student.path=" + module, "train.max_steps=10"}),
                         c);
   ASSERT_EQ(rc.code, 0) << rc.err;
   const json sc = summary(c);
@@ -377,8 +352,8 @@ TEST(Train, TheStudentComesOutCheckedAndServesAsTheNextTeacher) {
   }
 
   const fs::path d = scratch("export_refused");
-  const Result rd = run(with(base_args(d), {"student.arch=torchscript", "student.path=" + module,
-                                            "train.export=onnx"}),
+  const Result rd = run(with(fast_train_args(d), {"student.arch=torchscript",
+                                                  "student.path=" + module, "train.export=onnx"}),
                         d);
   EXPECT_EQ(rd.code, 2);
   expect_one_line_naming(rd.err, "train.export");
@@ -387,9 +362,9 @@ TEST(Train, TheStudentComesOutCheckedAndServesAsTheNextTeacher) {
 
 TEST(Train, AlphaZeroTrainsWithoutRunningTheTeacher) {
   const fs::path out = scratch("alpha0");
-  const Result r = run(
-      with(base_args(out), {"kd.alpha=0", "teacher.model=/nonexistent.onnx", "train.max_steps=10"}),
-      out);
+  const Result r = run(with(fast_train_args(out), {"kd.alpha=0", "teacher.model=/nonexistent.onnx",
+                                                   "train.max_steps=10"}),
+                       out);
   ASSERT_EQ(r.code, 0) << r.err;
   const json s = summary(out);
   EXPECT_TRUE(s["teacher_test_accuracy"].is_null());
@@ -416,7 +391,7 @@ TEST(Train, ElasticControllerBalancesAnUnbalancedPlan) {
   }
   const fs::path out = scratch("elastic");
   const std::vector<std::string> args = with(
-      base_args(out),
+      fast_train_args(out),
       {"teacher.model=" + (fs::path(KDFLOW_SOURCE_DIR) / "models" / "fmnist_teacher.onnx").string(),
        "student.width=0.0625", "cores.student_cpus=" + std::to_string(cpus[0]),
        "cores.loader_cpus=" + loaders, "cores.teacher_cpus=" + std::to_string(cpus[used - 1]),
@@ -449,7 +424,8 @@ TEST(Train, ElasticControllerBalancesAnUnbalancedPlan) {
 
 TEST(Train, ElasticOffKeepsThePlan) {
   const fs::path out = scratch("elastic_off");
-  const Result r = run(with(base_args(out), {"cores.elastic=false", "train.max_steps=10"}), out);
+  const Result r =
+      run(with(fast_train_args(out), {"cores.elastic=false", "train.max_steps=10"}), out);
   ASSERT_EQ(r.code, 0) << r.err;
   const json s = summary(out);
   EXPECT_FALSE(s["elastic"]["active"].get<bool>());
@@ -502,9 +478,10 @@ TEST(Train, Uint8SlotsTrainAsFloat32SlotsDo) {
   // data.slot_dtype = uint8: the loaders write pixels, the teacher and the student normalize them
   // with the loader's arithmetic. The runs agree up to float rounding order.
   const fs::path f32 = scratch("slots_f32"), u8 = scratch("slots_u8");
-  const Result a = run(with(base_args(f32), {"train.max_steps=30"}), f32);
+  const Result a = run(with(fast_train_args(f32), {"train.max_steps=30"}), f32);
   ASSERT_EQ(a.code, 0) << a.err;
-  const Result b = run(with(base_args(u8), {"train.max_steps=30", "data.slot_dtype=uint8"}), u8);
+  const Result b =
+      run(with(fast_train_args(u8), {"train.max_steps=30", "data.slot_dtype=uint8"}), u8);
   ASSERT_EQ(b.code, 0) << b.err;
   const json sa = summary(f32), sb = summary(u8);
   EXPECT_LT(sb.at("ring").at("slot_bytes").get<double>(),
@@ -517,13 +494,14 @@ TEST(Train, Uint8SlotsTrainAsFloat32SlotsDo) {
 TEST(Train, NonFiniteLossAbortsOrIsSkipped) {
   const fs::path out = scratch("nonfinite");
   // A normalization that overflows float32: infinite inputs, non-finite teacher logits and loss.
-  const Result abort_run = run(with(base_args(out), {"data.std=1e-38", "train.max_steps=10"}), out);
+  const Result abort_run =
+      run(with(fast_train_args(out), {"data.std=1e-38", "train.max_steps=10"}), out);
   EXPECT_EQ(abort_run.code, 1);
   EXPECT_NE(abort_run.err.find("non-finite"), std::string::npos) << abort_run.err;
   const fs::path skip = scratch("nonfinite_skip");
-  const Result skip_run = run(
-      with(base_args(skip), {"data.std=1e-38", "train.max_steps=10", "train.on_nonfinite=skip"}),
-      skip);
+  const Result skip_run = run(with(fast_train_args(skip), {"data.std=1e-38", "train.max_steps=10",
+                                                           "train.on_nonfinite=skip"}),
+                              skip);
   ASSERT_EQ(skip_run.code, 0) << skip_run.err;
   EXPECT_EQ(summary(skip)["skipped_steps"].get<int>(), 10);
 }
