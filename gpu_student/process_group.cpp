@@ -235,10 +235,12 @@ std::vector<std::string> ProcessGroup::all_gather(const std::string& text,
 }
 
 void ProcessGroup::agree(const std::exception_ptr& error) {
-  // "<kind><message>": kind 2 an InputError, 1 any other failure; "" none.
+  // "<kind><message>": kind 3 an interrupt, 2 an InputError, 1 any other failure; "" none.
   std::string mine;
   if (error) try {
       std::rethrow_exception(error);
+    } catch (const Interrupted& e) {
+      mine = std::string("3") + e.what();
     } catch (const InputError& e) {
       mine = std::string("2") + e.what();
     } catch (const std::exception& e) {
@@ -249,6 +251,8 @@ void ProcessGroup::agree(const std::exception_ptr& error) {
   for (std::size_t r = 0; r < all.size(); ++r) {
     if (all[r].empty()) continue;
     const std::string message = fmt::format("rank {} failed: {}", r, all[r].substr(1));
+    if (all[r][0] == '3')
+      throw Interrupted(fmt::format("rank {} was interrupted: {}", r, all[r].substr(1)));
     if (all[r][0] == '2') throw InputError(message);
     throw std::runtime_error(message);
   }

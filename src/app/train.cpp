@@ -46,8 +46,13 @@ using nlohmann::json;
 std::atomic<int> g_signals{0};
 
 extern "C" void on_stop_signal(int) {
-  // The first signal asks for a clean stop after the step; a second one exits at once.
-  if (g_signals.fetch_add(1) >= 1) ::_exit(kExitInterrupted);
+  // The first signal asks for a clean stop after the step; a second one exits at once (a write in
+  // progress leaves its temporary, which the next start sweeps away).
+  if (g_signals.fetch_add(1) >= 1) {
+    static const char message[] = "kdflow: a second signal: exiting now, without a checkpoint\n";
+    [[maybe_unused]] const auto n = ::write(STDERR_FILENO, message, sizeof(message) - 1);
+    ::_exit(kExitInterrupted);
+  }
 }
 
 // Installs the handlers for the run and restores the previous ones after it.
@@ -68,6 +73,11 @@ public:
   StopSignals(const StopSignals&) = delete;
   StopSignals& operator=(const StopSignals&) = delete;
   [[nodiscard]] static bool requested() { return g_signals.load() > 0; }
+  // Interrupted when a stop was asked for before `phase` ends.
+  static void check(const std::string& phase) {
+    if (requested())
+      throw Interrupted(fmt::format("interrupted during {}: nothing was saved or changed", phase));
+  }
 
 private:
   struct sigaction old_int_ {
@@ -250,7 +260,9 @@ private:
   // This rank's part [first, last) of `n` items (the whole with one process).
   [[nodiscard]] std::pair<std::size_t, std::size_t> shard(std::size_t n) const;
   void start_kd_ctl();
-  void evaluate(double epoch);
+  // `last`: the final evaluation, which one process leaves at a stop signal (the run's last
+  // checkpoint is saved by then).
+  void evaluate(double epoch, bool last = false);
   void save(std::uint64_t next_batch);
   [[nodiscard]] std::string run_state(std::uint64_t next_batch) const;
   void write_metrics(const json& line);
@@ -303,7 +315,12 @@ TrainRun::TrainRun(const TrainArgs& args)
                             return writer_ ? checkpoint_to_resume(args, ckpt_dir_)
                                            : std::optional<fs::path>();
                           })),
-      run_(agreed(group_.get(), [&] { return prepare_run(config_, dist_); })),
+      run_(agreed(group_.get(),
+                  [&] {
+                    RunInputs run = prepare_run(config_, dist_);
+                    StopSignals::check("start-up");
+                    return run;
+                  })),
       sampler_(run_.train.size(), run_.sampler), per_epoch_(sampler_.batches_per_epoch()),
       epochs_(static_cast<std::uint64_t>(config_.get_int("train.epochs"))), last_([&] {
         const auto max_steps = static_cast<std::uint64_t>(config_.get_int("train.max_steps"));
@@ -324,8 +341,17 @@ void TrainRun::start() {
   options_.group = group_.get();
   parts_ = assemble(run_, sampler_, slots_, options_, StudentLogits::teacher);
   restore_checkpoint();
+  agreed(group_.get(), [] {
+    StopSignals::check("start-up");
+    return 0;
+  });
 
   if (writer_) {
+    // Temporaries of a writer killed mid-write (SIGKILL, a second signal) go.
+    for (const fs::path& folder : {out_, ckpt_dir_})
+      if (const std::size_t n = sweep_atomic_temporaries(folder); n > 0)
+        log_info(
+            fmt::format("removed {} unfinished temporary file(s) from {}", n, folder.string()));
     fs::create_directories(ckpt_dir_);
     write_file_atomic(out_ / "config.toml", config_.to_toml());
     metrics_.open(out_ / "metrics.jsonl", resume_from_ ? std::ios::app : std::ios::trunc);
@@ -468,12 +494,16 @@ void TrainRun::save(std::uint64_t next_batch) {
   save_s_ += std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-void TrainRun::evaluate(double epoch) {
+void TrainRun::evaluate(double epoch, bool last) {
   const auto t0 = Clock::now();
   // Each rank its part of the test split, a chunk at a time; the hits summed over the ranks.
   std::array<double, 1> hits{0};
   for_test_chunks(
       [&](std::span<const float> images, std::span<const std::int64_t> labels, std::size_t) {
+        if (last && !group_ && StopSignals::requested())
+          throw Interrupted(fmt::format("interrupted during the final evaluation, after step {}: "
+                                        "its checkpoint is saved in {}",
+                                        trainer().steps_done(), ckpt_dir_.string()));
         hits[0] += static_cast<double>(trainer().correct(images, labels));
       });
   job_sum(hits, "the student's evaluation");
@@ -502,7 +532,6 @@ void TrainRun::step_loop() {
   const auto every = static_cast<std::uint64_t>(config_.get_int("train.checkpoint_every"));
   const auto log_every = static_cast<std::uint64_t>(config_.get_int("train.log_every"));
   // The pipeline runs from the resume point to the end.
-  StopSignals signals;
   Progress progress(writer_ && ::isatty(STDERR_FILENO) == 1);
   loop_start_ = Clock::now();
   const std::uint64_t begin = next_batch_;
@@ -595,9 +624,14 @@ void TrainRun::step_loop() {
   stall_ns_ = pipeline().ring().stats().stages[2].wait_ns - ring_before.stages[2].wait_ns;
 }
 int TrainRun::finish() {
+  // A stop asked for after the last step (agreed by the ranks): its checkpoint is saved; the
+  // final evaluation and the export are left out.
+  std::array<double, 1> stop{StopSignals::requested() ? 1.0 : 0.0};
+  job_sum(stop, "agreeing on a stop");
+  interrupted_ = interrupted_ || stop[0] > 0;
   const bool finished_epoch = last_ % per_epoch_ == 0;
   if (!interrupted_ && !finished_epoch)
-    evaluate(static_cast<double>(last_) / static_cast<double>(per_epoch_));
+    evaluate(static_cast<double>(last_) / static_cast<double>(per_epoch_), true);
   // The loop's time includes every evaluation and save (the last evaluation too), which the rate
   // below leaves out.
   const double loop_s = std::chrono::duration<double>(Clock::now() - loop_start_).count();
@@ -744,6 +778,9 @@ std::vector<fs::path> list_checkpoints(const fs::path& folder) {
 }
 
 int train_command(const TrainArgs& args) {
+  // SIGINT/SIGTERM from the start: in start-up they end the run (exit 130, nothing written), in
+  // the steps they stop it after a checkpoint, after the last step they skip what is left.
+  StopSignals signals;
   TrainRun run(args); // resolve
   run.start();
   run.step_loop();

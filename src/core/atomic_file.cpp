@@ -5,11 +5,13 @@
 #include "kdflow/core/error.hpp"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 #include <zlib.h>
 
 #include <array>
 #include <cerrno>
+#include <charconv>
 #include <cstring>
 #include <fstream>
 #include <utility>
@@ -134,6 +136,25 @@ std::vector<std::byte> read_checked_file(const std::filesystem::path& path, std:
 
 bool is_atomic_temporary(const std::filesystem::path& name) {
   return name.filename().string().find(kTempMarker) != std::string::npos;
+}
+
+std::size_t sweep_atomic_temporaries(const std::filesystem::path& folder) {
+  std::error_code ec;
+  std::size_t removed = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(folder, ec)) {
+    const std::string name = entry.path().filename().string();
+    const auto marker = name.rfind(kTempMarker);
+    if (marker == std::string::npos) continue;
+    // "<file>.tmp.<pid>": its writer's pid; a process that still runs is writing it now.
+    const std::string pid_text = name.substr(marker + kTempMarker.size());
+    long pid = 0;
+    const auto [end, err] =
+        std::from_chars(pid_text.data(), pid_text.data() + pid_text.size(), pid);
+    if (err != std::errc() || end != pid_text.data() + pid_text.size() || pid <= 0) continue;
+    if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;
+    if (std::filesystem::remove(entry.path(), ec)) ++removed;
+  }
+  return removed;
 }
 
 } // namespace kdflow

@@ -100,12 +100,22 @@ TEST(Train, ResumeContinuesBitIdentically) {
   const fs::path a = scratch("straight"), b = scratch("resumed");
   ASSERT_EQ(run(with(fast_train_args(a), {"train.max_steps=24"}), a).code, 0);
   ASSERT_EQ(run(with(fast_train_args(b), {"train.max_steps=12"}), b).code, 0);
+  // Temporaries of a writer that died mid-write (no process has pid 2^22 + 1, above Linux's
+  // pid_max) are swept at the next start; one of a live writer (this test's pid) stays.
+  const fs::path stale_ckpt = b / "checkpoints" / "step-000000013.ckpt.tmp.4194305",
+                 stale_summary = b / "summary.json.tmp.4194305",
+                 live =
+                     b / "checkpoints" / ("step-000000014.ckpt.tmp." + std::to_string(::getpid()));
+  for (const auto& f : {stale_ckpt, stale_summary, live}) std::ofstream(f) << "partial";
   auto resume = with(fast_train_args(b), {"train.max_steps=24"});
   resume.insert(resume.end(), {"--resume", "auto"});
   const Result r = run(resume, b);
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(summary(b)["steps"], 24);
   EXPECT_EQ(summary(a)["state_digest"], summary(b)["state_digest"]);
+  EXPECT_FALSE(fs::exists(stale_ckpt));
+  EXPECT_FALSE(fs::exists(stale_summary));
+  EXPECT_TRUE(fs::exists(live));
 }
 
 TEST(Train, SigintSavesExits130AndResumesExactly) {

@@ -54,8 +54,8 @@ public:
   [[nodiscard]] std::vector<std::string> all_gather(const std::string& text,
                                                     const std::string& what);
   // Start-up failures agreed: when any rank has one, every rank throws. A rank rethrows its own
-  // (`error`, or nothing); the others throw the same kind (InputError, else runtime_error) saying
-  // which rank failed and why, so that every rank exits with the same code.
+  // (`error`, or nothing); the others throw the same kind (Interrupted, InputError, else
+  // runtime_error) saying which rank failed and why, so that every rank exits with the same code.
   void agree(const std::exception_ptr& error);
 
   // The step this rank is at, carried by its heartbeat (a stuck rank is named with its step).

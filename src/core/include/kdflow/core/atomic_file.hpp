@@ -26,5 +26,8 @@ std::vector<std::byte> read_checked_file(const std::filesystem::path& path, std:
 
 // Whether `name` is one of write_file_atomic's temporaries (left behind by a killed writer).
 bool is_atomic_temporary(const std::filesystem::path& name);
+// Removes the temporaries in `folder` (not below it) whose writer process is gone; returns how
+// many. Those of a live process are its writes in progress and stay.
+std::size_t sweep_atomic_temporaries(const std::filesystem::path& folder);
 
 } // namespace kdflow
