@@ -125,24 +125,21 @@ ProcessGroup::ProcessGroup(const DistEnv& env, const DistOptions& options, const
   }
 }
 
-ProcessGroup::~ProcessGroup() {
+ProcessGroup::Impl::~Impl() {
   {
-    std::lock_guard lock(impl_->mutex);
-    impl_->stopping = true;
+    std::lock_guard lock(mutex);
+    stopping = true;
   }
-  impl_->wake.notify_all();
-  if (impl_->heartbeat.joinable()) impl_->heartbeat.join();
+  wake.notify_all();
+  if (heartbeat.joinable()) heartbeat.join();
 }
+
+ProcessGroup::~ProcessGroup() = default;
 
 int ProcessGroup::rank() const { return impl_->env.rank; }
 int ProcessGroup::world() const { return impl_->env.world; }
 const std::string& ProcessGroup::backend() const { return impl_->backend_name; }
 const DistOptions& ProcessGroup::options() const { return impl_->options; }
-void ProcessGroup::set_step(std::int64_t step) { impl_->step.store(step); }
-
-void ProcessGroup::lost(const std::string& what, const std::string& cause) const {
-  impl_->lost(what, cause);
-}
 
 void ProcessGroup::Impl::lost(const std::string& what, const std::string& cause) const {
   const Impl& m = *this;

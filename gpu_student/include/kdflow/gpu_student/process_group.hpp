@@ -58,11 +58,7 @@ public:
   // runtime_error) saying which rank failed and why, so that every rank exits with the same code.
   void agree(const std::exception_ptr& error);
 
-  // The step this rank is at, carried by its heartbeat (a stuck rank is named with its step).
-  void set_step(std::int64_t step);
-  // Throws RankLost for a failed collective `what`: the ranks whose heartbeat stopped are named.
-  [[noreturn]] void lost(const std::string& what, const std::string& cause) const;
-
+  // The torch side (process_group_impl.hpp), for the student's gradient buckets.
   struct Impl;
   [[nodiscard]] Impl& impl() const { return *impl_; }
 
