@@ -16,6 +16,7 @@
 #include <exception>
 #include <filesystem>
 #include <sstream>
+#include <thread>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -278,6 +279,31 @@ std::shared_ptr<const teacher::Teacher> load_run_teacher(const RunInputs& run,
         run.config.get_string("data.dataset"), run.config.get_string("data.path"),
         run.train.classes()));
   return loaded;
+}
+
+void evaluation_images(const RunInputs& run, const affinity::CpuList& cpus, std::size_t first,
+                       std::size_t count, std::vector<float>& out) {
+  AugmentConfig eval = run.augment;
+  eval.augment = false;
+  out.resize(count * run.test.sample_bytes());
+  const std::size_t workers =
+      std::clamp<std::size_t>(cpus.size(), 1, std::max<std::size_t>(count, 1));
+  std::vector<std::exception_ptr> errors(workers);
+  std::vector<std::thread> threads;
+  for (std::size_t k = 0; k < workers; ++k)
+    threads.emplace_back([&, k] {
+      try {
+        affinity::pin_this_thread(run.topology, {cpus[k % cpus.size()]},
+                                  fmt::format("kd-eval-{}", k));
+        SampleScratch scratch;
+        normalize_samples(run.test, eval, first, count, k, workers, out.data(), scratch);
+      } catch (...) {
+        errors[k] = std::current_exception();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (const auto& e : errors)
+    if (e) std::rethrow_exception(e);
 }
 
 std::size_t teacher_test_hits(const RunInputs& run, std::span<const float> images,

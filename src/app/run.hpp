@@ -74,6 +74,13 @@ std::vector<affinity::GpuLocality> gpu_localities(const affinity::Topology& topo
 // The student's options from the run's configuration; `total_steps` is the schedule's length.
 student::TrainerOptions trainer_options(const RunInputs& run, std::int64_t total_steps);
 
+// Samples [first, first + count) of the test split as evaluation sees them (normalized, no
+// augmentation; an image folder's decoded now), into `out`: one thread per CPU of `cpus`
+// (kd-eval-N, pinned; the loaders' CPUs, idle while the student evaluates). Throws what a sample
+// threw (an InputError naming an image that does not decode).
+void evaluation_images(const RunInputs& run, const affinity::CpuList& cpus, std::size_t first,
+                       std::size_t count, std::vector<float>& out);
+
 // How many of the test split's samples [first, first + count) the teacher classifies right
 // (`images`: normalized_images of those samples), on `arena`'s cores.
 std::size_t teacher_test_hits(const RunInputs& run, std::span<const float> images,

@@ -253,10 +253,10 @@ private:
   // Sums over the ranks, in place (one process: nothing to do).
   void job_sum(std::span<double> values, const std::string& what);
   // This rank's part of the test split, at most kEvalChunk samples at a time: their normalized
-  // images (no augmentation), labels and first index. Memory for one chunk, whatever the split.
-  void for_test_chunks(
-      const std::function<void(std::span<const float>, std::span<const std::int64_t>, std::size_t)>&
-          fn) const;
+  // images (no augmentation; decoded on the loaders' CPUs, idle meanwhile), labels and first
+  // index. Memory for one chunk, whatever the split.
+  void for_test_chunks(const std::function<void(std::span<const float>,
+                                                std::span<const std::int64_t>, std::size_t)>& fn);
   // This rank's part [first, last) of `n` items (the whole with one process).
   [[nodiscard]] std::pair<std::size_t, std::size_t> shard(std::size_t n) const;
   void start_kd_ctl();
@@ -388,15 +388,14 @@ void TrainRun::job_sum(std::span<double> values, const std::string& what) {
 
 void TrainRun::for_test_chunks(
     const std::function<void(std::span<const float>, std::span<const std::int64_t>, std::size_t)>&
-        fn) const {
+        fn) {
   constexpr std::size_t kEvalChunk = 1024;
-  AugmentConfig eval = run_.augment;
-  eval.augment = false;
   const auto [first, last] = shard(run_.test.size());
   std::vector<std::int64_t> labels;
+  std::vector<float> images;
   for (std::size_t i = first; i < last; i += kEvalChunk) {
     const std::size_t n = std::min(kEvalChunk, last - i);
-    const std::vector<float> images = normalized_images(run_.test, eval, i, n);
+    evaluation_images(run_, pipeline().assignment().loader, i, n, images);
     labels.resize(n);
     for (std::size_t k = 0; k < n; ++k) labels[k] = run_.test.label(i + k);
     fn(images, labels, i);

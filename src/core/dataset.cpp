@@ -180,19 +180,7 @@ Dataset Dataset::from_folder(const std::string& path, Split split, const ImageGe
       "folder {} ({}: {} images, {} classes{})", split == Split::train ? "train" : "test", root,
       folder->files.size(), folder->classes.size(),
       folder->ignored > 0 ? fmt::format(", {} other files ignored", folder->ignored) : "");
-  Dataset lazy(std::move(folder), geometry, source);
-  if (split == Split::train) return lazy;
-  // The test split is evaluated whole, every epoch: decoded once, centre crops.
-  std::vector<std::uint8_t> pixels(lazy.size() * lazy.sample_bytes());
-  SampleScratch scratch;
-  for (std::size_t i = 0; i < lazy.size(); ++i) {
-    const auto s = lazy.sample(i, scratch);
-    std::copy(s.begin(), s.end(), pixels.begin() + static_cast<std::ptrdiff_t>(i * s.size()));
-  }
-  Dataset decoded(std::move(pixels), lazy.labels_, 3, geometry.size, geometry.size, lazy.classes_,
-                  source);
-  decoded.class_names_ = lazy.class_names_;
-  return decoded;
+  return Dataset(std::move(folder), geometry, source);
 }
 
 namespace {

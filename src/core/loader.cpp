@@ -202,14 +202,19 @@ std::vector<float> normalized_images(const Dataset& dataset, const AugmentConfig
                                      std::size_t first, std::size_t count) {
   if (first > dataset.size() || count > dataset.size() - first)
     throw std::out_of_range("normalized_images: samples past the dataset's end");
-  const std::size_t plane = static_cast<std::size_t>(dataset.height()) * dataset.width();
   std::vector<float> out(count * dataset.sample_bytes());
   SampleScratch scratch;
-  for (std::size_t i = 0; i < count; ++i)
-    normalize_images(dataset.sample(first + i, scratch).data(),
-                     out.data() + i * dataset.sample_bytes(), 1, dataset.channels(), plane,
-                     augment);
+  normalize_samples(dataset, augment, first, count, 0, 1, out.data(), scratch);
   return out;
+}
+
+void normalize_samples(const Dataset& dataset, const AugmentConfig& augment, std::size_t first,
+                       std::size_t count, std::size_t offset, std::size_t stride, float* out,
+                       SampleScratch& scratch) {
+  const std::size_t plane = static_cast<std::size_t>(dataset.height()) * dataset.width();
+  for (std::size_t i = offset; i < count; i += stride)
+    normalize_images(dataset.sample(first + i, scratch).data(), out + i * dataset.sample_bytes(), 1,
+                     dataset.channels(), plane, augment);
 }
 
 std::unique_ptr<StageGraph> start_loaders(oneapi::tbb::task_arena& arena, int workers,

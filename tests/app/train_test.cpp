@@ -476,6 +476,19 @@ TEST(Train, ImageFolderTrainsWithATeacherAndBadImagesAreExit2) {
   expect_one_line_naming(b.err, bad.string());
   std::ofstream(bad, std::ios::binary | std::ios::trunc) << jpeg;
 
+  // A test image cut short: the test split is decoded as it is evaluated (on the loaders' CPUs),
+  // here by the teacher's evaluation at the start; exit 2 naming it, nothing written.
+  const fs::path bad_test = root / "val" / "class_q" / "img0.jpg";
+  const std::string test_jpeg = read_text(bad_test);
+  std::ofstream(bad_test, std::ios::binary | std::ios::trunc)
+      << test_jpeg.substr(0, test_jpeg.size() / 2);
+  const fs::path out_bad_test = scratch("folder_bad_test");
+  b = run(folder_args(out_bad_test), out_bad_test);
+  EXPECT_EQ(b.code, 2);
+  expect_one_line_naming(b.err, bad_test.string());
+  EXPECT_FALSE(fs::exists(out_bad_test / "summary.json"));
+  std::ofstream(bad_test, std::ios::binary | std::ios::trunc) << test_jpeg;
+
   // A class missing from the test split: labels would disagree.
   fs::rename(root / "val" / "class_q", root / "class_q_aside");
   const fs::path out_classes = scratch("folder_classes");

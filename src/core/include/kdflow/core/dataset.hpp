@@ -29,8 +29,8 @@ public:
   static Dataset load(const std::string& format, const std::string& path, Split split,
                       const ImageGeometry& geometry = {});
   // An image folder: `path/train/<class>/*` and `path/val/<class>/*` or `path/test/<class>/*`, 3
-  // channels, `geometry.size` square. The test split is decoded once here (centre crop); the
-  // training split on demand by sample().
+  // channels, `geometry.size` square. Both splits are decoded on demand by sample() (the test
+  // split at its centre crop): an evaluation holds the images it is at, not the split.
   static Dataset from_folder(const std::string& path, Split split, const ImageGeometry& geometry);
 
   [[nodiscard]] std::size_t size() const { return labels_.size(); }

@@ -93,6 +93,11 @@ std::vector<float> normalized_images(const Dataset& dataset, const AugmentConfig
 // time).
 std::vector<float> normalized_images(const Dataset& dataset, const AugmentConfig& augment,
                                      std::size_t first, std::size_t count);
+// The same into `out` ([count, C, H, W] float32), for samples first, first + stride, ... below
+// first + count only (`offset` of `stride` workers filling one buffer together).
+void normalize_samples(const Dataset& dataset, const AugmentConfig& augment, std::size_t first,
+                       std::size_t count, std::size_t offset, std::size_t stride, float* out,
+                       SampleScratch& scratch);
 
 // Starts the loader stage in `arena`: `workers` bodies at once, each taking the next batch number,
 // filling its slot and handing it on (`publish_to`: filled for the teacher, ready when no teacher
