@@ -126,19 +126,39 @@ teacher::Graph GraphWriter::finish(const std::string& logits) {
   return std::move(g_);
 }
 
-std::vector<float> run_torchscript(const std::string& path, std::span<const float> images,
-                                   const StudentSpec& spec, const Device& device,
-                                   std::int64_t batch, double* seconds) {
-  const torch::Device where = to_torch(device);
+struct ScriptRunner::Impl {
+  std::string path;
+  StudentSpec spec;
+  torch::Device where;
   torch::jit::Module m;
+};
+
+ScriptRunner::ScriptRunner(const std::string& path, const StudentSpec& spec, const Device& device)
+    : impl_(std::make_unique<Impl>(Impl{path, spec, to_torch(device), {}})) {
   try {
-    m = torch::jit::load(path, where);
+    impl_->m = torch::jit::load(path, impl_->where);
   } catch (const c10::Error& e) {
     const std::string what = e.what_without_backtrace();
     throw InputError(
         fmt::format("{}: not a TorchScript archive ({})", path, what.substr(0, what.find('\n'))));
   }
-  m.eval();
+  impl_->m.eval();
+}
+
+ScriptRunner::~ScriptRunner() = default;
+
+std::vector<float> run_torchscript(const std::string& path, std::span<const float> images,
+                                   const StudentSpec& spec, const Device& device,
+                                   std::int64_t batch, double* seconds) {
+  return ScriptRunner(path, spec, device).run(images, batch, seconds);
+}
+
+std::vector<float> ScriptRunner::run(std::span<const float> images, std::int64_t batch,
+                                     double* seconds) {
+  const std::string& path = impl_->path;
+  const StudentSpec& spec = impl_->spec;
+  const torch::Device where = impl_->where;
+  torch::jit::Module& m = impl_->m;
   torch::NoGradGuard no_grad;
   const std::int64_t sample = spec.channels * spec.height * spec.width_px;
   const auto count = static_cast<std::int64_t>(images.size()) / sample;

@@ -1,5 +1,6 @@
-// kdflow eval (eval.hpp): the test split normalized as the run's data, the model run in batches of
-// data.batch_size, top-1 and top-5 counted from its logits, images/s over the model's time alone.
+// kdflow eval (eval.hpp): the test split normalized as the run's data, a chunk at a time, the model
+// run in batches of data.batch_size, top-1 and top-5 counted from its logits, images/s over the
+// model's time alone.
 #include "eval.hpp"
 
 #include "pipeline.hpp"
@@ -54,13 +55,20 @@ int eval_command(const EvalArgs& args) {
   sets.push_back(onnx ? "kd.alpha=1" : "kd.alpha=0");
   if (!onnx) sets.emplace_back("student.arch=torchscript");
   const RunInputs run = prepare_run(resolve_config(args.config, sets));
-  AugmentConfig eval = run.augment;
-  eval.augment = false;
-  const std::vector<float> images = normalized_images(run.test, eval);
   const std::size_t count = run.test.size(), sample = run.test.sample_bytes();
   const auto classes = static_cast<std::size_t>(run.test.classes());
   const std::size_t batch = run.sampler.batch_size;
-  std::vector<float> logits(count * classes);
+  // The split a chunk at a time (decoded on the loader CPUs): memory for one chunk's images and
+  // logits, whatever the split's size.
+  std::vector<float> images, logits;
+  std::size_t top1 = 0, top5 = 0;
+  const auto score = [&](std::size_t first) {
+    for (std::size_t k = 0; k < logits.size() / classes; ++k) {
+      const std::span<const float> row(logits.data() + k * classes, classes);
+      top1 += in_top(row, run.test.label(first + k), 1);
+      top5 += in_top(row, run.test.label(first + k), 5);
+    }
+  };
   double seconds = 0;
   std::string runner;
   if (onnx) {
@@ -75,14 +83,20 @@ int eval_command(const EvalArgs& args) {
       const ImageAdapter& adapt = *run.teacher_input;
       std::vector<float> input(batch * adapt.to().numel(), 0.f), scratch, out(batch * classes);
       float* outputs[] = {out.data()};
-      for (std::size_t i = 0; i < count; i += batch) {
-        const std::size_t n = std::min(batch, count - i);
-        adapt.run(images.data() + i * sample, n, input.data(), scratch);
-        const auto t0 = Clock::now();
-        replica.run(input.data(), outputs);
-        seconds += std::chrono::duration<double>(Clock::now() - t0).count();
-        std::copy_n(out.begin(), n * classes,
-                    logits.begin() + static_cast<std::ptrdiff_t>(i * classes));
+      for (std::size_t first = 0; first < count; first += kEvalChunk) {
+        const std::size_t chunk = std::min(kEvalChunk, count - first);
+        evaluation_images(run, run.plan.loader, first, chunk, images);
+        logits.resize(chunk * classes);
+        for (std::size_t i = 0; i < chunk; i += batch) {
+          const std::size_t n = std::min(batch, chunk - i);
+          adapt.run(images.data() + i * sample, n, input.data(), scratch);
+          const auto t0 = Clock::now();
+          replica.run(input.data(), outputs);
+          seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+          std::copy_n(out.begin(), n * classes,
+                      logits.begin() + static_cast<std::ptrdiff_t>(i * classes));
+        }
+        score(first);
       }
     });
   } else {
@@ -90,17 +104,18 @@ int eval_command(const EvalArgs& args) {
     student::StudentSpec spec{
         "torchscript",      1.0,       run.test.channels(), run.test.height(), run.test.width(),
         run.test.classes(), args.model};
-    logits = student::run_torchscript(args.model, images, spec, run.device,
-                                      static_cast<std::int64_t>(batch), &seconds);
-    if (logits.size() != count * classes)
-      throw InputError(fmt::format("--model {}: {} logits for {} images of {} classes", args.model,
-                                   logits.size(), count, classes));
-  }
-  std::size_t top1 = 0, top5 = 0;
-  for (std::size_t i = 0; i < count; ++i) {
-    const std::span<const float> row(logits.data() + i * classes, classes);
-    top1 += in_top(row, run.test.label(i), 1);
-    top5 += in_top(row, run.test.label(i), 5);
+    student::ScriptRunner model(args.model, spec, run.device);
+    for (std::size_t first = 0; first < count; first += kEvalChunk) {
+      const std::size_t chunk = std::min(kEvalChunk, count - first);
+      evaluation_images(run, run.plan.loader, first, chunk, images);
+      double chunk_s = 0;
+      logits = model.run(images, static_cast<std::int64_t>(batch), &chunk_s);
+      seconds += chunk_s;
+      if (logits.size() != chunk * classes)
+        throw InputError(fmt::format("--model {}: {} logits for {} images of {} classes",
+                                     args.model, logits.size(), chunk, classes));
+      score(first);
+    }
   }
   const double n = static_cast<double>(count);
   nlohmann::json result = {{"model", args.model},

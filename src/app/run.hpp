@@ -74,6 +74,9 @@ std::vector<affinity::GpuLocality> gpu_localities(const affinity::Topology& topo
 // The student's options from the run's configuration; `total_steps` is the schedule's length.
 student::TrainerOptions trainer_options(const RunInputs& run, std::int64_t total_steps);
 
+// Evaluations read the test split this many samples at a time (their memory: one chunk).
+inline constexpr std::size_t kEvalChunk = 1024;
+
 // Samples [first, first + count) of the test split as evaluation sees them (normalized, no
 // augmentation; an image folder's decoded now), into `out`: one thread per CPU of `cpus`
 // (kd-eval-N, pinned; the loaders' CPUs, idle while the student evaluates). Throws what a sample

@@ -389,7 +389,6 @@ void TrainRun::job_sum(std::span<double> values, const std::string& what) {
 void TrainRun::for_test_chunks(
     const std::function<void(std::span<const float>, std::span<const std::int64_t>, std::size_t)>&
         fn) {
-  constexpr std::size_t kEvalChunk = 1024;
   const auto [first, last] = shard(run_.test.size());
   std::vector<std::int64_t> labels;
   std::vector<float> images;

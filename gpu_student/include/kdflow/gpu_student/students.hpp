@@ -5,6 +5,7 @@
 #include "kdflow/gpu_student/device.hpp"
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -30,5 +31,20 @@ std::vector<std::string> student_names();
 std::vector<float> run_torchscript(const std::string& path, std::span<const float> images,
                                    const StudentSpec& spec, const Device& device,
                                    std::int64_t batch = 256, double* seconds = nullptr);
+
+// The same, the module loaded once for many calls (an evaluation a chunk at a time).
+class ScriptRunner {
+public:
+  ScriptRunner(const std::string& path, const StudentSpec& spec, const Device& device);
+  ~ScriptRunner();
+  ScriptRunner(const ScriptRunner&) = delete;
+  ScriptRunner& operator=(const ScriptRunner&) = delete;
+  std::vector<float> run(std::span<const float> images, std::int64_t batch = 256,
+                         double* seconds = nullptr);
+
+private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
 
 } // namespace kdflow::student
