@@ -324,10 +324,24 @@ TEST(RankShares, PlanFilesAndCpuListsAreRefusedForAShare) {
   Config config;
   config.set("cores.student_cpus=0");
   config.set("cores.loader_cpus=1");
-  EXPECT_THROW(plan_from_config(config, topo, std::nullopt, CpuList{0, 1}), InputError);
+  config.set("cores.teacher_cpus=2");
+  // The same lists plan this node for one process.
+  EXPECT_NO_THROW(plan_from_config(config, topo, std::nullopt));
+  const auto refusal = [&](const Config& c) {
+    try {
+      (void)plan_from_config(c, topo, std::nullopt, CpuList{0, 1});
+    } catch (const InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string("<no InputError>");
+  };
+  EXPECT_NE(refusal(config).find("each plans its own share"), std::string::npos) << refusal(config);
+  // A plan file is refused before it is read (this one does not exist: the message says why).
   Config file;
   file.set("cores.plan=plan.json");
-  EXPECT_THROW(plan_from_config(file, topo, std::nullopt, CpuList{0, 1}), InputError);
+  EXPECT_NE(refusal(file).find("cores.plan = plan.json: a plan file plans one process's node"),
+            std::string::npos)
+      << refusal(file);
 }
 
 } // namespace
