@@ -2,6 +2,7 @@
 // their stage graphs, and the moves of CPUs between the pools.
 #include "pipeline.hpp"
 
+#include "kdflow/core/fault_hooks.hpp"
 #include "kdflow/core/trace.hpp"
 
 #include <algorithm>
@@ -91,6 +92,7 @@ void CpuPipeline::start_teacher(TeacherUnit& unit) {
       [this, &ring, u = &unit](std::uint64_t b, int) {
         auto slot = ring.acquire_filled(b);
         if (!slot) return false;
+        fault::at(fault::Site::teacher, first_batch_ + b, ring);
         {
           trace::Span span("teacher", b);
           run_teacher(*u, *slot);
@@ -98,7 +100,7 @@ void CpuPipeline::start_teacher(TeacherUnit& unit) {
         ring.publish(*slot, SlotState::teaching, SlotState::ready);
         return true;
       },
-      &teacher_totals_);
+      &teacher_totals_, first_batch_);
   unit.graph->start();
 }
 

@@ -15,7 +15,9 @@
 #include "kdflow/core/digest.hpp"
 #include "kdflow/core/dist_env.hpp"
 #include "kdflow/core/error.hpp"
+#include "kdflow/core/fault_hooks.hpp"
 #include "kdflow/core/log.hpp"
+#include "kdflow/core/watchdog.hpp"
 #include "kdflow/gpu_student/process_group.hpp"
 #include "kdflow/gpu_student/trainer.hpp"
 
@@ -91,7 +93,7 @@ bool shapes_trajectory(const std::string& key) {
       "train.epochs",    "train.max_steps",        "train.checkpoint_every",
       "train.log_every", "train.keep_checkpoints", "train.on_nonfinite",
       "ring.slots",      "student.device",         "train.export",
-      "dist.backend",    "dist.timeout_s"};
+      "dist.backend",    "dist.timeout_s",         "pipeline.stall_timeout_s"};
   if (key.starts_with("cores.")) return false;
   return std::none_of(std::begin(free_keys), std::end(free_keys),
                       [&](const char* k) { return key == k; });
@@ -260,6 +262,9 @@ private:
   // This rank's part [first, last) of `n` items (the whole with one process).
   [[nodiscard]] std::pair<std::size_t, std::size_t> shard(std::size_t n) const;
   void start_kd_ctl();
+  // The student's step on the run's batch `batch` (ring batch `ring_batch`); what it throws
+  // names the student and the batch.
+  std::optional<student::StepStats> student_step(std::uint64_t batch, std::uint64_t ring_batch);
   // `last`: the final evaluation, which one process leaves at a stop signal (the run's last
   // checkpoint is saved by then).
   void evaluate(double epoch, bool last = false);
@@ -291,6 +296,9 @@ private:
   std::ofstream metrics_;
   std::mutex metrics_mutex_;      // the student's lines and kd-ctl's moves
   std::unique_ptr<KdCtl> kd_ctl_; // after metrics_: it writes them until it stops
+  // While the steps run; it outlives the pipeline's stop in ~TrainRun (a stage that ignores the
+  // failed ring still ends the process).
+  std::unique_ptr<StallWatchdog> watchdog_;
   std::optional<std::string> elastic_off_ = "cores.elastic = false";
 
   std::uint64_t next_batch_ = 0;
@@ -512,6 +520,24 @@ void TrainRun::evaluate(double epoch, bool last) {
   eval_s_ += std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
+std::optional<student::StepStats> TrainRun::student_step(std::uint64_t batch,
+                                                         std::uint64_t ring_batch) {
+  try {
+    fault::at(fault::Site::student, batch, pipeline().ring());
+    return trainer().step(ring_batch, StopSignals::requested());
+  } catch (const StageError&) {
+    throw; // a stage before the student failed (or stalled): it is named already
+  } catch (const InputError&) {
+    throw;
+  } catch (const Interrupted&) {
+    throw;
+  } catch (const student::RankLost&) {
+    throw; // names the lost ranks
+  } catch (const std::exception& e) {
+    std::throw_with_nested(StageError("student", batch, e.what()));
+  }
+}
+
 void TrainRun::start_kd_ctl() {
   if (!config_.get_bool("cores.elastic")) return;
   elastic_off_ = KdCtl::why_not(pipeline());
@@ -534,13 +560,19 @@ void TrainRun::step_loop() {
   loop_start_ = Clock::now();
   const std::uint64_t begin = next_batch_;
   pipeline().start(begin, last_ - begin);
+  if (const double limit = config_.get_double("pipeline.stall_timeout_s"); limit > 0)
+    watchdog_ = std::make_unique<StallWatchdog>(
+        pipeline().ring(), begin, limit, "pipeline.stall_timeout_s",
+        [this] { affinity::pin_this_thread(run_.topology, run_.plan.student, "kd-watchdog"); });
   start_kd_ctl();
   Interval interval;
   const RingStats ring_before = pipeline().ring().stats();
   std::uint64_t last_wait_ns = ring_before.stages[2].wait_ns;
   std::uint64_t last_teacher_ns = 0;
   for (std::uint64_t b = begin; b < last_; ++b) {
-    const auto stats = trainer().step(b - begin, StopSignals::requested());
+    if (watchdog_) watchdog_->expect(b);
+    const auto stats = student_step(b, b - begin);
+    if (watchdog_) watchdog_->idle();
     if (!stats) break;
     samples_ += stats->samples;
     rank_samples_ += stats->rank_samples;

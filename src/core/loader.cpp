@@ -2,6 +2,7 @@
 #include "kdflow/core/loader.hpp"
 
 #include "kdflow/core/error.hpp"
+#include "kdflow/core/fault_hooks.hpp"
 #include "kdflow/core/image_adapter.hpp"
 #include "kdflow/core/trace.hpp"
 
@@ -236,6 +237,7 @@ std::unique_ptr<StageGraph> start_loaders(oneapi::tbb::task_arena& arena, int wo
        scratch](std::uint64_t b, int worker) {
         auto slot = ring.acquire_free(b);
         if (!slot) return false;
+        fault::at(fault::Site::loader, first_batch + b, ring);
         {
           trace::Span span("load", b);
           fill_batch(dataset, sampler, augment, first_batch + b, *slot, regions,
@@ -244,7 +246,7 @@ std::unique_ptr<StageGraph> start_loaders(oneapi::tbb::task_arena& arena, int wo
         ring.publish(*slot, SlotState::filling, publish_to);
         return true;
       },
-      totals);
+      totals, first_batch);
   stage->start();
   return stage;
 }

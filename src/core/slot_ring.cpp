@@ -134,11 +134,13 @@ void SlotRing::close() {
   }
 }
 
-void SlotRing::fail(const std::string& stage, std::exception_ptr error) {
+void SlotRing::fail(const std::string& stage, std::exception_ptr error,
+                    std::optional<std::uint64_t> batch) {
   {
     std::lock_guard lock(failure_mutex_);
     if (!failure_) {
       failed_stage_ = stage;
+      failed_batch_ = batch;
       failure_ = std::move(error);
     }
   }
@@ -146,21 +148,34 @@ void SlotRing::fail(const std::string& stage, std::exception_ptr error) {
   close();
 }
 
+std::optional<SlotState> SlotRing::state_of(std::uint64_t batch) const {
+  const std::uint32_t word = words_[batch % slots_].value.load(std::memory_order_acquire);
+  const std::uint32_t lap_bits = sp::encode(batch / slots_, SlotState::free);
+  if (((word & ~sp::kClosedBit) >> sp::kLapShift) != (lap_bits >> sp::kLapShift))
+    return std::nullopt;
+  return sp::state_of(word);
+}
+
 void SlotRing::rethrow_if_failed() const {
   if (!failed_.load(std::memory_order_acquire)) return;
   std::string stage;
+  std::optional<std::uint64_t> batch;
   std::exception_ptr error;
   {
     std::lock_guard lock(failure_mutex_);
     stage = failed_stage_;
+    batch = failed_batch_;
     error = failure_;
   }
+  const auto stage_error = [&](const std::string& what) {
+    return batch ? StageError(stage, *batch, what) : StageError(stage, what);
+  };
   try {
     std::rethrow_exception(error);
   } catch (const std::exception& e) {
-    std::throw_with_nested(StageError(stage, e.what()));
+    std::throw_with_nested(stage_error(e.what()));
   } catch (...) {
-    std::throw_with_nested(StageError(stage, "unknown exception"));
+    std::throw_with_nested(stage_error("unknown exception"));
   }
 }
 

@@ -15,9 +15,9 @@ namespace flow = oneapi::tbb::flow;
 
 StageGraph::StageGraph(std::string name, oneapi::tbb::task_arena& arena, int concurrency,
                        SlotRing& ring, RingStage stage, std::uint64_t end, Body body,
-                       StageTotals* totals)
+                       StageTotals* totals, std::uint64_t first_batch)
     : name_(std::move(name)), arena_(arena), concurrency_(concurrency), ring_(ring), stage_(stage),
-      end_(end), body_(std::move(body)), totals_(totals) {}
+      end_(end), body_(std::move(body)), first_batch_(first_batch), totals_(totals) {}
 
 StageGraph::~StageGraph() { wait(); }
 
@@ -58,7 +58,7 @@ void StageGraph::run() {
             if (!done) stopping_.store(true, std::memory_order_release);
           } catch (...) {
             stopping_.store(true, std::memory_order_release);
-            ring_.fail(name_, std::current_exception());
+            ring_.fail(name_, std::current_exception(), first_batch_ + batch);
           }
           if (totals_) {
             const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(

@@ -2,9 +2,12 @@
 // and a teacher stage over a small ring, each stopped and restarted on another arena (of another
 // width) every few milliseconds while a student thread consumes. Every batch must be loaded once,
 // taught once and consumed once, in order and intact, and the stage totals must count each batch
-// exactly once across all the graphs.
+// exactly once across all the graphs. And faults: a stage body that throws, or stalls until the
+// stall watchdog fails the ring.
+#include "kdflow/core/error.hpp"
 #include "kdflow/core/slot_ring.hpp"
 #include "kdflow/core/stage_graph.hpp"
+#include "kdflow/core/watchdog.hpp"
 
 #include <oneapi/tbb/global_control.h>
 #include <oneapi/tbb/task_arena.h>
@@ -14,7 +17,13 @@
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
 #include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -141,6 +150,128 @@ TEST(StageGraph, StagesRestartedOnOtherArenasMidRunLoseAndRepeatNoBatch) {
   EXPECT_EQ(loader_totals.batches.load(), batches);
   EXPECT_EQ(teacher_totals.batches.load(), batches);
   EXPECT_GT(loader_totals.busy_ns.load(), 0u);
+}
+
+// A loader stage and a teacher stage over a small ring, with the student on this thread; `fault`
+// runs in the teacher's body for each batch (it may throw, or stall until the ring closes).
+// Returns the StageError the student's acquire throws, with the batches it consumed before.
+struct FaultRun {
+  std::optional<StageError> error;
+  std::uint64_t consumed = 0;
+  bool watchdog_fired = false;
+};
+
+FaultRun run_with_fault(const std::function<void(std::uint64_t, const SlotRing&)>& fault,
+                        double stall_limit_s) {
+  const std::uint32_t slots = 4;
+  const std::uint64_t batches = 64, first = 100; // the run's batch numbers start at 100
+  SlotLayout layout({{"inputs", DType::u8, {1, kValues}}});
+  const std::size_t bytes = std::size_t{slots} * layout.slot_bytes();
+  SlotRing ring(std::move(layout), slots, allocate_locked(bytes));
+  // Workers for both arenas, whatever the machine's CPU count.
+  oneapi::tbb::global_control parallelism(oneapi::tbb::global_control::max_allowed_parallelism,
+                                          2 + 1 + 1);
+  oneapi::tbb::task_arena loader_arena(2, 0), teacher_arena(1, 0);
+  StageGraph loaders(
+      "loader", loader_arena, 2, ring, RingStage::loader, batches,
+      [&](std::uint64_t b, int) {
+        auto slot = ring.acquire_free(b);
+        if (!slot) return false;
+        ring.publish(*slot, SlotState::filling, SlotState::filled);
+        return true;
+      },
+      nullptr, first);
+  StageGraph teacher(
+      "teacher", teacher_arena, 1, ring, RingStage::teacher, batches,
+      [&](std::uint64_t b, int) {
+        auto slot = ring.acquire_filled(b);
+        if (!slot) return false;
+        fault(first + b, ring);
+        ring.publish(*slot, SlotState::teaching, SlotState::ready);
+        return true;
+      },
+      nullptr, first);
+  FaultRun out;
+  {
+    StallWatchdog watchdog(ring, first, stall_limit_s, "pipeline.stall_timeout_s");
+    loaders.start();
+    teacher.start();
+    try {
+      for (std::uint64_t b = 0; b < batches; ++b) {
+        watchdog.expect(first + b);
+        auto slot = ring.acquire_ready(b);
+        watchdog.idle();
+        if (!slot) break;
+        ring.release(*slot);
+        ++out.consumed;
+      }
+    } catch (const StageError& e) {
+      out.error = e;
+    }
+    out.watchdog_fired = watchdog.fired();
+    ring.close();
+    teacher.wait();
+    loaders.wait();
+  }
+  return out;
+}
+
+// The names of this process's threads.
+std::vector<std::string> thread_names() {
+  std::vector<std::string> out;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream comm(entry.path() / "comm");
+    std::string name;
+    std::getline(comm, name);
+    out.push_back(name);
+  }
+  return out;
+}
+
+TEST(StageGraph, AStageThatThrowsStopsEveryStageNamingItselfAndTheRunsBatch) {
+  const FaultRun run = run_with_fault(
+      [](std::uint64_t batch, const SlotRing&) {
+        if (batch == 109) throw std::runtime_error("injected fault");
+      },
+      600);
+  ASSERT_TRUE(run.error);
+  EXPECT_EQ(run.error->stage(), "teacher");
+  EXPECT_EQ(run.error->batch(), 109u);
+  EXPECT_NE(std::string(run.error->what()).find("at batch 109: injected fault"), std::string::npos)
+      << run.error->what();
+  EXPECT_LE(run.consumed, 9u);
+  EXPECT_FALSE(run.watchdog_fired);
+}
+
+TEST(StageGraph, AStalledStageIsStoppedByTheWatchdogNamingItselfAndTheBatch) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const FaultRun run = run_with_fault(
+      [](std::uint64_t batch, const SlotRing& ring) {
+        while (batch == 109 && !ring.closed()) std::this_thread::sleep_for(2ms);
+      },
+      0.2);
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_TRUE(run.error);
+  EXPECT_TRUE(run.watchdog_fired);
+  EXPECT_EQ(run.error->stage(), "teacher");
+  EXPECT_EQ(run.error->batch(), 109u);
+  const std::string what = run.error->what();
+  EXPECT_NE(what.find("no progress for"), std::string::npos) << what;
+  EXPECT_NE(what.find("with a teacher replica"), std::string::npos) << what;
+  EXPECT_NE(what.find("pipeline.stall_timeout_s = 0.2"), std::string::npos) << what;
+  EXPECT_EQ(run.consumed, 9u) << "every batch before the stalled one reached the student";
+  EXPECT_LT(took, 10.0) << "a stall is seen within about 1.25 limits";
+  for (const auto& name : thread_names()) EXPECT_NE(name, "kd-watchdog") << "its thread is joined";
+}
+
+TEST(StallWatchdog, BlamesTheStageThatMustActNextOnTheBatch) {
+  EXPECT_EQ(StallWatchdog::stage_holding(SlotState::free), "loader");
+  EXPECT_EQ(StallWatchdog::stage_holding(SlotState::filling), "loader");
+  EXPECT_EQ(StallWatchdog::stage_holding(SlotState::filled), "teacher");
+  EXPECT_EQ(StallWatchdog::stage_holding(SlotState::teaching), "teacher");
+  EXPECT_EQ(StallWatchdog::stage_holding(SlotState::ready), "student");
+  EXPECT_EQ(StallWatchdog::stage_holding(SlotState::in_flight), "student");
+  EXPECT_EQ(StallWatchdog::stage_holding(std::nullopt), "student");
 }
 
 } // namespace

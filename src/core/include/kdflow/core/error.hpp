@@ -4,6 +4,8 @@
 // -> 1.
 #pragma once
 
+#include <cstdint>
+#include <optional>
 #include <source_location>
 #include <stdexcept>
 #include <string>
@@ -28,10 +30,17 @@ class StageError : public std::runtime_error {
 public:
   StageError(std::string stage, const std::string& what)
       : std::runtime_error("stage '" + stage + "' failed: " + what), stage_(std::move(stage)) {}
+  // The batch the stage was working on (the run's batch number: the step it feeds).
+  StageError(std::string stage, std::uint64_t batch, const std::string& what)
+      : std::runtime_error("stage '" + stage + "' failed at batch " + std::to_string(batch) + ": " +
+                           what),
+        stage_(std::move(stage)), batch_(batch) {}
   [[nodiscard]] const std::string& stage() const { return stage_; }
+  [[nodiscard]] std::optional<std::uint64_t> batch() const { return batch_; }
 
 private:
   std::string stage_;
+  std::optional<std::uint64_t> batch_;
 };
 
 // Throws std::system_error for errno `err` with what was being done and where.

@@ -95,8 +95,13 @@ public:
 
   // Wakes every waiter; producers stop, the student drains what is ready. Idempotent.
   void close();
-  // Records the first failure (with its stage's name) and closes the ring.
-  void fail(const std::string& stage, std::exception_ptr error);
+  // Records the first failure (with its stage's name, and the batch it was working on when known)
+  // and closes the ring.
+  void fail(const std::string& stage, std::exception_ptr error,
+            std::optional<std::uint64_t> batch = std::nullopt);
+  // Where `batch` stands now, for a watchdog's report: its slot's state while the slot holds
+  // batch's lap; nullopt while the slot still holds an earlier batch (or has moved past it).
+  [[nodiscard]] std::optional<SlotState> state_of(std::uint64_t batch) const;
   [[nodiscard]] bool closed() const { return closed_.load(std::memory_order_acquire); }
   // Throws the recorded StageError, if any.
   void rethrow_if_failed() const;
@@ -141,6 +146,7 @@ private:
   std::atomic<bool> failed_{false};
   mutable std::mutex failure_mutex_; // cold path only: first failure wins
   std::string failed_stage_;
+  std::optional<std::uint64_t> failed_batch_;
   std::exception_ptr failure_;
 };
 

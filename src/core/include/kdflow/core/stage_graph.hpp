@@ -40,10 +40,12 @@ public:
   using Body = std::function<bool(std::uint64_t batch, int worker)>;
 
   // Batches [.., end) of `stage`'s tickets. An exception in a body fails the ring with `name` as
-  // the stage, which stops every stage and reaches the student as a StageError. `totals`, when
-  // given, accumulates its body time and batches (it must outlive the graph).
+  // the stage and the run's batch number (`first_batch` + the ring's), which stops every stage
+  // and reaches the student as a StageError. `totals`, when given, accumulates its body time and
+  // batches (it must outlive the graph).
   StageGraph(std::string name, oneapi::tbb::task_arena& arena, int concurrency, SlotRing& ring,
-             RingStage stage, std::uint64_t end, Body body, StageTotals* totals = nullptr);
+             RingStage stage, std::uint64_t end, Body body, StageTotals* totals = nullptr,
+             std::uint64_t first_batch = 0);
   // Waits for the graph (close the ring first to stop it early).
   ~StageGraph();
   StageGraph(const StageGraph&) = delete;
@@ -71,6 +73,7 @@ private:
   RingStage stage_;
   std::uint64_t end_;
   Body body_;
+  std::uint64_t first_batch_;
   bool started_ = false;
   std::atomic<bool> stopping_{false};
   std::atomic<bool> finished_{false};
