@@ -4,6 +4,7 @@
 
 #include "kdflow/core/error.hpp"
 
+#include <csignal>
 #include <cstdio>
 #include <exception>
 #include <system_error>
@@ -13,6 +14,9 @@
 
 int main(int argc, char** argv) {
   using namespace kdflow;
+  // A file-size limit (ulimit -f, RLIMIT_FSIZE) then fails the write with EFBIG, which names the
+  // file and removes its temporary, instead of killing the process in the middle of it.
+  std::signal(SIGXFSZ, SIG_IGN);
   CLI::App app{"kdflow: knowledge distillation with the teacher on CPU cores, overlapped with the "
                "student on the GPU",
                "kdflow"};

@@ -1,6 +1,8 @@
 // `kdflow train` end to end, as a user runs it: the binary in a child process on real
 // Fashion-MNIST, with a small fixture teacher (an MLP exported by PyTorch) so each run takes
-// seconds. Resume exactness, interrupts, SIGKILL during saves, and every bad input of the issue.
+// seconds. Resume exactness, interrupts (SIGINT in the steps; SIGTERM in start-up, at the first
+// batch and in the final evaluation), SIGKILL during saves, a full disk during a checkpoint or an
+// export, and every bad input of the issue.
 #include "../core/image_files.hpp"
 #include "kdflow_process.hpp"
 
@@ -13,6 +15,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -178,6 +181,200 @@ TEST(Train, SigkillDuringSavesLeavesALoadableCheckpoint) {
     const Result r = run(a, out2);
     EXPECT_EQ(r.code, 0) << f << ": " << r.err;
   }
+}
+
+// The child's exit code, waiting at most `bound`: a child still running then is killed and
+// reported as a hang (-1).
+int wait_exit_within(const Child& c, std::chrono::seconds bound) {
+  const auto deadline = std::chrono::steady_clock::now() + bound;
+  int status = 0;
+  while (::waitpid(c.pid, &status, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      ::kill(c.pid, SIGKILL);
+      ::waitpid(c.pid, &status, 0);
+      return -1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return WIFSIGNALED(status) ? 128 + WTERMSIG(status) : WEXITSTATUS(status);
+}
+
+// Waits until `file` holds `text` (a minute at most): whether it does.
+bool wait_for_text(const fs::path& file, const std::string& text) {
+  for (int i = 0; i < 12000; ++i) {
+    if (fs::exists(file) && read_text(file).find(text) != std::string::npos) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return false;
+}
+
+constexpr std::chrono::seconds kExitBound{120}; // a signalled run's exit, start-up included
+
+// The default teacher (a CNN, whose plan is tuned at load: a cold cache makes that long) and the
+// default CNN student on the CPU.
+std::vector<std::string> default_teacher_args(const fs::path& out) {
+  return {"train",
+          "--out",
+          out.string(),
+          "--set",
+          std::string("teacher.model=") + KDFLOW_SOURCE_DIR + "/models/fmnist_teacher.onnx",
+          "--set",
+          "student.device=cpu",
+          "--set",
+          "train.export=off"};
+}
+
+// Waits until the child catches SIGTERM (its handler installed: /proc's SigCgt mask), a minute at
+// most. Before that, while the dynamic loader maps LibTorch, SIGTERM's default action ends it
+// (exit 143, nothing written).
+bool wait_until_catching_sigterm(const Child& c) {
+  const fs::path status = "/proc/" + std::to_string(c.pid) + "/status";
+  for (int i = 0; i < 12000; ++i) {
+    std::istringstream lines(read_text(status));
+    for (std::string line; std::getline(lines, line);)
+      if (line.starts_with("SigCgt:") &&
+          (std::stoull(line.substr(7), nullptr, 16) >> (SIGTERM - 1) & 1) != 0)
+        return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return false;
+}
+
+TEST(Train, SigtermDuringStartUpExits130WithNothingWritten) {
+  // At several points of the start-up (the data read, the teacher's load and tuning, with a cold
+  // plan cache), and one likely past it: always 130, bounded, with nothing written before the
+  // steps, and a checkpoint after.
+  int in_start_up = 0;
+  for (const int delay_ms : {0, 300, 1000, 2500, 6000}) {
+    SCOPED_TRACE("SIGTERM after " + std::to_string(delay_ms) + " ms");
+    const fs::path out = scratch("sigterm_start_" + std::to_string(delay_ms));
+    const fs::path cache = scratch("sigterm_cache_" + std::to_string(delay_ms));
+    ::setenv("KDFLOW_CACHE_DIR", cache.c_str(), 1);
+    const Child c =
+        spawn(with(default_teacher_args(out), {"train.max_steps=400"}), out.string() + ".stderr");
+    ASSERT_TRUE(wait_until_catching_sigterm(c));
+    std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+    ::kill(c.pid, SIGTERM);
+    const int code = wait_exit_within(c, kExitBound);
+    const std::string err = read_text(c.err);
+    ASSERT_EQ(code, 130) << err;
+    if (err.find("interrupted during start-up") != std::string::npos) {
+      ++in_start_up;
+      EXPECT_FALSE(fs::exists(out / "config.toml")) << err;
+      EXPECT_FALSE(fs::exists(out / "checkpoints")) << err;
+    } else {
+      EXPECT_NE(err.find("checkpoint saved"), std::string::npos) << err;
+      EXPECT_FALSE(checkpoints(out).empty()) << err;
+    }
+    if (delay_ms < 1000) {
+      EXPECT_NE(err.find("interrupted during start-up"), std::string::npos) << err;
+    }
+  }
+  EXPECT_GE(in_start_up, 2);
+}
+
+TEST(Train, SigtermWhileTheFirstBatchIsInFlightSavesItsStepAndExits130) {
+  const fs::path out = scratch("sigterm_first_batch");
+  const auto args = with(default_teacher_args(out), {"train.max_steps=400"});
+  const Child c = spawn(args, out.string() + ".stderr");
+  // The run folder is being written: the start-up's last part (the teacher's test accuracy) runs,
+  // then the pipeline starts, and the first batch is loaded and taught.
+  ASSERT_TRUE(wait_for_text(out / "config.toml", "[train]")) << read_text(c.err);
+  ::kill(c.pid, SIGTERM);
+  ASSERT_EQ(wait_exit_within(c, kExitBound), 130) << read_text(c.err);
+  const json s = summary(out);
+  EXPECT_TRUE(s["interrupted"].get<bool>());
+  const int at = s["steps"];
+  EXPECT_GE(at, 1);
+  EXPECT_LT(at, 400);
+  ASSERT_FALSE(checkpoints(out).empty());
+  // It resumes: one more step, and the final evaluation.
+  auto resume = with(default_teacher_args(out), {"train.max_steps=" + std::to_string(at + 1)});
+  resume.insert(resume.end(), {"--resume", "auto"});
+  const Result r = run(resume, out);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(summary(out)["steps"], at + 1);
+}
+
+TEST(Train, SigtermDuringTheFinalEvaluationExits130AndResumingFinishesIt) {
+  // A student whose evaluation on the CPU takes seconds: the signal lands in it.
+  const fs::path out = scratch("sigterm_eval");
+  const auto args = with(fast_train_args(out), {"student.arch=resnet56", "student.device=cpu",
+                                                "train.max_steps=3", "train.export=off"});
+  const Child c = spawn(args, out.string() + ".stderr");
+  // The last step's checkpoint is saved; the final evaluation begins within a moment.
+  ASSERT_TRUE(wait_for_text(out / "metrics.jsonl", "\"step\":3")) << read_text(c.err);
+  for (int i = 0; i < 12000 && checkpoints(out).empty(); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  ::kill(c.pid, SIGTERM);
+  ASSERT_EQ(wait_exit_within(c, kExitBound), 130) << read_text(c.err);
+  EXPECT_NE(read_text(c.err).find("final evaluation"), std::string::npos) << read_text(c.err);
+  EXPECT_FALSE(fs::exists(out / "summary.json"));
+  ASSERT_EQ(checkpoints(out).back().filename(), fs::path("step-000000003.ckpt"));
+  auto resume = args;
+  resume.insert(resume.end(), {"--resume", "auto"});
+  const Result r = run(resume, out);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(summary(out)["steps"], 3);
+  EXPECT_FALSE(summary(out)["interrupted"].get<bool>());
+}
+
+// `args` run under a file-size limit of `bytes` (util-linux prlimit): a full disk or a quota, as
+// the writer sees them (EFBIG).
+Result run_with_file_limit(std::uintmax_t bytes, const std::vector<std::string>& args,
+                           const fs::path& out) {
+  std::vector<std::string> limited = {"--fsize=" + std::to_string(bytes), KDFLOW_BIN};
+  limited.insert(limited.end(), args.begin(), args.end());
+  const fs::path err = out.string() + ".stderr";
+  const Child c = spawn_program("/usr/bin/prlimit", limited, err);
+  const int code = wait_exit_within(c, kExitBound);
+  return {code, read_text(err)};
+}
+
+std::vector<std::string> temporaries_in(const fs::path& folder) {
+  std::vector<std::string> out;
+  for (const auto& e : fs::directory_iterator(folder))
+    if (e.path().filename().string().find(".tmp.") != std::string::npos)
+      out.push_back(e.path().filename().string());
+  return out;
+}
+
+TEST(Train, FullDiskDuringACheckpointNamesItKeepsThePreviousOneAndNoTemporary) {
+  const fs::path out = scratch("disk_full_checkpoint");
+  ASSERT_EQ(
+      run(with(fast_train_args(out), {"train.max_steps=4", "train.checkpoint_every=4"}), out).code,
+      0);
+  const fs::path previous = checkpoints(out).back();
+  const std::string previous_bytes = read_text(previous);
+  // Room for the run's small files, not for a checkpoint.
+  auto resume = with(fast_train_args(out), {"train.max_steps=12", "train.checkpoint_every=4"});
+  resume.insert(resume.end(), {"--resume", "auto"});
+  const Result r = run_with_file_limit(fs::file_size(previous) / 2, resume, out);
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_NE(r.err.find("step-000000008.ckpt"), std::string::npos) << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  EXPECT_TRUE(temporaries_in(out / "checkpoints").empty());
+  EXPECT_EQ(checkpoints(out).back(), previous);
+  EXPECT_EQ(read_text(previous), previous_bytes);
+  // The previous checkpoint still loads: the run goes on from it to its end.
+  const Result again = run(resume, out);
+  ASSERT_EQ(again.code, 0) << again.err;
+  EXPECT_EQ(summary(out)["steps"], 12);
+}
+
+TEST(Train, FullDiskDuringAnExportNamesTheFileAndLeavesNothing) {
+  const fs::path out = scratch("disk_full_export");
+  ASSERT_EQ(run(with(fast_train_args(out), {"train.max_steps=4", "train.export=off"}), out).code,
+            0);
+  const fs::path file = out / "student.onnx";
+  const Result r = run_with_file_limit(
+      4096, {"export", "--run", out.string(), "--format", "onnx", "--out", file.string()},
+      scratch("disk_full_export_cmd"));
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_NE(r.err.find(file.string()), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(file));
+  EXPECT_TRUE(temporaries_in(out).empty());
 }
 
 TEST(Train, CorruptCheckpointIsExit2AndNothingIsOverwritten) {
