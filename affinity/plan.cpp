@@ -217,6 +217,8 @@ PlanFile read_plan_file(const std::filesystem::path& path) {
     doc = nlohmann::json::parse(in);
   } catch (const nlohmann::json::parse_error& e) {
     throw InputError(fmt::format("{}: not valid JSON (byte {})", path.string(), e.byte));
+  } catch (const nlohmann::json::exception& e) { // a number too large for any type, ...
+    throw InputError(fmt::format("{}: unreadable JSON ({})", path.string(), e.what()));
   }
   PlanFile file;
   // "-": the plan was tuned without a teacher (kd.alpha = 0).
@@ -236,10 +238,10 @@ PlanFile read_plan_file(const std::filesystem::path& path) {
           fmt::format("{}: key '{}' must be a list of CPU numbers", path.string(), key));
     CpuList out;
     for (const auto& c : v) {
-      if (!c.is_number_integer() || c.get<int>() < 0)
-        throw InputError(
-            fmt::format("{}: key '{}' holds {}, not a CPU number", path.string(), key, c.dump()));
-      out.push_back(c.get<int>());
+      if (!c.is_number_integer() || c.get<std::int64_t>() < 0 || c.get<std::int64_t>() > kMaxCpu)
+        throw InputError(fmt::format("{}: key '{}' holds {}, not a CPU number (0 to {})",
+                                     path.string(), key, c.dump(), kMaxCpu));
+      out.push_back(static_cast<int>(c.get<std::int64_t>()));
     }
     return out;
   };

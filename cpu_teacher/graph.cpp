@@ -1,6 +1,8 @@
 // Graph helpers: tensors, attributes, shapes, consumers.
 #include "kdflow/cpu_teacher/graph.hpp"
 
+#include "kdflow/core/error.hpp"
+
 #include <fmt/format.h>
 
 #include <stdexcept>
@@ -8,8 +10,13 @@
 namespace kdflow::teacher {
 
 std::int64_t numel(const Shape& shape) {
+  // Shapes come from model files: a product past 64 bits is an input error, never a wrapped
+  // count that sizes a buffer.
   std::int64_t n = 1;
-  for (const auto d : shape) n *= d;
+  for (const auto d : shape)
+    if (__builtin_mul_overflow(n, d, &n))
+      throw InputError(
+          fmt::format("shape {} has more elements than can be addressed", format_shape(shape)));
   return n;
 }
 

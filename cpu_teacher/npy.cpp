@@ -3,6 +3,8 @@
 
 #include "kdflow/core/error.hpp"
 
+#include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <fstream>
 
@@ -11,8 +13,11 @@
 namespace kdflow::teacher {
 
 NpyArray read_npy(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
   if (!in) throw InputError(fmt::format("{}: cannot read the .npy file", path));
+  // What a header may claim is bounded by what the file holds: nothing is allocated past it.
+  const auto file_bytes = static_cast<std::uint64_t>(std::max<std::streamoff>(0, in.tellg()));
+  in.seekg(0);
   char magic[8] = {};
   in.read(magic, 8);
   if (!in || std::memcmp(magic, "\x93NUMPY", 6) != 0)
@@ -25,6 +30,9 @@ NpyArray read_npy(const std::string& path) {
   } else {
     in.read(reinterpret_cast<char*>(&header_len), 4);
   }
+  if (header_len > file_bytes)
+    throw InputError(
+        fmt::format("{}: .npy header of {} bytes in a file of {}", path, header_len, file_bytes));
   std::string header(header_len, '\0');
   in.read(header.data(), header_len);
   if (!in) throw InputError(fmt::format("{}: truncated .npy header", path));
@@ -46,7 +54,8 @@ NpyArray read_npy(const std::string& path) {
     throw InputError(
         fmt::format("{}: element type '{}' is not float32 ('<f4') or float64", path, descr));
   const std::string order = value_after("fortran_order");
-  if (order.substr(order.find_first_not_of(' '), 4) == "True")
+  if (const auto start = order.find_first_not_of(' ');
+      start != std::string::npos && order.compare(start, 4, "True") == 0)
     throw InputError(
         fmt::format("{}: Fortran-ordered arrays are not supported (save with C order)", path));
   const std::string shape = value_after("shape");
@@ -54,17 +63,39 @@ NpyArray read_npy(const std::string& path) {
   if (open == std::string::npos || close == std::string::npos)
     throw InputError(fmt::format("{}: .npy header has a bad shape", path));
   NpyArray a;
+  // The elements the data after the header can hold: a shape that needs more is refused before
+  // anything is allocated (each dimension checked by division, so no product overflows).
+  const std::uint64_t element = descr == "<f4" ? 4 : 8;
+  const std::uint64_t header_end =
+      static_cast<std::uint64_t>(std::max<std::streamoff>(0, in.tellg()));
+  const std::uint64_t room = (file_bytes - std::min(file_bytes, header_end)) / element;
+  constexpr std::int64_t kMaxDim = std::int64_t{1} << 48;
   std::int64_t dim = -1;
   for (const char ch : shape.substr(open + 1, close - open - 1)) {
-    if (ch >= '0' && ch <= '9')
+    if (ch >= '0' && ch <= '9') {
       dim = (dim < 0 ? 0 : dim) * 10 + (ch - '0');
-    else if (dim >= 0) {
+      if (dim > kMaxDim)
+        throw InputError(fmt::format("{}: .npy shape has a dimension over {}", path, kMaxDim));
+    } else if (dim >= 0) {
       a.shape.push_back(dim);
       dim = -1;
     }
   }
   if (dim >= 0) a.shape.push_back(dim);
-  const auto n = static_cast<std::size_t>(numel(a.shape));
+  std::uint64_t n = 1;
+  bool empty = false;
+  for (const auto d : a.shape) empty = empty || d == 0;
+  for (const auto d : a.shape) {
+    if (empty) {
+      n = 0;
+      break;
+    }
+    if (static_cast<std::uint64_t>(d) > room / n)
+      throw InputError(fmt::format("{}: truncated: shape {} needs more data than the file's {} "
+                                   "bytes",
+                                   path, format_shape(a.shape), file_bytes));
+    n *= static_cast<std::uint64_t>(d);
+  }
   a.data.resize(n);
   if (descr == "<f4") {
     in.read(reinterpret_cast<char*>(a.data.data()), static_cast<std::streamsize>(n * 4));

@@ -26,6 +26,11 @@
 namespace kdflow::teacher {
 namespace {
 
+// The most elements one tensor of the graph may have at the load's batch (4 GiB of float32): a CPU
+// teacher's largest activations are a few hundred MB at training batches; a model whose shapes
+// claim more is refused at load rather than failing to allocate (or being killed) later.
+constexpr std::int64_t kMaxTensorElements = std::int64_t{1} << 30;
+
 namespace pb = kdflow_onnx;
 
 constexpr std::int64_t kMinOpset = 11;
@@ -432,6 +437,11 @@ Graph import_graph(const pb::ModelProto& model, const std::string& path,
                     format_shape(Shape(g.input_shape.begin() + 1, g.input_shape.end())),
                     options.sample_source.empty() ? "the data" : options.sample_source,
                     wanted_text(*options.sample_shape)));
+  if (const std::int64_t n = numel(g.input_shape); n > kMaxTensorElements)
+    throw InputError(fmt::format("{}: input '{}' of shape {} has {} elements (at most {} per "
+                                 "tensor)",
+                                 path, g.input, format_shape(g.input_shape), n,
+                                 kMaxTensorElements));
   g.shapes[g.input] = g.input_shape;
   g.types[g.input] = ElemType::f32;
   for (const auto& out : gp.output()) g.outputs.push_back(out.name());
@@ -491,6 +501,13 @@ Graph import_graph(const pb::ModelProto& model, const std::string& path,
       throw InputError(fmt::format("{}: {} has {} outputs, kdflow expects {}", path,
                                    node.describe(), node.outputs.size(), outs.size()));
     for (std::size_t k = 0; k < outs.size(); ++k) {
+      // A declared or inferred shape that no memory could hold is refused here, before a folded
+      // constant or the plan's buffers are allocated for it.
+      if (const std::int64_t n = numel(outs[k].shape); n > kMaxTensorElements)
+        throw InputError(fmt::format("{}: {} output '{}' of shape {} has {} elements (at most {} "
+                                     "per tensor)",
+                                     path, node.describe(), node.outputs[k],
+                                     format_shape(outs[k].shape), n, kMaxTensorElements));
       g.shapes[node.outputs[k]] = outs[k].shape;
       g.types[node.outputs[k]] = outs[k].type;
     }

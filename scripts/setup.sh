@@ -19,6 +19,7 @@ apt_packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libboost-dev libreaderwriterqueue-dev relacy-dev
   libturbojpeg0-dev libpng-dev zlib1g-dev
+  clang-14 libclang-rt-14-dev  # the fuzz preset: clang's libFuzzer and sanitizer runtimes
   dataset-fashion-mnist gnuplot-nox
   python3-pil python3-numpy  # the loader benchmark's peer, for Debian's /usr/bin/python3
 )

@@ -40,8 +40,10 @@ std::vector<InferredOutput> infer_reshape(Node& node, const InferArgs& a) {
       infer_at = static_cast<int>(k);
       continue;
     }
+    if (spec[k] < -1) bad(node, fmt::format("target dimension {} is negative", spec[k]));
     out[k] = spec[k] == 0 && !allowzero ? (k < x.size() ? x[k] : 0) : spec[k];
-    known *= out[k];
+    if (__builtin_mul_overflow(known, out[k], &known))
+      bad(node, "the target shape has more elements than can be addressed");
   }
   if (infer_at >= 0) out[static_cast<std::size_t>(infer_at)] = known == 0 ? 0 : numel(x) / known;
   if (numel(out) != numel(x))

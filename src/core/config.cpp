@@ -16,6 +16,30 @@
 namespace kdflow {
 namespace {
 
+// Whether `s` is well-formed UTF-8 (RFC 3629: no overlong forms, surrogates or code points past
+// U+10FFFF).
+bool is_utf8(std::string_view s) {
+  for (std::size_t i = 0; i < s.size();) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    const std::size_t n = c < 0x80           ? 1
+                          : (c >> 5) == 0x6  ? 2
+                          : (c >> 4) == 0xe  ? 3
+                          : (c >> 3) == 0x1e ? 4
+                                             : 0;
+    if (n == 0 || i + n > s.size()) return false;
+    std::uint32_t cp = n == 1 ? c : c & (0x7f >> n);
+    for (std::size_t k = 1; k < n; ++k) {
+      const auto cc = static_cast<unsigned char>(s[i + k]);
+      if ((cc >> 6) != 0x2) return false;
+      cp = (cp << 6) | (cc & 0x3f);
+    }
+    static constexpr std::uint32_t kMin[] = {0, 0, 0x80, 0x800, 0x10000};
+    if (cp < kMin[n] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return false;
+    i += n;
+  }
+  return true;
+}
+
 const ConfigKey* find_key(const std::vector<ConfigKey>& schema, std::string_view name) {
   const auto it = std::find_if(schema.begin(), schema.end(),
                                [&](const ConfigKey& k) { return k.name == name; });
@@ -55,7 +79,7 @@ std::string toml_quote(const std::string& s) {
     case '\n': out += "\\n"; break;
     case '\t': out += "\\t"; break;
     default:
-      if (static_cast<unsigned char>(c) < 0x20)
+      if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) // TOML's control characters
         out += fmt::format("\\u{:04x}", int(c));
       else
         out += c;
@@ -126,6 +150,9 @@ Config::Config(const std::vector<ConfigKey>& schema) : schema_(&schema) {
 }
 
 void Config::assign(const ConfigKey& key, ConfigValue value, const std::string& origin) {
+  // The resolved config.toml must read back: TOML text is UTF-8, whatever --set was given.
+  if (const auto* s = std::get_if<std::string>(&value); s != nullptr && !is_utf8(*s))
+    throw InputError(fmt::format("{}: key '{}' is not valid UTF-8 text", origin, key.name));
   if (!key.choices.empty()) {
     const auto& s = std::get<std::string>(value);
     if (std::find(key.choices.begin(), key.choices.end(), s) == key.choices.end())

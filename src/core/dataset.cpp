@@ -117,14 +117,25 @@ std::string folder_split(const std::string& dir, Split split) {
 
 } // namespace
 
-std::vector<std::uint8_t> read_file_maybe_gz(const std::string& path) {
+std::vector<std::uint8_t> read_file_maybe_gz(const std::string& path, std::uint64_t max_bytes) {
   std::vector<std::uint8_t> out;
+  const auto too_big = [&] {
+    return InputError(fmt::format("{}: more than {} bytes (a dataset file kdflow reads whole)",
+                                  path, max_bytes));
+  };
   if (path.size() > 3 && path.compare(path.size() - 3, 3, ".gz") == 0) {
     gzFile f = gzopen(path.c_str(), "rb");
     if (f == nullptr) throw InputError(fmt::format("{}: cannot open", path));
     std::uint8_t buf[1 << 16];
     int got = 0;
-    while ((got = gzread(f, buf, sizeof(buf))) > 0) out.insert(out.end(), buf, buf + got);
+    // A small file may inflate a thousandfold (a gzip bomb): counted as it inflates.
+    while ((got = gzread(f, buf, sizeof(buf))) > 0) {
+      if (out.size() + static_cast<std::size_t>(got) > max_bytes) {
+        gzclose(f);
+        throw too_big();
+      }
+      out.insert(out.end(), buf, buf + got);
+    }
     int err = 0;
     const char* msg = gzerror(f, &err);
     const bool bad = got < 0 || (err != Z_OK && err != Z_STREAM_END);
@@ -137,6 +148,9 @@ std::vector<std::uint8_t> read_file_maybe_gz(const std::string& path) {
   }
   std::ifstream in(path, std::ios::binary);
   if (!in) throw InputError(fmt::format("{}: cannot open", path));
+  std::error_code ec;
+  if (const auto size = std::filesystem::file_size(path, ec); !ec && size > max_bytes)
+    throw too_big();
   out.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
   return out;
 }

@@ -6,10 +6,10 @@
 
 namespace kdflow {
 
-void throw_errno(int err, const std::string& doing, std::source_location where) {
-  const std::string file = std::filesystem::path(where.file_name()).filename().string();
+void throw_errno(int err, const std::string& doing, const char* file, int line) {
   throw std::system_error(err, std::generic_category(),
-                          doing + " (" + file + ":" + std::to_string(where.line()) + ")");
+                          doing + " (" + std::filesystem::path(file).filename().string() + ":" +
+                              std::to_string(line) + ")");
 }
 
 } // namespace kdflow

@@ -149,6 +149,21 @@ ImageFolder list_image_folder(const std::string& root) {
   return folder;
 }
 
+namespace {
+
+// The most pixels an image may declare: above any camera's photo (a 100-megapixel medium-format
+// one), and its RGB buffer (400 MB) still fits a loader thread's share of memory. A header that
+// claims more is refused before anything is allocated for it.
+constexpr std::int64_t kMaxImagePixels = std::int64_t{1} << 27;
+
+void check_pixels(const std::string& path, std::int64_t w, std::int64_t h) {
+  if (w > 0 && h > 0 && w <= kMaxImagePixels / h) return;
+  throw InputError(fmt::format("{}: its header claims {}x{} pixels (at most {} in all)", path, w, h,
+                               kMaxImagePixels));
+}
+
+} // namespace
+
 struct ImageDecoder::Impl {
   std::unique_ptr<void, TjDeleter> jpeg{tjInitDecompress()};
   std::vector<std::uint8_t> file, rgb, reduced;
@@ -171,6 +186,7 @@ struct ImageDecoder::Impl {
     if (tjDecompressHeader3(jpeg.get(), file.data(), file.size(), &w, &h, &subsampling,
                             &colorspace) != 0)
       throw InputError(fmt::format("{}: undecodable JPEG ({})", path, tjGetErrorStr2(jpeg.get())));
+    check_pixels(path, w, h);
     int factors = 0;
     const tjscalingfactor* scaling = tjGetScalingFactors(&factors);
     int sw = w, sh = h;
@@ -199,6 +215,11 @@ struct ImageDecoder::Impl {
     };
     if (png_image_begin_read_from_memory(&image, file.data(), file.size()) == 0)
       throw fail("bad header");
+    if (std::int64_t{image.width} * std::int64_t{image.height} > kMaxImagePixels ||
+        image.width == 0 || image.height == 0) {
+      png_image_free(&image);
+      check_pixels(path, image.width, image.height);
+    }
     image.format = PNG_FORMAT_RGB; // grey, palette, 16-bit and alpha all come out as 8-bit RGB
     rgb.resize(PNG_IMAGE_SIZE(image));
     const png_color black{0, 0, 0};

@@ -132,6 +132,29 @@ std::vector<std::uint8_t> cifar_records(int n, int label_bytes, int first_label)
   return b;
 }
 
+TEST(DatasetFiles, AGzipBombOrAnOversizeFileIsRefusedBeforeItFillsMemory) {
+  const fs::path d = fresh_dir("bomb");
+  const std::size_t limit = 1 << 20;
+  // 3 MiB of zeros inflate from a few KB.
+  const std::string gz = (d / "train-images-idx3-ubyte.gz").string();
+  gzFile f = gzopen(gz.c_str(), "wb9");
+  ASSERT_NE(f, nullptr);
+  const std::vector<char> zeros(3 << 20, 0);
+  ASSERT_EQ(gzwrite(f, zeros.data(), static_cast<unsigned>(zeros.size())),
+            static_cast<int>(zeros.size()));
+  gzclose(f);
+  ASSERT_LT(fs::file_size(gz), limit / 16);
+  const std::string bomb = error_of([&] { read_file_maybe_gz(gz, limit); });
+  EXPECT_NE(bomb.find(gz), std::string::npos) << bomb;
+  EXPECT_NE(bomb.find("more than 1048576 bytes"), std::string::npos) << bomb;
+  const fs::path plain = d / "big";
+  write(plain, std::vector<std::uint8_t>(limit + 1, 1));
+  EXPECT_NE(error_of([&] { read_file_maybe_gz(plain.string(), limit); }).find("big"),
+            std::string::npos);
+  write(plain, std::vector<std::uint8_t>(limit, 1)); // at the limit: read
+  EXPECT_EQ(read_file_maybe_gz(plain.string(), limit).size(), limit);
+}
+
 TEST(Cifar, ReadsRecordsAndRejectsBadOnes) {
   const fs::path d = fresh_dir("cifar10");
   for (int k = 1; k <= 5; ++k)

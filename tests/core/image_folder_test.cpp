@@ -10,6 +10,7 @@
 #include "kdflow/core/image_folder.hpp"
 
 #include <gtest/gtest.h>
+#include <zlib.h>
 
 #include <sys/stat.h>
 
@@ -164,6 +165,50 @@ TEST(ImageDecoder, LargeJpegUsesDctScalingAndStaysClose) {
         total += std::abs(planar(out, 64, c, y, x) - p.at(sy, sx, c));
       }
   EXPECT_LT(total / (3 * 64 * 64), 3.0);
+}
+
+TEST(ImageDecoder, HeadersClaimingHugeImagesAreRefusedBeforeDecoding) {
+  const fs::path d = fs::temp_directory_path() / "kdflow_huge_headers";
+  fs::create_directories(d);
+  ImageDecoder decoder;
+  std::vector<std::uint8_t> out(3 * 8 * 8);
+  // A PNG whose IHDR claims 100000 x 100000 pixels (40 GB of RGB), with a valid CRC.
+  std::vector<std::uint8_t> png = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
+  const auto chunk = [&](const char* type, std::vector<std::uint8_t> body) {
+    for (int s = 24; s >= 0; s -= 8) png.push_back(static_cast<std::uint8_t>(body.size() >> s));
+    std::vector<std::uint8_t> typed(type, type + 4);
+    typed.insert(typed.end(), body.begin(), body.end());
+    png.insert(png.end(), typed.begin(), typed.end());
+    const auto crc =
+        static_cast<std::uint32_t>(crc32(0, typed.data(), static_cast<uInt>(typed.size())));
+    for (int s = 24; s >= 0; s -= 8) png.push_back(static_cast<std::uint8_t>(crc >> s));
+  };
+  chunk("IHDR", {0, 1, 0x86, 0xa0, 0, 1, 0x86, 0xa0, 8, 2, 0, 0, 0});
+  chunk("IEND", {});
+  test::write_bytes(d / "huge.png", png);
+  const std::string png_error = error_of([&] {
+    decoder.decode((d / "huge.png").string(), {8, 8}, {}, out.data());
+  });
+  EXPECT_NE(png_error.find("huge.png"), std::string::npos) << png_error;
+  EXPECT_NE(png_error.find("claims 100000x100000 pixels"), std::string::npos) << png_error;
+  // A JPEG whose frame header (SOF) is patched to 60000 x 60000.
+  auto jpeg = test::jpeg_bytes(test::smooth_pixels(16, 16, 3), 90);
+  bool patched = false;
+  for (std::size_t i = 0; i + 8 < jpeg.size() && !patched; ++i)
+    if (jpeg[i] == 0xff && (jpeg[i + 1] == 0xc0 || jpeg[i + 1] == 0xc2)) {
+      jpeg[i + 5] = 0xea; // height 0xea60 = 60000
+      jpeg[i + 6] = 0x60;
+      jpeg[i + 7] = 0xea; // width
+      jpeg[i + 8] = 0x60;
+      patched = true;
+    }
+  ASSERT_TRUE(patched);
+  test::write_bytes(d / "huge.jpg", jpeg);
+  const std::string jpeg_error = error_of([&] {
+    decoder.decode((d / "huge.jpg").string(), {8, 8}, {}, out.data());
+  });
+  EXPECT_NE(jpeg_error.find("huge.jpg"), std::string::npos) << jpeg_error;
+  EXPECT_NE(jpeg_error.find("claims 60000x60000 pixels"), std::string::npos) << jpeg_error;
 }
 
 TEST(ImageFolder, ListsClassesBySortedNameAndIgnoresOtherFiles) {

@@ -447,5 +447,36 @@ TEST(TeacherModels, ConcurrentReplicasGiveTheSameAnswers) {
   for (const auto& r : results) EXPECT_EQ(r, alone);
 }
 
+TEST(Npy, AShapeThatNeedsMoreThanTheFileHoldsIsRefusedBeforeAllocating) {
+  const fs::path d = fs::temp_directory_path() / "kdflow_npy_bombs";
+  fs::create_directories(d);
+  const auto header = [](const std::string& shape) {
+    std::string h = "{'descr': '<f4', 'fortran_order': False, 'shape': " + shape + ", }";
+    h += std::string((64 - (10 + h.size() + 1) % 64) % 64, ' ') + "\n";
+    std::string out = std::string("\x93NUMPY\x01\x00", 8);
+    out += static_cast<char>(h.size() & 0xff);
+    out += static_cast<char>(h.size() >> 8);
+    return out + h;
+  };
+  const auto refused = [&](const std::string& name, const std::string& bytes) {
+    std::ofstream(d / name, std::ios::binary) << bytes;
+    try {
+      (void)read_npy((d / name).string());
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find(name), std::string::npos) << e.what();
+      return;
+    }
+    ADD_FAILURE() << name << " was read";
+  };
+  refused("huge.npy", header("(1000000000, 1000000000)") + std::string(64, '\0'));
+  refused("overflow.npy", header("(4294967296, 4294967296, 4294967296)"));
+  refused("digits.npy", header("(99999999999999999999999999,)"));
+  // A version-2 header whose 4-byte length claims 4 GB.
+  refused("long_header.npy", std::string("\x93NUMPY\x02\x00\xff\xff\xff\xff", 12));
+  // An empty array with a huge other dimension holds nothing: read.
+  std::ofstream(d / "empty.npy", std::ios::binary) << header("(0, 1000000000000)");
+  EXPECT_TRUE(read_npy((d / "empty.npy").string()).data.empty());
+}
+
 } // namespace
 } // namespace kdflow::teacher

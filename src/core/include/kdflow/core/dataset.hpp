@@ -87,7 +87,13 @@ std::vector<std::string> dataset_names();
 // The format called `name`; InputError naming data.dataset and the choices otherwise.
 const DatasetFormat& dataset_format(const std::string& name);
 
-// Whole-file read, gunzipped when the name ends in .gz; InputError naming the file otherwise.
-std::vector<std::uint8_t> read_file_maybe_gz(const std::string& path);
+// The most a dataset file may hold (inflated): CIFAR-100's training file is 150 MB and
+// Fashion-MNIST's 47 MB; a larger IDX or CIFAR file is plausible, one that fills the memory is not.
+inline constexpr std::uint64_t kMaxDatasetFileBytes = std::uint64_t{4} << 30;
+
+// Whole-file read, gunzipped when the name ends in .gz; InputError naming the file otherwise, or
+// when it holds (or inflates to) more than `max_bytes`.
+std::vector<std::uint8_t> read_file_maybe_gz(const std::string& path,
+                                             std::uint64_t max_bytes = kMaxDatasetFileBytes);
 
 } // namespace kdflow

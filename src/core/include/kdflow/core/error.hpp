@@ -6,7 +6,6 @@
 
 #include <cstdint>
 #include <optional>
-#include <source_location>
 #include <stdexcept>
 #include <string>
 
@@ -43,9 +42,10 @@ private:
   std::optional<std::uint64_t> batch_;
 };
 
-// Throws std::system_error for errno `err` with what was being done and where.
+// Throws std::system_error for errno `err` with what was being done and where (the caller's
+// file and line: builtins, as clang 14, the fuzz build's compiler, has no std::source_location).
 [[noreturn]] void throw_errno(int err, const std::string& doing,
-                              std::source_location where = std::source_location::current());
+                              const char* file = __builtin_FILE(), int line = __builtin_LINE());
 
 // Exit codes (docs/DESIGN.md).
 inline constexpr int kExitOk = 0;
