@@ -30,6 +30,9 @@ namespace {
 // teacher's largest activations are a few hundred MB at training batches; a model whose shapes
 // claim more is refused at load rather than failing to allocate (or being killed) later.
 constexpr std::int64_t kMaxTensorElements = std::int64_t{1} << 30;
+// The most nodes a graph may have, its functions expanded: the largest vision and language models
+// a CPU teacher runs have tens of thousands.
+constexpr std::size_t kMaxNodes = std::size_t{1} << 20;
 
 namespace pb = kdflow_onnx;
 
@@ -242,6 +245,11 @@ private:
   void add(const pb::NodeProto& node, int depth, std::vector<pb::NodeProto>& out) {
     const auto f = functions_.find(key(node.domain(), node.op_type(), node.overload()));
     if (f == functions_.end()) {
+      // Functions that call others twice over double at each level: a small file can expand to
+      // more nodes than memory holds.
+      if (out.size() >= kMaxNodes)
+        throw InputError(fmt::format("{}: more than {} nodes once its functions are expanded",
+                                     file_, kMaxNodes));
       out.push_back(node);
       return;
     }
