@@ -3,6 +3,7 @@
 #include "pipeline.hpp"
 
 #include "kdflow/core/fault_hooks.hpp"
+#include "kdflow/core/log.hpp"
 #include "kdflow/core/trace.hpp"
 
 #include <algorithm>
@@ -63,6 +64,18 @@ CpuPipeline::CpuPipeline(const RunInputs& run, const Sampler& sampler, std::uint
       first_index += static_cast<int>(cpus.size());
     }
     assignment_.teacher = run.plan.teacher;
+    if (run.cache_outputs) {
+      const Config& config = run.config;
+      cache_ = std::make_unique<TeacherOutputCache>(
+          run.train.size(), static_cast<std::size_t>(run.teacher->output_shape(0)[1]),
+          static_cast<std::size_t>(config.get_int("kd.cache_topk")),
+          config.get_double("kd.temperature"));
+      log_info(fmt::format("kd.cache: the teacher's outputs for {} samples ({} logits each{}, "
+                           "{:.1f} MiB) are kept from their first batch",
+                           cache_->samples(), cache_->kept(),
+                           cache_->full() ? "" : " and the rest's share",
+                           static_cast<double>(cache_->bytes()) / (1 << 20)));
+    }
   }
   replica_count_.store(teachers_.size());
 }
@@ -126,7 +139,33 @@ void CpuPipeline::start(std::uint64_t first_batch, std::uint64_t batches,
 }
 
 void CpuPipeline::run_teacher(TeacherUnit& unit, const Slot& slot) {
-  float* outputs[] = {slot.region<float>(*regions_.logits).data()};
+  const std::span<float> logits = slot.region<float>(*regions_.logits);
+  if (cache_ && from_cache(slot, logits)) return;
+  forward(unit, slot, logits.data());
+  if (cache_) keep_in_cache(slot, logits);
+}
+
+bool CpuPipeline::from_cache(const Slot& slot, std::span<float> logits) {
+  const auto ids = slot.region<std::int64_t>(regions_.loader.ids);
+  const std::size_t n = slot.header().samples, classes = cache_->classes();
+  for (std::size_t i = 0; i < n; ++i)
+    if (!cache_->has(static_cast<std::uint64_t>(ids[i]))) return false;
+  for (std::size_t i = 0; i < n; ++i)
+    cache_->load(static_cast<std::uint64_t>(ids[i]), logits.subspan(i * classes, classes));
+  std::fill(logits.begin() + static_cast<std::ptrdiff_t>(n * classes), logits.end(), 0.f);
+  cached_batches_.fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
+
+void CpuPipeline::keep_in_cache(const Slot& slot, std::span<const float> logits) {
+  const auto ids = slot.region<std::int64_t>(regions_.loader.ids);
+  const std::size_t n = slot.header().samples, classes = cache_->classes();
+  for (std::size_t i = 0; i < n; ++i)
+    cache_->store(static_cast<std::uint64_t>(ids[i]), logits.subspan(i * classes, classes));
+}
+
+void CpuPipeline::forward(TeacherUnit& unit, const Slot& slot, float* logits) {
+  float* outputs[] = {logits};
   const ImageAdapter& adapt = *run_.teacher_input;
   const std::size_t n = run_.sampler.batch_size;
   if (run_.augment.normalize) {

@@ -11,6 +11,7 @@
 #include "kdflow/core/loader.hpp"
 #include "kdflow/core/slot_ring.hpp"
 #include "kdflow/core/stage_graph.hpp"
+#include "kdflow/core/teacher_cache.hpp"
 #include "kdflow/cpu_teacher/engine.hpp"
 
 #include <oneapi/tbb/global_control.h>
@@ -93,6 +94,12 @@ public:
   // a move replaced.
   [[nodiscard]] const StageTotals& loader_totals() const { return loader_totals_; }
   [[nodiscard]] const StageTotals& teacher_totals() const { return teacher_totals_; }
+  // kd.cache = memory: the teacher's outputs kept per sample (null without), and the teacher
+  // batches read from it instead of run.
+  [[nodiscard]] const TeacherOutputCache* cache() const { return cache_.get(); }
+  [[nodiscard]] std::uint64_t cached_batches() const {
+    return cached_batches_.load(std::memory_order_relaxed);
+  }
   [[nodiscard]] const RunInputs& run() const { return run_; }
   // What start() was given: the sampler's batch of ring batch 0, and whether the loaders run.
   [[nodiscard]] std::uint64_t first_batch() const { return first_batch_; }
@@ -115,8 +122,12 @@ private:
   // One teacher batch done, begun at `since`: its time counts as teacher work.
   void count_teacher_batch(std::chrono::steady_clock::time_point since);
   void start_loader_graph();
-  // The replica's forward pass on `slot`'s inputs into its logits region.
+  // `slot`'s logits: from the cache when it holds every sample of the slot, else the replica's
+  // forward pass on the slot's inputs (then kept in the cache).
   void run_teacher(TeacherUnit& unit, const Slot& slot);
+  void forward(TeacherUnit& unit, const Slot& slot, float* logits);
+  bool from_cache(const Slot& slot, std::span<float> logits);
+  void keep_in_cache(const Slot& slot, std::span<const float> logits);
   bool rebuild_loaders(const affinity::CpuList& cpus);
   bool rebuild_teachers(const std::vector<affinity::CpuList>& replicas);
 
@@ -129,6 +140,8 @@ private:
   std::unique_ptr<StageGraph> loaders_;
   std::vector<std::unique_ptr<TeacherUnit>> teachers_;
   StageTotals loader_totals_, teacher_totals_;
+  std::unique_ptr<TeacherOutputCache> cache_;
+  std::atomic<std::uint64_t> cached_batches_{0};
   std::atomic<bool> background_stop_{false};
   std::atomic<int> background_running_{0};
   std::atomic<std::size_t> background_started_{0};

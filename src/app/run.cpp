@@ -21,6 +21,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <unistd.h>
+
 namespace kdflow::app {
 namespace {
 
@@ -48,6 +50,37 @@ std::string shape_text(const teacher::Shape& shape) {
   std::string out;
   for (std::size_t i = 0; i < shape.size(); ++i) out += (i ? "x" : "") + std::to_string(shape[i]);
   return out;
+}
+
+// kd.cache: whether the run keeps the teacher's outputs per sample. Only sound when a sample's
+// teacher input is the same every epoch; and the cache must fit in a part of the memory.
+bool cache_outputs(const RunInputs& run) {
+  if (run.config.get_string("kd.cache") == "none") return false;
+  std::string changes;
+  if (run.augment.pad_crop > 0)
+    changes = fmt::format("data.pad_crop = {} crops it at random", run.augment.pad_crop);
+  else if (run.augment.hflip)
+    changes = "data.hflip = true flips it at random";
+  else if (run.train.decodes())
+    changes = fmt::format("{} is an image folder, whose training images are cropped at random",
+                          run.train.source());
+  if (!changes.empty())
+    throw InputError(fmt::format("kd.cache = memory: the teacher's input for a sample changes "
+                                 "every epoch ({}): set kd.cache = none",
+                                 changes));
+  const auto classes = static_cast<std::size_t>(run.teacher->output_shape(0)[1]);
+  const auto top_k = static_cast<std::size_t>(run.config.get_int("kd.cache_topk"));
+  const std::size_t kept = top_k == 0 || top_k >= classes ? classes : top_k;
+  const double bytes = static_cast<double>(run.train.size()) *
+                       static_cast<double>(kept == classes ? 4 * classes : 8 * kept + 4);
+  const double memory =
+      static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGESIZE));
+  if (bytes > memory / 4)
+    throw InputError(fmt::format(
+        "kd.cache = memory: {:.1f} GiB for {} samples x {} logits, over a quarter of this "
+        "machine's {:.1f} GiB: set kd.cache_topk (each sample then keeps K logits)",
+        bytes / (1 << 30), run.train.size(), kept, memory / (1 << 30)));
+  return true;
 }
 
 } // namespace
@@ -201,6 +234,7 @@ RunInputs prepare_run(const Config& config, const DistEnv& dist) {
           run.teacher_path, std::filesystem::current_path().string()));
     run.teacher = load_run_teacher(run, run.precision);
     run.teacher_input = teacher_input(run);
+    run.cache_outputs = cache_outputs(run);
   }
   return run;
 }

@@ -34,6 +34,7 @@ struct RunInputs {
   std::optional<ImageAdapter> teacher_input;       // the slot's images -> the teacher's input
   std::string teacher_path;
   DistEnv dist; // torchrun's ranks (one, without torchrun): the sampler's shard, the GPU, the cores
+  bool cache_outputs = false; // kd.cache = memory, with a teacher that runs
 };
 
 } // namespace kdflow::app

@@ -271,6 +271,8 @@ private:
   void save(std::uint64_t next_batch);
   [[nodiscard]] std::string run_state(std::uint64_t next_batch) const;
   void write_metrics(const json& line);
+  // summary.json's teacher_cache: what kd.cache kept and served (null without a cache).
+  [[nodiscard]] json cache_summary();
   [[nodiscard]] double wall_s() const {
     return previous_wall_s_ + std::chrono::duration<double>(Clock::now() - started_).count();
   }
@@ -608,7 +610,10 @@ void TrainRun::step_loop() {
                                                    (span * 1e9 * replicas)
                                              : 0.0},
           {"ring_ready", ring.occupancy[static_cast<int>(SlotState::ready)]},
-          {"skipped_steps", trainer().skipped_steps()}};
+          {"skipped_steps", trainer().skipped_steps()},
+          // Teacher batches read from kd.cache so far (null without a cache).
+          {"teacher_cached_batches",
+           pipeline().cache() ? json(pipeline().cached_batches()) : json(nullptr)}};
       write_metrics(line);
       if (writer_ && !progress.terminal())
         log_info(fmt::format("step {}/{} epoch {} loss {:.4f} lr {:.4f} {:.0f} samples/s",
@@ -646,6 +651,9 @@ void TrainRun::step_loop() {
         (every > 0 && trainer().steps_done() % static_cast<std::int64_t>(every) == 0) ||
         b + 1 == last_)
       save(b + 1);
+    // An interval's samples/s is the steps': an evaluation or a checkpoint just after its start
+    // is left out.
+    if (interval.steps == 0) interval.start = Clock::now();
   }
   pipeline().stop();
   trainer().drain();
@@ -653,6 +661,17 @@ void TrainRun::step_loop() {
   pipeline().ring().rethrow_if_failed();
   stall_ns_ = pipeline().ring().stats().stages[2].wait_ns - ring_before.stages[2].wait_ns;
 }
+json TrainRun::cache_summary() {
+  const TeacherOutputCache* cache = run_.teacher_runs ? pipeline().cache() : nullptr;
+  if (!cache) return nullptr;
+  return {{"mode", "memory"},
+          {"top_k", cache->full() ? 0 : cache->kept()},
+          {"samples", cache->samples()},
+          {"samples_kept", cache->stored()},
+          {"bytes", cache->bytes()},
+          {"batches_from_cache", pipeline().cached_batches()}};
+}
+
 int TrainRun::finish() {
   // A stop asked for after the last step (agreed by the ranks): its checkpoint is saved; the
   // final evaluation and the export are left out.
@@ -744,6 +763,7 @@ int TrainRun::finish() {
         {"parameters", trainer().parameters()}}},
       {"export", exported},
       {"teacher", run_.teacher_runs ? json(run_.teacher_path) : json(nullptr)},
+      {"teacher_cache", cache_summary()},
       {"plan", affinity::to_json(run_.plan)},
       {"elastic", elastic_off_ ? json{{"active", false}, {"reason", *elastic_off_}}
                                : json{{"active", true}, {"kd_ctl", kd_ctl_->summary()}}},

@@ -119,6 +119,21 @@ const std::vector<ConfigKey>& config_schema() {
        {},
        0.0,
        1.0},
+      {"kd.cache",
+       T::string,
+       std::string("none"),
+       "the teacher's outputs kept per sample from its first time (memory): later epochs read them "
+       "instead of running the teacher; needs the same teacher input every epoch (data.pad_crop = "
+       "0, data.hflip = false, data held in memory)",
+       {"none", "memory"}},
+      {"kd.cache_topk",
+       T::integer,
+       std::int64_t{0},
+       "kd.cache: keep only each sample's K largest logits, the other classes sharing the rest of "
+       "the probability at kd.temperature (0: every logit)",
+       {},
+       0,
+       1 << 20},
       {"train.epochs", T::integer, std::int64_t{1}, "passes over the training set", {}, 1, 100000},
       {"train.max_steps",
        T::integer,

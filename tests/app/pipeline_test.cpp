@@ -23,6 +23,9 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <map>
+#include <numeric>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -274,6 +277,139 @@ TEST(CpuPipeline, TeacherInputSizeBindsOpenDimensionsAndRefusesOthers) {
   const std::string size = test::error_of(
       [] { prepare_run(teacher_config("teacher_open_hw.onnx", {"teacher.input_size=9000"})); });
   EXPECT_NE(size.find("teacher.input_size"), std::string::npos) << size;
+}
+
+// The first `n` samples of `d` (held in memory), as a dataset of their own.
+Dataset first_samples(const Dataset& d, std::size_t n) {
+  std::vector<std::uint8_t> pixels;
+  std::vector<std::uint16_t> labels;
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto image = d.image(i);
+    pixels.insert(pixels.end(), image.begin(), image.end());
+    labels.push_back(static_cast<std::uint16_t>(d.label(i)));
+  }
+  return {std::move(pixels), std::move(labels), d.channels(), d.height(),
+          d.width(),         d.classes(),       d.source()};
+}
+
+// The shipped teacher on one CPU (one replica: batches are taught in order).
+Config shipped_teacher_config(std::vector<std::string> sets) {
+  const CpuList cpus = allowed_cpus();
+  sets.push_back("teacher.model=" + std::string(KDFLOW_SOURCE_DIR) + "/models/fmnist_teacher.onnx");
+  sets.push_back("teacher.tune=off");
+  sets.push_back("cores.student_cpus=" + std::to_string(cpus.at(0)));
+  sets.push_back("cores.loader_cpus=" + std::to_string(cpus.at(0)));
+  sets.push_back("cores.teacher_cpus=" + std::to_string(cpus.at(1)));
+  return resolve_config("", sets);
+}
+
+std::vector<double> softmax_at(std::span<const float> z, double t) {
+  double top = -HUGE_VAL;
+  for (const float v : z) top = std::max(top, v / t);
+  std::vector<double> p(z.size());
+  double sum = 0;
+  for (std::size_t i = 0; i < z.size(); ++i) sum += p[i] = std::exp(z[i] / t - top);
+  for (auto& v : p) v /= sum;
+  return p;
+}
+
+// kd.cache = memory over two epochs of 96 samples: the first keeps each sample's logits as the
+// teacher computed them, the second reads every batch from the cache (no forward pass), and what
+// the slot then holds for each sample is what the teacher computed for it: every logit exactly, or
+// under top-K the K largest exactly and the rest's probability mass at kd.temperature within 1e-6.
+// The teacher run afresh on the second epoch's slots (other batches around each sample) agrees.
+TEST(CpuPipeline, TeacherOutputCacheServesLaterEpochsWithWhatTheTeacherComputed) {
+  ASSERT_GE(allowed_cpus().size(), 2u);
+  constexpr double kTemperature = 2.0;
+  for (const int top_k : {0, 3}) {
+    SCOPED_TRACE("kd.cache_topk = " + std::to_string(top_k));
+    RunInputs run = prepare_run(shipped_teacher_config(
+        {"data.batch_size=16", "kd.cache=memory", "kd.cache_topk=" + std::to_string(top_k),
+         "kd.temperature=" + std::to_string(kTemperature)}));
+    ASSERT_TRUE(run.cache_outputs);
+    run.train = first_samples(run.train, 96);
+    const Sampler sampler(run.train.size(), run.sampler);
+    const std::uint64_t per_epoch = sampler.batches_per_epoch();
+    ASSERT_EQ(per_epoch, 6u);
+    constexpr std::uint32_t kSlots = 3;
+    const SlotLayout layout = CpuPipeline::layout_for(run);
+    CpuPipeline pipeline(run, sampler, kSlots,
+                         student::allocate_pinned_for_device(kSlots * layout.slot_bytes()));
+    ASSERT_NE(pipeline.cache(), nullptr);
+    const auto classes = static_cast<std::size_t>(run.train.classes());
+    teacher::Replica fresh(run.teacher);
+    std::vector<float> again(run.sampler.batch_size * classes);
+    std::map<std::int64_t, std::vector<float>> taught; // the first epoch's logits per sample
+    double worst = 0, largest = 0;
+    pipeline.start(0, 2 * per_epoch);
+    for (std::uint64_t b = 0; b < 2 * per_epoch; ++b) {
+      auto slot = pipeline.ring().acquire_ready(b);
+      ASSERT_TRUE(slot) << "batch " << b;
+      const auto ids = slot->region<std::int64_t>(pipeline.regions().loader.ids);
+      const auto logits = slot->region<float>(*pipeline.regions().logits);
+      const std::size_t n = slot->header().samples;
+      ASSERT_EQ(n, run.sampler.batch_size);
+      if (b < per_epoch) {
+        for (std::size_t i = 0; i < n; ++i)
+          taught[ids[i]].assign(logits.begin() + static_cast<std::ptrdiff_t>(i * classes),
+                                logits.begin() + static_cast<std::ptrdiff_t>((i + 1) * classes));
+      } else {
+        float* out[] = {again.data()};
+        fresh.run(slot->region<float>(pipeline.regions().loader.inputs).data(), out);
+        for (std::size_t i = 0; i < n; ++i) {
+          const auto row = logits.subspan(i * classes, classes);
+          ASSERT_TRUE(taught.contains(ids[i])) << "sample " << ids[i] << " not in epoch 1";
+          const std::vector<float>& z = taught[ids[i]];
+          if (top_k == 0) {
+            EXPECT_TRUE(std::equal(row.begin(), row.end(), z.begin())) << "sample " << ids[i];
+            for (std::size_t c = 0; c < classes; ++c) {
+              worst =
+                  std::max(worst, static_cast<double>(std::fabs(row[c] - again[i * classes + c])));
+              largest = std::max(largest, static_cast<double>(std::fabs(z[c])));
+            }
+            continue;
+          }
+          std::vector<std::size_t> order(classes);
+          std::iota(order.begin(), order.end(), 0);
+          std::stable_sort(order.begin(), order.end(),
+                           [&](std::size_t a, std::size_t c) { return z[a] > z[c]; });
+          const auto k = static_cast<std::size_t>(top_k);
+          for (std::size_t j = 0; j < k; ++j)
+            EXPECT_EQ(row[order[j]], z[order[j]]) << "sample " << ids[i];
+          const auto p = softmax_at(z, kTemperature), q = softmax_at(row, kTemperature);
+          double rest_p = 0, rest_q = 0;
+          for (std::size_t j = k; j < classes; ++j) {
+            rest_p += p[order[j]];
+            rest_q += q[order[j]];
+          }
+          EXPECT_NEAR(rest_q, rest_p, 1e-6) << "sample " << ids[i];
+        }
+      }
+      pipeline.ring().release(*slot);
+    }
+    pipeline.stop();
+    pipeline.ring().rethrow_if_failed();
+    EXPECT_EQ(taught.size(), 96u);
+    EXPECT_EQ(pipeline.cache()->stored(), 96u);
+    EXPECT_EQ(pipeline.cached_batches(), per_epoch) << "the second epoch ran the teacher";
+    if (top_k == 0) {
+      EXPECT_GT(largest, 1e-2) << "logits that say something";
+      EXPECT_LE(worst, 1e-4 * std::max(1.0, largest));
+    }
+  }
+}
+
+// A cache is refused where a sample's teacher input changes between epochs.
+TEST(CpuPipeline, TeacherOutputCacheIsRefusedWithRandomAugmentation) {
+  for (const std::string set : {"data.pad_crop=2", "data.hflip=true"}) {
+    const std::string key = set.substr(0, set.find('='));
+    const std::string error = test::error_of([&] {
+      prepare_run(shipped_teacher_config({"kd.cache=memory", set}));
+    });
+    EXPECT_NE(error.find("kd.cache = memory"), std::string::npos) << error;
+    EXPECT_NE(error.find(key), std::string::npos) << error;
+  }
+  EXPECT_FALSE(prepare_run(shipped_teacher_config({})).cache_outputs);
 }
 
 } // namespace

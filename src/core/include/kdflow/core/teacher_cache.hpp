@@ -1,0 +1,58 @@
+// The teacher's outputs per training sample, kept from the first time each sample is taught
+// (kd.cache = memory). When the teacher's input for a sample is the same every epoch (no random
+// augmentation), later epochs read a sample's logits here instead of running the teacher for it.
+//
+// Either every class's logit is kept, or (top_k > 0, fewer than the classes) only the K largest
+// with their classes, and one logit for every other class: the one that makes the others share the
+// residual probability mass equally at the run's temperature (FKD's stored soft labels, written
+// back as logits). softmax(loaded / T) is then exact on the K classes and uniform on the rest.
+//
+// Samples are stored and read concurrently by every teacher replica: a sample's state word says
+// empty, being written or stored; the first writer wins, and a reader sees a stored entry whole.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+namespace kdflow {
+
+class TeacherOutputCache {
+public:
+  // Throws std::invalid_argument for no samples, no classes or a non-positive temperature.
+  TeacherOutputCache(std::size_t samples, std::size_t classes, std::size_t top_k,
+                     double temperature);
+
+  [[nodiscard]] std::size_t samples() const { return samples_; }
+  [[nodiscard]] std::size_t classes() const { return classes_; }
+  // The logits kept per sample as they were (top_k, or every class when it is 0 or >= classes).
+  [[nodiscard]] std::size_t kept() const { return kept_; }
+  [[nodiscard]] bool full() const { return kept_ == classes_; }
+  [[nodiscard]] std::size_t bytes() const;
+
+  // Keeps sample `id`'s logits (`classes` values) unless it is kept already or being kept by
+  // another thread. Throws std::out_of_range for an id past the samples.
+  void store(std::uint64_t id, std::span<const float> logits);
+  // Whether sample `id` is kept (a true answer makes its entry readable on this thread).
+  [[nodiscard]] bool has(std::uint64_t id) const;
+  // Sample `id`'s logits into `out` (`classes` values). Requires has(id).
+  void load(std::uint64_t id, std::span<float> out) const;
+  // Samples kept so far.
+  [[nodiscard]] std::size_t stored() const { return stored_.load(std::memory_order_relaxed); }
+
+private:
+  enum : std::uint8_t { kEmpty = 0, kWriting = 1, kStored = 2 };
+
+  std::size_t samples_, classes_, kept_;
+  double temperature_;
+  std::size_t stride_;                 // floats per sample: kept_, and the rest logit under top-K
+  std::vector<float> values_;          // samples x stride_
+  std::vector<std::uint32_t> indices_; // samples x kept_ under top-K: the kept logits' classes
+  std::unique_ptr<std::atomic<std::uint8_t>[]> state_;
+  std::atomic<std::size_t> stored_{0};
+};
+
+} // namespace kdflow
