@@ -271,6 +271,9 @@ private:
   void save(std::uint64_t next_batch);
   [[nodiscard]] std::string run_state(std::uint64_t next_batch) const;
   void write_metrics(const json& line);
+  // The teacher replicas' working time so far: their bodies' time less their waits on the ring
+  // for a loaded slot (as bench-overlap and kd-ctl count it).
+  [[nodiscard]] std::uint64_t teacher_work_ns();
   // summary.json's teacher_cache: what kd.cache kept and served (null without a cache).
   [[nodiscard]] json cache_summary();
   [[nodiscard]] double wall_s() const {
@@ -592,8 +595,7 @@ void TrainRun::step_loop() {
     const RingStats ring = pipeline().ring().stats();
     if ((b + 1) % log_every == 0 || epoch_end || b + 1 == last_) {
       const double span = std::chrono::duration<double>(now - interval.start).count();
-      const std::uint64_t wait_ns = ring.stages[2].wait_ns,
-                          teacher_ns = pipeline().teacher_totals().busy_ns.load();
+      const std::uint64_t wait_ns = ring.stages[2].wait_ns, teacher_ns = teacher_work_ns();
       const double replicas = static_cast<double>(std::max<std::size_t>(1, pipeline().replicas()));
       const double n = static_cast<double>(std::max<std::int64_t>(1, interval.samples));
       const json line = {
@@ -661,6 +663,13 @@ void TrainRun::step_loop() {
   pipeline().ring().rethrow_if_failed();
   stall_ns_ = pipeline().ring().stats().stages[2].wait_ns - ring_before.stages[2].wait_ns;
 }
+std::uint64_t TrainRun::teacher_work_ns() {
+  const std::uint64_t busy = pipeline().teacher_totals().busy_ns.load();
+  const std::uint64_t wait =
+      pipeline().ring().stats().stages[static_cast<int>(RingStage::teacher)].wait_ns;
+  return busy > wait ? busy - wait : 0;
+}
+
 json TrainRun::cache_summary() {
   const TeacherOutputCache* cache = run_.teacher_runs ? pipeline().cache() : nullptr;
   if (!cache) return nullptr;
@@ -720,7 +729,7 @@ int TrainRun::finish() {
                      {"student_stall_fraction", stall_ns / (steps_s * 1e9)},
                      {"teacher_busy_fraction",
                       run_.teacher_runs
-                          ? static_cast<double>(pipeline().teacher_totals().busy_ns.load()) /
+                          ? static_cast<double>(teacher_work_ns()) /
                                 (loop_s * 1e9 * static_cast<double>(pipeline().replicas()))
                           : 0.0},
                      {"plan", affinity::to_json(run_.plan)},
@@ -751,7 +760,7 @@ int TrainRun::finish() {
       {"samples_per_s", static_cast<double>(samples_) / steps_s},
       {"student_stall_fraction", stall_ns / (steps_s * 1e9)},
       {"teacher_busy_fraction",
-       run_.teacher_runs ? static_cast<double>(pipeline().teacher_totals().busy_ns.load()) /
+       run_.teacher_runs ? static_cast<double>(teacher_work_ns()) /
                                (loop_s * 1e9 * static_cast<double>(pipeline().replicas()))
                          : 0.0},
       {"device", trainer().device()},
