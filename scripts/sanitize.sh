@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# ASan+UBSan over the torch-free libraries and their tests, and TSan over the concurrent core (the
+# ASan+UBSan over every kdflow library (LibTorch built in, not instrumented) with the torch-free
+# tests and the pipeline's whole runs with injected faults, and TSan over the concurrent core (the
 # tests labelled `tsan`: ring and pipeline). Usage: scripts/sanitize.sh [asan|tsan]...
 set -euo pipefail
 cd "$(dirname "$0")/.."
