@@ -307,6 +307,7 @@ std::shared_ptr<const Teacher> Teacher::load(const std::string& path,
   lo.sample_shape = options.sample_shape;
   lo.sample_default = options.sample_default;
   lo.sample_source = options.sample_source;
+  lo.limits = options.limits;
   Graph graph = load_onnx(path, lo);
   std::shared_ptr<Teacher> t(new Teacher());
   if (options.tune == Tune::automatic) {

@@ -11,6 +11,7 @@
 
 #include <kdflow_onnx.pb.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -30,9 +31,6 @@ namespace {
 // teacher's largest activations are a few hundred MB at training batches; a model whose shapes
 // claim more is refused at load rather than failing to allocate (or being killed) later.
 constexpr std::int64_t kMaxTensorElements = std::int64_t{1} << 30;
-// The most nodes a graph may have, its functions expanded: the largest vision and language models
-// a CPU teacher runs have tens of thousands.
-constexpr std::size_t kMaxNodes = std::size_t{1} << 20;
 
 namespace pb = kdflow_onnx;
 
@@ -217,8 +215,8 @@ using Nodes = google::protobuf::RepeatedPtrField<pb::NodeProto>;
 // attributes in place of the formal ones. kdflow then sees only ONNX ops.
 class Inliner {
 public:
-  Inliner(const pb::ModelProto& model, std::string file, std::int64_t opset)
-      : file_(std::move(file)) {
+  Inliner(const pb::ModelProto& model, std::string file, std::int64_t opset, GraphLimits limits)
+      : file_(std::move(file)), limits_(limits) {
     for (const auto& f : model.functions()) {
       for (const auto& imp : f.opset_import())
         if ((imp.domain().empty() || imp.domain() == "ai.onnx") && imp.version() != opset)
@@ -230,7 +228,13 @@ public:
     }
   }
 
+  // The graph's nodes with every call expanded. Their number is counted first, each function once,
+  // so a file over limits_.max_nodes is refused before anything is copied; their bytes are counted
+  // as they are copied.
   std::vector<pb::NodeProto> flatten(const Nodes& nodes) {
+    if (count(nodes, 0) > limits_.max_nodes)
+      throw InputError(fmt::format("{}: more than {} nodes once its functions are expanded", file_,
+                                   limits_.max_nodes));
     std::vector<pb::NodeProto> out;
     for (const auto& n : nodes) add(n, 0, out);
     return out;
@@ -242,21 +246,51 @@ private:
     return {domain == "ai.onnx" ? "" : domain, name, overload};
   }
 
-  void add(const pb::NodeProto& node, int depth, std::vector<pb::NodeProto>& out) {
+  const pb::FunctionProto* callee(const pb::NodeProto& node) const {
     const auto f = functions_.find(key(node.domain(), node.op_type(), node.overload()));
-    if (f == functions_.end()) {
-      // Functions that call others twice over double at each level: a small file can expand to
-      // more nodes than memory holds.
-      if (out.size() >= kMaxNodes)
-        throw InputError(fmt::format("{}: more than {} nodes once its functions are expanded",
-                                     file_, kMaxNodes));
-      out.push_back(node);
+    return f == functions_.end() ? nullptr : f->second;
+  }
+
+  // The nodes `nodes` expand to, up to limits_.max_nodes + 1, each function counted once; a call
+  // cycle or nesting deeper than kMaxFunctionDepth is an InputError.
+  std::size_t count(const Nodes& nodes, int depth) {
+    std::size_t n = 0;
+    for (const auto& node : nodes) {
+      std::size_t k = 1;
+      if (const pb::FunctionProto* f = callee(node)) {
+        if (const auto known = counts_.find(f); known != counts_.end()) {
+          k = known->second;
+        } else {
+          if (!open_.insert(f).second)
+            throw InputError(fmt::format("{}: function '{}' calls itself", file_, node.op_type()));
+          if (depth >= kMaxFunctionDepth)
+            throw InputError(fmt::format("{}: functions nest more than {} deep (at '{}')", file_,
+                                         kMaxFunctionDepth, node.op_type()));
+          k = count(f->node(), depth + 1);
+          open_.erase(f);
+          counts_.emplace(f, k);
+        }
+      }
+      n = std::min(n + k, limits_.max_nodes + 1);
+    }
+    return n;
+  }
+
+  void add(const pb::NodeProto& node, int depth, std::vector<pb::NodeProto>& out) {
+    if (const pb::FunctionProto* f = callee(node)) {
+      expand(node, *f, depth, out);
       return;
     }
-    if (depth >= kMaxFunctionDepth)
-      throw InputError(fmt::format("{}: function '{}' calls itself (through {} levels)", file_,
-                                   node.op_type(), depth));
-    expand(node, *f->second, depth, out);
+    // A function's nodes are copied once per call, with the attributes the call passes (a tensor
+    // among them): the count of nodes does not bound their bytes. (The graph's own nodes are in
+    // the file already.)
+    if (depth > 0) {
+      bytes_ += node.ByteSizeLong();
+      if (bytes_ > limits_.max_function_bytes)
+        throw InputError(fmt::format("{}: its functions expand to more than {} bytes of nodes",
+                                     file_, limits_.max_function_bytes));
+    }
+    out.push_back(node);
   }
 
   void expand(const pb::NodeProto& call, const pb::FunctionProto& f, int depth,
@@ -297,7 +331,11 @@ private:
   }
 
   std::string file_;
+  GraphLimits limits_;
   std::map<Key, const pb::FunctionProto*> functions_;
+  std::map<const pb::FunctionProto*, std::size_t> counts_;
+  std::set<const pb::FunctionProto*> open_; // being counted: a call of one is a cycle
+  std::size_t bytes_ = 0;
   int calls_ = 0;
 };
 
@@ -456,7 +494,7 @@ Graph import_graph(const pb::ModelProto& model, const std::string& path,
 
   // Import nodes, inferring shapes and folding every node whose inputs are all constant.
   int unnamed = 0;
-  for (const auto& np : Inliner(model, path, g.opset).flatten(gp.node())) {
+  for (const auto& np : Inliner(model, path, g.opset, options.limits).flatten(gp.node())) {
     Node node;
     node.op = np.op_type();
     node.name = np.name().empty() ? fmt::format("{}_{}", np.op_type(), unnamed++) : np.name();

@@ -10,6 +10,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   kdflow::teacher::TeacherOptions options;
   options.batch = 2;
   options.tune = kdflow::teacher::Tune::off;
+  // Each input's run stays short under the sanitizers: a mutated doubling bomb just under the
+  // default bounds would still expand to a million nodes. The bounds' checks are the same code.
+  options.limits.max_nodes = std::size_t{1} << 14;
+  options.limits.max_function_bytes = std::size_t{16} << 20;
   try {
     const auto teacher = kdflow::teacher::Teacher::load(path, options);
   } catch (const kdflow::InputError&) {

@@ -240,6 +240,17 @@ def cases():
     return c
 
 
+def bomb(nodes, x_shape, functions):
+    """model() without ONNX's shape inference, which expands every call of a local function."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N"] + list(x_shape[1:]))
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N"] + list(x_shape[1:]))
+    m = helper.make_model(helper.make_graph(nodes, "g", [x], [y]),
+                          opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("kdflow.test", 1)],
+                          functions=list(functions))
+    m.ir_version = 8
+    return m
+
+
 def rejects(out):
     X = (2, 4, 9, 11)
     bad = {}
@@ -269,6 +280,43 @@ def rejects(out):
     m.opset_import.append(helper.make_opsetid("kdflow.test", 1))
     m.graph.node[0].op_type, m.graph.node[0].domain = "Loop", "kdflow.test"
     bad["function_calls_itself"] = (m, "calls itself")
+    # Functions that each call the next twice: 2^30 nodes from a file of a few KB, refused before
+    # any is copied; 2^10 calls that each pass the same 1 MB tensor on to a Constant; and a chain
+    # of calls 40 deep.
+    fns = [helper.make_function("kdflow.test", "F30", ["a"], ["b"], [helper.make_node("Relu", ["a"], ["b"])],
+                                [helper.make_opsetid("", 17)])]
+    for k in range(29, -1, -1):
+        fns.append(helper.make_function("kdflow.test", f"F{k}", ["a"], ["b"],
+                                        [helper.make_node(f"F{k + 1}", ["a"], ["t"], domain="kdflow.test"),
+                                         helper.make_node(f"F{k + 1}", ["t"], ["b"], domain="kdflow.test")],
+                                        [helper.make_opsetid("", 17), helper.make_opsetid("kdflow.test", 1)]))
+    m = bomb([helper.make_node("F0", ["x"], ["y"], name="call", domain="kdflow.test")], X, fns)
+    bad["function_doubling_bomb"] = (m, "more than 1048576 nodes once its functions are expanded")
+    leaf = helper.make_function("kdflow.test", "G10", ["a"], ["b"],
+                                [helper.make_node("Constant", [], ["c"]), helper.make_node("Add", ["a", "c"], ["b"])],
+                                [helper.make_opsetid("", 17)], attributes=["w"])
+    leaf.node[0].attribute.append(helper.make_attribute_ref("value", onnx.AttributeProto.TENSOR))
+    leaf.node[0].attribute[0].ref_attr_name = "w"
+    fns = [leaf]
+    for k in range(9, -1, -1):
+        fns.append(helper.make_function("kdflow.test", f"G{k}", ["a"], ["b"],
+                                        [helper.make_node(f"G{k + 1}", ["a"], ["t"], domain="kdflow.test"),
+                                         helper.make_node(f"G{k + 1}", ["t"], ["b"], domain="kdflow.test")],
+                                        [helper.make_opsetid("", 17), helper.make_opsetid("kdflow.test", 1)],
+                                        attributes=["w"]))
+        for n in fns[-1].node:
+            n.attribute.append(helper.make_attribute_ref("w", onnx.AttributeProto.TENSOR))
+    call = helper.make_node("G0", ["x"], ["y"], name="call", domain="kdflow.test",
+                            w=numpy_helper.from_array(np.zeros((1, 4, 1, 1 << 16), np.float32)))
+    bad["function_attribute_bomb"] = (bomb([call], X, fns), "its functions expand to more than")
+    fns = [helper.make_function("kdflow.test", "H40", ["a"], ["b"], [helper.make_node("Relu", ["a"], ["b"])],
+                                [helper.make_opsetid("", 17)])]
+    fns += [helper.make_function("kdflow.test", f"H{k}", ["a"], ["b"],
+                                 [helper.make_node(f"H{k + 1}", ["a"], ["b"], domain="kdflow.test")],
+                                 [helper.make_opsetid("", 17), helper.make_opsetid("kdflow.test", 1)])
+            for k in range(39, -1, -1)]
+    bad["functions_nested_too_deep"] = (bomb([helper.make_node("H0", ["x"], ["y"], name="call", domain="kdflow.test")], X, fns),
+                                        "functions nest more than 32 deep")
     bad["two_inputs"] = (None, "more than one input")
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])
     x2 = helper.make_tensor_value_info("x2", TensorProto.FLOAT, ["N", 4])

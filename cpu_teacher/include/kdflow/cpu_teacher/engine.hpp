@@ -55,6 +55,7 @@ struct TeacherOptions {
   // Where tuned plans are kept between runs; "" = $KDFLOW_CACHE_DIR, else $XDG_CACHE_HOME/kdflow,
   // else ~/.cache/kdflow (a "plans" folder inside).
   std::string cache_dir;
+  GraphLimits limits; // LoadOptions
 };
 
 // One node that can run more than one way, and what the tuner measured for each way (ms per

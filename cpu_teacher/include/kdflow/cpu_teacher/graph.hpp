@@ -3,6 +3,7 @@
 // at load. No oneDNN and no protobuf here.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -101,8 +102,20 @@ struct Graph {
   [[nodiscard]] bool is_output(const std::string& value) const;
 };
 
+// Bounds on a graph once its model-local functions are expanded: functions that call others twice
+// over double at each level, so a small file can expand to more nodes than memory holds. The nodes
+// are counted before any is copied; the bytes of the nodes copied out of functions (a call's
+// attributes, a tensor among them, are copied with each) as they are. The largest vision and
+// language models a CPU teacher runs have tens of thousands of nodes, with small attributes; the
+// fuzz targets set lower bounds to keep each input's run short.
+struct GraphLimits {
+  std::size_t max_nodes = std::size_t{1} << 20;
+  std::size_t max_function_bytes = std::size_t{256} << 20;
+};
+
 struct LoadOptions {
   std::int64_t batch = 64;
+  GraphLimits limits;
   // The input's sample dimensions: where sample_shape gives one (> 0), the model's must be that or
   // open (then bound to it); a dimension the model leaves open and sample_shape does not give is
   // bound to sample_default's. `sample_source` names what asked ("teacher.input_size") in errors.
