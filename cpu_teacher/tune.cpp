@@ -4,6 +4,7 @@
 // an inner product, unrolled) is timed in whole plans, the fastest way per node is put together
 // and timed again, and the fastest whole plan is kept. Choices are cached on disk, keyed by the
 // model's bytes, the input, batch, precision, threads, oneDNN and the CPU.
+#include "kdflow/core/cache_home.hpp"
 #include "kdflow/core/digest.hpp"
 #include "kdflow/core/error.hpp"
 #include "kdflow/core/versions.hpp"
@@ -38,29 +39,10 @@ constexpr int kPlanVersion = 1;
 // difference is the machine's noise, not the plan.
 constexpr double kMargin = 0.03;
 
-std::string file_digest(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::uint64_t h = kFnv1aOffset;
-  std::size_t total = 0;
-  std::vector<char> buf(1 << 20);
-  while (in) {
-    in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
-    const auto n = static_cast<std::size_t>(in.gcount());
-    h = fnv1a(std::as_bytes(std::span(buf.data(), n)), h);
-    total += n;
-  }
-  return fmt::format("{:016x}-{}", h, total);
-}
-
 fs::path cache_folder(const TeacherOptions& options) {
   if (!options.cache_dir.empty()) return fs::path(options.cache_dir) / "plans";
-  if (const char* d = std::getenv("KDFLOW_CACHE_DIR"); d != nullptr && *d != 0)
-    return fs::path(d) / "plans";
-  if (const char* d = std::getenv("XDG_CACHE_HOME"); d != nullptr && *d != 0)
-    return fs::path(d) / "kdflow" / "plans";
-  if (const char* d = std::getenv("HOME"); d != nullptr && *d != 0)
-    return fs::path(d) / ".cache" / "kdflow" / "plans";
-  return {};
+  const fs::path home = cache_home();
+  return home.empty() ? home : home / "plans";
 }
 
 // Per step, ms per batch (the fastest of the timed runs), and the whole plan's median.

@@ -175,9 +175,7 @@ int bench_overlap_command(const OverlapArgs& args) {
   };
   json modes = json::object();
   std::string device;
-  for (const Mode mode : kModes) {
-    recorder.begin_section(mode_name(mode));
-    const auto [med, rates] = measure(setup, mode);
+  const auto mode_report = [&](Mode mode, const Rep& med, const std::vector<double>& rates) {
     if (!med.device.empty()) device = med.device;
     const double s = med.seconds;
     const double replicas = static_cast<double>(run.plan.teacher.size());
@@ -203,6 +201,39 @@ int bench_overlap_command(const OverlapArgs& args) {
           {"loader", med.loader_work_s},
           {"teacher", med.teacher_work_s}}},
         {"ring_ready_mean", med.ring_ready}};
+  };
+  for (const Mode mode : kModes) {
+    recorder.begin_section(mode_name(mode));
+    const auto [med, rates] = measure(setup, mode);
+    mode_report(mode, med, rates);
+  }
+  // kd.cache: the overlapped pipeline as a run's later epochs have it, the teacher stage reading
+  // what was kept of its first (one rank only: prepare_run refuses a cache with several).
+  json cache_report = nullptr;
+  if (run.cache) {
+    const std::string mode = config.get_string("kd.cache");
+    log_info(fmt::format("kd.cache = {}: the teacher's first epoch, kept ({} of {} samples held)",
+                         mode, run.cache->stored(), run.cache->samples()));
+    const CacheFill fill = fill_teacher_cache(setup);
+    if (!run.cache_file.empty() && fill.samples_added > 0) {
+      try {
+        run.cache->save(run.cache_file, run.cache_key);
+      } catch (const std::exception& e) {
+        log_warn(fmt::format("kd.cache = disk: {}: not kept for later runs", e.what()));
+      }
+    }
+    recorder.begin_section(mode_name(Mode::overlapped_cached));
+    const auto [med, rates] = measure(setup, Mode::overlapped_cached);
+    mode_report(Mode::overlapped_cached, med, rates);
+    cache_report = {{"mode", mode},
+                    {"top_k", run.cache->full() ? 0 : run.cache->kept()},
+                    {"samples", run.cache->samples()},
+                    {"samples_kept", run.cache->stored()},
+                    {"fill_s", fill.seconds},
+                    {"fill_teacher_batches", fill.batches},
+                    {"speedup_vs_overlapped",
+                     modes[mode_name(Mode::overlapped_cached)]["samples_per_s"].get<double>() /
+                         modes[mode_name(Mode::overlapped)]["samples_per_s"].get<double>()}};
   }
   trace::set_active(nullptr);
 
@@ -245,6 +276,7 @@ int bench_overlap_command(const OverlapArgs& args) {
       {"speedup_vs_serial_cpu", rate(Mode::overlapped) / rate(Mode::serial_cpu)},
       {"speedup_vs_colocated", rate(Mode::overlapped) / rate(Mode::colocated)},
       {"student_idle_fraction", modes["overlapped"]["student_idle_fraction"]},
+      {"teacher_cache", cache_report},
       {"device", device},
       {"plan", affinity::to_json(run.plan)},
       {"plan_summary", plan_summary},
@@ -295,7 +327,9 @@ int bench_overlap_command(const OverlapArgs& args) {
 
   fmt::print("\n{:<18} {:>10} {:>8} {:>9} {:>8} {:>8} {:>8} {:>6}\n", "mode", "samples/s",
              "step ms", "vs ideal", "st.idle", "loader", "teacher", "ready");
-  for (const Mode m : kModes) {
+  std::vector<Mode> shown(std::begin(kModes), std::end(kModes));
+  if (run.cache) shown.push_back(Mode::overlapped_cached);
+  for (const Mode m : shown) {
     const json& r = modes[mode_name(m)];
     const json& idle = r["student_idle_fraction"];
     fmt::print("{:<18} {:>10.1f} {:>8.2f} {:>9.3f} {:>8} {:>7.0f}% {:>7.0f}% {:>6.2f}\n",
@@ -315,6 +349,13 @@ int bench_overlap_command(const OverlapArgs& args) {
              "teacher); overlapped efficiency against it {:.3f}\n",
              ceiling, report["student_contention_slowdown"].get<double>(),
              report["efficiency_vs_contention_ceiling"].get<double>());
+  if (!cache_report.is_null())
+    fmt::print("kd.cache = {}: overlapped-cached {:.2f}x overlapped (the teacher's first epoch "
+               "took {:.1f} s, {} batches)\n",
+               cache_report["mode"].get<std::string>(),
+               cache_report["speedup_vs_overlapped"].get<double>(),
+               cache_report["fill_s"].get<double>(),
+               cache_report["fill_teacher_batches"].get<std::uint64_t>());
   if (report.contains("job"))
     fmt::print("{} ranks (rank 0's figures above): job overlapped {:.1f} samples/s, one rank "
                "alone {:.1f}; scaling efficiency {:.3f}\n",

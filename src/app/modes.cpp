@@ -24,6 +24,7 @@ const char* mode_name(Mode m) {
   case Mode::serial_cpu: return "serial-cpu";
   case Mode::colocated: return "colocated";
   case Mode::overlapped: return "overlapped";
+  case Mode::overlapped_cached: return "overlapped-cached";
   }
   return "?";
 }
@@ -161,6 +162,9 @@ Rep run_rep(const Setup& setup, Mode mode) {
   case Mode::loader_alone:
   case Mode::colocated: pipeline.start(0, total, {.loaders = true, .teacher = false}); break;
   case Mode::overlapped: pipeline.start(0, total, {.loaders = true, .teacher = true}); break;
+  case Mode::overlapped_cached:
+    pipeline.start(0, total, {.loaders = true, .teacher = true, .cache = true});
+    break;
   case Mode::serial_cpu:
     // The loop below produces each batch itself; the stages do not run.
     pipeline.start(0, total, {.loaders = false, .teacher = false});
@@ -243,6 +247,33 @@ Rep run_rep(const Setup& setup, Mode mode) {
   rep.teacher_work_s = stage_work_s(teacher_busy, wait_ns(RingStage::teacher));
   rep.ring_ready /= static_cast<double>(std::max<std::uint64_t>(1, rep.steps));
   return rep;
+}
+
+CacheFill fill_teacher_cache(const Setup& setup) {
+  const RunInputs& run = setup.run;
+  CacheFill fill;
+  if (!run.cache) return fill;
+  TeacherOutputCache& cache = *run.cache;
+  const std::size_t before = cache.stored();
+  const auto t0 = Clock::now();
+  const std::uint64_t epoch = setup.sampler.batches_per_epoch();
+  if (before < cache.samples()) {
+    Assembled parts =
+        assemble(run, setup.sampler, setup.slots, setup.options, StudentLogits::none, nullptr);
+    CpuPipeline& pipeline = *parts.pipeline;
+    pipeline.start(0, epoch, {.loaders = true, .teacher = true, .cache = true});
+    for (std::uint64_t b = 0; b < epoch; ++b) {
+      const auto slot = pipeline.ring().acquire_ready(b);
+      if (!slot) break;
+      pipeline.ring().release(*slot);
+    }
+    pipeline.stop();
+    pipeline.ring().rethrow_if_failed();
+    fill.batches = epoch - pipeline.cached_batches();
+  }
+  fill.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  fill.samples_added = cache.stored() - before;
+  return fill;
 }
 
 } // namespace kdflow::app

@@ -9,6 +9,8 @@
 //   serial-cpu     one thread: load (loader cores), teach (teacher cores), then the student step
 //   colocated      loaders -> student, which runs the teacher graph on its own device (LibTorch)
 //   overlapped     loaders -> CPU teacher -> student, all at once (kdflow)
+//   overlapped-cached  overlapped with kd.cache filled (fill_teacher_cache): the teacher stage
+//                  reads the outputs kept for the batch's samples, as in a run's epochs 2+
 #pragma once
 
 #include "pipeline.hpp"
@@ -29,7 +31,8 @@ enum class Mode {
   loader_alone,
   serial_cpu,
   colocated,
-  overlapped
+  overlapped,
+  overlapped_cached // measured only with kd.cache (not one of kModes)
 };
 inline constexpr Mode kModes[] = {Mode::student_alone, Mode::student_contended, Mode::teacher_alone,
                                   Mode::loader_alone,  Mode::serial_cpu,        Mode::colocated,
@@ -65,5 +68,15 @@ struct Setup {
 
 // `warmup` steps (at least a lap of the ring), then the measured window. Throws what a stage threw.
 Rep run_rep(const Setup& setup, Mode mode);
+
+// kd.cache's first epoch without a student (loaders -> teacher, its outputs kept in run.cache ->
+// drained), so that overlapped-cached reads what a run's later epochs read. Nothing to do without
+// a cache or with one that holds every sample (read from its file).
+struct CacheFill {
+  double seconds = 0;
+  std::uint64_t batches = 0;     // the teacher ran for
+  std::size_t samples_added = 0; // to the cache
+};
+CacheFill fill_teacher_cache(const Setup& setup);
 
 } // namespace kdflow::app

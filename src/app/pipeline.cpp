@@ -64,18 +64,6 @@ CpuPipeline::CpuPipeline(const RunInputs& run, const Sampler& sampler, std::uint
       first_index += static_cast<int>(cpus.size());
     }
     assignment_.teacher = run.plan.teacher;
-    if (run.cache_outputs) {
-      const Config& config = run.config;
-      cache_ = std::make_unique<TeacherOutputCache>(
-          run.train.size(), static_cast<std::size_t>(run.teacher->output_shape(0)[1]),
-          static_cast<std::size_t>(config.get_int("kd.cache_topk")),
-          config.get_double("kd.temperature"));
-      log_info(fmt::format("kd.cache: the teacher's outputs for {} samples ({} logits each{}, "
-                           "{:.1f} MiB) are kept from their first batch",
-                           cache_->samples(), cache_->kept(),
-                           cache_->full() ? "" : " and the rest's share",
-                           static_cast<double>(cache_->bytes()) / (1 << 20)));
-    }
   }
   replica_count_.store(teachers_.size());
 }
@@ -127,6 +115,7 @@ void CpuPipeline::start(std::uint64_t first_batch, std::uint64_t batches,
                         const StartOptions& options) {
   std::lock_guard lock(structure_mutex_);
   const bool teacher = run_.teacher_runs && options.teacher;
+  cache_ = options.cache ? run_.cache.get() : nullptr;
   first_batch_ = first_batch;
   end_ = batches;
   after_load_ = teacher ? SlotState::filled : SlotState::ready;

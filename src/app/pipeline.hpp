@@ -52,6 +52,9 @@ public:
     // own producer), publishing filling -> after_load().
     bool loaders = true;
     bool teacher = true; // false: the teacher's stage does not run (loaded batches go to ready)
+    // The run's teacher-output cache (run.cache) is read and filled (a training run,
+    // bench-overlap's cached mode); false: the teacher runs for every batch.
+    bool cache = false;
   };
   void start(std::uint64_t first_batch, std::uint64_t batches) {
     start(first_batch, batches, StartOptions{});
@@ -94,9 +97,9 @@ public:
   // a move replaced.
   [[nodiscard]] const StageTotals& loader_totals() const { return loader_totals_; }
   [[nodiscard]] const StageTotals& teacher_totals() const { return teacher_totals_; }
-  // kd.cache = memory: the teacher's outputs kept per sample (null without), and the teacher
-  // batches read from it instead of run.
-  [[nodiscard]] const TeacherOutputCache* cache() const { return cache_.get(); }
+  // kd.cache: the teacher's outputs kept per sample (null without, or when start() was told not to
+  // use it), and the teacher batches read from it instead of run.
+  [[nodiscard]] const TeacherOutputCache* cache() const { return cache_; }
   [[nodiscard]] std::uint64_t cached_batches() const {
     return cached_batches_.load(std::memory_order_relaxed);
   }
@@ -140,7 +143,7 @@ private:
   std::unique_ptr<StageGraph> loaders_;
   std::vector<std::unique_ptr<TeacherUnit>> teachers_;
   StageTotals loader_totals_, teacher_totals_;
-  std::unique_ptr<TeacherOutputCache> cache_;
+  TeacherOutputCache* cache_ = nullptr; // run.cache, when start() uses it
   std::atomic<std::uint64_t> cached_batches_{0};
   std::atomic<bool> background_stop_{false};
   std::atomic<int> background_running_{0};

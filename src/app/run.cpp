@@ -5,6 +5,8 @@
 #include "pipeline.hpp"
 
 #include "kdflow/affinity/pinning.hpp"
+#include "kdflow/core/cache_home.hpp"
+#include "kdflow/core/digest.hpp"
 #include "kdflow/core/error.hpp"
 #include "kdflow/core/log.hpp"
 #include "kdflow/gpu_student/pinned_host.hpp"
@@ -24,6 +26,7 @@
 #include <unistd.h>
 
 namespace kdflow::app {
+namespace fs = std::filesystem;
 namespace {
 
 std::vector<float> parse_floats(const std::string& text, const std::string& key,
@@ -52,10 +55,38 @@ std::string shape_text(const teacher::Shape& shape) {
   return out;
 }
 
-// kd.cache: whether the run keeps the teacher's outputs per sample. Only sound when a sample's
-// teacher input is the same every epoch; and the cache must fit in a part of the memory.
-bool cache_outputs(const RunInputs& run) {
-  if (run.config.get_string("kd.cache") == "none") return false;
+// kd.cache = disk: what the teacher's outputs are computed from, one "name=value" per line: the
+// teacher file's bytes and precision, the teacher's input made from the data, the data's pixels,
+// and what is kept of each sample's logits. The file's path leaves it out: the same bytes
+// elsewhere are the same teacher.
+std::string teacher_cache_key(const RunInputs& run, const TeacherOutputCache& cache) {
+  const ImageAdapter& adapt = *run.teacher_input;
+  const auto spec = [](const ImageSpec& s) {
+    return fmt::format("{}x{}x{}", s.channels, s.height, s.width);
+  };
+  std::string key = "kdflow teacher outputs\n";
+  key += fmt::format("teacher={}\n", file_digest(run.teacher_path));
+  key += fmt::format("teacher.precision={}\n", teacher::precision_name(run.precision));
+  key += fmt::format("teacher.input={} from {} mean={:.9g} std={:.9g}\n", spec(adapt.to()),
+                     spec(adapt.from()), fmt::join(adapt.to_norm().mean, ","),
+                     fmt::join(adapt.to_norm().std, ","));
+  key += fmt::format("data={:016x} {}x{}x{}x{}\n", run.train.pixel_digest(), run.train.size(),
+                     run.train.channels(), run.train.height(), run.train.width());
+  key += fmt::format("classes={}\n", cache.classes());
+  key += cache.full() ? std::string("kept=all\n")
+                      : fmt::format("kept={} at kd.temperature={:.9g}\n", cache.kept(),
+                                    run.config.get_double("kd.temperature"));
+  return key;
+}
+
+} // namespace
+
+void prepare_teacher_cache(RunInputs& run) {
+  run.cache.reset();
+  run.cache_file.clear();
+  run.cache_key.clear();
+  const std::string mode = run.config.get_string("kd.cache");
+  if (mode == "none" || !run.teacher_runs) return;
   std::string changes;
   if (run.augment.pad_crop > 0)
     changes = fmt::format("data.pad_crop = {} crops it at random", run.augment.pad_crop);
@@ -65,9 +96,15 @@ bool cache_outputs(const RunInputs& run) {
     changes = fmt::format("{} is an image folder, whose training images are cropped at random",
                           run.train.source());
   if (!changes.empty())
-    throw InputError(fmt::format("kd.cache = memory: the teacher's input for a sample changes "
-                                 "every epoch ({}): set kd.cache = none",
-                                 changes));
+    throw InputError(fmt::format("kd.cache = {}: the teacher's input for a sample changes every "
+                                 "epoch ({}): set kd.cache = none",
+                                 mode, changes));
+  if (run.dist.world > 1)
+    throw InputError(fmt::format(
+        "kd.cache = {} with {} ranks: each rank is dealt other samples every epoch (a fresh "
+        "permutation shared out over the ranks), so its cache would seldom hold a whole batch: "
+        "set kd.cache = none",
+        mode, run.dist.world));
   const auto classes = static_cast<std::size_t>(run.teacher->output_shape(0)[1]);
   const auto top_k = static_cast<std::size_t>(run.config.get_int("kd.cache_topk"));
   const std::size_t kept = top_k == 0 || top_k >= classes ? classes : top_k;
@@ -77,13 +114,63 @@ bool cache_outputs(const RunInputs& run) {
       static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGESIZE));
   if (bytes > memory / 4)
     throw InputError(fmt::format(
-        "kd.cache = memory: {:.1f} GiB for {} samples x {} logits, over a quarter of this "
-        "machine's {:.1f} GiB: set kd.cache_topk (each sample then keeps K logits)",
-        bytes / (1 << 30), run.train.size(), kept, memory / (1 << 30)));
-  return true;
-}
+        "kd.cache = {}: {:.1f} GiB for {} samples x {} logits, over a quarter of this machine's "
+        "{:.1f} GiB: set kd.cache_topk (each sample then keeps K logits)",
+        mode, bytes / (1 << 30), run.train.size(), kept, memory / (1 << 30)));
+  run.cache = std::make_shared<TeacherOutputCache>(run.train.size(), classes, top_k,
+                                                   run.config.get_double("kd.temperature"));
+  const TeacherOutputCache& cache = *run.cache;
+  const std::string held =
+      fmt::format("the teacher's outputs for {} samples ({} logits each{}, {:.1f} MiB)",
+                  cache.samples(), cache.kept(), cache.full() ? "" : " and the rest's share",
+                  static_cast<double>(cache.bytes()) / (1 << 20));
+  if (mode == "memory") {
+    log_info(fmt::format("kd.cache = memory: {} are kept from their first batch", held));
+    return;
+  }
 
-} // namespace
+  // disk: the file named, or one per key in kdflow's cache folder.
+  run.cache_key = teacher_cache_key(run, cache);
+  const std::string named = run.config.get_string("kd.cache_path");
+  if (named.empty()) {
+    const fs::path home = cache_home();
+    if (home.empty())
+      throw InputError("kd.cache = disk: no cache folder (KDFLOW_CACHE_DIR, XDG_CACHE_HOME and "
+                       "HOME are unset): set kd.cache_path");
+    run.cache_file = home / "teacher-outputs" /
+                     fmt::format("{:016x}.kdcache", fnv1a(std::as_bytes(std::span(run.cache_key))));
+    std::error_code ec;
+    fs::create_directories(run.cache_file.parent_path(), ec);
+    if (ec)
+      throw InputError(fmt::format("kd.cache = disk: cannot make the cache folder {}: {}",
+                                   run.cache_file.parent_path().string(), ec.message()));
+  } else {
+    run.cache_file = named;
+  }
+  const fs::path folder = fs::absolute(run.cache_file).parent_path();
+  if (!fs::is_directory(folder))
+    throw InputError(fmt::format("kd.cache_path = {}: its folder does not exist", named));
+  if (::access(folder.c_str(), W_OK | X_OK) != 0)
+    throw InputError(fmt::format("kd.cache = disk: {}: the folder {} is not writable",
+                                 run.cache_file.string(), folder.string()));
+  if (!fs::exists(run.cache_file)) {
+    log_info(fmt::format("kd.cache = disk: {} are kept from their first batch and written to {} "
+                         "at each epoch's end (none there yet)",
+                         held, run.cache_file.string()));
+    return;
+  }
+  std::size_t loaded = 0;
+  try {
+    loaded = run.cache->load(run.cache_file, run.cache_key);
+  } catch (const InputError& e) {
+    throw InputError(fmt::format("kd.cache = disk: {}; delete the file to compute the outputs "
+                                 "again{}",
+                                 e.what(), named.empty() ? "" : ", or set another kd.cache_path"));
+  }
+  log_info(fmt::format("kd.cache = disk: {} read for {} of {} samples from {}{}", held, loaded,
+                       cache.samples(), run.cache_file.string(),
+                       loaded == cache.samples() ? ": the teacher runs for none" : ""));
+}
 
 const std::vector<ConfigKey>& run_schema() {
   static const std::vector<ConfigKey> schema = [] {
@@ -234,7 +321,7 @@ RunInputs prepare_run(const Config& config, const DistEnv& dist) {
           run.teacher_path, std::filesystem::current_path().string()));
     run.teacher = load_run_teacher(run, run.precision);
     run.teacher_input = teacher_input(run);
-    run.cache_outputs = cache_outputs(run);
+    prepare_teacher_cache(run);
   }
   return run;
 }

@@ -66,6 +66,12 @@ std::shared_ptr<const teacher::Teacher> load_run_teacher(const RunInputs& run,
 // on stderr saying what is done to them when anything is). InputError naming the teacher file
 // when its input is not an image the data can become.
 ImageAdapter teacher_input(const RunInputs& run);
+// kd.cache: run.cache for run.train (run.cache_file and run.cache_key too with kd.cache = disk,
+// and what the file holds loaded), or nothing with kd.cache = none. InputError where a cache would
+// serve wrong or no outputs (random augmentation, an image folder, several ranks), would not fit a
+// quarter of the memory, or its file cannot be used. prepare_run calls it; tests that replace
+// run.train call it again.
+void prepare_teacher_cache(RunInputs& run);
 
 // Every CUDA device with the allowed CPUs nearest it (all allowed CPUs where hwloc does not know
 // the device's locality, as in a container without PCI information); empty without a GPU.

@@ -10,9 +10,11 @@
 #include "kdflow/core/dist_env.hpp"
 #include "kdflow/core/image_adapter.hpp"
 #include "kdflow/core/loader.hpp"
+#include "kdflow/core/teacher_cache.hpp"
 #include "kdflow/cpu_teacher/engine.hpp"
 #include "kdflow/gpu_student/device.hpp"
 
+#include <filesystem>
 #include <memory>
 #include <optional>
 #include <string>
@@ -34,7 +36,12 @@ struct RunInputs {
   std::optional<ImageAdapter> teacher_input;       // the slot's images -> the teacher's input
   std::string teacher_path;
   DistEnv dist; // torchrun's ranks (one, without torchrun): the sampler's shard, the GPU, the cores
-  bool cache_outputs = false; // kd.cache = memory, with a teacher that runs
+  // kd.cache, with a teacher that runs: its outputs kept per sample, shared by the run's pipelines
+  // (null with kd.cache = none); with kd.cache = disk, the file they are kept in between runs and
+  // what they were computed from (prepare_teacher_cache).
+  std::shared_ptr<TeacherOutputCache> cache;
+  std::filesystem::path cache_file;
+  std::string cache_key;
 };
 
 } // namespace kdflow::app

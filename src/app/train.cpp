@@ -269,6 +269,10 @@ private:
   // checkpoint is saved by then).
   void evaluate(double epoch, bool last = false);
   void save(std::uint64_t next_batch);
+  // kd.cache = disk: writes the teacher's outputs kept so far to run.cache_file when some were
+  // added since they were read or last written (at epoch ends and the run's last step). A write
+  // that fails is a warning: the run goes on, the previous file whole.
+  void save_teacher_cache();
   [[nodiscard]] std::string run_state(std::uint64_t next_batch) const;
   void write_metrics(const json& line);
   // The teacher replicas' working time so far: their bodies' time less their waits on the ring
@@ -312,6 +316,8 @@ private:
   json evaluations_ = json::array();
   double previous_wall_s_ = 0;
   double eval_s_ = 0, save_s_ = 0; // time outside the steps, for the steady-state rate
+  std::size_t cache_saved_ = 0;    // kd.cache = disk: samples in the file as read or last written
+  std::size_t cache_read_ = 0;     // kd.cache = disk: samples read from the file at start
   Clock::time_point loop_start_{}; // the step loop's start: its clock runs to the last evaluation
   std::uint64_t samples_ = 0;      // the job's
   std::uint64_t rank_samples_ = 0; // this rank's
@@ -354,6 +360,7 @@ void TrainRun::start() {
   options_.group = group_.get();
   parts_ = assemble(run_, sampler_, slots_, options_, StudentLogits::teacher);
   restore_checkpoint();
+  if (run_.cache) cache_saved_ = cache_read_ = run_.cache->stored(); // read from kd.cache's file
   agreed(group_.get(), [] {
     StopSignals::check("start-up");
     return 0;
@@ -505,6 +512,26 @@ void TrainRun::save(std::uint64_t next_batch) {
   save_s_ += std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
+void TrainRun::save_teacher_cache() {
+  if (!writer_ || run_.cache_file.empty()) return;
+  const TeacherOutputCache& cache = *run_.cache;
+  const std::size_t kept = cache.stored();
+  if (kept == cache_saved_) return;
+  const auto t0 = Clock::now();
+  try {
+    cache.save(run_.cache_file, run_.cache_key);
+    cache_saved_ = kept;
+    log_info(
+        fmt::format("kd.cache = disk: the teacher's outputs for {} of {} samples written to {}",
+                    kept, cache.samples(), run_.cache_file.string()));
+  } catch (const std::exception& e) {
+    log_warn(fmt::format("kd.cache = disk: {}: the run goes on, the outputs not kept for later "
+                         "runs",
+                         e.what()));
+  }
+  save_s_ += std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
 void TrainRun::evaluate(double epoch, bool last) {
   const auto t0 = Clock::now();
   // Each rank its part of the test split, a chunk at a time; the hits summed over the ranks.
@@ -564,7 +591,7 @@ void TrainRun::step_loop() {
   Progress progress(writer_ && ::isatty(STDERR_FILENO) == 1);
   loop_start_ = Clock::now();
   const std::uint64_t begin = next_batch_;
-  pipeline().start(begin, last_ - begin);
+  pipeline().start(begin, last_ - begin, {.cache = true});
   if (const double limit = config_.get_double("pipeline.stall_timeout_s"); limit > 0)
     watchdog_ = std::make_unique<StallWatchdog>(
         pipeline().ring(), begin, limit, "pipeline.stall_timeout_s",
@@ -647,12 +674,14 @@ void TrainRun::step_loop() {
     if (stats->stop) { // asked of this process, or (several ranks) of any rank
       interrupted_ = true;
       save(b + 1);
+      save_teacher_cache();
       break;
     }
     if (epoch_end ||
         (every > 0 && trainer().steps_done() % static_cast<std::int64_t>(every) == 0) ||
         b + 1 == last_)
       save(b + 1);
+    if (epoch_end || b + 1 == last_) save_teacher_cache();
     // An interval's samples/s is the steps': an evaluation or a checkpoint just after its start
     // is left out.
     if (interval.steps == 0) interval.start = Clock::now();
@@ -673,7 +702,9 @@ std::uint64_t TrainRun::teacher_work_ns() {
 json TrainRun::cache_summary() {
   const TeacherOutputCache* cache = run_.teacher_runs ? pipeline().cache() : nullptr;
   if (!cache) return nullptr;
-  return {{"mode", "memory"},
+  return {{"mode", config_.get_string("kd.cache")},
+          {"file", run_.cache_file.empty() ? json(nullptr) : json(run_.cache_file.string())},
+          {"samples_read_from_file", cache_read_},
           {"top_k", cache->full() ? 0 : cache->kept()},
           {"samples", cache->samples()},
           {"samples_kept", cache->stored()},

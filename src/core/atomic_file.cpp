@@ -110,12 +110,16 @@ void write_checked_file(const std::filesystem::path& path, std::span<const std::
   write_atomic(path, {std::span<const std::byte>(header), payload});
 }
 
-std::vector<std::byte> read_checked_file(const std::filesystem::path& path, std::string_view what) {
+std::vector<std::byte> read_checked_file(const std::filesystem::path& path, std::string_view what,
+                                         std::uint64_t max_payload) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw InputError(fmt::format("{} {}: cannot be opened", what, path.string()));
   in.seekg(0, std::ios::end);
   const auto size = static_cast<std::size_t>(in.tellg());
   in.seekg(0);
+  if (size > kHeaderBytes && size - kHeaderBytes > max_payload)
+    throw InputError(fmt::format("{} {}: {} bytes, more than a {} here can be ({})", what,
+                                 path.string(), size, what, max_payload + kHeaderBytes));
   std::vector<std::byte> data(size);
   in.read(reinterpret_cast<char*>(data.data()), static_cast<std::streamsize>(size));
   if (!in) throw InputError(fmt::format("{} {}: read failed", what, path.string()));
@@ -128,10 +132,11 @@ std::vector<std::byte> read_checked_file(const std::filesystem::path& path, std:
   if (length != size - kHeaderBytes)
     throw InputError(fmt::format("{} {}: truncated or padded ({} payload bytes, header says {})",
                                  what, path.string(), size - kHeaderBytes, length));
-  std::vector<std::byte> payload(data.begin() + kHeaderBytes, data.end());
-  if (crc32_of(payload) != crc)
+  // The payload in place (no second copy of a large file).
+  data.erase(data.begin(), data.begin() + kHeaderBytes);
+  if (crc32_of(data) != crc)
     throw InputError(fmt::format("{} {}: corrupt (checksum mismatch)", what, path.string()));
-  return payload;
+  return data;
 }
 
 bool is_atomic_temporary(const std::filesystem::path& name) {

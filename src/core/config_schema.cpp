@@ -123,9 +123,15 @@ const std::vector<ConfigKey>& config_schema() {
        T::string,
        std::string("none"),
        "the teacher's outputs kept per sample from its first time (memory): later epochs read them "
-       "instead of running the teacher; needs the same teacher input every epoch (data.pad_crop = "
-       "0, data.hflip = false, data held in memory)",
-       {"none", "memory"}},
+       "instead of running the teacher; disk: also kept in a file between runs (kd.cache_path), so "
+       "a later run with the same teacher and data reads them from its first epoch; needs the same "
+       "teacher input every epoch (data.pad_crop = 0, data.hflip = false, data held in memory) and "
+       "one rank",
+       {"none", "memory", "disk"}},
+      {"kd.cache_path", T::string, std::string(""),
+       "kd.cache = disk: the file (\"\": teacher-outputs/<digest of what the outputs are computed "
+       "from>.kdcache in kdflow's cache folder, $KDFLOW_CACHE_DIR or ~/.cache/kdflow); one written "
+       "for another teacher or other data is refused"},
       {"kd.cache_topk",
        T::integer,
        std::int64_t{0},

@@ -1,6 +1,8 @@
 // IDX and CIFAR readers with validation of magic numbers, counts, sizes and labels; image folders.
 #include "kdflow/core/dataset.hpp"
 
+#include "kdflow/core/digest.hpp"
+
 #include "kdflow/core/error.hpp"
 
 #include <zlib.h>
@@ -120,8 +122,8 @@ std::string folder_split(const std::string& dir, Split split) {
 std::vector<std::uint8_t> read_file_maybe_gz(const std::string& path, std::uint64_t max_bytes) {
   std::vector<std::uint8_t> out;
   const auto too_big = [&] {
-    return InputError(fmt::format("{}: more than {} bytes (a dataset file kdflow reads whole)",
-                                  path, max_bytes));
+    return InputError(
+        fmt::format("{}: more than {} bytes (a dataset file kdflow reads whole)", path, max_bytes));
   };
   if (path.size() > 3 && path.compare(path.size() - 3, 3, ".gz") == 0) {
     gzFile f = gzopen(path.c_str(), "rb");
@@ -174,6 +176,14 @@ Dataset::Dataset(std::shared_ptr<const ImageFolder> folder, const ImageGeometry&
 std::span<const std::uint8_t> Dataset::image(std::size_t i) const {
   if (folder_) throw std::logic_error(source_ + ": decoded on demand; use sample()");
   return {pixels_.data() + i * sample_bytes(), sample_bytes()};
+}
+
+std::uint64_t Dataset::pixel_digest() const {
+  if (folder_) throw std::logic_error(source_ + ": decoded on demand: no pixels held to digest");
+  const std::uint64_t shape[] = {size(), static_cast<std::uint64_t>(channels_),
+                                 static_cast<std::uint64_t>(height_),
+                                 static_cast<std::uint64_t>(width_)};
+  return fnv1a_wide(std::as_bytes(std::span(pixels_)), fnv1a(std::as_bytes(std::span(shape))));
 }
 
 std::span<const std::uint8_t> Dataset::sample(std::size_t i, SampleScratch& scratch,

@@ -1,13 +1,78 @@
 #include "kdflow/core/teacher_cache.hpp"
 
+#include "kdflow/core/atomic_file.hpp"
+#include "kdflow/core/error.hpp"
+
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
+#include <cstring>
 #include <numeric>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 
+#include <fmt/format.h>
+
 namespace kdflow {
+namespace {
+
+// A teacher cache file's payload (inside the checked file's header): the magic, the format, the
+// key's length and text, samples, classes and kept logits (u64 each), one byte per sample (1:
+// kept), then the values (samples x stride floats) and, under top-K, the kept classes (samples x
+// kept u32). Native byte order, as the checkpoints.
+constexpr char kCacheMagic[8] = {'K', 'D', 'T', 'C', 'A', 'C', 'H', 'E'};
+constexpr std::uint32_t kCacheFormat = 1;
+constexpr std::size_t kMaxKeyBytes = 1 << 16;
+
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> out;
+  std::stringstream in(text);
+  for (std::string line; std::getline(in, line);) out.push_back(line);
+  return out;
+}
+
+// The first line that differs, as "<theirs>, this run's <ours>".
+std::string first_difference(const std::string& theirs, const std::string& ours) {
+  const auto a = lines_of(theirs), b = lines_of(ours);
+  for (std::size_t i = 0; i < std::max(a.size(), b.size()); ++i) {
+    const std::string x = i < a.size() ? a[i] : "(nothing)", y = i < b.size() ? b[i] : "(nothing)";
+    if (x != y) return fmt::format("'{}', this run's '{}'", x, y);
+  }
+  return "the same key";
+}
+
+class Reader {
+public:
+  Reader(std::span<const std::byte> bytes, const std::filesystem::path& path)
+      : bytes_(bytes), path_(path) {}
+  std::span<const std::byte> take(std::size_t n) {
+    if (n > bytes_.size() - at_)
+      throw InputError(fmt::format("teacher cache {}: ends {} bytes early (a damaged file)",
+                                   path_.string(), n - (bytes_.size() - at_)));
+    const auto out = bytes_.subspan(at_, n);
+    at_ += n;
+    return out;
+  }
+  template <typename T>
+  T value() {
+    T v{};
+    std::memcpy(&v, take(sizeof(T)).data(), sizeof(T));
+    return v;
+  }
+
+private:
+  std::span<const std::byte> bytes_;
+  const std::filesystem::path& path_;
+  std::size_t at_ = 0;
+};
+
+void put(std::vector<std::byte>& out, const void* data, std::size_t n) {
+  const auto* p = static_cast<const std::byte*>(data);
+  out.insert(out.end(), p, p + n);
+}
+
+} // namespace
 
 TeacherOutputCache::TeacherOutputCache(std::size_t samples, std::size_t classes, std::size_t top_k,
                                        double temperature)
@@ -81,6 +146,112 @@ void TeacherOutputCache::load(std::uint64_t id, std::span<float> out) const {
   std::fill_n(out.begin(), classes_, values[kept_]);
   const std::uint32_t* classes = indices_.data() + id * kept_;
   for (std::size_t k = 0; k < kept_; ++k) out[classes[k]] = values[k];
+}
+
+std::size_t TeacherOutputCache::file_bytes(std::size_t key_bytes) const {
+  return sizeof(kCacheMagic) + 2 * sizeof(std::uint32_t) + key_bytes + 3 * sizeof(std::uint64_t) +
+         samples_ + values_.size() * sizeof(float) + indices_.size() * sizeof(std::uint32_t);
+}
+
+void TeacherOutputCache::save(const std::filesystem::path& path, const std::string& key) const {
+  std::vector<std::byte> out;
+  out.reserve(file_bytes(key.size()));
+  put(out, kCacheMagic, sizeof(kCacheMagic));
+  const std::uint32_t format = kCacheFormat, key_bytes = static_cast<std::uint32_t>(key.size());
+  put(out, &format, sizeof(format));
+  put(out, &key_bytes, sizeof(key_bytes));
+  put(out, key.data(), key.size());
+  for (const std::uint64_t v :
+       {std::uint64_t{samples_}, std::uint64_t{classes_}, std::uint64_t{kept_}})
+    put(out, &v, sizeof(v));
+  // Which entries are whole now: those stored before this look; later ones are left out.
+  const std::size_t flags_at = out.size();
+  out.resize(out.size() + samples_, std::byte{0});
+  for (std::size_t i = 0; i < samples_; ++i)
+    if (state_[i].load(std::memory_order_acquire) == kStored) out[flags_at + i] = std::byte{1};
+  const std::size_t values_at = out.size();
+  out.resize(out.size() + values_.size() * sizeof(float), std::byte{0});
+  const std::size_t indices_at = out.size();
+  out.resize(out.size() + indices_.size() * sizeof(std::uint32_t), std::byte{0});
+  for (std::size_t i = 0; i < samples_; ++i) {
+    if (out[flags_at + i] == std::byte{0}) continue;
+    std::memcpy(out.data() + values_at + i * stride_ * sizeof(float), values_.data() + i * stride_,
+                stride_ * sizeof(float));
+    if (!full())
+      std::memcpy(out.data() + indices_at + i * kept_ * sizeof(std::uint32_t),
+                  indices_.data() + i * kept_, kept_ * sizeof(std::uint32_t));
+  }
+  write_checked_file(path, out);
+}
+
+std::size_t TeacherOutputCache::load(const std::filesystem::path& path, const std::string& key) {
+  const std::vector<std::byte> bytes =
+      read_checked_file(path, "teacher cache", file_bytes(kMaxKeyBytes));
+  Reader in(bytes, path);
+  const auto magic = in.take(sizeof(kCacheMagic));
+  if (std::memcmp(magic.data(), kCacheMagic, sizeof(kCacheMagic)) != 0)
+    throw InputError(
+        fmt::format("teacher cache {}: a kdflow file, but not a teacher cache", path.string()));
+  if (const auto format = in.value<std::uint32_t>(); format != kCacheFormat)
+    throw InputError(fmt::format("teacher cache {}: format {}, this kdflow reads {}", path.string(),
+                                 format, kCacheFormat));
+  const auto key_bytes = in.value<std::uint32_t>();
+  if (key_bytes > kMaxKeyBytes)
+    throw InputError(fmt::format("teacher cache {}: a key of {} bytes (a damaged file)",
+                                 path.string(), key_bytes));
+  const auto text = in.take(key_bytes);
+  const std::string theirs(reinterpret_cast<const char*>(text.data()), text.size());
+  if (theirs != key)
+    throw InputError(fmt::format("teacher cache {}: written for other outputs: {}", path.string(),
+                                 first_difference(theirs, key)));
+  const auto samples = in.value<std::uint64_t>(), classes = in.value<std::uint64_t>(),
+             kept = in.value<std::uint64_t>();
+  if (samples != samples_ || classes != classes_ || kept != kept_)
+    throw InputError(fmt::format(
+        "teacher cache {}: {} samples x {} classes ({} kept), this run's {} x {} ({} kept)",
+        path.string(), samples, classes, kept, samples_, classes_, kept_));
+  if (bytes.size() != file_bytes(key.size()))
+    throw InputError(fmt::format("teacher cache {}: {} bytes, {} expected for its sizes",
+                                 path.string(), bytes.size(), file_bytes(key.size())));
+  const auto flags = in.take(samples_);
+  const auto values = in.take(values_.size() * sizeof(float));
+  const auto indices = in.take(indices_.size() * sizeof(std::uint32_t));
+  // Checked whole before anything is kept.
+  for (std::size_t i = 0; i < samples_; ++i) {
+    if (flags[i] == std::byte{0}) continue;
+    if (flags[i] != std::byte{1})
+      throw InputError(fmt::format("teacher cache {}: sample {}'s flag is {} (a damaged file)",
+                                   path.string(), i, static_cast<int>(flags[i])));
+    for (std::size_t k = 0; k < stride_; ++k) {
+      float v = 0;
+      std::memcpy(&v, values.data() + (i * stride_ + k) * sizeof(float), sizeof(v));
+      if (!std::isfinite(v))
+        throw InputError(fmt::format("teacher cache {}: sample {} holds a logit of {} (a damaged "
+                                     "file)",
+                                     path.string(), i, v));
+    }
+    for (std::size_t k = 0; k < (full() ? 0 : kept_); ++k) {
+      std::uint32_t c = 0;
+      std::memcpy(&c, indices.data() + (i * kept_ + k) * sizeof(std::uint32_t), sizeof(c));
+      if (c >= classes_)
+        throw InputError(fmt::format("teacher cache {}: sample {} keeps class {} of {} (a "
+                                     "damaged file)",
+                                     path.string(), i, c, classes_));
+    }
+  }
+  std::size_t added = 0;
+  for (std::size_t i = 0; i < samples_; ++i) {
+    if (flags[i] == std::byte{0} || state_[i].load(std::memory_order_relaxed) == kStored) continue;
+    std::memcpy(values_.data() + i * stride_, values.data() + i * stride_ * sizeof(float),
+                stride_ * sizeof(float));
+    if (!full())
+      std::memcpy(indices_.data() + i * kept_, indices.data() + i * kept_ * sizeof(std::uint32_t),
+                  kept_ * sizeof(std::uint32_t));
+    state_[i].store(kStored, std::memory_order_release);
+    ++added;
+  }
+  stored_.fetch_add(added, std::memory_order_relaxed);
+  return added;
 }
 
 } // namespace kdflow

@@ -326,8 +326,9 @@ TEST(CpuPipeline, TeacherOutputCacheServesLaterEpochsWithWhatTheTeacherComputed)
     RunInputs run = prepare_run(shipped_teacher_config(
         {"data.batch_size=16", "kd.cache=memory", "kd.cache_topk=" + std::to_string(top_k),
          "kd.temperature=" + std::to_string(kTemperature)}));
-    ASSERT_TRUE(run.cache_outputs);
     run.train = first_samples(run.train, 96);
+    prepare_teacher_cache(run);
+    ASSERT_NE(run.cache, nullptr);
     const Sampler sampler(run.train.size(), run.sampler);
     const std::uint64_t per_epoch = sampler.batches_per_epoch();
     ASSERT_EQ(per_epoch, 6u);
@@ -335,13 +336,13 @@ TEST(CpuPipeline, TeacherOutputCacheServesLaterEpochsWithWhatTheTeacherComputed)
     const SlotLayout layout = CpuPipeline::layout_for(run);
     CpuPipeline pipeline(run, sampler, kSlots,
                          student::allocate_pinned_for_device(kSlots * layout.slot_bytes()));
-    ASSERT_NE(pipeline.cache(), nullptr);
     const auto classes = static_cast<std::size_t>(run.train.classes());
     teacher::Replica fresh(run.teacher);
     std::vector<float> again(run.sampler.batch_size * classes);
     std::map<std::int64_t, std::vector<float>> taught; // the first epoch's logits per sample
     double worst = 0, largest = 0;
-    pipeline.start(0, 2 * per_epoch);
+    pipeline.start(0, 2 * per_epoch, {.cache = true});
+    ASSERT_EQ(pipeline.cache(), run.cache.get());
     for (std::uint64_t b = 0; b < 2 * per_epoch; ++b) {
       auto slot = pipeline.ring().acquire_ready(b);
       ASSERT_TRUE(slot) << "batch " << b;
@@ -409,7 +410,14 @@ TEST(CpuPipeline, TeacherOutputCacheIsRefusedWithRandomAugmentation) {
     EXPECT_NE(error.find("kd.cache = memory"), std::string::npos) << error;
     EXPECT_NE(error.find(key), std::string::npos) << error;
   }
-  EXPECT_FALSE(prepare_run(shipped_teacher_config({})).cache_outputs);
+  EXPECT_EQ(prepare_run(shipped_teacher_config({})).cache, nullptr);
+  // Several ranks: each is dealt other samples every epoch, so its cache would seldom serve.
+  RunInputs run = prepare_run(shipped_teacher_config({"kd.cache=memory"}));
+  ASSERT_NE(run.cache, nullptr);
+  run.dist.world = 2;
+  const std::string error = test::error_of([&] { prepare_teacher_cache(run); });
+  EXPECT_NE(error.find("2 ranks"), std::string::npos) << error;
+  EXPECT_EQ(run.cache, nullptr);
 }
 
 } // namespace

@@ -6,6 +6,8 @@
 #include "../core/image_files.hpp"
 #include "kdflow_process.hpp"
 
+#include "kdflow/core/dataset.hpp"
+
 #include <gtest/gtest.h>
 
 #include <fcntl.h>
@@ -52,6 +54,108 @@ std::vector<fs::path> checkpoints(const fs::path& out) {
     if (e.path().extension() == ".ckpt") files.push_back(e.path());
   std::sort(files.begin(), files.end());
   return files;
+}
+
+// The first `train` and `test` samples of Debian's Fashion-MNIST as plain IDX files in `dir` (a
+// real dataset small enough for a test's epochs); `shift` starts the training split that far in.
+void write_fmnist_subset(const fs::path& dir, std::size_t train, std::size_t test,
+                         std::size_t shift = 0) {
+  fs::create_directories(dir);
+  const auto be32 = [](std::ofstream& f, std::uint32_t v) {
+    const char b[4] = {static_cast<char>(v >> 24), static_cast<char>(v >> 16),
+                       static_cast<char>(v >> 8), static_cast<char>(v)};
+    f.write(b, 4);
+  };
+  const auto write = [&](kdflow::Split split, const std::string& stem, std::size_t n,
+                         std::size_t first) {
+    const auto d =
+        kdflow::Dataset::load("fashion-mnist", "/usr/share/datasets/fashion-mnist", split);
+    std::ofstream images(dir / (stem + "-images-idx3-ubyte"), std::ios::binary);
+    std::ofstream labels(dir / (stem + "-labels-idx1-ubyte"), std::ios::binary);
+    be32(images, 0x803);
+    be32(images, static_cast<std::uint32_t>(n));
+    be32(images, 28);
+    be32(images, 28);
+    be32(labels, 0x801);
+    be32(labels, static_cast<std::uint32_t>(n));
+    for (std::size_t i = first; i < first + n; ++i) {
+      const auto image = d.image(i);
+      images.write(reinterpret_cast<const char*>(image.data()),
+                   static_cast<std::streamsize>(image.size()));
+      labels.put(static_cast<char>(d.label(i)));
+    }
+  };
+  write(kdflow::Split::train, "train", train, shift);
+  write(kdflow::Split::test, "t10k", test, 0);
+}
+
+// kd.cache = disk: the first run keeps the teacher's outputs from its first epoch (its second
+// reads them) and writes them to the cache folder; the next run reads every one of them and
+// trains bit for bit as the first did, without running the teacher; a file written for other data
+// is exit 2 naming it, as is a damaged one.
+TEST(Train, TeacherCacheOnDiskServesTheNextRunAndRefusesAStaleOrDamagedFile) {
+  const fs::path data = scratch("cache_data"), other = scratch("cache_other");
+  write_fmnist_subset(data, 640, 256);
+  write_fmnist_subset(other, 640, 256, 640);
+  const auto args = [&](const fs::path& out, const fs::path& from,
+                        std::initializer_list<std::string> sets) {
+    auto a = with(fast_train_args(out), {"data.path=" + from.string(), "kd.cache=disk",
+                                         "train.epochs=2", "train.export=off"});
+    for (const auto& s : sets) a = with(a, {s});
+    return a;
+  };
+  // A cache folder of its own (tuned plans too), so the first run finds no file of an earlier test.
+  const fs::path home = scratch("cache_home");
+  const std::string before = std::getenv("KDFLOW_CACHE_DIR") ? std::getenv("KDFLOW_CACHE_DIR") : "";
+  ::setenv("KDFLOW_CACHE_DIR", home.c_str(), 1);
+  struct Restore {
+    std::string value;
+    ~Restore() {
+      if (value.empty())
+        ::unsetenv("KDFLOW_CACHE_DIR");
+      else
+        ::setenv("KDFLOW_CACHE_DIR", value.c_str(), 1);
+    }
+  } restore{before};
+  const fs::path a = scratch("cache_a"), b = scratch("cache_b");
+  Result r = run(args(a, data, {}), a);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const json first = summary(a)["teacher_cache"];
+  EXPECT_EQ(first["mode"], "disk");
+  EXPECT_EQ(first["samples"], 640);
+  EXPECT_EQ(first["samples_kept"], 640);
+  EXPECT_EQ(first["samples_read_from_file"], 0);
+  EXPECT_EQ(first["batches_from_cache"], 10) << "the second epoch read every batch";
+  const fs::path file = first["file"].get<std::string>();
+  EXPECT_EQ(file.parent_path(), home / "teacher-outputs");
+  ASSERT_TRUE(fs::exists(file));
+
+  r = run(args(b, data, {}), b);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const json second = summary(b);
+  EXPECT_EQ(second["teacher_cache"]["samples_read_from_file"], 640);
+  EXPECT_EQ(second["teacher_cache"]["batches_from_cache"], 20) << "the teacher ran";
+  EXPECT_EQ(second["state_digest"], summary(a)["state_digest"]) << "not the same targets";
+  EXPECT_EQ(second["test_accuracy"], summary(a)["test_accuracy"]);
+
+  // The same file named for other data; then damaged.
+  const fs::path named = scratch("cache_named.kdcache");
+  fs::copy_file(file, named);
+  const fs::path c = scratch("cache_c");
+  r = run(args(c, other, {"kd.cache_path=" + named.string()}), c);
+  EXPECT_EQ(r.code, 2) << r.err;
+  expect_one_line_naming(r.err, named.string());
+  EXPECT_NE(r.err.find("'data="), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(c / "summary.json"));
+  {
+    std::fstream f(named, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-5, std::ios::end);
+    f.put('\x55');
+  }
+  r = run(args(c, data, {"kd.cache_path=" + named.string()}), c);
+  EXPECT_EQ(r.code, 2) << r.err;
+  expect_one_line_naming(r.err, named.string());
+  EXPECT_NE(r.err.find("corrupt"), std::string::npos) << r.err;
 }
 
 TEST(Train, RunsAndWritesTheRunFolder) {

@@ -1,14 +1,26 @@
 // The teacher-output cache (kd.cache): what it returns for a sample is what was stored, every
 // logit exactly, or under top-K the K largest exactly and the rest's probability mass at the
 // temperature within 1e-6; concurrent writers and readers see whole entries, each sample once.
+// kd.cache = disk's file: what is read back is what was kept, bit for bit; a file of another key,
+// other sizes or damaged is refused naming it; a save beside running writers holds whole entries.
 #include "kdflow/core/teacher_cache.hpp"
 
+#include "input_error.hpp"
+
+#include "kdflow/core/atomic_file.hpp"
+
 #include <gtest/gtest.h>
+
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
 #include <numeric>
 #include <random>
 #include <stdexcept>
@@ -141,6 +153,167 @@ TEST(TeacherOutputCache, ConcurrentWritersAndReadersSeeWholeEntries) {
     EXPECT_EQ(bad.load(), 0u);
     EXPECT_GT(seen.load(), 0u);
     EXPECT_EQ(cache.stored(), kSamples);
+  }
+}
+
+// A file of its own in the temporary folder, removed at the end.
+struct TempFile {
+  std::filesystem::path path;
+  explicit TempFile(const std::string& name)
+      : path(std::filesystem::temp_directory_path() /
+             ("kdflow_cache_test_" + std::to_string(::getpid()) + "_" + name)) {
+    std::filesystem::remove(path);
+  }
+  ~TempFile() { std::filesystem::remove(path); }
+};
+
+const std::string kKey = "kdflow teacher outputs\nteacher=0123-45\ndata=abcd 100x1x28x28\n";
+
+TEST(TeacherOutputCache, TheFileHoldsWhatWasKeptBitForBit) {
+  for (const std::size_t k : {0, 3}) {
+    SCOPED_TRACE("top_k " + std::to_string(k));
+    TempFile file("roundtrip");
+    TeacherOutputCache cache(100, 10, k, 2.0);
+    for (std::uint64_t id = 0; id < 100; id += 3) cache.store(id, logits_for(id, 10));
+    cache.save(file.path, kKey);
+
+    TeacherOutputCache back(100, 10, k, 2.0);
+    back.store(0, logits_for(0, 10)); // kept already: the file's entry is not counted again
+    EXPECT_EQ(back.load(file.path, kKey), cache.stored() - 1);
+    EXPECT_EQ(back.stored(), cache.stored());
+    std::vector<float> a(10), b(10);
+    for (std::uint64_t id = 0; id < 100; ++id) {
+      ASSERT_EQ(back.has(id), cache.has(id)) << "sample " << id;
+      if (!cache.has(id)) continue;
+      cache.load(id, a);
+      back.load(id, b);
+      EXPECT_EQ(std::memcmp(a.data(), b.data(), sizeof(float) * 10), 0) << "sample " << id;
+    }
+  }
+}
+
+// A file's payload, changed by `edit`, written back as a checked file (its checksum right): what
+// a file the checksum cannot tell from a good one does.
+void rewrite(const std::filesystem::path& path,
+             const std::function<void(std::vector<std::byte>&)>& edit) {
+  auto payload = read_checked_file(path, "teacher cache");
+  edit(payload);
+  write_checked_file(path, payload);
+}
+
+TEST(TeacherOutputCache, AFileOfAnotherKeySizesOrDamagedIsRefusedNamingIt) {
+  TempFile file("refused");
+  const std::string name = file.path.string();
+  TeacherOutputCache cache(100, 10, 3, 2.0);
+  for (std::uint64_t id = 0; id < 100; ++id) cache.store(id, logits_for(id, 10));
+  const auto error = [&](TeacherOutputCache&& into, const std::string& key) {
+    std::string e = test::error_of([&] { (void)into.load(file.path, key); });
+    EXPECT_NE(e.find(name), std::string::npos) << e;
+    EXPECT_EQ(into.stored(), 0u) << "nothing kept from a refused file";
+    return e;
+  };
+  const auto fresh = [] { return TeacherOutputCache(100, 10, 3, 2.0); };
+
+  cache.save(file.path, kKey);
+  std::string e =
+      error(fresh(), "kdflow teacher outputs\nteacher=9999-45\ndata=abcd 100x1x28x28\n");
+  EXPECT_NE(e.find("'teacher=0123-45', this run's 'teacher=9999-45'"), std::string::npos) << e;
+  e = error(TeacherOutputCache(90, 10, 3, 2.0), kKey);
+  EXPECT_NE(e.find("100 samples"), std::string::npos) << e;
+  e = error(TeacherOutputCache(100, 10, 4, 2.0), kKey);
+  EXPECT_NE(e.find("(3 kept)"), std::string::npos) << e;
+
+  // Damage the checksum sees; then damage it cannot (a rewritten checked file).
+  {
+    std::fstream f(file.path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(200);
+    f.put('\x7f');
+  }
+  e = error(fresh(), kKey);
+  EXPECT_NE(e.find("corrupt"), std::string::npos) << e;
+  cache.save(file.path, kKey);
+  const std::size_t flags = 8 + 4 + 4 + kKey.size() + 3 * 8;
+  rewrite(file.path, [&](auto& p) { p[flags + 5] = std::byte{7}; });
+  e = error(fresh(), kKey);
+  EXPECT_NE(e.find("sample 5's flag"), std::string::npos) << e;
+  cache.save(file.path, kKey);
+  rewrite(file.path, [&](auto& p) {
+    const float nan = std::nanf("");
+    std::memcpy(p.data() + flags + 100 + 4 * 4 * 2, &nan, sizeof(nan)); // sample 2's first value
+  });
+  e = error(fresh(), kKey);
+  EXPECT_NE(e.find("sample 2 holds a logit of nan"), std::string::npos) << e;
+  cache.save(file.path, kKey);
+  rewrite(file.path, [&](auto& p) {
+    const std::uint32_t c = 10;
+    std::memcpy(p.data() + flags + 100 + 4 * 4 * 100 + 4 * 3 * 7, &c, sizeof(c)); // sample 7's
+  });
+  e = error(fresh(), kKey);
+  EXPECT_NE(e.find("sample 7 keeps class 10 of 10"), std::string::npos) << e;
+  cache.save(file.path, kKey);
+  rewrite(file.path, [&](auto& p) { p.pop_back(); });
+  e = error(fresh(), kKey);
+  EXPECT_NE(e.find("expected"), std::string::npos) << e;
+  rewrite(file.path, [&](auto& p) { p[0] = std::byte{'X'}; });
+  e = error(fresh(), kKey);
+  EXPECT_NE(e.find("not a teacher cache"), std::string::npos) << e;
+
+  // A file far larger than any of this cache's is refused before it is read.
+  {
+    std::ofstream f(file.path, std::ios::binary | std::ios::trunc);
+    f.seekp(64 << 20);
+    f.put('x');
+  }
+  e = error(fresh(), kKey);
+  EXPECT_NE(e.find("more than a teacher cache"), std::string::npos) << e;
+  std::filesystem::remove(file.path);
+  e = error(fresh(), kKey);
+  EXPECT_NE(e.find("cannot be opened"), std::string::npos) << e;
+}
+
+// Saved again and again while writers keep samples: every file holds whole entries only (each
+// kept entry is the sample's logits), and the last save, after the writers, holds every sample.
+TEST(TeacherOutputCache, SavesBesideRunningWritersHoldWholeEntries) {
+  constexpr std::size_t kSamples = 2000, kClasses = 16;
+  for (const std::size_t k : {0, 4}) {
+    TempFile file("concurrent");
+    TeacherOutputCache cache(kSamples, kClasses, k, 2.0);
+    std::atomic<bool> writing{true}, saving{false};
+    std::vector<std::thread> writers;
+    for (int w = 0; w < 3; ++w)
+      writers.emplace_back([&, w] {
+        while (!saving.load()) std::this_thread::yield(); // the first save runs beside them
+        for (std::size_t n = 0; n < kSamples; ++n)
+          cache.store((n * 7 + static_cast<std::size_t>(w) * 500) % kSamples,
+                      logits_for((n * 7 + static_cast<std::size_t>(w) * 500) % kSamples, kClasses));
+      });
+    std::size_t saves = 0;
+    std::thread saver([&] {
+      saving.store(true);
+      do {
+        cache.save(file.path, kKey);
+        ++saves;
+      } while (writing.load());
+    });
+    for (auto& t : writers) t.join();
+    writing.store(false);
+    saver.join();
+    const auto check = [&](std::size_t expect_all) {
+      TeacherOutputCache back(kSamples, kClasses, k, 2.0);
+      const std::size_t n = back.load(file.path, kKey);
+      if (expect_all) EXPECT_EQ(n, kSamples);
+      std::vector<float> a(kClasses), b(kClasses);
+      for (std::uint64_t id = 0; id < kSamples; ++id) {
+        if (!back.has(id)) continue;
+        back.load(id, a);
+        cache.load(id, b);
+        ASSERT_EQ(a, b) << "sample " << id << " torn";
+      }
+    };
+    EXPECT_GT(saves, 0u);
+    check(0);
+    cache.save(file.path, kKey);
+    check(kSamples);
   }
 }
 

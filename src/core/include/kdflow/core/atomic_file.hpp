@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <filesystem>
 #include <span>
 #include <string>
@@ -21,8 +22,10 @@ void write_file_atomic(const std::filesystem::path& path, std::string_view text)
 // write_file_atomic with the header in front of `payload`.
 void write_checked_file(const std::filesystem::path& path, std::span<const std::byte> payload);
 // The payload of a checked file. InputError naming the file (and `what` it should be, e.g.
-// "checkpoint") when it is missing, truncated, not a kdflow file, or fails its checksum.
-std::vector<std::byte> read_checked_file(const std::filesystem::path& path, std::string_view what);
+// "checkpoint") when it is missing, truncated, not a kdflow file, or fails its checksum; or, before
+// anything is read, when its payload would be over `max_payload` bytes.
+std::vector<std::byte> read_checked_file(const std::filesystem::path& path, std::string_view what,
+                                         std::uint64_t max_payload = UINT64_MAX);
 
 // Whether `name` is one of write_file_atomic's temporaries (left behind by a killed writer).
 bool is_atomic_temporary(const std::filesystem::path& name);

@@ -46,6 +46,9 @@ public:
   [[nodiscard]] bool decodes() const { return folder_ != nullptr; }
   // Sample i of a dataset held in memory.
   [[nodiscard]] std::span<const std::uint8_t> image(std::size_t i) const;
+  // A digest of the images of a dataset held in memory and their shape (fnv1a_wide): the same
+  // pixels give the same value wherever they were read from. std::logic_error when it decodes.
+  [[nodiscard]] std::uint64_t pixel_digest() const;
   // Sample i, C x H x W: in memory, a view; decoded, read, resized and cropped at `crop` into
   // `scratch` (an InputError naming the file if it does not decode).
   [[nodiscard]] std::span<const std::uint8_t> sample(std::size_t i, SampleScratch& scratch,

@@ -4,7 +4,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <filesystem>
 #include <span>
+#include <string>
 
 namespace kdflow {
 
@@ -17,5 +20,21 @@ inline std::uint64_t fnv1a(std::span<const std::byte> bytes, std::uint64_t h = k
   }
   return h;
 }
+
+// The same steps over 8 bytes at a time (then the tail byte by byte): another value than fnv1a's,
+// about 8 times faster, for digests of large buffers (a dataset's pixels).
+inline std::uint64_t fnv1a_wide(std::span<const std::byte> bytes, std::uint64_t h = kFnv1aOffset) {
+  std::size_t i = 0;
+  for (; i + 8 <= bytes.size(); i += 8) {
+    std::uint64_t word = 0;
+    std::memcpy(&word, bytes.data() + i, 8);
+    h ^= word;
+    h *= 1099511628211ull;
+  }
+  return fnv1a(bytes.subspan(i), h);
+}
+
+// A file's bytes as "<fnv1a, 16 hex digits>-<size>" ("cbf29ce484222325-0" when it cannot be read).
+std::string file_digest(const std::filesystem::path& path);
 
 } // namespace kdflow

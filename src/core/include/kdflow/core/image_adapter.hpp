@@ -65,6 +65,7 @@ public:
   }
   [[nodiscard]] const ImageSpec& from() const { return from_; }
   [[nodiscard]] const ImageSpec& to() const { return to_; }
+  [[nodiscard]] const Normalization& to_norm() const { return to_norm_; }
   [[nodiscard]] int box() const { return box_; }
   // Output channel c = value * scale + shift of the resampled input channel (c, or 0 when
   // repeated), for float32 input normalized with from_norm.

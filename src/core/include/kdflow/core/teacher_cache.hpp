@@ -9,13 +9,19 @@
 //
 // Samples are stored and read concurrently by every teacher replica: a sample's state word says
 // empty, being written or stored; the first writer wins, and a reader sees a stored entry whole.
+//
+// kd.cache = disk keeps the stored entries in a checked file between runs (save(), load()),
+// under a key that says what the outputs were computed from (the teacher file's digest, the data's,
+// the teacher's input): a file of another key is refused, never read as this run's.
 #pragma once
 
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <filesystem>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 namespace kdflow {
@@ -43,8 +49,21 @@ public:
   // Samples kept so far.
   [[nodiscard]] std::size_t stored() const { return stored_.load(std::memory_order_relaxed); }
 
+  // Writes the entries kept so far to `path` as a checked file (atomically: the previous file stays
+  // whole until the rename), with `key`: what the outputs were computed from, one "name=value" per
+  // line. Safe beside store(): an entry being written is left out. Throws std::system_error
+  // naming the file when it cannot be written.
+  void save(const std::filesystem::path& path, const std::string& key) const;
+  // Keeps every entry of a file save() wrote with the same key and sizes; returns how many samples
+  // it added. InputError naming the file when it is damaged or not a teacher cache, is larger than
+  // a file of this cache can be (checked before reading), or was written for another key (the
+  // first differing line quoted) or other sizes. Call before the cache is shared.
+  std::size_t load(const std::filesystem::path& path, const std::string& key);
+
 private:
   enum : std::uint8_t { kEmpty = 0, kWriting = 1, kStored = 2 };
+  // A saved file's payload with a key of `key_bytes`.
+  [[nodiscard]] std::size_t file_bytes(std::size_t key_bytes) const;
 
   std::size_t samples_, classes_, kept_;
   double temperature_;
