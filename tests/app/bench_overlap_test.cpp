@@ -206,6 +206,49 @@ TEST(BenchOverlap, WritesJsonTraceAndPlotThatAgreeWithTheModes) {
   EXPECT_EQ(png.substr(0, 8), std::string("\x89PNG\r\n\x1a\n", 8));
 }
 
+// kd.cache: bench-overlap keeps the teacher's first epoch, then measures the overlapped pipeline
+// reading it (overlapped-cached), beside the other modes, which run the teacher as before. With
+// kd.cache = disk the outputs kept are written, and the next bench-overlap reads them instead of
+// running the teacher's first epoch.
+TEST(BenchOverlap, CachedModeReadsTheTeachersFirstEpoch) {
+  const fs::path dir = scratch("overlap_cache"), data = scratch("overlap_cache_data");
+  write_fmnist_subset(data, 640, 256);
+  const fs::path file = dir / "outputs.kdcache";
+  const auto bench = [&](const std::string& mode) {
+    auto args = small_run(dir);
+    args.insert(args.begin() + 1, {"--set", "data.path=" + data.string(), "--set",
+                                   "kd.cache=" + mode, "--set", "kd.cache_path=" + file.string()});
+    const Result r = run(args, dir / mode);
+    EXPECT_EQ(r.code, 0) << r.err;
+    return json::parse(read_text(dir / "overlap.json"));
+  };
+  fs::create_directories(dir);
+  for (const std::string mode : {"memory", "disk", "disk"}) {
+    SCOPED_TRACE("kd.cache = " + mode);
+    const bool again = mode == "disk" && fs::exists(file);
+    const json report = bench(mode);
+    ASSERT_TRUE(report["modes"].contains("overlapped-cached")) << report.dump(1);
+    for (const char* m : kModes) EXPECT_TRUE(report["modes"].contains(m)) << m;
+    const json& cached = report["modes"]["overlapped-cached"];
+    EXPECT_GT(cached["samples_per_s"].get<double>(), 0.0);
+    EXPECT_GE(cached["steps"].get<int>(), 6);
+    const json& cache = report["teacher_cache"];
+    EXPECT_EQ(cache["mode"], mode);
+    EXPECT_EQ(cache["samples"], 640);
+    EXPECT_EQ(cache["samples_kept"], 640);
+    EXPECT_EQ(cache["fill_teacher_batches"], again ? 0 : 10) << "the teacher's first epoch";
+    EXPECT_NEAR(cache["speedup_vs_overlapped"].get<double>(),
+                cached["samples_per_s"].get<double>() /
+                    report["modes"]["overlapped"]["samples_per_s"].get<double>(),
+                1e-9);
+    EXPECT_EQ(fs::exists(file), mode == "disk");
+  }
+  // Without kd.cache there is no cached mode.
+  const json plain = bench("none");
+  EXPECT_FALSE(plain["modes"].contains("overlapped-cached"));
+  EXPECT_TRUE(plain["teacher_cache"].is_null());
+}
+
 TEST(BenchOverlap, BadInputIsExitTwoWithOneLine) {
   const fs::path dir = scratch("overlap_bad");
   fs::create_directories(dir);

@@ -6,8 +6,6 @@
 #include "../core/image_files.hpp"
 #include "kdflow_process.hpp"
 
-#include "kdflow/core/dataset.hpp"
-
 #include <gtest/gtest.h>
 
 #include <fcntl.h>
@@ -54,39 +52,6 @@ std::vector<fs::path> checkpoints(const fs::path& out) {
     if (e.path().extension() == ".ckpt") files.push_back(e.path());
   std::sort(files.begin(), files.end());
   return files;
-}
-
-// The first `train` and `test` samples of Debian's Fashion-MNIST as plain IDX files in `dir` (a
-// real dataset small enough for a test's epochs); `shift` starts the training split that far in.
-void write_fmnist_subset(const fs::path& dir, std::size_t train, std::size_t test,
-                         std::size_t shift = 0) {
-  fs::create_directories(dir);
-  const auto be32 = [](std::ofstream& f, std::uint32_t v) {
-    const char b[4] = {static_cast<char>(v >> 24), static_cast<char>(v >> 16),
-                       static_cast<char>(v >> 8), static_cast<char>(v)};
-    f.write(b, 4);
-  };
-  const auto write = [&](kdflow::Split split, const std::string& stem, std::size_t n,
-                         std::size_t first) {
-    const auto d =
-        kdflow::Dataset::load("fashion-mnist", "/usr/share/datasets/fashion-mnist", split);
-    std::ofstream images(dir / (stem + "-images-idx3-ubyte"), std::ios::binary);
-    std::ofstream labels(dir / (stem + "-labels-idx1-ubyte"), std::ios::binary);
-    be32(images, 0x803);
-    be32(images, static_cast<std::uint32_t>(n));
-    be32(images, 28);
-    be32(images, 28);
-    be32(labels, 0x801);
-    be32(labels, static_cast<std::uint32_t>(n));
-    for (std::size_t i = first; i < first + n; ++i) {
-      const auto image = d.image(i);
-      images.write(reinterpret_cast<const char*>(image.data()),
-                   static_cast<std::streamsize>(image.size()));
-      labels.put(static_cast<char>(d.label(i)));
-    }
-  };
-  write(kdflow::Split::train, "train", train, shift);
-  write(kdflow::Split::test, "t10k", test, 0);
 }
 
 // kd.cache = disk: the first run keeps the teacher's outputs from its first epoch (its second
