@@ -134,7 +134,11 @@ int bench_overlap_command(const OverlapArgs& args) {
     return 0;
   });
 
-  const RunInputs run = agreed(group.get(), [&] { return prepare_run(config, dist); });
+  const RunInputs run = agreed(group.get(), [&] {
+    RunInputs prepared = prepare_run(config, dist);
+    prepare_teacher_cache(prepared); // for overlapped-cached
+    return prepared;
+  });
   const Sampler sampler(run.train.size(), run.sampler);
   const auto slots = static_cast<std::uint32_t>(config.get_int("ring.slots"));
   // At least a lap of the ring before measuring: the replay modes load each slot once there.

@@ -321,7 +321,6 @@ RunInputs prepare_run(const Config& config, const DistEnv& dist) {
           run.teacher_path, std::filesystem::current_path().string()));
     run.teacher = load_run_teacher(run, run.precision);
     run.teacher_input = teacher_input(run);
-    prepare_teacher_cache(run);
   }
   return run;
 }

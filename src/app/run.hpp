@@ -69,8 +69,8 @@ ImageAdapter teacher_input(const RunInputs& run);
 // kd.cache: run.cache for run.train (run.cache_file and run.cache_key too with kd.cache = disk,
 // and what the file holds loaded), or nothing with kd.cache = none. InputError where a cache would
 // serve wrong or no outputs (random augmentation, an image folder, several ranks), would not fit a
-// quarter of the memory, or its file cannot be used. prepare_run calls it; tests that replace
-// run.train call it again.
+// quarter of the memory, or its file cannot be used. After prepare_run, by the commands that
+// read the cache (train, bench-overlap); eval, export and tune-cores leave it out.
 void prepare_teacher_cache(RunInputs& run);
 
 // Every CUDA device with the allowed CPUs nearest it (all allowed CPUs where hwloc does not know

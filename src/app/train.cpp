@@ -337,6 +337,7 @@ TrainRun::TrainRun(const TrainArgs& args)
       run_(agreed(group_.get(),
                   [&] {
                     RunInputs run = prepare_run(config_, dist_);
+                    prepare_teacher_cache(run);
                     StopSignals::check("start-up");
                     return run;
                   })),

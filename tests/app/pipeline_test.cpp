@@ -405,14 +405,19 @@ TEST(CpuPipeline, TeacherOutputCacheIsRefusedWithRandomAugmentation) {
   for (const std::string set : {"data.pad_crop=2", "data.hflip=true"}) {
     const std::string key = set.substr(0, set.find('='));
     const std::string error = test::error_of([&] {
-      prepare_run(shipped_teacher_config({"kd.cache=memory", set}));
+      RunInputs run = prepare_run(shipped_teacher_config({"kd.cache=memory", set}));
+      prepare_teacher_cache(run);
     });
     EXPECT_NE(error.find("kd.cache = memory"), std::string::npos) << error;
     EXPECT_NE(error.find(key), std::string::npos) << error;
   }
-  EXPECT_EQ(prepare_run(shipped_teacher_config({})).cache, nullptr);
+  RunInputs run = prepare_run(shipped_teacher_config({}));
+  prepare_teacher_cache(run);
+  EXPECT_EQ(run.cache, nullptr);
   // Several ranks: each is dealt other samples every epoch, so its cache would seldom serve.
-  RunInputs run = prepare_run(shipped_teacher_config({"kd.cache=memory"}));
+  run = prepare_run(shipped_teacher_config({"kd.cache=memory"}));
+  EXPECT_EQ(run.cache, nullptr) << "prepare_run leaves the cache to the commands that read it";
+  prepare_teacher_cache(run);
   ASSERT_NE(run.cache, nullptr);
   run.dist.world = 2;
   const std::string error = test::error_of([&] { prepare_teacher_cache(run); });
