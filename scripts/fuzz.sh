@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-ci}
-all=(onnx idx cifar image config checkpoint plan npy)
+all=(onnx idx cifar image config checkpoint plan npy teacher_cache)
 case $mode in
   ci) seconds=30; targets=("${all[@]}") ;;
   long) seconds=${2:?usage: scripts/fuzz.sh long SECONDS [target...]}; shift 2

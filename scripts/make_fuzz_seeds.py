@@ -185,10 +185,25 @@ def npy_seeds(d):
         b"'shape': (1000000000, 1000000000), }" + b" " * 44 + b"\n")
 
 
+def teacher_cache_seeds(d):
+    # The payload TeacherOutputCache::save writes (8 samples x 5 classes, the fuzz target's key),
+    # after a first byte that picks every logit (even) or the 2 largest (odd).
+    key = b"kdflow teacher outputs\nfuzz=1\n"
+    for first, kept in ((0, 5), (1, 2)):
+        stride = 5 if kept == 5 else kept + 1
+        flags = bytes([1, 0, 1, 1, 0, 0, 1, 1])
+        values = rng.standard_normal(8 * stride).astype("<f4").tobytes()
+        indices = b"" if kept == 5 else np.tile(np.array([3, 1], "<u4"), 8).tobytes()
+        payload = (b"KDTCACHE" + struct.pack("<II", 1, len(key)) + key +
+                   struct.pack("<QQQ", 8, 5, kept) + flags + values + indices)
+        put(d, f"kept{kept}", bytes([first]) + payload)
+        put(d, f"kept{kept}_other_key", bytes([first]) + payload.replace(b"fuzz=1", b"fuzz=2"))
+
+
 if __name__ == "__main__":
     root = sys.argv[1]
     for target, make in (("onnx", onnx_seeds), ("idx", idx_seeds), ("cifar", cifar_seeds),
                          ("image", image_seeds), ("config", config_seeds),
                          ("checkpoint", checkpoint_seeds), ("plan", plan_seeds),
-                         ("npy", npy_seeds)):
+                         ("npy", npy_seeds), ("teacher_cache", teacher_cache_seeds)):
         make(os.path.join(root, target))

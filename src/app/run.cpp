@@ -79,12 +79,7 @@ std::string teacher_cache_key(const RunInputs& run, const TeacherOutputCache& ca
   return key;
 }
 
-} // namespace
-
-void prepare_teacher_cache(RunInputs& run) {
-  run.cache.reset();
-  run.cache_file.clear();
-  run.cache_key.clear();
+void prepare_teacher_cache_into(RunInputs& run) {
   const std::string mode = run.config.get_string("kd.cache");
   if (mode == "none" || !run.teacher_runs) return;
   std::string changes;
@@ -125,6 +120,10 @@ void prepare_teacher_cache(RunInputs& run) {
                   cache.samples(), cache.kept(), cache.full() ? "" : " and the rest's share",
                   static_cast<double>(cache.bytes()) / (1 << 20));
   if (mode == "memory") {
+    if (const std::string path = run.config.get_string("kd.cache_path"); !path.empty())
+      throw InputError(fmt::format("kd.cache_path = {}: kd.cache = memory keeps no file (set "
+                                   "kd.cache = disk to keep the outputs there)",
+                                   path));
     log_info(fmt::format("kd.cache = memory: {} are kept from their first batch", held));
     return;
   }
@@ -147,6 +146,8 @@ void prepare_teacher_cache(RunInputs& run) {
   } else {
     run.cache_file = named;
   }
+  if (fs::is_directory(run.cache_file))
+    throw InputError(fmt::format("kd.cache_path = {}: a folder, not a file", named));
   const fs::path folder = fs::absolute(run.cache_file).parent_path();
   if (!fs::is_directory(folder))
     throw InputError(fmt::format("kd.cache_path = {}: its folder does not exist", named));
@@ -170,6 +171,24 @@ void prepare_teacher_cache(RunInputs& run) {
   log_info(fmt::format("kd.cache = disk: {} read for {} of {} samples from {}{}", held, loaded,
                        cache.samples(), run.cache_file.string(),
                        loaded == cache.samples() ? ": the teacher runs for none" : ""));
+}
+
+} // namespace
+
+void prepare_teacher_cache(RunInputs& run) {
+  // Refused or not, no cache of an earlier call is left behind.
+  const auto clear = [&] {
+    run.cache.reset();
+    run.cache_file.clear();
+    run.cache_key.clear();
+  };
+  clear();
+  try {
+    prepare_teacher_cache_into(run);
+  } catch (...) {
+    clear();
+    throw;
+  }
 }
 
 const std::vector<ConfigKey>& run_schema() {

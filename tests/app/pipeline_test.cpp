@@ -23,6 +23,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <map>
 #include <numeric>
 #include <span>
@@ -423,6 +424,19 @@ TEST(CpuPipeline, TeacherOutputCacheIsRefusedWithRandomAugmentation) {
   const std::string error = test::error_of([&] { prepare_teacher_cache(run); });
   EXPECT_NE(error.find("2 ranks"), std::string::npos) << error;
   EXPECT_EQ(run.cache, nullptr);
+  run.dist.world = 1;
+  // A file named for a cache that keeps none, a folder named as the file, a folder that is not.
+  const auto refused = [&](const std::vector<std::string>& sets, const std::string& what) {
+    for (const auto& set : sets) run.config.set(set);
+    const std::string e = test::error_of([&] { prepare_teacher_cache(run); });
+    EXPECT_NE(e.find(what), std::string::npos) << e;
+    EXPECT_EQ(run.cache, nullptr);
+  };
+  const std::string tmp = std::filesystem::temp_directory_path().string();
+  refused({"kd.cache_path=" + tmp + "/outputs.kdcache"}, "kd.cache = memory keeps no file");
+  refused({"kd.cache=disk", "kd.cache_path=" + tmp}, "a folder, not a file");
+  refused({"kd.cache_path=" + tmp + "/kdflow-no-such-folder/outputs.kdcache"},
+          "its folder does not exist");
 }
 
 } // namespace
