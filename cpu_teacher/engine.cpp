@@ -290,6 +290,30 @@ std::string Lowering::choose(const Node& node, std::vector<std::string> options)
   return way;
 }
 
+namespace {
+
+// Each feature a value the input reaches, once, and one row per sample: the slot holds a
+// batch's features as [batch, ...] beside its logits.
+void check_features(const Graph& g, const TeacherOptions& options) {
+  const auto& features = options.features;
+  for (auto f = features.begin(); f != features.end(); ++f) {
+    const std::string what = fmt::format("{}: {} '{}'", g.file, options.features_source, *f);
+    if (std::find(features.begin(), f, *f) != f) throw InputError(what + " is named twice");
+    if (g.is_constant(*f))
+      throw InputError(what + " is a constant of the graph (it does not depend on the input)");
+    if (!g.shapes.count(*f))
+      throw InputError(what + ": no value of the graph has this name (`kdflow teacher info` "
+                              "lists them)");
+    const Shape& s = g.shape(*f);
+    if (s.empty() || s[0] != g.batch)
+      throw InputError(fmt::format("{} has shape {}, which does not lead with the batch ({}): "
+                                   "kdflow carries features one row per sample",
+                                   what, format_shape(s), g.batch));
+  }
+}
+
+} // namespace
+
 std::shared_ptr<const Teacher> Teacher::load(const std::string& path,
                                              const TeacherOptions& options) {
   if (options.batch < 1)
@@ -308,7 +332,9 @@ std::shared_ptr<const Teacher> Teacher::load(const std::string& path,
   lo.sample_default = options.sample_default;
   lo.sample_source = options.sample_source;
   lo.limits = options.limits;
+  lo.keep = options.features;
   Graph graph = load_onnx(path, lo);
+  check_features(graph, options);
   std::shared_ptr<Teacher> t(new Teacher());
   if (options.tune == Tune::automatic) {
     t->plan_ = tuned_plan(std::move(graph), options, path);
@@ -470,6 +496,15 @@ std::byte* aligned_bytes(std::size_t n) {
 }
 
 } // namespace
+
+OutputBuffers::OutputBuffers(const Teacher& teacher) {
+  const std::size_t n = teacher.output_names().size();
+  data.reserve(n);
+  for (std::size_t k = 0; k < n; ++k) {
+    data.emplace_back(static_cast<std::size_t>(numel(teacher.output_shape(k))));
+    pointers.push_back(data.back().data());
+  }
+}
 
 Replica::Replica(std::shared_ptr<const Teacher> teacher)
     : teacher_(std::move(teacher)), state_(std::make_unique<State>()) {

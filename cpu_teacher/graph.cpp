@@ -1,6 +1,8 @@
 // Graph helpers: tensors, attributes, shapes, consumers.
 #include "kdflow/cpu_teacher/graph.hpp"
 
+#include <algorithm>
+
 #include "kdflow/core/error.hpp"
 
 #include <fmt/format.h>
@@ -96,9 +98,8 @@ std::vector<std::size_t> Graph::consumers(const std::string& value) const {
 }
 
 bool Graph::is_output(const std::string& value) const {
-  for (const auto& o : outputs)
-    if (o == value) return true;
-  return false;
+  return std::find(outputs.begin(), outputs.end(), value) != outputs.end() ||
+         std::find(kept.begin(), kept.end(), value) != kept.end();
 }
 
 } // namespace kdflow::teacher

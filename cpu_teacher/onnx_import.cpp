@@ -581,6 +581,7 @@ Graph import_graph(const pb::ModelProto& model, const std::string& path,
   for (const auto& o : g.outputs)
     if (!g.shapes.count(o))
       throw InputError(fmt::format("{}: graph output '{}' is never produced", path, o));
+  g.kept = options.keep;
   if (options.run_passes) run_passes(g);
   return g;
 }

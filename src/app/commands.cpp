@@ -94,6 +94,9 @@ Commands::Commands(CLI::App& app) : app_(app) {
                    "time each node's ways at load and keep the fastest (default: auto with --plan, "
                    "else off, so that info stays quick on large models)")
       ->check(CLI::IsMember({"auto", "off"}));
+  info->add_option("--feature", teacher_.features,
+                   "plan with this intermediate value returned too, as teacher.features does "
+                   "(repeatable)");
   info->add_flag("--plan", teacher_.plan,
                  "list every node that can run more than one way: the ways, their times, the one "
                  "kept");
@@ -108,7 +111,9 @@ Commands::Commands(CLI::App& app) : app_(app) {
   infer->add_option("--precision", teacher_.precision, "fp32 or bf16")
       ->check(CLI::IsMember({"fp32", "bf16"}));
   infer->add_option("--feature", teacher_.features,
-                    "also write this intermediate value (repeatable)");
+                    "also write this intermediate value (`teacher info` lists them) to "
+                    "OUTPUT.<value>.npy, any character but letters, digits, '.' and '-' made "
+                    "'_' (repeatable)");
   infer
       ->add_option("--tune", teacher_.tune,
                    "time each node's ways at load and keep the fastest (default: auto)")
@@ -127,6 +132,9 @@ Commands::Commands(CLI::App& app) : app_(app) {
       ->check(CLI::IsMember({"fp32", "bf16"}));
   tbench->add_option("--seconds", teacher_.seconds, "measuring time")->capture_default_str();
   tbench->add_option("--json", teacher_.json, "write the result as JSON here");
+  tbench->add_option("--feature", teacher_.features,
+                     "also return this intermediate value, as teacher.features does: its cost "
+                     "measured (repeatable)");
   tbench->add_flag("--profile", teacher_.profile,
                    "also time every step of the plan and report where the time goes, by kind");
   tbench

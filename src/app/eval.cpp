@@ -52,6 +52,7 @@ int eval_command(const EvalArgs& args) {
   std::vector<std::string> sets = args.sets;
   // An ONNX model is read as the run's teacher is (teacher.input_size, mean, std, precision).
   sets.push_back(onnx ? "teacher.model=" + args.model : "student.path=" + args.model);
+  if (onnx) sets.push_back("teacher.features="); // the logits are all it scores
   sets.push_back(onnx ? "kd.alpha=1" : "kd.alpha=0");
   if (!onnx) sets.emplace_back("student.arch=torchscript");
   const RunInputs run = prepare_run(resolve_config(args.config, sets));
@@ -81,8 +82,9 @@ int eval_command(const EvalArgs& args) {
     run_in_arena(arena.arena(), [&] {
       teacher::Replica replica(run.teacher);
       const ImageAdapter& adapt = *run.teacher_input;
-      std::vector<float> input(batch * adapt.to().numel(), 0.f), scratch, out(batch * classes);
-      float* outputs[] = {out.data()};
+      std::vector<float> input(batch * adapt.to().numel(), 0.f), scratch;
+      teacher::OutputBuffers outputs(*run.teacher); // the first is the logits scored
+      const std::vector<float>& out = outputs.data.front();
       for (std::size_t first = 0; first < count; first += kEvalChunk) {
         const std::size_t chunk = std::min(kEvalChunk, count - first);
         evaluation_images(run, run.plan.loader, first, chunk, images);
@@ -91,7 +93,7 @@ int eval_command(const EvalArgs& args) {
           const std::size_t n = std::min(batch, chunk - i);
           adapt.run(images.data() + i * sample, n, input.data(), scratch);
           const auto t0 = Clock::now();
-          replica.run(input.data(), outputs);
+          replica.run(input.data(), outputs.pointers);
           seconds += std::chrono::duration<double>(Clock::now() - t0).count();
           std::copy_n(out.begin(), n * classes,
                       logits.begin() + static_cast<std::ptrdiff_t>(i * classes));

@@ -33,11 +33,32 @@ void run_in_arena(oneapi::tbb::task_arena& arena, const std::function<void()>& f
   if (error) std::rethrow_exception(error);
 }
 
+namespace {
+
+// The teacher's outputs are the graph's (the first is the logits), then its features.
+std::size_t first_feature(const teacher::Teacher& t) { return t.graph().outputs.size(); }
+
+// Buffers for every output of `t` but those a slot holds: the logits and the features.
+std::vector<std::vector<float>> other_outputs(const teacher::Teacher& t) {
+  std::vector<std::vector<float>> out;
+  for (std::size_t k = 1; k < first_feature(t); ++k)
+    out.emplace_back(static_cast<std::size_t>(teacher::numel(t.output_shape(k))));
+  return out;
+}
+
+} // namespace
+
+std::string feature_region(const std::string& value) { return "feature:" + value; }
+
 SlotLayout CpuPipeline::layout_for(const RunInputs& run) {
   std::vector<RegionSpec> extra;
   if (run.teacher_runs) {
-    const teacher::Shape out = run.teacher->output_shape(0);
+    const teacher::Teacher& t = *run.teacher;
+    const teacher::Shape out = t.output_shape(0);
     extra.push_back({"logits", DType::f32, {out[0], out[1]}});
+    const auto names = t.output_names();
+    for (std::size_t k = first_feature(t); k < names.size(); ++k)
+      extra.push_back({feature_region(names[k]), DType::f32, t.output_shape(k)});
   }
   return loader_layout(run.train, run.sampler.batch_size, run.augment.normalize, std::move(extra));
 }
@@ -47,7 +68,12 @@ CpuPipeline::CpuPipeline(const RunInputs& run, const Sampler& sampler, std::uint
     : run_(run), sampler_(sampler) {
   SlotLayout layout = layout_for(run);
   regions_.loader = {layout.index_of("inputs"), layout.index_of("labels"), layout.index_of("ids")};
-  if (run.teacher_runs) regions_.logits = layout.index_of("logits");
+  if (run.teacher_runs) {
+    regions_.logits = layout.index_of("logits");
+    const auto names = run.teacher->output_names();
+    for (std::size_t k = first_feature(*run.teacher); k < names.size(); ++k)
+      regions_.features.push_back(layout.index_of(feature_region(names[k])));
+  }
   ring_ = std::make_unique<SlotRing>(std::move(layout), slots, std::move(memory));
 
   // Every arena's workers come from oneTBB's one global pool: size it for all of them (kd-ctl's
@@ -79,6 +105,10 @@ std::unique_ptr<CpuPipeline::TeacherUnit> CpuPipeline::make_teacher(const affini
   // is its float32 copy of the batch's inputs.
   run_in_arena(unit->arena->arena(), [&] {
     unit->replica = std::make_unique<teacher::Replica>(run_.teacher);
+    unit->other_outputs = other_outputs(*run_.teacher);
+    unit->outputs.assign(run_.teacher->output_names().size(), nullptr);
+    for (std::size_t k = 0; k < unit->other_outputs.size(); ++k)
+      unit->outputs[1 + k] = unit->other_outputs[k].data();
     const ImageAdapter& adapt = *run_.teacher_input;
     if (!run_.augment.normalize || !adapt.passes_floats())
       unit->inputs.assign(run_.sampler.batch_size * adapt.to().numel(), 0.f);
@@ -154,7 +184,11 @@ void CpuPipeline::keep_in_cache(const Slot& slot, std::span<const float> logits)
 }
 
 void CpuPipeline::forward(TeacherUnit& unit, const Slot& slot, float* logits) {
-  float* outputs[] = {logits};
+  std::span<float*> outputs(unit.outputs);
+  outputs[0] = logits;
+  const std::size_t features = first_feature(*run_.teacher);
+  for (std::size_t k = 0; k < regions_.features.size(); ++k)
+    outputs[features + k] = slot.region<float>(regions_.features[k]).data();
   const ImageAdapter& adapt = *run_.teacher_input;
   const std::size_t n = run_.sampler.batch_size;
   if (run_.augment.normalize) {
@@ -203,14 +237,12 @@ void CpuPipeline::start_background_teachers() {
       const std::size_t in = static_cast<std::size_t>(run_.teacher->batch()) *
                              static_cast<std::size_t>(run_.teacher_input->to().numel());
       std::vector<float> inputs(in, 0.5f);
-      std::vector<float> logits(
-          static_cast<std::size_t>(teacher::numel(run_.teacher->output_shape(0))));
-      float* outputs[] = {logits.data()};
+      teacher::OutputBuffers outputs(*run_.teacher);
       for (std::uint64_t n = 0; !background_stop_.load(std::memory_order_relaxed); ++n) {
         const auto t0 = std::chrono::steady_clock::now();
         try {
           trace::Span span("teacher", n);
-          u->replica->run(inputs.data(), outputs);
+          u->replica->run(inputs.data(), outputs.pointers);
         } catch (...) {
           break; // the same replica fails in the measured modes, which report it
         }

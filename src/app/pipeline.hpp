@@ -22,6 +22,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <vector>
 
 namespace kdflow::app {
@@ -32,7 +33,11 @@ void run_in_arena(oneapi::tbb::task_arena& arena, const std::function<void()>& f
 struct SlotRegions {
   LoaderRegions loader;
   std::optional<std::size_t> logits; // the teacher's output region
+  std::vector<std::size_t> features; // teacher.features' regions, in its order
 };
+
+// The slot region of the teacher's feature `value` (an ONNX value name).
+std::string feature_region(const std::string& value);
 
 // Construction builds the ring and the pinned arenas (and the teacher replicas); start() starts
 // the stage graphs: ring batches [0, batches) carry the sampler's batches first_batch + b.
@@ -117,6 +122,10 @@ private:
     std::unique_ptr<affinity::PinnedArena> arena;
     std::unique_ptr<teacher::Replica> replica;
     std::vector<float> inputs, scratch; // scratch: the adapter's box reduction
+    // The graph's outputs past the first, which no slot region holds; and every output's
+    // pointer for the replica (the slot's regions are set per batch).
+    std::vector<std::vector<float>> other_outputs;
+    std::vector<float*> outputs;
 
     std::unique_ptr<StageGraph> graph; // destroyed first: it waits for its bodies
   };

@@ -94,6 +94,10 @@ void prepare_teacher_cache_into(RunInputs& run) {
     throw InputError(fmt::format("kd.cache = {}: the teacher's input for a sample changes every "
                                  "epoch ({}): set kd.cache = none",
                                  mode, changes));
+  if (const auto& features = run.config.get_strings("teacher.features"); !features.empty())
+    throw InputError(fmt::format("kd.cache = {} keeps the teacher's logits, and teacher.features "
+                                 "= [{}] asks for its features too: set kd.cache = none",
+                                 mode, fmt::join(features, ", ")));
   if (run.dist.world > 1)
     throw InputError(fmt::format(
         "kd.cache = {} with {} ranks: each rank is dealt other samples every epoch (a fresh "
@@ -402,6 +406,8 @@ std::shared_ptr<const teacher::Teacher> load_run_teacher(const RunInputs& run,
       teacher::parse_input_size(run.config.get_string("teacher.input_size"), "teacher.input_size");
   options.sample_default = data;
   options.sample_source = "teacher.input_size";
+  options.features = run.config.get_strings("teacher.features");
+  options.features_source = "teacher.features";
   options.tune = teacher::parse_tune(run.config.get_string("teacher.tune"));
   options.threads =
       run.plan.teacher.empty() ? 0 : static_cast<int>(run.plan.teacher.front().size());

@@ -14,6 +14,7 @@
 #include <oneapi/tbb/global_control.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <fstream>
 #include <map>
@@ -46,6 +47,7 @@ std::shared_ptr<const teacher::Teacher> load(const TeacherArgs& args, std::int64
   opts.batch = batch;
   opts.precision = teacher::parse_precision(args.precision);
   opts.features = args.features;
+  opts.features_source = "--feature";
   if (sample_shape) {
     opts.sample_shape = std::move(*sample_shape);
     opts.sample_source = "the input";
@@ -97,12 +99,10 @@ struct PinnedRun {
         parallelism(oneapi::tbb::global_control::max_allowed_parallelism, cpus.size() + 1),
         arena(topo, cpus, "teacher"), replica(t) {
     affinity::pin_this_thread(topo, cpus, "kd-teacher");
-    for (std::size_t k = 0; k < t->output_names().size(); ++k)
-      outs.emplace_back(static_cast<std::size_t>(teacher::numel(t->output_shape(k))));
-    for (auto& o : outs) ptrs.push_back(o.data());
+    outs.emplace(*t); // first touched on the pinned CPUs
   }
   void run(const float* input) {
-    arena.arena().execute([&] { replica.run(input, ptrs); });
+    arena.arena().execute([&] { replica.run(input, outs->pointers); });
   }
 
   affinity::Topology topo;
@@ -110,8 +110,7 @@ struct PinnedRun {
   oneapi::tbb::global_control parallelism;
   affinity::PinnedArena arena;
   teacher::Replica replica;
-  std::vector<std::vector<float>> outs;
-  std::vector<float*> ptrs;
+  std::optional<teacher::OutputBuffers> outs;
 };
 
 // Median time of every step over profiled batches (each step waited for before the next starts),
@@ -126,7 +125,7 @@ nlohmann::json step_profile(PinnedRun& pinned, const teacher::Teacher& t, const 
   while (batches < 5 ||
          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() <
              seconds) {
-    pinned.replica.run_timed(input, pinned.ptrs, one);
+    pinned.replica.run_timed(input, pinned.outs->pointers, one);
     for (std::size_t i = 0; i < steps; ++i) samples[i].push_back(one[i]);
     ++batches;
   }
@@ -168,6 +167,40 @@ void print_profile(const nlohmann::json& profile) {
                k["steps"].get<int>(), k["ms"].get<double>(), 100 * k["share"].get<double>());
 }
 
+// The file beside `output` (x.npy) for the teacher's output `value`: x.<value>.npy, the value's
+// name made a file name (ONNX names such as "/layer1/Relu_output_0" hold slashes).
+std::string beside(const std::string& output, const std::string& value) {
+  std::string name;
+  for (const char c : value)
+    name += std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' ? c : '_';
+  const auto dot = output.rfind(".npy");
+  return (dot == std::string::npos ? output : output.substr(0, dot)) + "." + name + ".npy";
+}
+
+// Every value of the graph as imported (before kdflow's passes, which keep the ones named as
+// features): what teacher.features and --feature can name.
+void print_values(const TeacherArgs& args) {
+  teacher::LoadOptions options;
+  options.batch = args.batch;
+  options.sample_shape = teacher::parse_input_size(args.input_size, "--input-size");
+  options.sample_source = "--input-size";
+  options.run_passes = false;
+  const teacher::Graph g = teacher::load_onnx(args.model, options);
+  std::size_t count = 0;
+  std::string rows;
+  for (const auto& node : g.nodes)
+    for (const auto& value : node.outputs) {
+      if (value.empty() || !g.shapes.count(value)) continue;
+      const teacher::Shape& s = g.shape(value);
+      const bool per_sample = !s.empty() && s[0] == g.batch;
+      count += per_sample;
+      rows += fmt::format("  {} {} ({}){}\n", value, teacher::format_shape(s), node.op,
+                          per_sample ? "" : ": not one row per sample, cannot be a feature");
+    }
+  fmt::print("values (teacher.features or --feature name any of these {}; shapes at batch {}):\n{}",
+             count, g.batch, rows);
+}
+
 } // namespace
 
 int teacher_info(const TeacherArgs& args) {
@@ -196,6 +229,7 @@ int teacher_info(const TeacherArgs& args) {
              static_cast<double>(t->unshared_buffer_bytes()) / (1 << 20));
   print_tuning(*t, args.plan);
   fmt::print("graph after passes:\n{}", teacher::describe_graph(g));
+  print_values(args);
   return 0;
 }
 
@@ -207,15 +241,11 @@ int teacher_infer(const TeacherArgs& args) {
   const auto t = load(args, x.shape[0], teacher::Shape(x.shape.begin() + 1, x.shape.end()));
   PinnedRun pinned(t, args.threads);
   pinned.run(x.data.data());
-  const auto& outs = pinned.outs;
+  const auto& outs = pinned.outs->data;
   teacher::write_npy(args.output, t->output_shape(0), outs[0].data());
-  for (std::size_t k = 1; k < outs.size(); ++k) {
-    std::string path = args.output;
-    const auto dot = path.rfind(".npy");
-    path = (dot == std::string::npos ? path : path.substr(0, dot)) + "." + t->output_names()[k] +
-           ".npy";
-    teacher::write_npy(path, t->output_shape(k), outs[k].data());
-  }
+  for (std::size_t k = 1; k < outs.size(); ++k)
+    teacher::write_npy(beside(args.output, t->output_names()[k]), t->output_shape(k),
+                       outs[k].data());
   return 0;
 }
 
@@ -234,13 +264,13 @@ int teacher_bench(const TeacherArgs& args) {
   nlohmann::json profile;
   pinned.arena.arena().execute([&] {
     for (int i = 0; i < 3; ++i)
-      pinned.replica.run(input.data(), pinned.ptrs); // warm-up: JIT, caches, pages
+      pinned.replica.run(input.data(), pinned.outs->pointers); // warm-up: JIT, caches, pages
     const auto start = std::chrono::steady_clock::now();
     while (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() <
                args.seconds ||
            times.size() < 5) {
       const auto t0 = std::chrono::steady_clock::now();
-      pinned.replica.run(input.data(), pinned.ptrs);
+      pinned.replica.run(input.data(), pinned.outs->pointers);
       times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     }
     peak = teacher::measure_fma_peak(std::min(2.0, std::max(0.5, args.seconds / 4)));
@@ -268,6 +298,7 @@ int teacher_bench(const TeacherArgs& args) {
       {"median_batch_ms", median * 1e3},
       {"batches_timed", times.size()},
       {"flops_per_sample", summary.flops_per_sample},
+      {"features", args.features},
       {"onednn", info.version + " " + info.cpu_runtime},
   };
   const auto& tuned = t->tune_report();

@@ -105,6 +105,7 @@ std::string value_text(const Config& c, const ConfigKey& key) {
   case ConfigType::integer: return std::to_string(c.get_int(key.name));
   case ConfigType::real: return fmt::format("{}", c.get_double(key.name));
   case ConfigType::string: return c.get_string(key.name);
+  case ConfigType::strings: return fmt::format("[{}]", fmt::join(c.get_strings(key.name), ", "));
   }
   return {};
 }

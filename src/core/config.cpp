@@ -52,6 +52,7 @@ const char* type_name(ConfigType type) {
   case ConfigType::integer: return "an integer";
   case ConfigType::real: return "a number";
   case ConfigType::string: return "a string";
+  case ConfigType::strings: return "an array of strings";
   }
   return "?";
 }
@@ -64,6 +65,8 @@ std::string show(const ConfigValue& v) {
           return x ? "true" : "false";
         else if constexpr (std::is_same_v<X, std::string>)
           return x;
+        else if constexpr (std::is_same_v<X, std::vector<std::string>>)
+          return fmt::format("[{}]", fmt::join(x, ", "));
         else
           return fmt::format("{}", x);
       },
@@ -95,6 +98,16 @@ std::string toml_real(double v) {
   return text;
 }
 
+std::optional<ConfigValue> from_node(const ConfigKey& key, const toml::node& node);
+
+// A --set string: bare, or in matching single or double quotes.
+std::string unquoted(std::string_view text) {
+  if (text.size() >= 2 && (text.front() == '"' || text.front() == '\'') &&
+      text.back() == text.front())
+    text = text.substr(1, text.size() - 2);
+  return std::string(text);
+}
+
 // Parses the text of a --set value as the key's type; nullopt when it does not read as one.
 std::optional<ConfigValue> parse_text(const ConfigKey& key, std::string_view text) {
   switch (key.type) {
@@ -115,11 +128,21 @@ std::optional<ConfigValue> parse_text(const ConfigKey& key, std::string_view tex
       return std::nullopt;
     return ConfigValue{v};
   }
-  case ConfigType::string:
-    if (text.size() >= 2 && (text.front() == '"' || text.front() == '\'') &&
-        text.back() == text.front())
-      text = text.substr(1, text.size() - 2);
-    return ConfigValue{std::string(text)};
+  case ConfigType::string: return ConfigValue{unquoted(text)};
+  case ConfigType::strings: {
+    if (text.empty()) return ConfigValue{std::vector<std::string>{}};
+    if (text.front() != '[') return ConfigValue{std::vector<std::string>{unquoted(text)}};
+    // An inline TOML array, read by the TOML parser as a file's would be.
+    try {
+      const std::string doc = fmt::format("v = {}", text);
+      const toml::table t = toml::parse(std::string_view(doc), std::string_view("--set"));
+      const toml::node* v = t.get("v");
+      if (v == nullptr || t.size() != 1) return std::nullopt;
+      return from_node(key, *v);
+    } catch (const toml::parse_error&) {
+      return std::nullopt;
+    }
+  }
   }
   return std::nullopt;
 }
@@ -139,6 +162,17 @@ std::optional<ConfigValue> from_node(const ConfigKey& key, const toml::node& nod
   case ConfigType::string:
     if (auto v = node.value_exact<std::string>()) return ConfigValue{*v};
     return std::nullopt;
+  case ConfigType::strings: {
+    const auto* array = node.as_array();
+    if (array == nullptr) return std::nullopt;
+    std::vector<std::string> out;
+    for (const auto& element : *array) {
+      auto v = element.value_exact<std::string>();
+      if (!v) return std::nullopt;
+      out.push_back(std::move(*v));
+    }
+    return ConfigValue{std::move(out)};
+  }
   }
   return std::nullopt;
 }
@@ -153,6 +187,10 @@ void Config::assign(const ConfigKey& key, ConfigValue value, const std::string& 
   // The resolved config.toml must read back: TOML text is UTF-8, whatever --set was given.
   if (const auto* s = std::get_if<std::string>(&value); s != nullptr && !is_utf8(*s))
     throw InputError(fmt::format("{}: key '{}' is not valid UTF-8 text", origin, key.name));
+  if (const auto* list = std::get_if<std::vector<std::string>>(&value); list != nullptr)
+    for (const auto& s : *list)
+      if (!is_utf8(s))
+        throw InputError(fmt::format("{}: key '{}' is not valid UTF-8 text", origin, key.name));
   if (!key.choices.empty()) {
     const auto& s = std::get<std::string>(value);
     if (std::find(key.choices.begin(), key.choices.end(), s) == key.choices.end())
@@ -207,14 +245,16 @@ void Config::merge_file(const std::filesystem::path& path) {
 void Config::set(std::string_view assignment) {
   const auto eq = assignment.find('=');
   if (eq == std::string_view::npos || eq == 0)
-    throw InputError(fmt::format("--set '{}': expected section.key=value", assignment));
+    throw InputError(
+        fmt::format("--set {}: expected section.key=value", toml_quote(std::string(assignment))));
   const std::string_view name = assignment.substr(0, eq);
   const ConfigKey* key = find_key(*schema_, name);
-  if (key == nullptr) throw InputError(fmt::format("--set: unknown key '{}'", name));
+  if (key == nullptr)
+    throw InputError(fmt::format("--set: unknown key {}", toml_quote(std::string(name))));
   auto parsed = parse_text(*key, assignment.substr(eq + 1));
   if (!parsed)
-    throw InputError(fmt::format("--set: key '{}' must be {}, got '{}'", name, type_name(key->type),
-                                 assignment.substr(eq + 1)));
+    throw InputError(fmt::format("--set: key '{}' must be {}, got {}", name, type_name(key->type),
+                                 toml_quote(std::string(assignment.substr(eq + 1)))));
   assign(*key, std::move(*parsed), "--set");
 }
 
@@ -238,6 +278,9 @@ double Config::get_double(std::string_view key) const {
 const std::string& Config::get_string(std::string_view key) const {
   return std::get<std::string>(value_of(key, ConfigType::string));
 }
+const std::vector<std::string>& Config::get_strings(std::string_view key) const {
+  return std::get<std::vector<std::string>>(value_of(key, ConfigType::strings));
+}
 
 std::string Config::to_toml() const {
   std::string out = "# kdflow resolved configuration: every key, defaults written out.\n";
@@ -251,12 +294,17 @@ std::string Config::to_toml() const {
     }
     const ConfigValue& v = values_.find(key.name)->second;
     std::string text;
-    if (key.type == ConfigType::string)
+    if (key.type == ConfigType::string) {
       text = toml_quote(std::get<std::string>(v));
-    else if (key.type == ConfigType::real)
+    } else if (key.type == ConfigType::strings) {
+      std::vector<std::string> quoted;
+      for (const auto& s : std::get<std::vector<std::string>>(v)) quoted.push_back(toml_quote(s));
+      text = fmt::format("[{}]", fmt::join(quoted, ", "));
+    } else if (key.type == ConfigType::real) {
       text = toml_real(std::get<double>(v));
-    else
+    } else {
       text = show(v);
+    }
     out += fmt::format("# {}\n{} = {}\n", key.doc, key.name.substr(dot + 1), text);
   }
   return out;

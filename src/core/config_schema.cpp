@@ -63,6 +63,10 @@ const std::vector<ConfigKey>& config_schema() {
        "auto: time each node's ways to run at load (at the run's batch, precision and threads) "
        "and keep the fastest, cached per model, batch and machine; off: the untuned plan",
        {"auto", "off"}},
+      {"teacher.features", T::strings, std::vector<std::string>{},
+       "intermediate values of the teacher's ONNX graph to compute beside the logits, each into "
+       "its own slot region carried to the student's device (`kdflow teacher info` lists the "
+       "names and shapes; a value named here is never fused away)"},
       {"teacher.input_size", T::string, std::string("auto"),
        "the images the teacher reads, \"N\" or \"HxW\": its replicas resize the slot's images "
        "to it (box average, then bilinear, as the loader resizes); auto: the size the model "

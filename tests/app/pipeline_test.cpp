@@ -437,6 +437,106 @@ TEST(CpuPipeline, TeacherOutputCacheIsRefusedWithRandomAugmentation) {
   refused({"kd.cache=disk", "kd.cache_path=" + tmp}, "a folder, not a file");
   refused({"kd.cache_path=" + tmp + "/kdflow-no-such-folder/outputs.kdcache"},
           "its folder does not exist");
+  // The cache keeps logits: a run that also carries features computes them every batch.
+  refused({"kd.cache=memory", "kd.cache_path=", "teacher.features=[\"a\", \"b\"]"},
+          "teacher.features = [a, b]");
+}
+
+// Values of the shipped teacher's graph (as imported: before any pass) that hold one row per
+// sample, in graph order, the graph's outputs left out.
+std::vector<std::string> per_sample_values(const std::string& model) {
+  teacher::LoadOptions options;
+  options.batch = 4;
+  options.run_passes = false;
+  const teacher::Graph g = teacher::load_onnx(model, options);
+  std::vector<std::string> out;
+  for (const auto& node : g.nodes)
+    for (const auto& v : node.outputs)
+      if (!v.empty() && !g.is_output(v) && g.shape(v).at(0) == g.batch) out.push_back(v);
+  return out;
+}
+
+// teacher.features: each named value gets a slot region of its shape beside the logits, and the
+// replicas fill every one for every batch: checked against a replica of a teacher that returns the
+// same values (the values themselves against the reference interpreter in TeacherFeatures), with
+// the logits those of a teacher without features.
+TEST(CpuPipeline, TeacherFeaturesReachTheirSlotRegionsBesideTheLogits) {
+  ASSERT_GE(allowed_cpus().size(), 2u);
+  const std::string model = std::string(KDFLOW_SOURCE_DIR) + "/models/fmnist_teacher.onnx";
+  const auto values = per_sample_values(model);
+  ASSERT_GE(values.size(), 3u);
+  // The first value, one from the middle and the last before the outputs: an early activation
+  // that fusion would otherwise fold away, and a late one.
+  const std::vector<std::string> features = {values.front(), values[values.size() / 2],
+                                             values.back()};
+  std::string list;
+  for (const auto& f : features) list += (list.empty() ? "\"" : ", \"") + f + "\"";
+  const RunInputs run = prepare_run(
+      shipped_teacher_config({"data.batch_size=16", "teacher.features=[" + list + "]"}));
+  const RunInputs plain = prepare_run(shipped_teacher_config({"data.batch_size=16"}));
+  const Sampler sampler(run.train.size(), run.sampler);
+  constexpr std::uint32_t kSlots = 3;
+  constexpr std::uint64_t kBatches = 20;
+  const SlotLayout layout = CpuPipeline::layout_for(run);
+  CpuPipeline pipeline(run, sampler, kSlots,
+                       student::allocate_pinned_for_device(kSlots * layout.slot_bytes()));
+  ASSERT_EQ(pipeline.regions().features.size(), features.size());
+  for (std::size_t k = 0; k < features.size(); ++k) {
+    const Region& r = layout.regions()[pipeline.regions().features[k]];
+    EXPECT_EQ(r.spec.name, feature_region(features[k]));
+    EXPECT_EQ(r.spec.shape, run.teacher->output_shape(1 + k)) << features[k];
+    EXPECT_EQ(r.spec.shape.at(0), 16);
+  }
+  EXPECT_GT(layout.slot_bytes(), CpuPipeline::layout_for(plain).slot_bytes());
+
+  oneapi::tbb::task_arena one_thread(1);
+  std::unique_ptr<teacher::Replica> with, without;
+  one_thread.execute([&] {
+    with = std::make_unique<teacher::Replica>(run.teacher);
+    without = std::make_unique<teacher::Replica>(plain.teacher);
+  });
+  teacher::OutputBuffers expected(*run.teacher), logits_only(*plain.teacher);
+  pipeline.start(0, kBatches);
+  std::vector<double> worst(1 + features.size(), 0.0), largest(features.size(), 0.0);
+  for (std::uint64_t b = 0; b < kBatches; ++b) {
+    auto slot = pipeline.ring().acquire_ready(b);
+    ASSERT_TRUE(slot) << "batch " << b;
+    const auto inputs = slot->region<float>(pipeline.regions().loader.inputs);
+    one_thread.execute([&] {
+      with->run(inputs.data(), expected.pointers);
+      without->run(inputs.data(), logits_only.pointers);
+    });
+    const auto logits = slot->region<float>(*pipeline.regions().logits);
+    for (std::size_t i = 0; i < logits.size(); ++i)
+      worst[0] = std::max(worst[0], double(std::fabs(logits[i] - logits_only.data[0][i])));
+    for (std::size_t k = 0; k < features.size(); ++k) {
+      const auto got = slot->region<float>(pipeline.regions().features[k]);
+      const auto& want = expected.data[1 + k];
+      ASSERT_EQ(got.size(), want.size());
+      for (std::size_t i = 0; i < got.size(); ++i) {
+        worst[1 + k] = std::max(worst[1 + k], double(std::fabs(got[i] - want[i])));
+        largest[k] = std::max(largest[k], double(std::fabs(want[i])));
+      }
+    }
+    pipeline.ring().release(*slot);
+  }
+  pipeline.stop();
+  pipeline.ring().rethrow_if_failed();
+  EXPECT_LE(worst[0], 1e-5) << "the logits are those of the teacher without features";
+  for (std::size_t k = 0; k < features.size(); ++k) {
+    EXPECT_GT(largest[k], 1e-3) << features[k] << ": values that say something";
+    EXPECT_LE(worst[1 + k], 1e-5 * std::max(1.0, largest[k])) << features[k];
+  }
+
+  // A name the graph lacks, or one named twice: exit 2 naming the key and the value.
+  const auto refused = [&](const std::string& set, const std::vector<std::string>& what) {
+    const std::string e = test::error_of([&] { (void)prepare_run(shipped_teacher_config({set})); });
+    for (const auto& w : what) EXPECT_NE(e.find(w), std::string::npos) << e;
+  };
+  refused("teacher.features=[\"no_such_value\"]",
+          {"teacher.features", "'no_such_value'", "fmnist_teacher.onnx", "teacher info"});
+  refused("teacher.features=[\"" + features[0] + "\", \"" + features[0] + "\"]",
+          {"teacher.features", features[0], "twice"});
 }
 
 } // namespace

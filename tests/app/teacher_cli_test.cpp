@@ -32,6 +32,43 @@ TEST(TeacherCli, InferWritesPyTorchsAnswers) {
   EXPECT_LE(kdflow::test::normalized_error(got.data, ref.data), 1e-4);
 }
 
+// `teacher info` lists the values a feature can name; `infer --feature` writes each beside the
+// logits, its name made a file name, holding what a run of the plan returns for it (the values
+// themselves against the reference in TeacherFeatures).
+TEST(TeacherCli, InfoListsTheValuesAndInferWritesTheFeatures) {
+  const fs::path dir = scratch("features");
+  fs::create_directories(dir);
+  const std::string model = fixture("resnet18_opset17.onnx").string();
+  const Child c = spawn({"teacher", "info", "--model", model, "--batch", "2"},
+                        (dir / "info.stderr").string(), dir / "info.txt");
+  ASSERT_EQ(wait_exit(c), 0) << read_text(dir / "info.stderr");
+  const std::string text = read_text(dir / "info.txt");
+  const auto listed = text.find("values (");
+  ASSERT_NE(listed, std::string::npos) << text;
+  const std::string value = "/layer1/layer1.0/relu_1/Relu_output_0";
+  EXPECT_NE(text.find("  " + value + " [2, 64, 8, 8] (Relu)\n", listed), std::string::npos) << text;
+  const fs::path out = dir / "logits.npy";
+  const auto r = run({"teacher", "infer", "--model", model, "--input",
+                      fixture("resnet18_opset17.input.npy").string(), "--output", out.string(),
+                      "--threads", "1", "--feature", value},
+                     dir / "infer");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto feature = kdflow::teacher::read_npy(
+      (dir / "logits._layer1_layer1.0_relu_1_Relu_output_0.npy").string());
+  EXPECT_EQ(feature.shape[1], 64);
+  EXPECT_EQ(feature.shape[2], 8);
+  const auto logits = kdflow::teacher::read_npy(out.string());
+  const auto ref = kdflow::teacher::read_npy(fixture("resnet18_opset17.output.npy").string());
+  EXPECT_EQ(feature.shape[0], ref.shape[0]);
+  EXPECT_LE(kdflow::test::normalized_error(logits.data, ref.data), 1e-4);
+  const auto bad = run({"teacher", "infer", "--model", model, "--input",
+                        fixture("resnet18_opset17.input.npy").string(), "--output", out.string(),
+                        "--feature", "nope"},
+                       dir / "bad");
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.err.find("--feature 'nope'"), std::string::npos) << bad.err;
+}
+
 TEST(TeacherCli, BenchProfileAccountsForEveryStep) {
   const fs::path out = scratch("bench") / "bench.json";
   fs::create_directories(out.parent_path());

@@ -40,6 +40,7 @@ TEST(Config, EveryKeyHasADefaultOfItsType) {
     case ConfigType::integer: (void)c.get_int(key.name); break;
     case ConfigType::real: (void)c.get_double(key.name); break;
     case ConfigType::string: (void)c.get_string(key.name); break;
+    case ConfigType::strings: (void)c.get_strings(key.name); break;
     }
   }
   EXPECT_EQ(c.get_string("data.dataset"), "fashion-mnist");
@@ -87,6 +88,33 @@ TEST(Config, ResolvedTomlRoundTrips) {
   EXPECT_EQ(b.get_string("data.path"), "/odd \"quoted\\path\"");
   EXPECT_DOUBLE_EQ(b.get_double("train.lr"), 1e-7);
   EXPECT_NE(a.to_toml().find("temperature = 4.0"), std::string::npos) << a.to_toml();
+}
+
+// teacher.features is an array of strings: from a file, from --set (an inline array, one name,
+// or nothing), written out and read back.
+TEST(Config, AnArrayOfStringsFromAFileAndFromSet) {
+  Config c;
+  EXPECT_TRUE(c.get_strings("teacher.features").empty());
+  c.merge_toml("[teacher]\nfeatures = [\"/layer1/Relu_output_0\", \"x \\\"y\\\"\"]\n", "f.toml");
+  EXPECT_EQ(c.get_strings("teacher.features"),
+            (std::vector<std::string>{"/layer1/Relu_output_0", "x \"y\""}));
+  Config b;
+  b.merge_toml(c.to_toml(), "resolved");
+  EXPECT_EQ(b.get_strings("teacher.features"), c.get_strings("teacher.features"));
+  EXPECT_EQ(c.to_toml(), b.to_toml());
+  c.set("teacher.features=[\"a\", 'b']");
+  EXPECT_EQ(c.get_strings("teacher.features"), (std::vector<std::string>{"a", "b"}));
+  c.set("teacher.features=/stage2/Add_output_0");
+  EXPECT_EQ(c.get_strings("teacher.features"), (std::vector<std::string>{"/stage2/Add_output_0"}));
+  c.set("teacher.features=");
+  EXPECT_TRUE(c.get_strings("teacher.features").empty());
+  expect_input_error([&] { c.merge_toml("[teacher]\nfeatures = \"a\"\n", "f.toml"); },
+                     {"f.toml", "teacher.features", "array of strings"});
+  expect_input_error([&] { c.merge_toml("[teacher]\nfeatures = [\"a\", 1]\n", "f.toml"); },
+                     {"teacher.features", "array of strings"});
+  expect_input_error([&] { c.set("teacher.features=[\"a\""); }, {"teacher.features"});
+  expect_input_error([&] { c.set("teacher.features=[\"a\"]\nx = 1"); }, {"teacher.features"});
+  EXPECT_TRUE(c.get_strings("teacher.features").empty());
 }
 
 TEST(Config, BadInputNamesTheKey) {

@@ -135,6 +135,80 @@ TEST(TeacherOps, FeaturesComeBackTooAndMatch) {
   EXPECT_THROW(Teacher::load(path, opts), InputError);
 }
 
+// Every value of real networks that holds one row per sample (as imported, before kdflow's
+// passes) comes back as a feature holding what the reference interpreter computes for it, asked
+// for all at once (no pass fuses any of them away) and a few at a time (passes fuse around them);
+// the logits stay the reference's. The families cover every pass: BatchNorm kept in the file,
+// residual sums, inverted residuals, SiLU and squeeze-and-excitation gates, a decomposed LayerNorm,
+// attention and GELU.
+TEST(TeacherFeatures, EveryPerSampleValueOfRealNetworksMatchesTheReference) {
+  const fs::path dir = fixture_dir("models");
+  constexpr std::int64_t kBatch = 2;
+  for (const std::string name :
+       {"resnet18_bnkept_opset11", "mobilenet_v2_opset13", "efficientnet_b0_dynamo",
+        "encoder_opset16", "vit_dynamo", "convnext_dynamo"}) {
+    SCOPED_TRACE(name);
+    const std::string path = (dir / (name + ".onnx")).string();
+    LoadOptions lo;
+    lo.batch = kBatch;
+    lo.run_passes = false;
+    const Graph raw = load_onnx(path, lo);
+    std::vector<std::string> values;
+    for (const auto& node : raw.nodes)
+      for (const auto& v : node.outputs)
+        if (!v.empty() && !raw.is_output(v) && raw.shape(v).at(0) == kBatch) values.push_back(v);
+    ASSERT_GE(values.size(), 10u);
+    TeacherOptions opts;
+    opts.batch = kBatch;
+    const auto x = random_input(Teacher::load(path, opts)->input_shape());
+    const auto env = interpret(path, x, kBatch);
+    std::vector<std::string> every_fifth;
+    for (std::size_t k = 0; k < values.size(); k += 5) every_fifth.push_back(values[k]);
+    for (const auto& features : {values, every_fifth}) {
+      opts.features = features;
+      const auto t = Teacher::load(path, opts);
+      ASSERT_EQ(t->output_names().size(), 1 + features.size());
+      const auto got = run(t, x);
+      EXPECT_LE(normalized_error(got[0], env.at(raw.outputs[0]).f), 1e-4);
+      for (std::size_t k = 0; k < features.size(); ++k) {
+        EXPECT_EQ(t->output_names()[1 + k], features[k]);
+        EXPECT_EQ(t->output_shape(1 + k), raw.shape(features[k])) << features[k];
+        EXPECT_LE(normalized_error(got[1 + k], env.at(features[k]).f), 1e-4) << features[k];
+      }
+    }
+  }
+}
+
+// Bad feature names are InputErrors naming what asked, the file and the value.
+TEST(TeacherFeatures, ABadNameSaysWhichAndWhy) {
+  const std::string path = (fixture_dir("models") / "resnet18_opset17.onnx").string();
+  TeacherOptions opts;
+  opts.batch = 2;
+  opts.features_source = "teacher.features";
+  LoadOptions lo;
+  lo.batch = 2;
+  lo.run_passes = false;
+  const Graph raw = load_onnx(path, lo);
+  const std::string first = raw.nodes.front().outputs.front();
+  const auto refused = [&](std::vector<std::string> features,
+                           const std::vector<std::string>& what) {
+    opts.features = std::move(features);
+    try {
+      (void)Teacher::load(path, opts);
+      ADD_FAILURE() << "accepted";
+    } catch (const InputError& e) {
+      const std::string msg = e.what();
+      EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+      for (const auto& w : what) EXPECT_NE(msg.find(w), std::string::npos) << msg;
+      EXPECT_NE(msg.find(path), std::string::npos) << msg;
+      EXPECT_NE(msg.find("teacher.features"), std::string::npos) << msg;
+    }
+  };
+  refused({"no_such_value"}, {"'no_such_value'", "no value"});
+  refused({first, first}, {first, "twice"});
+  refused({raw.nodes.front().inputs.at(1)}, {"constant"}); // the first conv's weights
+}
+
 std::string input_error(const std::function<void()>& f) {
   try {
     f();

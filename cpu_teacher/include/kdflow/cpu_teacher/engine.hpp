@@ -38,7 +38,11 @@ std::optional<Shape> parse_input_size(const std::string& text, const std::string
 struct TeacherOptions {
   std::int64_t batch = 64;
   Precision precision = Precision::fp32;
-  std::vector<std::string> features; // intermediate values to return besides the logits
+  // Intermediate values to return besides the graph's outputs (outputs after them, in this
+  // order), each leading with the batch; `features_source` names what asked ("teacher.features",
+  // "--feature") in errors.
+  std::vector<std::string> features;
+  std::string features_source = "feature";
   // The input's sample dimensions required (> 0; 0: the model's), the ones bound where the model
   // leaves them open, and what asked for them, for errors (LoadOptions).
   std::optional<Shape> sample_shape;
@@ -123,6 +127,14 @@ private:
   static std::unique_ptr<Plan> tuned_plan(Graph graph, const TeacherOptions& options,
                                           const std::string& path);
   std::unique_ptr<Plan> plan_;
+};
+
+// Plain float32 buffers for every output of a teacher (output_shape(k) each), and their pointers
+// as Replica::run takes them: for callers that keep the outputs outside a ring slot.
+struct OutputBuffers {
+  explicit OutputBuffers(const Teacher& teacher);
+  std::vector<std::vector<float>> data;
+  std::vector<float*> pointers;
 };
 
 class Replica {

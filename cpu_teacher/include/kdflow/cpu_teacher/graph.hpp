@@ -88,6 +88,9 @@ struct Graph {
   std::string input; // the one non-constant graph input
   Shape input_shape; // with the batch dimension set
   std::vector<std::string> outputs;
+  // Values read besides the outputs (the teacher's features): kept as they are, like outputs,
+  // by every pass.
+  std::vector<std::string> kept;
   std::vector<Node> nodes; // topological order
   std::map<std::string, Tensor> constants;
   std::map<std::string, Shape> shapes; // every value's static shape
@@ -97,7 +100,8 @@ struct Graph {
     return constants.count(value) != 0;
   }
   [[nodiscard]] const Shape& shape(const std::string& value) const;
-  // Nodes that read `value` (indices into nodes), and whether a graph output is `value`.
+  // Nodes that read `value` (indices into nodes), and whether `value` leaves the graph (an
+  // output, or a kept value).
   [[nodiscard]] std::vector<std::size_t> consumers(const std::string& value) const;
   [[nodiscard]] bool is_output(const std::string& value) const;
 };
@@ -123,6 +127,8 @@ struct LoadOptions {
   std::optional<Shape> sample_default;
   std::string sample_source;
   bool run_passes = true; // false: the graph as imported (constant folding only)
+  // Intermediate values the caller reads (Graph::kept): no pass fuses them away.
+  std::vector<std::string> keep;
 };
 
 // Reads an ONNX file (external data beside it included; local functions inlined), checks it, and

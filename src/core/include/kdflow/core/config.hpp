@@ -13,9 +13,11 @@
 
 namespace kdflow {
 
-using ConfigValue = std::variant<bool, std::int64_t, double, std::string>;
+using ConfigValue = std::variant<bool, std::int64_t, double, std::string, std::vector<std::string>>;
 
-enum class ConfigType { boolean, integer, real, string };
+// strings: a TOML array of strings (`key = ["a", "b"]`; with --set, the same inline array, one
+// bare or quoted string for a list of one, or nothing for none).
+enum class ConfigType { boolean, integer, real, string, strings };
 
 // One entry of the schema. `choices` (strings) or [min, max] (numbers) constrain the value.
 struct ConfigKey {
@@ -48,6 +50,7 @@ public:
   [[nodiscard]] std::int64_t get_int(std::string_view key) const;
   [[nodiscard]] double get_double(std::string_view key) const;
   [[nodiscard]] const std::string& get_string(std::string_view key) const;
+  [[nodiscard]] const std::vector<std::string>& get_strings(std::string_view key) const;
 
   // The resolved configuration as TOML, every key written out with its doc comment.
   [[nodiscard]] std::string to_toml() const;
