@@ -38,4 +38,26 @@ torch::Tensor dkd_loss(const torch::Tensor& student, const torch::Tensor& teache
   return alpha * tckd + beta * nckd;
 }
 
+torch::Tensor hint_loss(const torch::Tensor& student, const torch::Tensor& teacher) {
+  return (student - teacher).pow(2).mean();
+}
+
+torch::Tensor at_loss(const torch::Tensor& student, const torch::Tensor& teacher) {
+  const auto attention = [](const torch::Tensor& x) {
+    const torch::Tensor a = x.pow(2).mean(1).flatten(1);
+    return a / a.norm(2, 1, true).clamp_min(1e-12);
+  };
+  return (attention(student) - attention(teacher)).pow(2).mean();
+}
+
+torch::Tensor sp_loss(const torch::Tensor& student, const torch::Tensor& teacher) {
+  const auto similarity = [](const torch::Tensor& x) {
+    const torch::Tensor f = x.flatten(1);
+    const torch::Tensor g = f.matmul(f.t());
+    return g / g.norm(2, 1, true).clamp_min(1e-12);
+  };
+  const auto b = static_cast<double>(student.size(0));
+  return (similarity(student) - similarity(teacher)).pow(2).sum() / (b * b);
+}
+
 } // namespace kdflow::student

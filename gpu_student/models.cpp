@@ -55,9 +55,16 @@ struct Mlp : Net {
       : fc1(register_module("fc1", nn::Linear(in, hidden))),
         fc2(register_module("fc2", nn::Linear(hidden, hidden))),
         fc3(register_module("fc3", nn::Linear(hidden, classes))) {}
-  torch::Tensor forward(torch::Tensor x) override {
+  torch::Tensor forward(torch::Tensor x, Taps& taps) override {
     x = torch::relu(fc1->forward(x.flatten(1)));
-    return fc3->forward(torch::relu(fc2->forward(x)));
+    taps.stage(x);
+    x = torch::relu(fc2->forward(x));
+    taps.stage(x);
+    taps.put("penultimate", x);
+    return fc3->forward(x);
+  }
+  std::vector<std::string> tap_names() const override {
+    return {"stage1", "stage2", "penultimate"};
   }
   std::string export_onnx(GraphWriter& w, const std::string& x) override {
     const std::string h = w.relu(w.linear(w.flatten(x), *fc1));
@@ -75,9 +82,18 @@ struct Cnn : Net {
                                           nn::MaxPool2d(2), ConvBn(c2, c3, 3)));
     fc = register_module("fc", nn::Linear(c3, classes));
   }
-  torch::Tensor forward(torch::Tensor x) override {
-    x = body->forward(x);
-    return fc->forward(x.mean({2, 3}));
+  torch::Tensor forward(torch::Tensor x, Taps& taps) override {
+    for (const auto& layer : body->children()) {
+      x = layer->as<ConvBnImpl>() != nullptr ? layer->as<ConvBnImpl>()->forward(x)
+                                             : layer->as<nn::MaxPool2dImpl>()->forward(x);
+      if (layer->as<ConvBnImpl>() != nullptr) taps.stage(x);
+    }
+    x = x.mean({2, 3});
+    taps.put("penultimate", x);
+    return fc->forward(x);
+  }
+  std::vector<std::string> tap_names() const override {
+    return {"stage1", "stage2", "stage3", "penultimate"};
   }
   std::string export_onnx(GraphWriter& w, const std::string& x) override {
     std::string y = x;
@@ -122,14 +138,30 @@ struct ResNet : Net {
       for (int b = 0; b < blocks[s]; ++b) {
         const std::int64_t stride = (s > 0 && b == 0) ? 2 : 1;
         stages->push_back(BasicBlock(cin, channels[s], stride));
+        stage_ends_.push_back(b + 1 == blocks[s]);
         cin = channels[s];
       }
+    stage_count_ = channels.size();
     register_module("stages", stages);
     fc = register_module("fc", nn::Linear(cin, classes));
   }
-  torch::Tensor forward(torch::Tensor x) override {
-    x = stages->forward(stem->forward(x));
-    return fc->forward(x.mean({2, 3}));
+  // A stage: the blocks of one width; its output is its last block's.
+  torch::Tensor forward(torch::Tensor x, Taps& taps) override {
+    x = stem->forward(x);
+    const auto blocks = stages->children();
+    for (std::size_t k = 0; k < blocks.size(); ++k) {
+      x = blocks[k]->as<BasicBlockImpl>()->forward(x);
+      if (k + 1 == blocks.size() || stage_ends_[k]) taps.stage(x);
+    }
+    x = x.mean({2, 3});
+    taps.put("penultimate", x);
+    return fc->forward(x);
+  }
+  std::vector<std::string> tap_names() const override {
+    std::vector<std::string> names;
+    for (std::size_t s = 1; s <= stage_count_; ++s) names.push_back("stage" + std::to_string(s));
+    names.emplace_back("penultimate");
+    return names;
   }
   std::string export_onnx(GraphWriter& w, const std::string& x) override {
     std::string y = stem->export_onnx(w, x);
@@ -139,6 +171,8 @@ struct ResNet : Net {
   ConvBn stem{nullptr};
   nn::Sequential stages;
   nn::Linear fc{nullptr};
+  std::vector<bool> stage_ends_; // per block: the last of its stage
+  std::size_t stage_count_ = 0;
 };
 
 struct InvertedResidualImpl : nn::Module {
@@ -175,19 +209,39 @@ struct MobileNetV2 : Net {
                                 {6, 96, 3, 1}, {6, 160, 3, 2}, {6, 320, 1, 1}};
     std::int64_t cin = scaled(32, w);
     features->push_back(ConvBn(in, cin, 3, 1, 1, Act::relu6));
+    stage_ends_.push_back(false);
     for (const auto& s : settings)
       for (int r = 0; r < s.repeats; ++r) {
         const std::int64_t out = scaled(s.channels, w);
         features->push_back(InvertedResidual(cin, out, r == 0 ? s.stride : 1, s.expand));
+        stage_ends_.push_back(r + 1 == s.repeats);
         cin = out;
       }
     const std::int64_t last = std::max<std::int64_t>(1280, scaled(1280, w));
     features->push_back(ConvBn(cin, last, 1, 1, 1, Act::relu6));
+    stage_ends_.push_back(true);
     register_module("features", features);
     fc = register_module("fc", nn::Linear(last, classes));
   }
-  torch::Tensor forward(torch::Tensor x) override {
-    return fc->forward(features->forward(x).mean({2, 3}));
+  // A stage: the blocks of one setting (width and stride), then the last 1x1 convolution.
+  torch::Tensor forward(torch::Tensor x, Taps& taps) override {
+    const auto layers = features->children();
+    for (std::size_t k = 0; k < layers.size(); ++k) {
+      x = layers[k]->as<ConvBnImpl>() != nullptr
+              ? layers[k]->as<ConvBnImpl>()->forward(x)
+              : layers[k]->as<InvertedResidualImpl>()->forward(x);
+      if (stage_ends_[k]) taps.stage(x);
+    }
+    x = x.mean({2, 3});
+    taps.put("penultimate", x);
+    return fc->forward(x);
+  }
+  std::vector<std::string> tap_names() const override {
+    std::vector<std::string> names;
+    const auto n = std::count(stage_ends_.begin(), stage_ends_.end(), true);
+    for (std::ptrdiff_t s = 1; s <= n; ++s) names.push_back("stage" + std::to_string(s));
+    names.emplace_back("penultimate");
+    return names;
   }
   std::string export_onnx(GraphWriter& w, const std::string& x) override {
     std::string y = x;
@@ -200,6 +254,7 @@ struct MobileNetV2 : Net {
   }
   nn::Sequential features;
   nn::Linear fc{nullptr};
+  std::vector<bool> stage_ends_; // per layer: the last of its stage
 };
 
 // The student registry: each architecture once, with how it is built. A new student is an entry

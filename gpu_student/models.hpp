@@ -43,8 +43,41 @@ private:
   int count_ = 0;
 };
 
+// The intermediate outputs a feature loss reads from the student (its taps), by name: a network
+// passes each of its taps to put() as it computes it, and the ones asked for are kept, in the
+// order asked.
+class Taps {
+public:
+  Taps() = default; // none asked for
+  explicit Taps(std::vector<std::string> names) : names_(std::move(names)), got_(names_.size()) {}
+  void put(const std::string& name, const torch::Tensor& t) {
+    for (std::size_t k = 0; k < names_.size(); ++k)
+      if (names_[k] == name) got_[k] = t;
+  }
+  // The next stage's output: "stage1", "stage2", ... in the order the network passes them.
+  void stage(const torch::Tensor& t) {
+    ++stages_;
+    if (!names_.empty()) put("stage" + std::to_string(stages_), t);
+  }
+  [[nodiscard]] const std::vector<torch::Tensor>& got() const { return got_; }
+
+private:
+  std::vector<std::string> names_;
+  std::vector<torch::Tensor> got_;
+  int stages_ = 0;
+};
+
 struct Net : torch::nn::Module {
-  virtual torch::Tensor forward(torch::Tensor x) = 0;
+  torch::Tensor forward(torch::Tensor x) {
+    Taps none;
+    return forward(x, none);
+  }
+  // The logits, each tap passed to `taps` on the way.
+  virtual torch::Tensor forward(torch::Tensor x, Taps& taps) = 0;
+  // The names forward() passes to its Taps: stage1..stageN (each stage's output) and penultimate
+  // (what the classifier reads, [batch, features]) for the built-in students; a TorchScript
+  // student's named outputs besides its logits.
+  [[nodiscard]] virtual std::vector<std::string> tap_names() const = 0;
   // Writes the network's layers after `x`; returns the logits' value. InputError for a student
   // that has no ONNX form here (a TorchScript student is exported as TorchScript).
   virtual std::string export_onnx(GraphWriter& w, const std::string& x);

@@ -75,9 +75,17 @@ struct ScriptNet : Net {
     check_dry_batch(spec);
   }
 
-  torch::Tensor forward(torch::Tensor x) override {
-    return script_logits(module.forward({x}), path);
+  // A dict's entries besides the logits are the module's taps.
+  torch::Tensor forward(torch::Tensor x, Taps& taps) override {
+    const c10::IValue out = module.forward({x});
+    const torch::Tensor logits = script_logits(out, path);
+    if (out.isGenericDict())
+      for (const auto& entry : out.toGenericDict())
+        if (entry.key().isString() && entry.value().isTensor())
+          taps.put(entry.key().toStringRef(), entry.value().toTensor());
+    return logits;
   }
+  std::vector<std::string> tap_names() const override { return taps; }
 
   void train(bool on) override {
     torch::nn::Module::train(on);
@@ -109,6 +117,11 @@ struct ScriptNet : Net {
     module.train();
     restore();
     const torch::Tensor y = script_logits(out, path);
+    if (out.isGenericDict())
+      for (const auto& entry : out.toGenericDict())
+        if (entry.key().isString() && entry.value().isTensor() &&
+            !entry.value().toTensor().is_same(y))
+          taps.push_back(entry.key().toStringRef());
     if (y.dim() != 2 || y.size(0) != 2 || y.size(1) != spec.classes || !y.is_floating_point())
       throw InputError(fmt::format(
           "student.path = {}: forward gives {} [{}] for a batch of 2; the data has {} classes, so "
@@ -119,6 +132,7 @@ struct ScriptNet : Net {
 
   std::string path;
   torch::jit::Module module;
+  std::vector<std::string> taps; // a dict's tensor entries besides the logits, in its order
 };
 
 } // namespace

@@ -377,6 +377,7 @@ std::vector<torch::Tensor> TorchTeacher::Impl::forward_once(const torch::Tensor&
   }
   std::vector<torch::Tensor> out;
   for (const auto& name : graph.outputs) out.push_back(value(name));
+  for (const auto& name : graph.kept) out.push_back(value(name)); // the teacher's features
   return out;
 }
 
@@ -415,12 +416,14 @@ TorchTeacher::TorchTeacher(const teacher::Graph& graph, const Device& device,
   const auto outputs = m.forward_once(
       torch::zeros(std::vector<std::int64_t>(graph.input_shape.begin(), graph.input_shape.end()),
                    torch::TensorOptions(m.device).dtype(torch::kFloat)));
+  std::vector<std::string> names = graph.outputs;
+  names.insert(names.end(), graph.kept.begin(), graph.kept.end());
   for (std::size_t k = 0; k < outputs.size(); ++k) {
-    const Shape want = graph.shape(graph.outputs[k]);
+    const Shape want = graph.shape(names[k]);
     if (outputs[k].sizes().vec() != std::vector<std::int64_t>(want.begin(), want.end()))
       throw InputError(fmt::format("{}: the LibTorch executor computes output {} as {}, the graph "
                                    "says {}",
-                                   graph.file, graph.outputs[k],
+                                   graph.file, names[k],
                                    teacher::format_shape(outputs[k].sizes().vec()),
                                    teacher::format_shape(want)));
   }

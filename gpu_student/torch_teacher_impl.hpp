@@ -37,7 +37,8 @@ struct TorchTeacher::Impl {
   };
   std::vector<Step> steps; // one per graph node
 
-  // The graph's outputs for `input` (on the device, the graph's input shape), without autograd.
+  // The graph's outputs, then its kept values (the teacher's features), for `input` (on the
+  // device, the graph's input shape), without autograd.
   [[nodiscard]] std::vector<torch::Tensor> forward(const torch::Tensor& input) const;
   // One run at graph.batch rows (forward runs it graph.chunks times for a model that fixes its
   // batch).

@@ -17,11 +17,13 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
 #include <numbers>
 #include <sstream>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 namespace kdflow::student {
 namespace {
@@ -46,9 +48,14 @@ std::string describe(const TrainerOptions& o) {
       o.model.arch == "torchscript"
           ? fmt::format("torchscript {} (digest {})", o.model.path, script_digest(o.model.path))
           : o.model.arch;
-  return fmt::format("student {} width {} on {}x{}x{} inputs, {} classes, optimizer {}", arch,
+  std::string adapters;
+  for (const auto& f : o.feature_losses)
+    if (f.loss == "hint")
+      adapters += fmt::format(", adapter {} -> {} [{}]", f.student, f.teacher,
+                              fmt::join(f.teacher_shape, ", "));
+  return fmt::format("student {} width {} on {}x{}x{} inputs, {} classes, optimizer {}{}", arch,
                      o.model.width, o.model.channels, o.model.height, o.model.width_px,
-                     o.model.classes, o.optimizer);
+                     o.model.classes, o.optimizer, adapters);
 }
 
 // Hopper, Ampere and Ada compute in bf16; Volta and Turing (7.x) do not.
@@ -67,6 +74,34 @@ std::string resolve_amp(const std::string& requested, int capability_major,
                                  gpu, capability_major));
   return requested;
 }
+
+// One kd.features pair in the step: the student's tap made the teacher value's shape where the
+// loss needs it (a hint's adapter; the map resized to the teacher's height and width), then the
+// loss.
+struct FeatureTerm {
+  FeatureLoss spec;
+  std::vector<std::int64_t> student_shape; // per sample
+  torch::nn::Conv2d conv{nullptr};
+  torch::nn::Linear linear{nullptr};
+
+  torch::Tensor adapt(torch::Tensor s) {
+    if (spec.loss == "sp") return s;
+    if (conv) s = conv->forward(s);
+    if (linear) s = linear->forward(s);
+    const auto& t = spec.teacher_shape;
+    if (t.size() == 3 && (s.size(2) != t[1] || s.size(3) != t[2]))
+      s = torch::nn::functional::interpolate(s, torch::nn::functional::InterpolateFuncOptions()
+                                                    .size(std::vector<std::int64_t>{t[1], t[2]})
+                                                    .mode(torch::kBilinear)
+                                                    .align_corners(false));
+    return s;
+  }
+  torch::Tensor loss(const torch::Tensor& s, const torch::Tensor& t) const {
+    if (spec.loss == "at") return at_loss(s, t);
+    if (spec.loss == "sp") return sp_loss(s, t);
+    return hint_loss(s, t);
+  }
+};
 
 struct Trainer::Impl {
   Impl(const TrainerOptions& o, SlotRing& ring, StepRegions r)
@@ -90,18 +125,96 @@ struct Trainer::Impl {
     torch::manual_seed(o.seed);
     net = make_student(o.model);
     net->to(device);
-    if (o.group != nullptr)
-      sync = std::make_unique<GradSync>(*o.group, net->parameters(), net->buffers());
+    make_feature_terms();
+    adapters->to(device);
+    // The optimizer and the ranks' averaging see the adapters as part of the student.
+    params = net->parameters();
+    const std::vector<torch::Tensor> buffers = net->buffers();
+    for (const auto& p : adapters->parameters()) params.push_back(p);
+    if (o.group != nullptr) sync = std::make_unique<GradSync>(*o.group, params, buffers);
     if (o.optimizer == "adamw")
       optimizer = std::make_unique<torch::optim::AdamW>(
-          net->parameters(),
+          params,
           torch::optim::AdamWOptions(o.lr).betas({o.momentum, 0.999}).weight_decay(o.weight_decay));
     else
-      optimizer = std::make_unique<torch::optim::SGD>(net->parameters(),
-                                                      torch::optim::SGDOptions(o.lr)
+      optimizer =
+          std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(o.lr)
                                                           .momentum(o.momentum)
                                                           .nesterov(o.nesterov && o.momentum > 0)
                                                           .weight_decay(o.weight_decay));
+  }
+
+  // The shapes (the batch left out) of the student's taps `names`: one batch of two zero images
+  // in eval mode, the buffers put back (a traced module may update them even so).
+  std::vector<std::vector<std::int64_t>> tap_shapes(const std::vector<std::string>& names) {
+    torch::NoGradGuard no_grad;
+    std::vector<std::pair<torch::Tensor, torch::Tensor>> saved;
+    for (auto& b : net->buffers()) saved.emplace_back(b, b.clone());
+    const bool training = net->is_training();
+    net->eval();
+    Taps taps(names);
+    const auto& spec = options.model;
+    (void)net->forward(torch::zeros({2, spec.channels, spec.height, spec.width_px},
+                                    torch::TensorOptions(device).dtype(torch::kFloat)),
+                       taps);
+    net->train(training);
+    for (auto& [buffer, copy] : saved) buffer.copy_(copy);
+    std::vector<std::vector<std::int64_t>> shapes;
+    for (std::size_t k = 0; k < names.size(); ++k) {
+      if (!taps.got()[k].defined())
+        throw std::logic_error("student tap '" + names[k] + "' listed but never passed");
+      const auto sizes = taps.got()[k].sizes().vec();
+      shapes.emplace_back(sizes.begin() + 1, sizes.end());
+    }
+    return shapes;
+  }
+
+  // kd.features: each pair's tap checked against the student's, its shape against the teacher
+  // value's, and a hint's adapter (a 1x1 convolution for maps, linear for vectors) made and
+  // registered as adapters.hint<k>. InputError naming the pair where no loss can compare them.
+  void make_feature_terms() {
+    const auto& losses = options.feature_losses;
+    if (losses.empty()) return;
+    const auto offered = net->tap_names();
+    for (const auto& f : losses) {
+      if (std::find(offered.begin(), offered.end(), f.student) == offered.end())
+        throw InputError(fmt::format("{}.student = '{}': student.arch = {} has no such tap (it has "
+                                     "{})",
+                                     f.key, f.student, options.model.arch,
+                                     offered.empty()
+                                         ? std::string("none: a TorchScript student "
+                                                       "names its taps as entries of "
+                                                       "the dict its forward returns")
+                                         : fmt::format("{}", fmt::join(offered, ", "))));
+      tap_order.push_back(f.student);
+    }
+    const auto shapes = tap_shapes(tap_order);
+    for (std::size_t k = 0; k < losses.size(); ++k) {
+      const FeatureLoss& f = losses[k];
+      FeatureTerm term{f, shapes[k]};
+      const auto& s = term.student_shape;
+      const auto& t = f.teacher_shape;
+      const auto refuse = [&](const std::string& why) {
+        return InputError(fmt::format("{}: the student's '{}' [{}] and the teacher's '{}' [{}]: {}",
+                                      f.key, f.student, fmt::join(s, ", "), f.teacher,
+                                      fmt::join(t, ", "), why));
+      };
+      if (f.loss == "hint") {
+        if (s.size() == 3 && t.size() == 3) {
+          term.conv = torch::nn::Conv2d(torch::nn::Conv2dOptions(s[0], t[0], 1));
+          adapters->register_module(fmt::format("hint{}", k), term.conv);
+        } else if (s.size() == 1 && t.size() == 1) {
+          term.linear = torch::nn::Linear(s[0], t[0]);
+          adapters->register_module(fmt::format("hint{}", k), term.linear);
+        } else {
+          throw refuse("no adapter bridges them (a hint maps [C, H, W] to [C', H', W'] and [D] "
+                       "to [D'])");
+        }
+      } else if (f.loss == "at" && (s.size() != 3 || t.size() != 3)) {
+        throw refuse("attention transfer compares [C, H, W] maps");
+      }
+      features.push_back(std::move(term));
+    }
   }
 
   double lr_at(std::int64_t step) const {
@@ -122,6 +235,11 @@ struct Trainer::Impl {
   StepRegions regions;
   SlotFeeder feeder;
   std::shared_ptr<Net> net;
+  // kd.features: one term per pair, the taps they read in their order, and the hints' adapters.
+  std::vector<FeatureTerm> features;
+  std::vector<std::string> tap_order;
+  std::shared_ptr<torch::nn::Module> adapters = std::make_shared<torch::nn::Module>();
+  std::vector<torch::Tensor> params; // what the optimizer trains: the student's, the adapters'
   std::unique_ptr<torch::optim::Optimizer> optimizer;
   std::unique_ptr<GradSync> sync; // several ranks
   bool autocast = false;
@@ -174,26 +292,42 @@ std::optional<StepStats> Trainer::step(std::uint64_t batch, bool stop) {
   m.net->train();
 
   torch::Tensor logits;
+  std::vector<torch::Tensor> adapted; // the student's side of each feature loss
   {
     AutocastScope amp(m.autocast, m.amp_dtype);
-    logits = m.net->forward(x);
+    Taps taps(m.tap_order);
+    logits = m.net->forward(x, taps);
+    for (std::size_t k = 0; k < m.features.size(); ++k)
+      adapted.push_back(m.features[k].adapt(taps.got()[k]).to(torch::kFloat));
   }
   const torch::Tensor s = logits.to(torch::kFloat);
   const torch::Tensor ce = torch::nn::functional::cross_entropy(s, y);
   torch::Tensor kd = torch::zeros({}, s.options());
   torch::Tensor teacher;
+  std::vector<torch::Tensor> teacher_features; // one per feature loss
   if (o.kd_alpha > 0 && m.colocated) {
     // The colocated baseline: the teacher's forward pass on this device, before the student's.
     trace::Span forward("teacher", batch);
     const torch::Tensor own = m.colocated_input ? adapt_images(*m.colocated_input, inputs) : inputs;
-    teacher = m.colocated->impl().forward(own)[0].slice(0, 0, n).to(torch::kFloat);
+    const std::vector<torch::Tensor> outs = m.colocated->impl().forward(own);
+    teacher = outs[0].slice(0, 0, n).to(torch::kFloat);
+    for (const auto& f : m.features)
+      teacher_features.push_back(outs.at(f.spec.teacher_output).slice(0, 0, n).to(torch::kFloat));
   } else if (o.kd_alpha > 0 && m.regions.teacher_logits) {
     teacher = b->regions[*m.regions.teacher_logits].slice(0, 0, n);
+    if (m.regions.teacher_features.size() != m.features.size())
+      throw std::logic_error("the step needs one teacher region per feature loss");
+    for (const std::size_t r : m.regions.teacher_features)
+      teacher_features.push_back(b->regions[r].slice(0, 0, n));
   }
   if (teacher.defined())
     kd = o.kd_loss == "dkd" ? dkd_loss(s, teacher, y, o.kd_temperature, o.dkd_alpha, o.dkd_beta)
                             : kl_loss(s, teacher, o.kd_temperature);
-  const torch::Tensor loss = o.kd_alpha * kd + (1.0 - o.kd_alpha) * ce;
+  torch::Tensor feature = torch::zeros({}, s.options());
+  for (std::size_t k = 0; k < teacher_features.size(); ++k)
+    feature =
+        feature + m.features[k].spec.weight * m.features[k].loss(adapted[k], teacher_features[k]);
+  const torch::Tensor loss = o.kd_alpha * kd + (1.0 - o.kd_alpha) * ce + feature;
   const torch::Tensor hits = (s.argmax(1) == y).sum().to(torch::kFloat);
   if (m.sync) {
     // The job's losses, hits, samples and stop requests, summed over the ranks beside the
@@ -211,7 +345,7 @@ std::optional<StepStats> Trainer::step(std::uint64_t batch, bool stop) {
   (m.loss_scaling ? loss * m.loss_scale : loss).backward();
   const torch::Tensor job = m.sync ? m.sync->finish() : torch::Tensor();
   std::vector<torch::Tensor> norms;
-  for (const auto& p : m.net->parameters())
+  for (const auto& p : m.params)
     if (p.grad().defined()) {
       if (m.loss_scaling) p.mutable_grad().mul_(1.0 / m.loss_scale);
       norms.push_back(p.grad().norm());
@@ -219,18 +353,20 @@ std::optional<StepStats> Trainer::step(std::uint64_t batch, bool stop) {
   const torch::Tensor grad_norm = torch::stack(norms).norm();
   // The step's single synchronisation.
   const torch::Tensor host =
-      torch::stack({loss.detach(), kd.detach(), ce.detach(), grad_norm, hits}).to(torch::kCPU);
+      torch::stack({loss.detach(), kd.detach(), ce.detach(), grad_norm, hits, feature.detach()})
+          .to(torch::kCPU);
   const auto* v = host.data_ptr<float>();
-  StepStats stats{v[0],
-                  v[1],
-                  v[2],
-                  lr,
-                  v[3],
-                  static_cast<std::int64_t>(v[4]),
-                  static_cast<std::uint32_t>(n),
-                  false,
-                  static_cast<std::uint32_t>(n),
-                  stop};
+  StepStats stats;
+  stats.loss = v[0];
+  stats.kd_loss = v[1];
+  stats.ce_loss = v[2];
+  stats.lr = lr;
+  stats.grad_norm = v[3];
+  stats.feature_loss = v[5];
+  stats.correct = static_cast<std::int64_t>(v[4]);
+  stats.samples = static_cast<std::uint32_t>(n);
+  stats.rank_samples = static_cast<std::uint32_t>(n);
+  stats.stop = stop;
   if (job.defined()) {
     const auto* j = job.data_ptr<double>();
     stats.loss = j[0] / j[4];
@@ -252,8 +388,11 @@ std::optional<StepStats> Trainer::step(std::uint64_t batch, bool stop) {
     std::string cause = !loss_ok ? "loss" : "gradient norm";
     if (teacher.defined() && !torch::isfinite(teacher).all().item<bool>())
       cause = "teacher output (logits)";
-    else if (!torch::isfinite(x).all().item<bool>())
-      cause = "input batch";
+    for (std::size_t k = 0; k < teacher_features.size(); ++k)
+      if (!torch::isfinite(teacher_features[k]).all().item<bool>())
+        cause = fmt::format("teacher output ({})", m.features[k].spec.teacher);
+      else if (!torch::isfinite(x).all().item<bool>())
+        cause = "input batch";
     if (!o.skip_nonfinite)
       throw NonFiniteError(
           fmt::format("non-finite {} at step {} (batch {}); the last checkpoint is kept. Set "
@@ -265,7 +404,7 @@ std::optional<StepStats> Trainer::step(std::uint64_t batch, bool stop) {
                          m.step, batch, m.skipped));
   } else {
     if (o.clip_grad_norm > 0 && stats.grad_norm > o.clip_grad_norm)
-      for (const auto& p : m.net->parameters())
+      for (const auto& p : m.params)
         if (p.grad().defined()) p.mutable_grad().mul_(o.clip_grad_norm / (stats.grad_norm + 1e-6));
     m.optimizer->step();
     if (m.loss_scaling && ++m.good_since_growth == 2000) {
@@ -391,6 +530,11 @@ void Trainer::save(const std::filesystem::path& path, const std::string& run_sta
   torch::serialize::OutputArchive model, optim;
   m.net->save(model);
   m.optimizer->save(optim);
+  if (!m.features.empty()) {
+    torch::serialize::OutputArchive adapters;
+    m.adapters->save(adapters);
+    archive.write("adapters", adapters);
+  }
   archive.write("model", model);
   archive.write("optimizer", optim);
   archive.write("format", torch::tensor(std::int64_t{kCheckpointFormat}));
@@ -433,6 +577,11 @@ std::string Trainer::load(std::span<const std::byte> payload, const std::string&
     archive.read("model", model);
     archive.read("optimizer", optim);
     m.net->load(model);
+    if (!m.features.empty()) {
+      torch::serialize::InputArchive adapters;
+      archive.read("adapters", adapters);
+      m.adapters->load(adapters);
+    }
     m.optimizer->load(optim);
     m.step = tensor_at("step").item<std::int64_t>();
     m.skipped = tensor_at("skipped").item<std::int64_t>();
@@ -477,6 +626,7 @@ std::vector<float> Trainer::state_vector() const {
   };
   for (const auto& p : impl_->net->parameters()) append(p);
   for (const auto& b : impl_->net->buffers()) append(b);
+  for (const auto& p : impl_->adapters->parameters()) append(p);
   return out;
 }
 

@@ -52,7 +52,9 @@ int eval_command(const EvalArgs& args) {
   std::vector<std::string> sets = args.sets;
   // An ONNX model is read as the run's teacher is (teacher.input_size, mean, std, precision).
   sets.push_back(onnx ? "teacher.model=" + args.model : "student.path=" + args.model);
-  if (onnx) sets.push_back("teacher.features="); // the logits are all it scores
+  // The logits are all it scores: no features computed, no feature loss.
+  sets.emplace_back("kd.features=");
+  if (onnx) sets.emplace_back("teacher.features=");
   sets.push_back(onnx ? "kd.alpha=1" : "kd.alpha=0");
   if (!onnx) sets.emplace_back("student.arch=torchscript");
   const RunInputs run = prepare_run(resolve_config(args.config, sets));

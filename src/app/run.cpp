@@ -94,9 +94,9 @@ void prepare_teacher_cache_into(RunInputs& run) {
     throw InputError(fmt::format("kd.cache = {}: the teacher's input for a sample changes every "
                                  "epoch ({}): set kd.cache = none",
                                  mode, changes));
-  if (const auto& features = run.config.get_strings("teacher.features"); !features.empty())
+  if (const auto features = teacher_feature_names(run.config); !features.empty())
     throw InputError(fmt::format("kd.cache = {} keeps the teacher's logits, and teacher.features "
-                                 "= [{}] asks for its features too: set kd.cache = none",
+                                 "or kd.features ask for its values [{}] too: set kd.cache = none",
                                  mode, fmt::join(features, ", ")));
   if (run.dist.world > 1)
     throw InputError(fmt::format(
@@ -247,6 +247,26 @@ student::TrainerOptions trainer_options(const RunInputs& run, std::int64_t total
   topt.dkd_alpha = config.get_double("kd.dkd_alpha");
   topt.dkd_beta = config.get_double("kd.dkd_beta");
   topt.skip_nonfinite = config.get_string("train.on_nonfinite") == "skip";
+  const auto& pairs = config.get_tables("kd.features");
+  if (!pairs.empty() && !run.teacher) throw std::logic_error("kd.features without a teacher");
+  for (std::size_t k = 0; k < pairs.size(); ++k) {
+    student::FeatureLoss f;
+    f.key = fmt::format("kd.features[{}]", k + 1);
+    f.teacher = std::get<std::string>(pairs[k].at("teacher"));
+    f.student = std::get<std::string>(pairs[k].at("student"));
+    f.loss = std::get<std::string>(pairs[k].at("loss"));
+    f.weight = std::get<double>(pairs[k].at("weight"));
+    // The teacher's outputs are its graph's, then its features (teacher_feature_names' order).
+    const auto names = run.teacher->output_names();
+    const auto at =
+        std::find(names.begin() + static_cast<std::ptrdiff_t>(run.teacher->graph().outputs.size()),
+                  names.end(), f.teacher);
+    if (at == names.end()) throw std::logic_error("kd.features value not among the teacher's");
+    f.teacher_output = static_cast<std::size_t>(at - names.begin());
+    const teacher::Shape shape = run.teacher->output_shape(f.teacher_output);
+    f.teacher_shape.assign(shape.begin() + 1, shape.end());
+    topt.feature_losses.push_back(std::move(f));
+  }
   topt.seed = static_cast<std::uint64_t>(config.get_int("train.seed"));
   if (!run.augment.normalize)
     for (std::size_t c = 0; c < run.augment.mean.size(); ++c) {
@@ -294,6 +314,9 @@ RunInputs prepare_run(const Config& config, const DistEnv& dist) {
                 {},
                 {},
                 dist};
+  if (!config.get_tables("kd.features").empty() && !run.teacher_runs)
+    throw InputError("kd.features: the feature losses read the teacher's values, and kd.alpha = 0 "
+                     "does not run the teacher (set kd.alpha > 0)");
   if (run.train.class_names() != run.test.class_names())
     throw InputError(fmt::format("{} and {} have different class folders: labels would disagree",
                                  run.train.source(), run.test.source()));
@@ -394,6 +417,21 @@ ImageAdapter teacher_input(const RunInputs& run) {
   return adapter;
 }
 
+std::vector<std::string> teacher_feature_names(const Config& config) {
+  std::vector<std::string> names = config.get_strings("teacher.features");
+  const auto& pairs = config.get_tables("kd.features");
+  for (std::size_t k = 0; k < pairs.size(); ++k) {
+    for (const char* field : {"teacher", "student"})
+      if (std::get<std::string>(pairs[k].at(field)).empty())
+        throw InputError(fmt::format("kd.features[{}].{}: required (the {} value or tap the loss "
+                                     "reads)",
+                                     k + 1, field, field));
+    const auto& value = std::get<std::string>(pairs[k].at("teacher"));
+    if (std::find(names.begin(), names.end(), value) == names.end()) names.push_back(value);
+  }
+  return names;
+}
+
 std::shared_ptr<const teacher::Teacher> load_run_teacher(const RunInputs& run,
                                                          teacher::Precision precision) {
   teacher::TeacherOptions options;
@@ -406,8 +444,10 @@ std::shared_ptr<const teacher::Teacher> load_run_teacher(const RunInputs& run,
       teacher::parse_input_size(run.config.get_string("teacher.input_size"), "teacher.input_size");
   options.sample_default = data;
   options.sample_source = "teacher.input_size";
-  options.features = run.config.get_strings("teacher.features");
-  options.features_source = "teacher.features";
+  options.features = teacher_feature_names(run.config);
+  options.features_source = run.config.get_tables("kd.features").empty()
+                                ? "teacher.features"
+                                : "teacher.features/kd.features value";
   options.tune = teacher::parse_tune(run.config.get_string("teacher.tune"));
   options.threads =
       run.plan.teacher.empty() ? 0 : static_cast<int>(run.plan.teacher.front().size());
@@ -463,14 +503,14 @@ std::size_t teacher_test_hits(const RunInputs& run, std::span<const float> image
     const ImageAdapter& adapt = *run.teacher_input;
     const std::size_t own = adapt.to().numel();
     std::vector<float> input(static_cast<std::size_t>(batch) * own, 0.f), scratch;
-    std::vector<float> logits(static_cast<std::size_t>(batch) * classes);
-    float* outputs[] = {logits.data()};
+    teacher::OutputBuffers outputs(*run.teacher); // the first is the logits scored
+    const std::vector<float>& logits = outputs.data.front();
     for (std::size_t i = first; i < first + count; i += static_cast<std::size_t>(batch)) {
       const std::size_t n =
           std::min<std::size_t>(static_cast<std::size_t>(batch), first + count - i);
       adapt.run(images.data() + (i - first) * sample, n, input.data(), scratch);
       std::fill(input.begin() + static_cast<std::ptrdiff_t>(n * own), input.end(), 0.f);
-      replica.run(input.data(), outputs);
+      replica.run(input.data(), outputs.pointers);
       for (std::size_t k = 0; k < n; ++k) {
         const float* row = logits.data() + k * classes;
         const auto best = std::max_element(row, row + classes) - row;
@@ -511,7 +551,10 @@ Assembled assemble(const RunInputs& run, const Sampler& sampler, std::uint32_t s
           slots * layout.slot_bytes(), affinity::bind_to_numa_of(run.topology, run.plan.student)));
   if (logits == StudentLogits::none) return parts;
   const SlotRegions& r = parts.pipeline->regions();
-  student::StepRegions regions{r.loader.inputs, r.loader.labels, r.logits};
+  student::StepRegions regions{r.loader.inputs, r.loader.labels, r.logits, {}};
+  for (const auto& f : options.feature_losses)
+    regions.teacher_features.push_back(
+        r.features.at(f.teacher_output - run.teacher->graph().outputs.size()));
   if (logits == StudentLogits::colocated) regions.teacher_logits.reset();
   parts.trainer = std::make_unique<student::Trainer>(options, parts.pipeline->ring(), regions);
   if (logits == StudentLogits::colocated)

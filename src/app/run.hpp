@@ -57,6 +57,10 @@ auto agreed(student::ProcessGroup* group, F&& f) -> decltype(f()) {
 // the plan its local rank's share of the node's cores.
 RunInputs prepare_run(const Config& config, const DistEnv& dist = {});
 
+// The teacher's features a run computes: teacher.features, then each kd.features pair's value
+// not among them. InputError for a pair without its teacher value or student tap.
+std::vector<std::string> teacher_feature_names(const Config& config);
+
 // The run's teacher (run.teacher_path) at the run's batch in `precision`, with every check
 // prepare_run makes: its input is the model's own (teacher.input_size binds what it leaves open,
 // the data's shape the rest), its logits are the dataset's classes.

@@ -99,21 +99,10 @@ bool shapes_trajectory(const std::string& key) {
                       [&](const char* k) { return key == k; });
 }
 
-std::string value_text(const Config& c, const ConfigKey& key) {
-  switch (key.type) {
-  case ConfigType::boolean: return c.get_bool(key.name) ? "true" : "false";
-  case ConfigType::integer: return std::to_string(c.get_int(key.name));
-  case ConfigType::real: return fmt::format("{}", c.get_double(key.name));
-  case ConfigType::string: return c.get_string(key.name);
-  case ConfigType::strings: return fmt::format("[{}]", fmt::join(c.get_strings(key.name), ", "));
-  }
-  return {};
-}
-
 json trajectory_keys(const Config& config) {
   json out = json::object();
   for (const auto& key : config.schema())
-    if (shapes_trajectory(key.name)) out[key.name] = value_text(config, key);
+    if (shapes_trajectory(key.name)) out[key.name] = config.text(key.name);
   return out;
 }
 
@@ -166,8 +155,8 @@ private:
 };
 
 struct Interval {
-  double loss = 0, kd = 0, ce = 0;
-  std::int64_t correct = 0, samples = 0, steps = 0;
+  double loss = 0, kd = 0, ce = 0, feature = 0;
+  std::int64_t correct = 0, samples = 0, steps = 0, rank_samples = 0;
   Clock::time_point start = Clock::now();
   std::uint64_t wait_ns = 0, teacher_ns = 0;
 };
@@ -613,8 +602,10 @@ void TrainRun::step_loop() {
     interval.loss += stats->loss * stats->samples;
     interval.kd += stats->kd_loss * stats->samples;
     interval.ce += stats->ce_loss * stats->samples;
+    interval.feature += stats->feature_loss * stats->rank_samples;
     interval.correct += stats->correct;
     interval.samples += stats->samples;
+    interval.rank_samples += stats->rank_samples;
     ++interval.steps;
     const std::uint64_t epoch = b / per_epoch_;
     const bool epoch_end = (b + 1) % per_epoch_ == 0;
@@ -633,6 +624,9 @@ void TrainRun::step_loop() {
           {"loss", interval.loss / n},
           {"kd_loss", interval.kd / n},
           {"ce_loss", interval.ce / n},
+          // kd.features' weighted sum, this rank's (0 without).
+          {"feature_loss", interval.feature / static_cast<double>(std::max<std::int64_t>(
+                                                  1, interval.rank_samples))},
           {"train_accuracy", static_cast<double>(interval.correct) / n},
           {"lr", stats->lr},
           {"samples_per_s", static_cast<double>(interval.samples) / std::max(1e-9, span)},

@@ -8,7 +8,9 @@
 #include <charconv>
 #include <cmath>
 #include <fstream>
+#include <optional>
 #include <sstream>
+#include <stdexcept>
 
 #include <fmt/format.h>
 #include <toml++/toml.h>
@@ -53,8 +55,28 @@ const char* type_name(ConfigType type) {
   case ConfigType::real: return "a number";
   case ConfigType::string: return "a string";
   case ConfigType::strings: return "an array of strings";
+  case ConfigType::tables: return "an array of tables";
   }
   return "?";
+}
+
+ConfigValue widen(const ConfigScalar& v) {
+  return std::visit([](const auto& x) { return ConfigValue{x}; }, v);
+}
+
+std::string show(const ConfigValue& v);
+
+// Rows as an inline TOML array of inline tables, each field's value written by `text`.
+template <typename Text>
+std::string rows_text(const std::vector<ConfigRow>& rows, Text text) {
+  std::vector<std::string> out;
+  for (const auto& row : rows) {
+    std::vector<std::string> fields;
+    for (const auto& [name, value] : row)
+      fields.push_back(fmt::format("{} = {}", name, text(widen(value))));
+    out.push_back(fmt::format("{{{}}}", fmt::join(fields, ", ")));
+  }
+  return fmt::format("[{}]", fmt::join(out, ", "));
 }
 
 std::string show(const ConfigValue& v) {
@@ -67,6 +89,8 @@ std::string show(const ConfigValue& v) {
           return x;
         else if constexpr (std::is_same_v<X, std::vector<std::string>>)
           return fmt::format("[{}]", fmt::join(x, ", "));
+        else if constexpr (std::is_same_v<X, std::vector<ConfigRow>>)
+          return rows_text(x, [](const ConfigValue& v) { return show(v); });
         else
           return fmt::format("{}", x);
       },
@@ -99,6 +123,7 @@ std::string toml_real(double v) {
 }
 
 std::optional<ConfigValue> from_node(const ConfigKey& key, const toml::node& node);
+std::optional<toml::table> inline_value(std::string_view text);
 
 // A --set string: bare, or in matching single or double quotes.
 std::string unquoted(std::string_view text) {
@@ -133,16 +158,10 @@ std::optional<ConfigValue> parse_text(const ConfigKey& key, std::string_view tex
     if (text.empty()) return ConfigValue{std::vector<std::string>{}};
     if (text.front() != '[') return ConfigValue{std::vector<std::string>{unquoted(text)}};
     // An inline TOML array, read by the TOML parser as a file's would be.
-    try {
-      const std::string doc = fmt::format("v = {}", text);
-      const toml::table t = toml::parse(std::string_view(doc), std::string_view("--set"));
-      const toml::node* v = t.get("v");
-      if (v == nullptr || t.size() != 1) return std::nullopt;
-      return from_node(key, *v);
-    } catch (const toml::parse_error&) {
-      return std::nullopt;
-    }
+    const auto t = inline_value(text);
+    return t ? from_node(key, *t->get("v")) : std::nullopt;
   }
+  case ConfigType::tables: return std::nullopt; // Config::set reads them with rows_of()
   }
   return std::nullopt;
 }
@@ -173,8 +192,97 @@ std::optional<ConfigValue> from_node(const ConfigKey& key, const toml::node& nod
     }
     return ConfigValue{std::move(out)};
   }
+  case ConfigType::tables: return std::nullopt; // rows_of(), which names the row and field
   }
   return std::nullopt;
+}
+
+// `value` against `key`'s rules (UTF-8 text, choices, range); `name` is what the error calls it.
+void check_value(const ConfigKey& key, const ConfigValue& value, const std::string& origin,
+                 const std::string& name) {
+  // The resolved config.toml must read back: TOML text is UTF-8, whatever --set was given.
+  const auto not_utf8 = [&] {
+    return InputError(fmt::format("{}: key '{}' is not valid UTF-8 text", origin, name));
+  };
+  if (const auto* s = std::get_if<std::string>(&value); s != nullptr && !is_utf8(*s))
+    throw not_utf8();
+  if (const auto* list = std::get_if<std::vector<std::string>>(&value); list != nullptr)
+    for (const auto& s : *list)
+      if (!is_utf8(s)) throw not_utf8();
+  if (!key.choices.empty()) {
+    const auto& s = std::get<std::string>(value);
+    if (std::find(key.choices.begin(), key.choices.end(), s) == key.choices.end())
+      throw InputError(fmt::format("{}: key '{}' = '{}' is not one of: {}", origin, name, s,
+                                   fmt::join(key.choices, ", ")));
+  }
+  if (key.type == ConfigType::integer || key.type == ConfigType::real) {
+    const double v = key.type == ConfigType::integer
+                         ? static_cast<double>(std::get<std::int64_t>(value))
+                         : std::get<double>(value);
+    if (!(v >= key.min && v <= key.max)) // NaN too: it compares false with every bound
+      throw InputError(fmt::format("{}: key '{}' = {} is outside [{}, {}]", origin, name,
+                                   show(value), key.min, key.max));
+  }
+}
+
+ConfigScalar narrow(const ConfigValue& v) {
+  return std::visit(
+      [](const auto& x) -> ConfigScalar {
+        using X = std::decay_t<decltype(x)>;
+        if constexpr (std::is_constructible_v<ConfigScalar, X>)
+          return x;
+        else
+          throw std::logic_error("config: a table field holds a list");
+      },
+      v);
+}
+
+// A tables key's rows from a TOML array of tables, every field checked as a key is, the missing
+// ones at their defaults; InputError naming the row ("kd.features[2]") and the field.
+std::vector<ConfigRow> rows_of(const ConfigKey& key, const toml::node& node,
+                               const std::string& origin) {
+  const auto* array = node.as_array();
+  if (array == nullptr)
+    throw InputError(fmt::format("{}: key '{}' must be an array of tables ([[{}]] blocks)", origin,
+                                 key.name, key.name));
+  std::vector<std::string> names;
+  for (const auto& field : key.fields) names.push_back(field.name);
+  std::vector<ConfigRow> rows;
+  for (std::size_t i = 0; i < array->size(); ++i) {
+    const std::string row_name = fmt::format("{}[{}]", key.name, i + 1);
+    const auto* table = array->get(i)->as_table();
+    if (table == nullptr) throw InputError(fmt::format("{}: {} must be a table", origin, row_name));
+    ConfigRow row;
+    for (const auto& field : key.fields) row.emplace(field.name, narrow(field.default_value));
+    for (const auto& [leaf, value] : *table) {
+      const std::string name = fmt::format("{}.{}", row_name, leaf.str());
+      const auto field = std::find(names.begin(), names.end(), leaf.str());
+      if (field == names.end())
+        throw InputError(fmt::format("{}: unknown key '{}' (a row has {})", origin, name,
+                                     fmt::join(names, ", ")));
+      const ConfigKey& rule = key.fields[static_cast<std::size_t>(field - names.begin())];
+      const auto parsed = from_node(rule, value);
+      if (!parsed)
+        throw InputError(
+            fmt::format("{}: key '{}' must be {}", origin, name, type_name(rule.type)));
+      check_value(rule, *parsed, origin, name);
+      row[rule.name] = narrow(*parsed);
+    }
+    rows.push_back(std::move(row));
+  }
+  return rows;
+}
+
+// The value of an inline TOML text (a --set value) as the TOML parser reads it in a file.
+std::optional<toml::table> inline_value(std::string_view text) {
+  try {
+    const std::string doc = fmt::format("v = {}", text);
+    toml::table t = toml::parse(std::string_view(doc), std::string_view("--set"));
+    if (t.size() != 1 || t.get("v") == nullptr) return std::nullopt;
+    return t;
+  } catch (const toml::parse_error&) {
+    return std::nullopt;
+  }
 }
 
 } // namespace
@@ -184,27 +292,7 @@ Config::Config(const std::vector<ConfigKey>& schema) : schema_(&schema) {
 }
 
 void Config::assign(const ConfigKey& key, ConfigValue value, const std::string& origin) {
-  // The resolved config.toml must read back: TOML text is UTF-8, whatever --set was given.
-  if (const auto* s = std::get_if<std::string>(&value); s != nullptr && !is_utf8(*s))
-    throw InputError(fmt::format("{}: key '{}' is not valid UTF-8 text", origin, key.name));
-  if (const auto* list = std::get_if<std::vector<std::string>>(&value); list != nullptr)
-    for (const auto& s : *list)
-      if (!is_utf8(s))
-        throw InputError(fmt::format("{}: key '{}' is not valid UTF-8 text", origin, key.name));
-  if (!key.choices.empty()) {
-    const auto& s = std::get<std::string>(value);
-    if (std::find(key.choices.begin(), key.choices.end(), s) == key.choices.end())
-      throw InputError(fmt::format("{}: key '{}' = '{}' is not one of: {}", origin, key.name, s,
-                                   fmt::join(key.choices, ", ")));
-  }
-  if (key.type == ConfigType::integer || key.type == ConfigType::real) {
-    const double v = key.type == ConfigType::integer
-                         ? static_cast<double>(std::get<std::int64_t>(value))
-                         : std::get<double>(value);
-    if (!(v >= key.min && v <= key.max)) // NaN too: it compares false with every bound
-      throw InputError(fmt::format("{}: key '{}' = {} is outside [{}, {}]", origin, key.name,
-                                   show(value), key.min, key.max));
-  }
+  check_value(key, value, origin, key.name);
   values_[key.name] = std::move(value);
 }
 
@@ -225,6 +313,10 @@ void Config::merge_toml(std::string_view text, const std::string& origin) {
       const std::string name = fmt::format("{}.{}", section.str(), leaf.str());
       const ConfigKey* key = find_key(*schema_, name);
       if (key == nullptr) throw InputError(fmt::format("{}: unknown key '{}'", origin, name));
+      if (key->type == ConfigType::tables) {
+        assign(*key, rows_of(*key, value, origin), origin);
+        continue;
+      }
       auto parsed = from_node(*key, value);
       if (!parsed)
         throw InputError(
@@ -251,6 +343,16 @@ void Config::set(std::string_view assignment) {
   const ConfigKey* key = find_key(*schema_, name);
   if (key == nullptr)
     throw InputError(fmt::format("--set: unknown key {}", toml_quote(std::string(name))));
+  if (key->type == ConfigType::tables) {
+    const std::string_view text = assignment.substr(eq + 1);
+    const auto t = text.empty() ? std::optional<toml::table>() : inline_value(text);
+    if (!text.empty() && !t)
+      throw InputError(fmt::format("--set: key '{}' must be an inline array of tables, e.g. "
+                                   "[{{a = 1}}], got {}",
+                                   name, toml_quote(std::string(text))));
+    assign(*key, t ? rows_of(*key, *t->get("v"), "--set") : std::vector<ConfigRow>{}, "--set");
+    return;
+  }
   auto parsed = parse_text(*key, assignment.substr(eq + 1));
   if (!parsed)
     throw InputError(fmt::format("--set: key '{}' must be {}, got {}", name, type_name(key->type),
@@ -281,6 +383,15 @@ const std::string& Config::get_string(std::string_view key) const {
 const std::vector<std::string>& Config::get_strings(std::string_view key) const {
   return std::get<std::vector<std::string>>(value_of(key, ConfigType::strings));
 }
+const std::vector<ConfigRow>& Config::get_tables(std::string_view key) const {
+  return std::get<std::vector<ConfigRow>>(value_of(key, ConfigType::tables));
+}
+std::string Config::text(std::string_view key) const {
+  const ConfigKey* k = find_key(*schema_, key);
+  if (k == nullptr)
+    throw std::logic_error(fmt::format("config key '{}' is not in the schema", key));
+  return show(values_.find(key)->second);
+}
 
 std::string Config::to_toml() const {
   std::string out = "# kdflow resolved configuration: every key, defaults written out.\n";
@@ -302,6 +413,12 @@ std::string Config::to_toml() const {
       text = fmt::format("[{}]", fmt::join(quoted, ", "));
     } else if (key.type == ConfigType::real) {
       text = toml_real(std::get<double>(v));
+    } else if (key.type == ConfigType::tables) {
+      text = rows_text(std::get<std::vector<ConfigRow>>(v), [](const ConfigValue& f) {
+        if (const auto* s = std::get_if<std::string>(&f)) return toml_quote(*s);
+        if (const auto* d = std::get_if<double>(&f)) return toml_real(*d);
+        return show(f);
+      });
     } else {
       text = show(v);
     }

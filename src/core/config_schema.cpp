@@ -123,6 +123,25 @@ const std::vector<ConfigKey>& config_schema() {
        {},
        0.0,
        1.0},
+      {"kd.features",
+       T::tables,
+       std::vector<ConfigRow>{},
+       "feature distillation, one [[kd.features]] table per pair: a teacher value (computed as "
+       "teacher.features are), a student tap (stage1..stageN or penultimate of a built-in "
+       "student; a TorchScript student's named outputs) and a loss added to the KD and CE mix "
+       "with its weight",
+       {},
+       -1e300,
+       1e300,
+       {{"teacher", T::string, std::string(""), "the teacher's ONNX value"},
+        {"student", T::string, std::string(""), "the student's tap"},
+        {"loss",
+         T::string,
+         std::string("hint"),
+         "hint: FitNets' MSE through a trained adapter (1x1 convolution or linear, the student's "
+         "map resized to the teacher's); at: attention transfer; sp: similarity-preserving",
+         {"hint", "at", "sp"}},
+        {"weight", T::real, 1.0, "the loss's weight", {}, 0.0, 1e6}}},
       {"kd.cache",
        T::string,
        std::string("none"),

@@ -439,7 +439,7 @@ TEST(CpuPipeline, TeacherOutputCacheIsRefusedWithRandomAugmentation) {
           "its folder does not exist");
   // The cache keeps logits: a run that also carries features computes them every batch.
   refused({"kd.cache=memory", "kd.cache_path=", "teacher.features=[\"a\", \"b\"]"},
-          "teacher.features = [a, b]");
+          "teacher.features or kd.features ask for its values [a, b]");
 }
 
 // Values of the shipped teacher's graph (as imported: before any pass) that hold one row per

@@ -561,6 +561,52 @@ TEST(Train, BadInputsAreExit2WithOneLine) {
   EXPECT_FALSE(fs::exists(out / "checkpoints")); // nothing was started
 }
 
+// kd.features from the configuration: the teacher's values carried in the slots, a hint through
+// a trained adapter and a similarity-preserving loss in every step (metrics.jsonl's
+// feature_loss), the adapters in the checkpoints: N steps straight and N/2 + resume give
+// bit-identical parameters. Pairs that cannot be met are exit 2 naming the pair.
+TEST(Train, FeatureLossesFromTheConfigTrainAndResumeBitIdentically) {
+  const std::string pairs =
+      "kd.features=[{teacher = \"/Relu_output_0\", student = \"stage2\", loss = \"hint\"}, "
+      "{teacher = \"/fc1/Gemm_output_0\", student = \"stage1\", loss = \"sp\", weight = 2.0}]";
+  const fs::path a = scratch("features_straight"), b = scratch("features_resumed");
+  Result r = run(with(fast_train_args(a), {pairs, "train.max_steps=20"}), a);
+  ASSERT_EQ(r.code, 0) << r.err;
+  ASSERT_EQ(run(with(fast_train_args(b), {pairs, "train.max_steps=10"}), b).code, 0);
+  auto resume = with(fast_train_args(b), {pairs, "train.max_steps=20"});
+  resume.insert(resume.end(), {"--resume", "auto"});
+  r = run(resume, b);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(summary(a)["state_digest"], summary(b)["state_digest"]);
+  std::ifstream metrics(a / "metrics.jsonl");
+  int lines = 0;
+  for (std::string line; std::getline(metrics, line);) {
+    const json j = json::parse(line);
+    if (!j.contains("feature_loss")) continue;
+    EXPECT_GT(j["feature_loss"].get<double>(), 0.0) << line;
+    ++lines;
+  }
+  EXPECT_GE(lines, 4);
+  EXPECT_NE(read_text(a / "config.toml").find("features = [{loss = \"hint\""), std::string::npos);
+
+  const fs::path bad = scratch("features_bad");
+  for (const auto& [set, what] : std::vector<std::pair<std::string, std::string>>{
+           {"kd.features=[{teacher = \"/Relu_output_0\", student = \"stage7\"}]",
+            "kd.features[1].student = 'stage7'"},
+           {"kd.features=[{teacher = \"/nope\", student = \"stage1\"}]", "'/nope'"},
+           {"kd.features=[{teacher = \"/Relu_output_0\", student = \"stage1\", loss = \"at\"}]",
+            "attention transfer"},
+           {"kd.features=[{student = \"stage1\"}]", "kd.features[1].teacher"}}) {
+    r = run(with(fast_train_args(bad), {set}), bad);
+    EXPECT_EQ(r.code, 2) << set << "\n" << r.err;
+    expect_one_line_naming(r.err, what);
+  }
+  r = run(with(fast_train_args(bad), {"kd.alpha=0", pairs}), bad);
+  EXPECT_EQ(r.code, 2);
+  expect_one_line_naming(r.err, "kd.features");
+  EXPECT_FALSE(fs::exists(bad / "checkpoints"));
+}
+
 // The student out, and back in as a teacher: a built-in student's student.onnx (checked by the run
 // against the student) becomes the next run's teacher, whose test accuracy through kdflow's oneDNN
 // engine is the accuracy the first run measured with LibTorch. A TorchScript student comes out

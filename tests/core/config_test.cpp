@@ -41,6 +41,7 @@ TEST(Config, EveryKeyHasADefaultOfItsType) {
     case ConfigType::real: (void)c.get_double(key.name); break;
     case ConfigType::string: (void)c.get_string(key.name); break;
     case ConfigType::strings: (void)c.get_strings(key.name); break;
+    case ConfigType::tables: (void)c.get_tables(key.name); break;
     }
   }
   EXPECT_EQ(c.get_string("data.dataset"), "fashion-mnist");
@@ -115,6 +116,53 @@ TEST(Config, AnArrayOfStringsFromAFileAndFromSet) {
   expect_input_error([&] { c.set("teacher.features=[\"a\""); }, {"teacher.features"});
   expect_input_error([&] { c.set("teacher.features=[\"a\"]\nx = 1"); }, {"teacher.features"});
   EXPECT_TRUE(c.get_strings("teacher.features").empty());
+}
+
+// kd.features is an array of tables: [[kd.features]] blocks or an inline array, from a file or
+// --set, each row's fields checked as keys are and the missing ones at their defaults; the
+// resolved file reads back.
+TEST(Config, AnArrayOfTablesFromBlocksInlineAndSet) {
+  Config c;
+  EXPECT_TRUE(c.get_tables("kd.features").empty());
+  c.merge_toml("[kd]\nalpha = 0.5\n[[kd.features]]\nteacher = \"/a/Relu_output_0\"\n"
+               "student = \"stage2\"\n[[kd.features]]\nteacher = \"b\"\nstudent = "
+               "\"penultimate\"\nloss = \"sp\"\nweight = 3\n",
+               "f.toml");
+  const auto& rows = c.get_tables("kd.features");
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_EQ(std::get<std::string>(rows[0].at("teacher")), "/a/Relu_output_0");
+  EXPECT_EQ(std::get<std::string>(rows[0].at("loss")), "hint") << "the default";
+  EXPECT_DOUBLE_EQ(std::get<double>(rows[0].at("weight")), 1.0);
+  EXPECT_EQ(std::get<std::string>(rows[1].at("loss")), "sp");
+  EXPECT_DOUBLE_EQ(std::get<double>(rows[1].at("weight")), 3.0);
+  Config b;
+  b.merge_toml(c.to_toml(), "resolved");
+  EXPECT_EQ(b.to_toml(), c.to_toml());
+  EXPECT_EQ(b.get_tables("kd.features"), rows);
+  EXPECT_NE(c.text("kd.features").find("student = stage2"), std::string::npos)
+      << c.text("kd.features");
+  c.set("kd.features=[{teacher = \"x\", student = \"stage1\", loss = \"at\", weight = 0.5}]");
+  ASSERT_EQ(c.get_tables("kd.features").size(), 1u);
+  EXPECT_EQ(std::get<std::string>(c.get_tables("kd.features")[0].at("loss")), "at");
+  c.set("kd.features=");
+  EXPECT_TRUE(c.get_tables("kd.features").empty());
+  expect_input_error(
+      [&] { c.merge_toml("[[kd.features]]\nteacher = \"a\"\nloss = \"l2\"\n", "f.toml"); },
+      {"f.toml", "kd.features[1].loss", "l2", "hint"});
+  expect_input_error(
+      [&] { c.merge_toml("[[kd.features]]\n[[kd.features]]\nwieght = 1.0\n", "f.toml"); },
+      {"kd.features[2].wieght", "unknown"});
+  expect_input_error([&] { c.merge_toml("[[kd.features]]\nweight = -1.0\n", "f.toml"); },
+                     {"kd.features[1].weight", "outside"});
+  expect_input_error([&] { c.merge_toml("[[kd.features]]\nweight = \"big\"\n", "f.toml"); },
+                     {"kd.features[1].weight", "a number"});
+  expect_input_error([&] { c.merge_toml("[kd]\nfeatures = \"a\"\n", "f.toml"); },
+                     {"kd.features", "array of tables"});
+  expect_input_error([&] { c.set("kd.features=[{teacher = 1}]"); },
+                     {"--set", "kd.features[1].teacher"});
+  expect_input_error([&] { c.set("kd.features={teacher = \"a\"}"); }, {"--set", "kd.features"});
+  expect_input_error([&] { c.set("kd.features=[{"); }, {"--set", "kd.features"});
+  EXPECT_TRUE(c.get_tables("kd.features").empty());
 }
 
 TEST(Config, BadInputNamesTheKey) {

@@ -29,6 +29,7 @@
 #include <random>
 #include <stdlib.h>
 #include <tuple>
+#include <unistd.h>
 
 namespace kdflow::student {
 namespace {
@@ -36,11 +37,19 @@ namespace {
 constexpr std::int64_t kBatch = 8;
 constexpr std::uint32_t kSlots = 2;
 
+// Regions: inputs, labels, logits, then `extra` (teacher features).
+std::vector<RegionSpec> fixture_regions(std::int64_t c, std::int64_t h, std::int64_t w,
+                                        std::vector<RegionSpec> extra) {
+  std::vector<RegionSpec> regions = {{"inputs", DType::f32, {kBatch, c, h, w}},
+                                     {"labels", DType::i64, {kBatch}},
+                                     {"logits", DType::f32, {kBatch, 10}}};
+  for (auto& r : extra) regions.push_back(std::move(r));
+  return regions;
+}
+
 struct Fixture {
-  Fixture(std::int64_t c, std::int64_t h, std::int64_t w)
-      : layout({{"inputs", DType::f32, {kBatch, c, h, w}},
-                {"labels", DType::i64, {kBatch}},
-                {"logits", DType::f32, {kBatch, 10}}}),
+  Fixture(std::int64_t c, std::int64_t h, std::int64_t w, std::vector<RegionSpec> extra = {})
+      : layout(fixture_regions(c, h, w, std::move(extra))),
         ring(layout, kSlots, allocate_pinned_for_device(kSlots * layout.slot_bytes())) {}
 
   // Ring batch b carries data batch `data` (default b): random inputs and teacher logits from
@@ -56,7 +65,8 @@ struct Fixture {
     auto labels = s->region<std::int64_t>(1);
     for (std::size_t i = 0; i < labels.size(); ++i)
       labels[i] = static_cast<std::int64_t>((data + i) % 10);
-    for (float& v : s->region<float>(2)) v = 3 * normal(rng);
+    for (std::size_t r = 2; r < layout.regions().size(); ++r)
+      for (float& v : s->region<float>(r)) v = 3 * normal(rng);
     ring.publish(*s, SlotState::filling, SlotState::ready);
   }
 
@@ -93,7 +103,9 @@ TEST(Trainer, EveryArchitectureTrainsOnBothInputSizes) {
     }
 }
 
-void expect_checkpoint_restores_exactly(const TrainerOptions& o, const std::filesystem::path& path);
+void expect_checkpoint_restores_exactly(const TrainerOptions& o, const std::filesystem::path& path,
+                                        const std::vector<RegionSpec>& extra = {},
+                                        const StepRegions& regions = {0, 1, 2, {}});
 
 // The example students of scripts/make_students.py (made at test time).
 nlohmann::json students() {
@@ -316,6 +328,115 @@ TEST(Trainer, DistillationLossesMatchTheirReferenceCode) {
   EXPECT_NEAR(step->loss, o.kd_alpha * step->kd_loss + (1 - o.kd_alpha) * step->ce_loss, 1e-5);
 }
 
+// The feature losses against torchdistill's PyTorch code (scripts/feature_loss_reference.py, in
+// float64) on fixed maps of different channel counts.
+TEST(Trainer, FeatureLossesMatchTheirReferenceCode) {
+  std::string pattern = (std::filesystem::temp_directory_path() / "kdflow_feat.XXXXXX").string();
+  ASSERT_NE(::mkdtemp(pattern.data()), nullptr);
+  const std::filesystem::path dir = pattern;
+  const std::vector<std::int64_t> ss = {5, 3, 6, 6}, ts = {5, 7, 6, 6};
+  const auto fill = [](const std::vector<std::int64_t>& shape, float a, float b) {
+    std::vector<float> v(static_cast<std::size_t>(shape[0] * shape[1] * shape[2] * shape[3]));
+    for (std::size_t i = 0; i < v.size(); ++i)
+      v[i] = std::sin(a * static_cast<float>(i) + b) * (1.f + 0.1f * static_cast<float>(i % 7));
+    return v;
+  };
+  std::vector<float> s = fill(ss, 0.37f, 0.2f), t = fill(ts, 0.23f, -0.4f), h = fill(ts, 0.11f, 1);
+  teacher::write_npy((dir / "student.npy").string(), ss, s.data());
+  teacher::write_npy((dir / "teacher.npy").string(), ts, t.data());
+  teacher::write_npy((dir / "hint.npy").string(), ts, h.data());
+  const std::string command = std::string("'") + KD_PYTHON + "' '" + KDFLOW_SOURCE_DIR +
+                              "/scripts/feature_loss_reference.py' '" + dir.string() + "'";
+  FILE* pipe = ::popen(command.c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  std::string out;
+  for (char buf[256]; std::fgets(buf, sizeof buf, pipe) != nullptr;) out += buf;
+  ASSERT_EQ(::pclose(pipe), 0) << command;
+  const auto want = nlohmann::json::parse(out);
+  const torch::Tensor st = torch::from_blob(s.data(), ss).clone();
+  const torch::Tensor tt = torch::from_blob(t.data(), ts).clone();
+  const torch::Tensor ht = torch::from_blob(h.data(), ts).clone();
+  for (const auto& [name, got] :
+       {std::pair{"hint", hint_loss(ht, tt)}, {"at", at_loss(st, tt)}, {"sp", sp_loss(st, tt)}}) {
+    const double v = got.item<double>(), w = want[name].get<double>();
+    EXPECT_GT(w, 0.0) << name;
+    EXPECT_NEAR(v, w, 1e-5 * std::max(1e-3, std::fabs(w))) << name << " " << out;
+  }
+  // (POSIX calls: libtorch exports a std::filesystem::remove_all of its own, which crashes here.)
+  for (const char* f : {"student.npy", "teacher.npy", "hint.npy"}) ::unlink((dir / f).c_str());
+  ::rmdir(dir.c_str());
+}
+
+// kd.features in the trainer: a hint through a trained adapter (a 1x1 convolution to the teacher's
+// channels, the map resized to its height and width), attention transfer and similarity-
+// preserving KD, each weighted into the loss; the adapters train with the student, are in the
+// checkpoint (resume is bit-exact) and not in the student's parameter count.
+TEST(Trainer, FeatureLossesTrainAdaptersThatCheckpointsRestore) {
+  const std::vector<RegionSpec> extra = {{"feature:a", DType::f32, {kBatch, 24, 10, 10}},
+                                         {"feature:b", DType::f32, {kBatch, 5, 14, 14}},
+                                         {"feature:c", DType::f32, {kBatch, 40}}};
+  const StepRegions regions{0, 1, 2, {3, 4, 5}};
+  auto o = options("cnn", 1, 28);
+  Fixture plain_ring(1, 28, 28);
+  const auto plain_params = Trainer(o, plain_ring.ring, {0, 1, 2}).parameters();
+  o.feature_losses = {{"a", "stage2", "hint", 0.5, {24, 10, 10}, 1, "kd.features[1]"},
+                      {"b", "stage1", "at", 100.0, {5, 14, 14}, 2, "kd.features[2]"},
+                      {"c", "penultimate", "sp", 2.0, {40}, 3, "kd.features[3]"}};
+  Fixture f(1, 28, 28, extra);
+  Trainer t(o, f.ring, regions);
+  EXPECT_EQ(t.parameters(), plain_params) << "the adapters are not the student's";
+  const std::vector<float> before = t.state_vector();
+  double last = 0;
+  for (std::uint64_t b = 0; b < 3; ++b) {
+    f.produce(b);
+    const auto step = t.step(b);
+    ASSERT_TRUE(step);
+    EXPECT_GT(step->feature_loss, 0.0);
+    EXPECT_NEAR(step->loss,
+                o.kd_alpha * step->kd_loss + (1 - o.kd_alpha) * step->ce_loss + step->feature_loss,
+                1e-4 * std::max(1.0, step->loss));
+    last = step->feature_loss;
+  }
+  EXPECT_GT(last, 0.0);
+  const std::vector<float> after = t.state_vector();
+  // The adapter (a 1x1 convolution from stage2's 32 channels to 24, and its bias) is the state's
+  // tail: it trained.
+  ASSERT_EQ(after.size(), before.size());
+  const std::size_t adapter = 24 * 32 + 24;
+  ASSERT_GT(after.size(), adapter);
+  EXPECT_FALSE(std::equal(after.end() - adapter, after.end(), before.end() - adapter));
+
+  const auto dir = std::filesystem::temp_directory_path() / "kdflow_trainer_features";
+  std::filesystem::create_directories(dir);
+  expect_checkpoint_restores_exactly(o, dir / "a.ckpt", extra, regions);
+  // A checkpoint without the adapters is another student's.
+  Fixture g(1, 28, 28);
+  Trainer plain(options("cnn", 1, 28), g.ring, {0, 1, 2});
+  plain.save(dir / "plain.ckpt", "{}");
+  Fixture h(1, 28, 28, extra);
+  Trainer featured(o, h.ring, regions);
+  const std::string e = test::error_of([&] { (void)featured.load(dir / "plain.ckpt"); });
+  EXPECT_NE(e.find("adapter stage2 -> a"), std::string::npos) << e;
+}
+
+// A pair no loss can compare is an InputError naming the pair and both shapes; a tap the student
+// lacks names the taps it has.
+TEST(Trainer, FeatureLossesTheStudentCannotMeetAreInputErrors) {
+  const auto refused = [](FeatureLoss f, const std::vector<std::string>& what) {
+    auto o = options("cnn", 1, 28);
+    f.key = "kd.features[1]";
+    o.feature_losses = {f};
+    Fixture fx(1, 28, 28);
+    const std::string e = test::error_of([&] { Trainer t(o, fx.ring, {0, 1, 2, {2}}); });
+    for (const auto& w : what) EXPECT_NE(e.find(w), std::string::npos) << e;
+  };
+  refused({"v", "stage9", "hint", 1.0, {8, 7, 7}, 1, ""},
+          {"kd.features[1].student = 'stage9'", "stage1, stage2, stage3, penultimate"});
+  refused({"v", "penultimate", "hint", 1.0, {8, 7, 7}, 1, ""},
+          {"kd.features[1]", "'penultimate' [64]", "'v' [8, 7, 7]", "no adapter"});
+  refused({"v", "stage1", "at", 1.0, {49}, 1, ""}, {"kd.features[1]", "attention transfer"});
+}
+
 TEST(Trainer, LossMixesKdAndCeByAlpha) {
   for (double alpha : {0.0, 0.3, 1.0}) {
     Fixture f(1, 28, 28);
@@ -390,27 +511,28 @@ TEST(Trainer, ScheduleWarmsUpThenFollowsTheCosine) {
 
 // Straight: 4 steps. Split: 2 steps, save, a fresh trainer of another initialisation loads and
 // does 2 more on the same data. Both end in the same state, bit for bit.
-void expect_checkpoint_restores_exactly(const TrainerOptions& o,
-                                        const std::filesystem::path& path) {
-  Fixture a(1, 28, 28);
-  Trainer straight(o, a.ring, {0, 1, 2});
+void expect_checkpoint_restores_exactly(const TrainerOptions& o, const std::filesystem::path& path,
+                                        const std::vector<RegionSpec>& extra,
+                                        const StepRegions& regions) {
+  Fixture a(1, 28, 28, extra);
+  Trainer straight(o, a.ring, regions);
   for (std::uint64_t b = 0; b < 4; ++b) {
     a.produce(b);
     ASSERT_TRUE(straight.step(b));
   }
-  Fixture b1(1, 28, 28);
+  Fixture b1(1, 28, 28, extra);
   {
-    Trainer first(o, b1.ring, {0, 1, 2});
+    Trainer first(o, b1.ring, regions);
     for (std::uint64_t b = 0; b < 2; ++b) {
       b1.produce(b);
       ASSERT_TRUE(first.step(b));
     }
     first.save(path, "{\"next\": 2}");
   }
-  Fixture b2(1, 28, 28);
+  Fixture b2(1, 28, 28, extra);
   auto o2 = o;
   o2.seed = 999; // a different initialisation: the checkpoint must overwrite all of it
-  Trainer second(o2, b2.ring, {0, 1, 2});
+  Trainer second(o2, b2.ring, regions);
   EXPECT_EQ(second.load(path), "{\"next\": 2}");
   EXPECT_EQ(second.steps_done(), 2);
   // The resumed ring starts at batch 0 again, carrying data batches 2 and 3.

@@ -23,6 +23,19 @@
 
 namespace kdflow::student {
 
+// A feature loss (kd.features): the student's tap, compared by `loss` (hint | at | sp) with the
+// teacher's value, weighted into the step's loss. A hint trains an adapter from the student's tap
+// to the teacher's shape, kept in checkpoints (not in the exported student).
+struct FeatureLoss {
+  std::string teacher;       // the ONNX value (messages)
+  std::string student;       // the tap (Net::tap_names)
+  std::string loss = "hint"; // hint | at | sp
+  double weight = 1.0;
+  std::vector<std::int64_t> teacher_shape; // per sample, the batch left out
+  std::size_t teacher_output = 1;          // the value's index among the teacher's outputs
+  std::string key;                         // "kd.features[k]", for errors
+};
+
 struct TrainerOptions {
   StudentSpec model;
   Device device;   // resolved once (resolve_device)
@@ -39,6 +52,7 @@ struct TrainerOptions {
   // target-class term and dkd_beta on the non-target term); kd_alpha mixes it with CE either way.
   std::string kd_loss = "kl";
   double dkd_alpha = 1.0, dkd_beta = 8.0;
+  std::vector<FeatureLoss> feature_losses; // added to the KD and CE mix, each with its weight
   bool skip_nonfinite = false;
   std::uint64_t seed = 42;
   // uint8 input slots: x * input_scale[c] + input_shift[c] per channel on the student's device
@@ -53,12 +67,16 @@ struct TrainerOptions {
 struct StepRegions {
   std::size_t inputs = 0, labels = 1;
   std::optional<std::size_t> teacher_logits; // absent when kd.alpha = 0
+  // The teacher's values the feature losses read: one region per TrainerOptions::feature_losses
+  // (the colocated baseline computes them itself).
+  std::vector<std::size_t> teacher_features;
 };
 
 // With several ranks the losses, hits and samples are the whole job's (summed over the ranks with
 // the gradients); rank_samples is this rank's share.
 struct StepStats {
   double loss = 0, kd_loss = 0, ce_loss = 0, lr = 0, grad_norm = 0;
+  double feature_loss = 0;  // the feature losses' weighted sum (this rank's)
   std::int64_t correct = 0; // top-1 hits of the student on this (augmented) batch
   std::uint32_t samples = 0;
   bool skipped = false; // non-finite and train.on_nonfinite = "skip" (or an fp16 scale overflow)

@@ -13,11 +13,18 @@
 
 namespace kdflow {
 
-using ConfigValue = std::variant<bool, std::int64_t, double, std::string, std::vector<std::string>>;
+// One row of a `tables` key: every field of the key's row schema, by its leaf name.
+using ConfigScalar = std::variant<bool, std::int64_t, double, std::string>;
+using ConfigRow = std::map<std::string, ConfigScalar, std::less<>>;
+
+using ConfigValue = std::variant<bool, std::int64_t, double, std::string, std::vector<std::string>,
+                                 std::vector<ConfigRow>>;
 
 // strings: a TOML array of strings (`key = ["a", "b"]`; with --set, the same inline array, one
-// bare or quoted string for a list of one, or nothing for none).
-enum class ConfigType { boolean, integer, real, string, strings };
+// bare or quoted string for a list of one, or nothing for none). tables: an array of tables
+// (`[[section.key]]` blocks, or `key = [{a = 1}, ...]` inline; --set takes the inline array), each
+// row's fields checked against ConfigKey::fields, the missing ones at their defaults.
+enum class ConfigType { boolean, integer, real, string, strings, tables };
 
 // One entry of the schema. `choices` (strings) or [min, max] (numbers) constrain the value.
 struct ConfigKey {
@@ -28,6 +35,7 @@ struct ConfigKey {
   std::vector<std::string> choices = {};
   double min = -1e300;
   double max = 1e300;
+  std::vector<ConfigKey> fields = {}; // tables: each row's fields (leaf names), scalars only
 };
 
 // Every key kdflow knows, in the order the resolved file lists them. Keys whose values name a
@@ -51,6 +59,9 @@ public:
   [[nodiscard]] double get_double(std::string_view key) const;
   [[nodiscard]] const std::string& get_string(std::string_view key) const;
   [[nodiscard]] const std::vector<std::string>& get_strings(std::string_view key) const;
+  [[nodiscard]] const std::vector<ConfigRow>& get_tables(std::string_view key) const;
+  // A key's value as text for messages and records ("[a, b]" for a list, rows as inline tables).
+  [[nodiscard]] std::string text(std::string_view key) const;
 
   // The resolved configuration as TOML, every key written out with its doc comment.
   [[nodiscard]] std::string to_toml() const;
