@@ -386,13 +386,17 @@ std::optional<StepStats> Trainer::step(std::uint64_t batch, bool stop) {
     stats.skipped = true;
   } else if (!loss_ok || !grads_ok) {
     std::string cause = !loss_ok ? "loss" : "gradient norm";
+    const auto feature_at =
+        std::find_if(teacher_features.begin(), teacher_features.end(),
+                     [](const torch::Tensor& t) { return !torch::isfinite(t).all().item<bool>(); });
     if (teacher.defined() && !torch::isfinite(teacher).all().item<bool>())
       cause = "teacher output (logits)";
-    for (std::size_t k = 0; k < teacher_features.size(); ++k)
-      if (!torch::isfinite(teacher_features[k]).all().item<bool>())
-        cause = fmt::format("teacher output ({})", m.features[k].spec.teacher);
-      else if (!torch::isfinite(x).all().item<bool>())
-        cause = "input batch";
+    else if (feature_at != teacher_features.end())
+      cause = fmt::format(
+          "teacher output ({})",
+          m.features[static_cast<std::size_t>(feature_at - teacher_features.begin())].spec.teacher);
+    else if (!torch::isfinite(x).all().item<bool>())
+      cause = "input batch";
     if (!o.skip_nonfinite)
       throw NonFiniteError(
           fmt::format("non-finite {} at step {} (batch {}); the last checkpoint is kept. Set "

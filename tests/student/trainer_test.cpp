@@ -419,6 +419,26 @@ TEST(Trainer, FeatureLossesTrainAdaptersThatCheckpointsRestore) {
   EXPECT_NE(e.find("adapter stage2 -> a"), std::string::npos) << e;
 }
 
+// A TorchScript student's taps are the tensor entries besides its logits of the dict its forward
+// returns; one named elsewhere is refused with the ones it has.
+TEST(Trainer, TorchScriptStudentsTapTheirDictsEntries) {
+  auto o = script_options("resnet8_dict");
+  o.feature_losses = {{"c", "features", "hint", 1.0, {40}, 3, "kd.features[1]"}};
+  Fixture f(1, 28, 28, {{"feature:c", DType::f32, {kBatch, 40}}});
+  Trainer t(o, f.ring, {0, 1, 2, {3}});
+  for (std::uint64_t b = 0; b < 2; ++b) {
+    f.produce(b);
+    const auto step = t.step(b);
+    ASSERT_TRUE(step);
+    EXPECT_GT(step->feature_loss, 0.0);
+  }
+  o.feature_losses[0].student = "stage1";
+  Fixture g(1, 28, 28, {{"feature:c", DType::f32, {kBatch, 40}}});
+  const std::string e = test::error_of([&] { Trainer bad(o, g.ring, {0, 1, 2, {3}}); });
+  EXPECT_NE(e.find("'stage1'"), std::string::npos) << e;
+  EXPECT_NE(e.find("(it has features)"), std::string::npos) << e;
+}
+
 // A pair no loss can compare is an InputError naming the pair and both shapes; a tap the student
 // lacks names the taps it has.
 TEST(Trainer, FeatureLossesTheStudentCannotMeetAreInputErrors) {
