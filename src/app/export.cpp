@@ -90,8 +90,11 @@ int export_command(const ExportArgs& args) {
   if (!fs::is_regular_file(config_file))
     throw InputError(fmt::format("--run {}: no config.toml (not a kdflow run folder)", args.run));
   if (args.out.empty()) throw InputError("--out: the file to write is required");
-  // The run's student and data; its teacher is not needed to export the student.
-  std::vector<std::string> sets = {"kd.alpha=0", "train.export=" + args.format};
+  // The run's student and data. Its teacher is not needed to export the student, unless the
+  // checkpoints hold kd.features adapters: their shapes are the teacher's values'.
+  std::vector<std::string> sets = {"train.export=" + args.format};
+  if (resolve_config(config_file.string(), {}).get_tables("kd.features").empty())
+    sets.emplace_back("kd.alpha=0");
   const RunInputs run = prepare_run(resolve_config(config_file.string(), sets));
   const std::string format = export_format(run.config, "--format");
   if (format == "off") throw InputError("--format off: nothing to export");

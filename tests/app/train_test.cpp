@@ -588,6 +588,10 @@ TEST(Train, FeatureLossesFromTheConfigTrainAndResumeBitIdentically) {
   }
   EXPECT_GE(lines, 4);
   EXPECT_NE(read_text(a / "config.toml").find("features = [{loss = \"hint\""), std::string::npos);
+  // `kdflow export` reads the run's checkpoint, adapters and all, and writes the student alone.
+  r = run({"export", "--run", a.string(), "--out", (a / "again.onnx").string()}, a / "export");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(fs::exists(a / "again.onnx"));
 
   const fs::path bad = scratch("features_bad");
   for (const auto& [set, what] : std::vector<std::pair<std::string, std::string>>{

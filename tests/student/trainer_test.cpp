@@ -277,6 +277,23 @@ TEST(Trainer, ExportedStudentsGiveTheStudentsLogits) {
   EXPECT_EQ(std::system(command.c_str()), 0) << command;
 }
 
+// What scripts/<script> prints (one JSON object) when the venv's python runs it with `args` (no
+// quotes in them); discarded JSON where it fails.
+nlohmann::json reference(const std::string& script, const std::vector<std::string>& args) {
+  std::string command =
+      std::string("'") + KD_PYTHON + "' '" + KDFLOW_SOURCE_DIR + "/scripts/" + script + "'";
+  for (const auto& a : args) command += " '" + a + "'";
+  FILE* pipe = ::popen(command.c_str(), "r");
+  if (pipe == nullptr) return nlohmann::json::value_t::discarded;
+  std::string out;
+  for (char buf[256]; std::fgets(buf, sizeof buf, pipe) != nullptr;) out += buf;
+  if (::pclose(pipe) != 0) {
+    ADD_FAILURE() << command << " failed";
+    return nlohmann::json::value_t::discarded;
+  }
+  return nlohmann::json::parse(out, nullptr, false);
+}
+
 // Both distillation losses against their authors' PyTorch code (scripts/dkd_reference.py, in
 // float64) on fixed logits, at two temperatures and two weightings; and DKD in a training step.
 TEST(Trainer, DistillationLossesMatchTheirReferenceCode) {
@@ -300,16 +317,10 @@ TEST(Trainer, DistillationLossesMatchTheirReferenceCode) {
       torch::from_blob(const_cast<float*>(labels.data()), {kRows}).to(torch::kLong);
   for (const auto& [temperature, alpha, beta] :
        {std::tuple{4.0, 1.0, 8.0}, std::tuple{1.5, 0.5, 2.0}}) {
-    const std::string command = std::string("'") + KD_PYTHON + "' '" + KDFLOW_SOURCE_DIR +
-                                "/scripts/dkd_reference.py' '" + dir.string() + "' " +
-                                std::to_string(temperature) + " " + std::to_string(alpha) + " " +
-                                std::to_string(beta);
-    FILE* pipe = ::popen(command.c_str(), "r");
-    ASSERT_NE(pipe, nullptr);
-    std::string out;
-    for (char buf[256]; std::fgets(buf, sizeof buf, pipe) != nullptr;) out += buf;
-    ASSERT_EQ(::pclose(pipe), 0) << command;
-    const auto want = nlohmann::json::parse(out);
+    const auto want = reference("dkd_reference.py", {dir.string(), std::to_string(temperature),
+                                                     std::to_string(alpha), std::to_string(beta)});
+    ASSERT_FALSE(want.is_discarded());
+    const std::string out = want.dump();
     const double kl = kl_loss(st, tt, temperature).item<double>();
     const double dkd = dkd_loss(st, tt, y, temperature, alpha, beta).item<double>();
     EXPECT_NEAR(kl, want["kl"].get<double>(), 1e-5 * std::max(1.0, std::fabs(kl))) << out;
@@ -345,14 +356,9 @@ TEST(Trainer, FeatureLossesMatchTheirReferenceCode) {
   teacher::write_npy((dir / "student.npy").string(), ss, s.data());
   teacher::write_npy((dir / "teacher.npy").string(), ts, t.data());
   teacher::write_npy((dir / "hint.npy").string(), ts, h.data());
-  const std::string command = std::string("'") + KD_PYTHON + "' '" + KDFLOW_SOURCE_DIR +
-                              "/scripts/feature_loss_reference.py' '" + dir.string() + "'";
-  FILE* pipe = ::popen(command.c_str(), "r");
-  ASSERT_NE(pipe, nullptr);
-  std::string out;
-  for (char buf[256]; std::fgets(buf, sizeof buf, pipe) != nullptr;) out += buf;
-  ASSERT_EQ(::pclose(pipe), 0) << command;
-  const auto want = nlohmann::json::parse(out);
+  const auto want = reference("feature_loss_reference.py", {dir.string()});
+  ASSERT_FALSE(want.is_discarded());
+  const std::string out = want.dump();
   const torch::Tensor st = torch::from_blob(s.data(), ss).clone();
   const torch::Tensor tt = torch::from_blob(t.data(), ts).clone();
   const torch::Tensor ht = torch::from_blob(h.data(), ts).clone();
