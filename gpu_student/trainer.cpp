@@ -50,9 +50,8 @@ std::string describe(const TrainerOptions& o) {
           : o.model.arch;
   std::string adapters;
   for (const auto& f : o.feature_losses)
-    if (f.loss == "hint")
-      adapters += fmt::format(", adapter {} -> {} [{}]", f.student, f.teacher,
-                              fmt::join(f.teacher_shape, ", "));
+    adapters += fmt::format(", feature loss {} {} -> {} [{}]", f.loss, f.student, f.teacher,
+                            fmt::join(f.teacher_shape, ", "));
   return fmt::format("student {} width {} on {}x{}x{} inputs, {} classes, optimizer {}{}", arch,
                      o.model.width, o.model.channels, o.model.height, o.model.width_px,
                      o.model.classes, o.optimizer, adapters);
@@ -75,9 +74,10 @@ std::string resolve_amp(const std::string& requested, int capability_major,
   return requested;
 }
 
-// One kd.features pair in the step: the student's tap made the teacher value's shape where the
-// loss needs it (a hint's adapter; the map resized to the teacher's height and width), then the
-// loss.
+// One kd.features pair in the step: the student's tap made the teacher value's channels where the
+// loss needs it (a hint's adapter), the teacher's map resized (bilinear) to the student's height
+// and width where they differ, then the loss. The resize is on the teacher's side, which has no
+// gradient: CUDA's bilinear backward accumulates with atomics, and resume must stay bit-exact.
 struct FeatureTerm {
   FeatureLoss spec;
   std::vector<std::int64_t> student_shape; // per sample
@@ -85,21 +85,26 @@ struct FeatureTerm {
   torch::nn::Linear linear{nullptr};
 
   torch::Tensor adapt(torch::Tensor s) {
-    if (spec.loss == "sp") return s;
     if (conv) s = conv->forward(s);
     if (linear) s = linear->forward(s);
-    const auto& t = spec.teacher_shape;
-    if (t.size() == 3 && (s.size(2) != t[1] || s.size(3) != t[2]))
-      s = torch::nn::functional::interpolate(s, torch::nn::functional::InterpolateFuncOptions()
-                                                    .size(std::vector<std::int64_t>{t[1], t[2]})
-                                                    .mode(torch::kBilinear)
-                                                    .align_corners(false));
     return s;
   }
+  torch::Tensor teacher_side(const torch::Tensor& t) const {
+    const auto& own = student_shape;
+    if (spec.loss == "sp" || t.dim() != 4 || own.size() != 3 ||
+        (t.size(2) == own[1] && t.size(3) == own[2]))
+      return t;
+    return torch::nn::functional::interpolate(t,
+                                              torch::nn::functional::InterpolateFuncOptions()
+                                                  .size(std::vector<std::int64_t>{own[1], own[2]})
+                                                  .mode(torch::kBilinear)
+                                                  .align_corners(false));
+  }
   torch::Tensor loss(const torch::Tensor& s, const torch::Tensor& t) const {
-    if (spec.loss == "at") return at_loss(s, t);
-    if (spec.loss == "sp") return sp_loss(s, t);
-    return hint_loss(s, t);
+    const torch::Tensor teacher = teacher_side(t);
+    if (spec.loss == "at") return at_loss(s, teacher);
+    if (spec.loss == "sp") return sp_loss(s, teacher);
+    return hint_loss(s, teacher);
   }
 };
 
@@ -199,6 +204,8 @@ struct Trainer::Impl {
                                       f.key, f.student, fmt::join(s, ", "), f.teacher,
                                       fmt::join(t, ", "), why));
       };
+      if (s.empty() || t.empty())
+        throw refuse("a feature loss compares values with something per sample besides the batch");
       if (f.loss == "hint") {
         if (s.size() == 3 && t.size() == 3) {
           term.conv = torch::nn::Conv2d(torch::nn::Conv2dOptions(s[0], t[0], 1));
@@ -297,8 +304,13 @@ std::optional<StepStats> Trainer::step(std::uint64_t batch, bool stop) {
     AutocastScope amp(m.autocast, m.amp_dtype);
     Taps taps(m.tap_order);
     logits = m.net->forward(x, taps);
-    for (std::size_t k = 0; k < m.features.size(); ++k)
+    for (std::size_t k = 0; k < m.features.size(); ++k) {
+      if (!taps.got()[k].defined())
+        throw InputError(fmt::format("{}.student = '{}': the student did not give it in training "
+                                     "(it did in eval mode)",
+                                     m.features[k].spec.key, m.features[k].spec.student));
       adapted.push_back(m.features[k].adapt(taps.got()[k]).to(torch::kFloat));
+    }
   }
   const torch::Tensor s = logits.to(torch::kFloat);
   const torch::Tensor ce = torch::nn::functional::cross_entropy(s, y);
@@ -331,12 +343,12 @@ std::optional<StepStats> Trainer::step(std::uint64_t batch, bool stop) {
   const torch::Tensor hits = (s.argmax(1) == y).sum().to(torch::kFloat);
   if (m.sync) {
     // The job's losses, hits, samples and stop requests, summed over the ranks beside the
-    // gradients: [loss * n, kd * n, ce * n, hits, n, stop].
+    // gradients: [loss * n, kd * n, ce * n, hits, n, stop, feature * n].
     const auto count = static_cast<double>(n);
     const torch::Tensor control =
         torch::stack({loss.detach() * count, kd.detach() * count, ce.detach() * count, hits,
                       torch::full({}, count, s.options()),
-                      torch::full({}, stop ? 1.0 : 0.0, s.options())})
+                      torch::full({}, stop ? 1.0 : 0.0, s.options()), feature.detach() * count})
             .to(torch::kDouble);
     m.sync->begin(control, m.step);
   }
@@ -372,6 +384,7 @@ std::optional<StepStats> Trainer::step(std::uint64_t batch, bool stop) {
     stats.loss = j[0] / j[4];
     stats.kd_loss = j[1] / j[4];
     stats.ce_loss = j[2] / j[4];
+    stats.feature_loss = j[6] / j[4];
     stats.correct = static_cast<std::int64_t>(j[3]);
     stats.samples = static_cast<std::uint32_t>(j[4]);
     stats.stop = j[5] > 0;

@@ -156,7 +156,7 @@ private:
 
 struct Interval {
   double loss = 0, kd = 0, ce = 0, feature = 0;
-  std::int64_t correct = 0, samples = 0, steps = 0, rank_samples = 0;
+  std::int64_t correct = 0, samples = 0, steps = 0;
   Clock::time_point start = Clock::now();
   std::uint64_t wait_ns = 0, teacher_ns = 0;
 };
@@ -602,10 +602,9 @@ void TrainRun::step_loop() {
     interval.loss += stats->loss * stats->samples;
     interval.kd += stats->kd_loss * stats->samples;
     interval.ce += stats->ce_loss * stats->samples;
-    interval.feature += stats->feature_loss * stats->rank_samples;
+    interval.feature += stats->feature_loss * stats->samples;
     interval.correct += stats->correct;
     interval.samples += stats->samples;
-    interval.rank_samples += stats->rank_samples;
     ++interval.steps;
     const std::uint64_t epoch = b / per_epoch_;
     const bool epoch_end = (b + 1) % per_epoch_ == 0;
@@ -624,9 +623,7 @@ void TrainRun::step_loop() {
           {"loss", interval.loss / n},
           {"kd_loss", interval.kd / n},
           {"ce_loss", interval.ce / n},
-          // kd.features' weighted sum, this rank's (0 without).
-          {"feature_loss", interval.feature / static_cast<double>(std::max<std::int64_t>(
-                                                  1, interval.rank_samples))},
+          {"feature_loss", interval.feature / n}, // kd.features' weighted sum (0 without)
           {"train_accuracy", static_cast<double>(interval.correct) / n},
           {"lr", stats->lr},
           {"samples_per_s", static_cast<double>(interval.samples) / std::max(1e-9, span)},

@@ -65,6 +65,22 @@ ConfigValue widen(const ConfigScalar& v) {
 }
 
 std::string show(const ConfigValue& v);
+std::string toml_quote(const std::string& s);
+std::string toml_real(double v);
+
+// A list of strings as TOML writes it: each quoted, so that ["a, b"] and ["a", "b"] differ.
+std::string strings_text(const std::vector<std::string>& list) {
+  std::vector<std::string> quoted;
+  for (const auto& s : list) quoted.push_back(toml_quote(s));
+  return fmt::format("[{}]", fmt::join(quoted, ", "));
+}
+
+// A scalar as TOML writes it (a string quoted, a real with its point).
+std::string toml_text(const ConfigValue& v) {
+  if (const auto* s = std::get_if<std::string>(&v)) return toml_quote(*s);
+  if (const auto* d = std::get_if<double>(&v)) return toml_real(*d);
+  return show(v);
+}
 
 // Rows as an inline TOML array of inline tables, each field's value written by `text`.
 template <typename Text>
@@ -88,9 +104,9 @@ std::string show(const ConfigValue& v) {
         else if constexpr (std::is_same_v<X, std::string>)
           return x;
         else if constexpr (std::is_same_v<X, std::vector<std::string>>)
-          return fmt::format("[{}]", fmt::join(x, ", "));
+          return strings_text(x);
         else if constexpr (std::is_same_v<X, std::vector<ConfigRow>>)
-          return rows_text(x, [](const ConfigValue& v) { return show(v); });
+          return rows_text(x, toml_text);
         else
           return fmt::format("{}", x);
       },
@@ -408,17 +424,11 @@ std::string Config::to_toml() const {
     if (key.type == ConfigType::string) {
       text = toml_quote(std::get<std::string>(v));
     } else if (key.type == ConfigType::strings) {
-      std::vector<std::string> quoted;
-      for (const auto& s : std::get<std::vector<std::string>>(v)) quoted.push_back(toml_quote(s));
-      text = fmt::format("[{}]", fmt::join(quoted, ", "));
+      text = strings_text(std::get<std::vector<std::string>>(v));
     } else if (key.type == ConfigType::real) {
       text = toml_real(std::get<double>(v));
     } else if (key.type == ConfigType::tables) {
-      text = rows_text(std::get<std::vector<ConfigRow>>(v), [](const ConfigValue& f) {
-        if (const auto* s = std::get_if<std::string>(&f)) return toml_quote(*s);
-        if (const auto* d = std::get_if<double>(&f)) return toml_real(*d);
-        return show(f);
-      });
+      text = rows_text(std::get<std::vector<ConfigRow>>(v), toml_text);
     } else {
       text = show(v);
     }

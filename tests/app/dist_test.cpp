@@ -131,6 +131,25 @@ std::map<std::string, kdflow::teacher::Tensor> weights(const fs::path& onnx) {
   return kdflow::teacher::load_onnx(onnx.string(), options).constants;
 }
 
+// The exported students of runs `a` and `b` hold the same weights within float summation order.
+void expect_same_student(const fs::path& a_run, const fs::path& b_run) {
+  const auto a = weights(a_run / "student.onnx"), b = weights(b_run / "student.onnx");
+  ASSERT_EQ(a.size(), b.size());
+  ASSERT_FALSE(a.empty());
+  for (const auto& [name, t] : a) {
+    ASSERT_TRUE(b.count(name)) << name;
+    const auto& u = t.f;
+    const auto& v = b.at(name).f;
+    ASSERT_EQ(u.size(), v.size()) << name;
+    double diff = 0, scale = 0;
+    for (std::size_t i = 0; i < u.size(); ++i) {
+      diff = std::max(diff, static_cast<double>(std::abs(u[i] - v[i])));
+      scale = std::max(scale, static_cast<double>(std::abs(u[i])));
+    }
+    EXPECT_LE(diff, 1e-5 * scale) << name;
+  }
+}
+
 TEST(Dist, TwoRanksTrainAsOneProcessOnTheGlobalBatch) {
   constexpr int kSteps = 30;
   const std::string steps = "train.max_steps=" + std::to_string(kSteps);
@@ -178,21 +197,30 @@ TEST(Dist, TwoRanksTrainAsOneProcessOnTheGlobalBatch) {
   // Rank 0 alone writes the folder: one metrics line per 5 steps, not two.
   EXPECT_EQ(metric_lines(two), kSteps / 5);
   // The trained weights equal the one-process run's within float summation order.
-  const auto a = weights(plain / "student.onnx"), b = weights(two / "student.onnx");
-  ASSERT_EQ(a.size(), b.size());
-  ASSERT_FALSE(a.empty());
-  for (const auto& [name, t] : a) {
-    ASSERT_TRUE(b.count(name)) << name;
-    const auto& u = t.f;
-    const auto& v = b.at(name).f;
-    ASSERT_EQ(u.size(), v.size()) << name;
-    double diff = 0, scale = 0;
-    for (std::size_t i = 0; i < u.size(); ++i) {
-      diff = std::max(diff, static_cast<double>(std::abs(u[i] - v[i])));
-      scale = std::max(scale, static_cast<double>(std::abs(u[i])));
-    }
-    EXPECT_LE(diff, 1e-5 * scale) << name;
-  }
+  expect_same_student(plain, two);
+}
+
+// kd.features under two ranks: the hint's adapter is trained and averaged with the student, so two
+// ranks of 32 agree with each other bit for bit (adapters in the digest) and with one process on
+// the batch of 64 within float summation order; the job's feature loss is logged.
+TEST(Dist, FeatureLossesOfTwoRanksAreOneProcessOnTheGlobalBatch) {
+  const std::string steps = "train.max_steps=20",
+                    pair = "kd.features=[{teacher = \"/Relu_output_0\", student = \"stage2\"}]";
+  const fs::path plain = scratch("features_plain"), two = scratch("features_two");
+  const Result p = run(train_args(plain, 64, {steps, pair}), plain);
+  ASSERT_EQ(p.code, 0) << p.err;
+  const fs::path logs = two.string() + ".logs";
+  const Result r = torchrun(launch(local(2), logs, train_args(two, 32, {steps, pair})), two);
+  ASSERT_EQ(r.code, 0) << r.err << rank_stderr(logs, 0) << rank_stderr(logs, 1);
+  const json s = summary(two);
+  ASSERT_EQ(s["ranks"].size(), 2u);
+  EXPECT_EQ(s["ranks"][0]["state_digest"], s["ranks"][1]["state_digest"]);
+  expect_same_student(plain, two);
+  std::ifstream metrics(two / "metrics.jsonl");
+  int lines = 0;
+  for (std::string line; std::getline(metrics, line); ++lines)
+    EXPECT_GT(json::parse(line).value("feature_loss", 0.0), 0.0) << line;
+  EXPECT_EQ(lines, 4);
 }
 
 TEST(Dist, TwoNodesOnOneHostEqualTwoLocalRanks) {

@@ -105,6 +105,9 @@ TEST(Config, AnArrayOfStringsFromAFileAndFromSet) {
   EXPECT_EQ(c.to_toml(), b.to_toml());
   c.set("teacher.features=[\"a\", 'b']");
   EXPECT_EQ(c.get_strings("teacher.features"), (std::vector<std::string>{"a", "b"}));
+  const std::string two = c.text("teacher.features");
+  c.set("teacher.features=[\"a, b\"]");
+  EXPECT_NE(c.text("teacher.features"), two) << "the record tells one name from two";
   c.set("teacher.features=/stage2/Add_output_0");
   EXPECT_EQ(c.get_strings("teacher.features"), (std::vector<std::string>{"/stage2/Add_output_0"}));
   c.set("teacher.features=");
@@ -139,7 +142,7 @@ TEST(Config, AnArrayOfTablesFromBlocksInlineAndSet) {
   b.merge_toml(c.to_toml(), "resolved");
   EXPECT_EQ(b.to_toml(), c.to_toml());
   EXPECT_EQ(b.get_tables("kd.features"), rows);
-  EXPECT_NE(c.text("kd.features").find("student = stage2"), std::string::npos)
+  EXPECT_NE(c.text("kd.features").find("student = \"stage2\""), std::string::npos)
       << c.text("kd.features");
   c.set("kd.features=[{teacher = \"x\", student = \"stage1\", loss = \"at\", weight = 0.5}]");
   ASSERT_EQ(c.get_tables("kd.features").size(), 1u);

@@ -374,7 +374,8 @@ TEST(Trainer, FeatureLossesMatchTheirReferenceCode) {
 }
 
 // kd.features in the trainer: a hint through a trained adapter (a 1x1 convolution to the teacher's
-// channels, the map resized to its height and width), attention transfer and similarity-
+// channels; the teacher's map resized to the student's height and width), attention transfer and
+// similarity-
 // preserving KD, each weighted into the loss; the adapters train with the student, are in the
 // checkpoint (resume is bit-exact) and not in the student's parameter count.
 TEST(Trainer, FeatureLossesTrainAdaptersThatCheckpointsRestore) {
@@ -422,7 +423,7 @@ TEST(Trainer, FeatureLossesTrainAdaptersThatCheckpointsRestore) {
   Fixture h(1, 28, 28, extra);
   Trainer featured(o, h.ring, regions);
   const std::string e = test::error_of([&] { (void)featured.load(dir / "plain.ckpt"); });
-  EXPECT_NE(e.find("adapter stage2 -> a"), std::string::npos) << e;
+  EXPECT_NE(e.find("feature loss hint stage2 -> a"), std::string::npos) << e;
 }
 
 // A TorchScript student's taps are the tensor entries besides its logits of the dict its forward
@@ -461,6 +462,7 @@ TEST(Trainer, FeatureLossesTheStudentCannotMeetAreInputErrors) {
   refused({"v", "penultimate", "hint", 1.0, {8, 7, 7}, 1, ""},
           {"kd.features[1]", "'penultimate' [64]", "'v' [8, 7, 7]", "no adapter"});
   refused({"v", "stage1", "at", 1.0, {49}, 1, ""}, {"kd.features[1]", "attention transfer"});
+  refused({"v", "penultimate", "sp", 1.0, {}, 1, ""}, {"kd.features[1]", "something per sample"});
 }
 
 TEST(Trainer, LossMixesKdAndCeByAlpha) {

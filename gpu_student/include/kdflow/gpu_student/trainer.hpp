@@ -76,7 +76,7 @@ struct StepRegions {
 // the gradients); rank_samples is this rank's share.
 struct StepStats {
   double loss = 0, kd_loss = 0, ce_loss = 0, lr = 0, grad_norm = 0;
-  double feature_loss = 0;  // the feature losses' weighted sum (this rank's)
+  double feature_loss = 0;  // the feature losses' weighted sum
   std::int64_t correct = 0; // top-1 hits of the student on this (augmented) batch
   std::uint32_t samples = 0;
   bool skipped = false; // non-finite and train.on_nonfinite = "skip" (or an fp16 scale overflow)
