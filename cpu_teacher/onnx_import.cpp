@@ -228,13 +228,15 @@ public:
     }
   }
 
-  // The graph's nodes with every call expanded. Their number is counted first, each function once,
-  // so a file over limits_.max_nodes is refused before anything is copied; their bytes are counted
-  // as they are copied.
+  // The graph's nodes with every call expanded. Their number and the calls' are counted first,
+  // each function once, so a file over limits_.max_nodes is refused before anything is copied or
+  // expanded (a call is work even where its function has no node); their bytes are counted as
+  // they are copied.
   std::vector<pb::NodeProto> flatten(const Nodes& nodes) {
     if (count(nodes, 0) > limits_.max_nodes)
-      throw InputError(fmt::format("{}: more than {} nodes once its functions are expanded", file_,
-                                   limits_.max_nodes));
+      throw InputError(fmt::format("{}: more than {} nodes and function calls once its functions "
+                                   "are expanded",
+                                   file_, limits_.max_nodes));
     std::vector<pb::NodeProto> out;
     for (const auto& n : nodes) add(n, 0, out);
     return out;
@@ -251,8 +253,8 @@ private:
     return f == functions_.end() ? nullptr : f->second;
   }
 
-  // The nodes `nodes` expand to, up to limits_.max_nodes + 1, each function counted once; a call
-  // cycle or nesting deeper than kMaxFunctionDepth is an InputError.
+  // The nodes and calls `nodes` expand to, up to limits_.max_nodes + 1, each function counted
+  // once; a call cycle or nesting deeper than kMaxFunctionDepth is an InputError.
   std::size_t count(const Nodes& nodes, int depth) {
     std::size_t n = 0;
     for (const auto& node : nodes) {
@@ -266,7 +268,7 @@ private:
           if (depth >= kMaxFunctionDepth)
             throw InputError(fmt::format("{}: functions nest more than {} deep (at '{}')", file_,
                                          kMaxFunctionDepth, node.op_type()));
-          k = count(f->node(), depth + 1);
+          k = 1 + count(f->node(), depth + 1); // the call, and what it expands to
           open_.erase(f);
           counts_.emplace(f, k);
         }

@@ -291,7 +291,12 @@ def rejects(out):
                                          helper.make_node(f"F{k + 1}", ["t"], ["b"], domain="kdflow.test")],
                                         [helper.make_opsetid("", 17), helper.make_opsetid("kdflow.test", 1)]))
     m = bomb([helper.make_node("F0", ["x"], ["y"], name="call", domain="kdflow.test")], X, fns)
-    bad["function_doubling_bomb"] = (m, "more than 1048576 nodes once its functions are expanded")
+    bad["function_doubling_bomb"] = (m, "more than 1048576 nodes and function calls once its functions are expanded")
+    # The same with a leaf function that has no node: 2^31 calls and no node to count (a fuzzer's
+    # find: the calls alone took minutes); each call counts.
+    fns[0] = helper.make_function("kdflow.test", "F30", ["a"], ["a"], [], [helper.make_opsetid("", 17)])
+    bad["function_empty_doubling_bomb"] = (bomb([helper.make_node("F0", ["x"], ["y"], name="call", domain="kdflow.test")], X, fns),
+                                           "more than 1048576 nodes and function calls")
     leaf = helper.make_function("kdflow.test", "G10", ["a"], ["b"],
                                 [helper.make_node("Constant", [], ["c"]), helper.make_node("Add", ["a", "c"], ["b"])],
                                 [helper.make_opsetid("", 17)], attributes=["w"])
