@@ -84,9 +84,12 @@ struct Cnn : Net {
   }
   torch::Tensor forward(torch::Tensor x, Taps& taps) override {
     for (const auto& layer : body->children()) {
-      x = layer->as<ConvBnImpl>() != nullptr ? layer->as<ConvBnImpl>()->forward(x)
-                                             : layer->as<nn::MaxPool2dImpl>()->forward(x);
-      if (layer->as<ConvBnImpl>() != nullptr) taps.stage(x);
+      if (auto* cb = layer->as<ConvBnImpl>()) {
+        x = cb->forward(x);
+        taps.stage(x);
+      } else {
+        x = layer->as<nn::MaxPool2dImpl>()->forward(x);
+      }
     }
     x = x.mean({2, 3});
     taps.put("penultimate", x);
@@ -227,9 +230,8 @@ struct MobileNetV2 : Net {
   torch::Tensor forward(torch::Tensor x, Taps& taps) override {
     const auto layers = features->children();
     for (std::size_t k = 0; k < layers.size(); ++k) {
-      x = layers[k]->as<ConvBnImpl>() != nullptr
-              ? layers[k]->as<ConvBnImpl>()->forward(x)
-              : layers[k]->as<InvertedResidualImpl>()->forward(x);
+      auto* cb = layers[k]->as<ConvBnImpl>();
+      x = cb != nullptr ? cb->forward(x) : layers[k]->as<InvertedResidualImpl>()->forward(x);
       if (stage_ends_[k]) taps.stage(x);
     }
     x = x.mean({2, 3});

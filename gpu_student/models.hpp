@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <ostream>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -49,7 +50,8 @@ private:
 class Taps {
 public:
   Taps() = default; // none asked for
-  explicit Taps(std::vector<std::string> names) : names_(std::move(names)), got_(names_.size()) {}
+  // `names` must outlive the Taps (the trainer's list, kept for the run: nothing copied per step).
+  explicit Taps(std::span<const std::string> names) : names_(names), got_(names.size()) {}
   void put(const std::string& name, const torch::Tensor& t) {
     for (std::size_t k = 0; k < names_.size(); ++k)
       if (names_[k] == name) got_[k] = t;
@@ -62,7 +64,7 @@ public:
   [[nodiscard]] const std::vector<torch::Tensor>& got() const { return got_; }
 
 private:
-  std::vector<std::string> names_;
+  std::span<const std::string> names_;
   std::vector<torch::Tensor> got_;
   int stages_ = 0;
 };
