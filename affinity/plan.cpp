@@ -82,6 +82,20 @@ std::vector<RankShare> rank_shares(const Topology& topology, int local_world,
   return shares;
 }
 
+std::vector<std::size_t> teacher_core_counts(std::size_t cores, const std::vector<double>& costs) {
+  const std::size_t t = std::max<std::size_t>(costs.size(), 1);
+  if (cores < t) return std::vector<std::size_t>(t, cores);
+  std::vector<std::size_t> count(t, 1);
+  for (std::size_t left = cores - t; left > 0; --left) {
+    std::size_t most = 0;
+    for (std::size_t i = 1; i < t; ++i)
+      if (costs[i] / static_cast<double>(count[i]) > costs[most] / static_cast<double>(count[most]))
+        most = i;
+    ++count[most];
+  }
+  return count;
+}
+
 Plan plan_auto(const Topology& topology, const PlanRequest& request) {
   const std::vector<Core> cores = cores_in(topology, request.share);
   if (cores.empty()) throw InputError("cores: this process is allowed no CPU");
@@ -110,9 +124,14 @@ Plan plan_auto(const Topology& topology, const PlanRequest& request) {
   const int r = static_cast<int>(rest.size());
 
   std::vector<const Core*> teacher_cores;
+  const std::size_t teachers = std::max<std::size_t>(request.teacher_costs.size(), 1);
   if (r == 0) { // one core: everything shares it
     plan.loader = plan.student;
-    if (request.teacher_runs) plan.teacher = {plan.student};
+    if (request.teacher_runs)
+      for (std::size_t k = 0; k < teachers; ++k) {
+        plan.teacher.push_back(plan.student);
+        plan.teacher_of.push_back(static_cast<int>(k));
+      }
   } else if (!request.teacher_runs) {
     for (const Core* c : rest) plan.loader.push_back(c->pus[0]);
   } else if (r == 1) { // two cores: the teacher gets a whole core, loaders share the student's
@@ -129,30 +148,59 @@ Plan plan_auto(const Topology& topology, const PlanRequest& request) {
   }
 
   // Teacher replicas: group by (NUMA node, L3) so a replica's threads share a cache and memory.
-  std::map<std::pair<int, int>, std::vector<const Core*>> groups;
-  for (const Core* c : teacher_cores) groups[{c->numa, c->l3}].push_back(c);
-  for (auto& [key, group] : groups) {
-    const int n = static_cast<int>(group.size());
-    std::vector<int> sizes;
-    if (request.teacher_threads > 0) {
-      const int t = std::min(request.teacher_threads, n);
-      sizes.assign(static_cast<std::size_t>(n / t), t);
-    } else {
-      sizes = balanced_sizes(n, (n + kMaxReplicaThreads - 1) / kMaxReplicaThreads);
+  const auto add_replicas = [&](const std::vector<const Core*>& mine, int teacher) {
+    std::map<std::pair<int, int>, std::vector<const Core*>> groups;
+    for (const Core* c : mine) groups[{c->numa, c->l3}].push_back(c);
+    for (auto& [key, group] : groups) {
+      const int n = static_cast<int>(group.size());
+      std::vector<int> sizes;
+      if (request.teacher_threads > 0) {
+        const int t = std::min(request.teacher_threads, n);
+        sizes.assign(static_cast<std::size_t>(n / t), t);
+      } else {
+        sizes = balanced_sizes(n, (n + kMaxReplicaThreads - 1) / kMaxReplicaThreads);
+      }
+      std::size_t next = 0;
+      for (const int size : sizes) {
+        CpuList replica;
+        for (int i = 0; i < size; ++i) replica.push_back(group[next++]->pus[0]);
+        plan.teacher.push_back(replica);
+        plan.teacher_of.push_back(teacher);
+      }
     }
-    std::size_t next = 0;
-    for (const int size : sizes) {
-      CpuList replica;
-      for (int i = 0; i < size; ++i) replica.push_back(group[next++]->pus[0]);
-      plan.teacher.push_back(replica);
+  };
+  if (!teacher_cores.empty()) {
+    const std::vector<std::size_t> counts =
+        teacher_core_counts(teacher_cores.size(), request.teacher_costs);
+    const bool shared = teacher_cores.size() < teachers;
+    std::size_t first = 0;
+    for (std::size_t k = 0; k < teachers; ++k) {
+      add_replicas({teacher_cores.begin() + static_cast<std::ptrdiff_t>(first),
+                    teacher_cores.begin() + static_cast<std::ptrdiff_t>(first + counts[k])},
+                   static_cast<int>(k));
+      if (!shared) first += counts[k];
     }
   }
-  validate(plan, topology, request.teacher_runs, request.share);
+  validate(plan, topology, request.teacher_runs, request.share, teachers);
   return plan;
 }
 
 void validate(Plan& plan, const Topology& topology, bool teacher_runs,
-              const std::optional<CpuList>& share) {
+              const std::optional<CpuList>& share, std::size_t teachers) {
+  if (plan.teacher_of.empty()) plan.teacher_of.assign(plan.teacher.size(), 0);
+  if (plan.teacher_of.size() != plan.teacher.size())
+    throw InputError(fmt::format("core plan: 'teacher_of' names {} teachers for {} replicas",
+                                 plan.teacher_of.size(), plan.teacher.size()));
+  for (std::size_t i = 0; i < plan.teacher_of.size(); ++i)
+    if (plan.teacher_of[i] < 0 || static_cast<std::size_t>(plan.teacher_of[i]) >= teachers)
+      throw InputError(fmt::format("core plan: replica teacher[{}] runs teacher {}, and the run "
+                                   "has {} teacher(s) (numbered from 0)",
+                                   i, plan.teacher_of[i], teachers));
+  if (teacher_runs)
+    for (std::size_t k = 0; k < teachers; ++k)
+      if (std::find(plan.teacher_of.begin(), plan.teacher_of.end(), static_cast<int>(k)) ==
+          plan.teacher_of.end())
+        throw InputError(fmt::format("core plan: teacher {} of {} has no replica", k, teachers));
   const CpuList allowed = share ? sorted(*share) : topology.allowed_cpus();
   const std::set<int> allowed_set(allowed.begin(), allowed.end());
   std::vector<std::pair<std::string, CpuList>> roles = {{"student", plan.student},
@@ -191,8 +239,14 @@ void validate(Plan& plan, const Topology& topology, bool teacher_runs,
     };
     return (small && pair_is("loader", "student")) || (cores < 2); // one core: everything shares it
   };
+  // Replicas of different teachers may share CPUs: with fewer cores than teachers each teacher
+  // still needs one. roles[2 + i] is teacher[i].
+  const auto other_teachers = [&](std::size_t i, std::size_t j) {
+    return i >= 2 && j >= 2 && plan.teacher_of[i - 2] != plan.teacher_of[j - 2];
+  };
   for (std::size_t i = 0; i < roles.size(); ++i)
     for (std::size_t j = i + 1; j < roles.size(); ++j) {
+      if (other_teachers(i, j)) continue;
       CpuList both;
       for (const int c : roles[i].second)
         if (std::find(roles[j].second.begin(), roles[j].second.end(), c) != roles[j].second.end())
@@ -259,7 +313,17 @@ PlanFile read_plan_file(const std::filesystem::path& path) {
       (void)cpu_list(value, key); // recomputed by validate()
     else if (key == "source")
       continue; // informational, as to_json writes it
-    else if (key == "teacher") {
+    else if (key == "teacher_of") {
+      if (!value.is_array())
+        throw InputError(fmt::format("{}: key 'teacher_of' must be a list of teacher numbers",
+                                     path.string()));
+      for (const auto& t : value) {
+        if (!t.is_number_integer() || t.get<std::int64_t>() < 0 || t.get<std::int64_t>() > 1000)
+          throw InputError(fmt::format("{}: key 'teacher_of' holds {}, not a teacher number",
+                                       path.string(), t.dump()));
+        plan.teacher_of.push_back(static_cast<int>(t.get<std::int64_t>()));
+      }
+    } else if (key == "teacher") {
       if (!value.is_array())
         throw InputError(
             fmt::format("{}: key 'teacher' must be a list of CPU lists", path.string()));
@@ -318,9 +382,10 @@ CpuList parse_cpus(const std::string& text, const std::string& key) {
 }
 
 Plan plan_from_config(const Config& config, const Topology& topology,
-                      const std::optional<CpuList>& gpu_local,
-                      const std::optional<CpuList>& share) {
+                      const std::optional<CpuList>& gpu_local, const std::optional<CpuList>& share,
+                      std::vector<double> teacher_costs) {
   const bool teacher_runs = config.get_double("kd.alpha") > 0;
+  const std::size_t teachers = teacher_runs ? teacher_count(config) : 1;
   const std::string& student = config.get_string("cores.student_cpus");
   const std::string& loader = config.get_string("cores.loader_cpus");
   const std::string& teacher = config.get_string("cores.teacher_cpus");
@@ -345,25 +410,31 @@ Plan plan_from_config(const Config& config, const Topology& topology,
       throw InputError("cores.loader_cpus: empty while other cores.*_cpus are set");
     plan.student = parse_cpus(student, "cores.student_cpus");
     plan.loader = parse_cpus(loader, "cores.loader_cpus");
+    // "a;b|c": teacher 0's replicas a and b, teacher 1's c.
+    int which = 0;
     std::size_t pos = 0;
     while (!teacher.empty() && pos <= teacher.size()) {
-      const std::size_t semi = std::min(teacher.find(';', pos), teacher.size());
-      plan.teacher.push_back(parse_cpus(teacher.substr(pos, semi - pos), "cores.teacher_cpus"));
-      pos = semi + 1;
+      const std::size_t end = std::min(teacher.find_first_of(";|", pos), teacher.size());
+      plan.teacher.push_back(parse_cpus(teacher.substr(pos, end - pos), "cores.teacher_cpus"));
+      plan.teacher_of.push_back(which);
+      if (end < teacher.size() && teacher[end] == '|') ++which;
+      pos = end + 1;
     }
-    validate(plan, topology, teacher_runs);
+    validate(plan, topology, teacher_runs, std::nullopt, teachers);
     return plan;
   }
   const std::string& source = config.get_string("cores.plan");
   if (source != "auto") {
     Plan plan = read_plan_file(source).plan;
-    validate(plan, topology, teacher_runs);
+    validate(plan, topology, teacher_runs, std::nullopt, teachers);
     return plan;
   }
   PlanRequest request;
   request.loader_cores = static_cast<int>(config.get_int("cores.loader_cores"));
   request.teacher_threads = static_cast<int>(config.get_int("cores.teacher_threads"));
   request.teacher_runs = teacher_runs;
+  request.teacher_costs = teacher_costs.empty() ? std::vector<double>(teachers, 1.0)
+                                                : std::move(teacher_costs);
   request.gpu_local = gpu_local;
   request.share = share;
   return plan_auto(topology, request);
@@ -371,8 +442,15 @@ Plan plan_from_config(const Config& config, const Topology& topology,
 
 nlohmann::json to_json(const Plan& plan) {
   // "copy": where the device copies are issued from, the student's thread.
-  return {{"student", plan.student}, {"copy", plan.student}, {"loader", plan.loader},
-          {"teacher", plan.teacher}, {"spare", plan.spare},  {"source", plan.source}};
+  nlohmann::json j = {{"student", plan.student}, {"copy", plan.student}, {"loader", plan.loader},
+                      {"teacher", plan.teacher}, {"spare", plan.spare},  {"source", plan.source}};
+  if (std::any_of(plan.teacher_of.begin(), plan.teacher_of.end(), [](int t) { return t != 0; }))
+    j["teacher_of"] = plan.teacher_of;
+  return j;
+}
+
+std::size_t teacher_count(const Config& config) {
+  return 1 + config.get_tables("teacher.others").size();
 }
 
 nlohmann::json to_json(const Topology& topology) {
@@ -405,8 +483,13 @@ std::string format_plan(const Plan& plan, const Topology& topology) {
   row("student", plan.student);
   row("copy", plan.student);
   row("loader", plan.loader);
+  const bool several =
+      std::any_of(plan.teacher_of.begin(), plan.teacher_of.end(), [](int t) { return t != 0; });
   for (std::size_t i = 0; i < plan.teacher.size(); ++i)
-    row(fmt::format("teacher[{}]", i), plan.teacher[i]);
+    row(several && i < plan.teacher_of.size()
+            ? fmt::format("teacher[{}] t{}", i, plan.teacher_of[i])
+            : fmt::format("teacher[{}]", i),
+        plan.teacher[i]);
   out += fmt::format("  {:<12} {:>7}  {}\n", "spare", "-",
                      plan.spare.empty() ? "none" : format_cpus(plan.spare));
   return out;

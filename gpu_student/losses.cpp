@@ -12,6 +12,11 @@ torch::Tensor kl_sum(const torch::Tensor& p, const torch::Tensor& log_q) {
 
 } // namespace
 
+torch::Tensor mix_teacher_logits(const torch::Tensor& logits, const torch::Tensor& log_weights,
+                                 double t) {
+  return t * torch::logsumexp(torch::log_softmax(logits / t, 2) + log_weights, 0);
+}
+
 torch::Tensor kl_loss(const torch::Tensor& student, const torch::Tensor& teacher, double t) {
   const torch::Tensor log_p_teacher = torch::log_softmax(teacher / t, 1);
   const torch::Tensor log_p_student = torch::log_softmax(student / t, 1);

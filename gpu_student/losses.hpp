@@ -10,6 +10,13 @@ namespace kdflow::student {
 // T^2 * KL(softmax(teacher / T) || softmax(student / T)), batch mean (Hinton et al. 2015).
 torch::Tensor kl_loss(const torch::Tensor& student, const torch::Tensor& teacher, double t);
 
+// Several teachers' logits [teachers, batch, classes] as one target: T * log(sum_k w_k *
+// softmax(z_k / T)), whose softmax at T is the weighted mean of theirs (`log_weights`: the
+// normalized weights' logs, [teachers, 1, 1]). The colocated baseline's side of the pipeline's
+// TeacherMix.
+torch::Tensor mix_teacher_logits(const torch::Tensor& logits, const torch::Tensor& log_weights,
+                                 double t);
+
 // Decoupled KD (Zhao et al., CVPR 2022): alpha * TCKD + beta * NCKD, each T^2-scaled and a batch
 // mean. TCKD is the KL between the binary (target class, all others) distributions; NCKD the KL
 // between the distributions over the non-target classes (the target's logit pushed down by 1000

@@ -256,8 +256,8 @@ struct Trainer::Impl {
   std::int64_t good_since_growth = 0;
   std::int64_t step = 0;
   std::int64_t skipped = 0;
-  std::shared_ptr<const TorchTeacher> colocated;
-  std::optional<ImageAdapter> colocated_input;
+  std::vector<ColocatedTeacher> colocated;
+  torch::Tensor colocated_log_weights; // several: the normalized weights' logs, [teachers, 1, 1]
   // The student's identity in checkpoints (describe(): a TorchScript module's file is read once).
   std::string identity = describe(options);
   torch::Tensor input_scale, input_shift; // uint8 slots: normalized here, [1, C, 1, 1]
@@ -317,14 +317,24 @@ std::optional<StepStats> Trainer::step(std::uint64_t batch, bool stop) {
   torch::Tensor kd = torch::zeros({}, s.options());
   torch::Tensor teacher;
   std::vector<torch::Tensor> teacher_features; // one per feature loss
-  if (o.kd_alpha > 0 && m.colocated) {
-    // The colocated baseline: the teacher's forward pass on this device, before the student's.
+  if (o.kd_alpha > 0 && !m.colocated.empty()) {
+    // The colocated baseline: the teachers' forward passes on this device, before the student's.
     trace::Span forward("teacher", batch);
-    const torch::Tensor own = m.colocated_input ? adapt_images(*m.colocated_input, inputs) : inputs;
-    const std::vector<torch::Tensor> outs = m.colocated->impl().forward(own);
-    teacher = outs[0].slice(0, 0, n).to(torch::kFloat);
-    for (const auto& f : m.features)
-      teacher_features.push_back(outs.at(f.spec.teacher_output).slice(0, 0, n).to(torch::kFloat));
+    std::vector<torch::Tensor> each;
+    for (std::size_t t = 0; t < m.colocated.size(); ++t) {
+      const ColocatedTeacher& c = m.colocated[t];
+      const torch::Tensor own = c.input ? adapt_images(*c.input, inputs) : inputs;
+      const std::vector<torch::Tensor> outs = c.teacher->impl().forward(own);
+      each.push_back(outs[0].slice(0, 0, n).to(torch::kFloat));
+      if (t == 0)
+        for (const auto& f : m.features)
+          teacher_features.push_back(
+              outs.at(f.spec.teacher_output).slice(0, 0, n).to(torch::kFloat));
+    }
+    // Several: the logits whose softmax at T is their weighted mix, as the pipeline's.
+    teacher = each.size() == 1 ? each[0]
+                               : mix_teacher_logits(torch::stack(each), m.colocated_log_weights,
+                                                    o.kd_temperature);
   } else if (o.kd_alpha > 0 && m.regions.teacher_logits) {
     teacher = b->regions[*m.regions.teacher_logits].slice(0, 0, n);
     if (m.regions.teacher_features.size() != m.features.size())
@@ -437,12 +447,22 @@ std::optional<StepStats> Trainer::step(std::uint64_t batch, bool stop) {
 
 void Trainer::drain() { impl_->feeder.drain(); }
 
-void Trainer::set_colocated_teacher(std::shared_ptr<const TorchTeacher> teacher,
-                                    std::optional<ImageAdapter> input) {
-  if (teacher && teacher->impl().device != impl_->device)
-    throw std::invalid_argument("the colocated teacher must run on the student's device");
-  impl_->colocated = std::move(teacher);
-  impl_->colocated_input = std::move(input);
+void Trainer::set_colocated_teachers(std::vector<ColocatedTeacher> teachers) {
+  double sum = 0;
+  for (const ColocatedTeacher& c : teachers) {
+    if (!c.teacher || c.teacher->impl().device != impl_->device)
+      throw std::invalid_argument("a colocated teacher must run on the student's device");
+    if (!(c.weight > 0)) throw std::invalid_argument("a colocated teacher's weight must be > 0");
+    sum += c.weight;
+  }
+  std::vector<double> logs;
+  for (const ColocatedTeacher& c : teachers) logs.push_back(std::log(c.weight / sum));
+  impl_->colocated_log_weights =
+      torch::tensor(logs, torch::kDouble)
+          .to(torch::kFloat)
+          .view({static_cast<std::int64_t>(logs.size()), 1, 1})
+          .to(impl_->device);
+  impl_->colocated = std::move(teachers);
 }
 
 double Trainer::evaluate(std::span<const float> images, std::span<const std::int64_t> labels) {

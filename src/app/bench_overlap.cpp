@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -155,10 +156,14 @@ int bench_overlap_command(const OverlapArgs& args) {
               steps,
               args.min_seconds,
               trainer_options(run, static_cast<std::int64_t>(warmup + steps)),
-              nullptr};
+              {},
+              {}};
   setup.options.group = group.get();
-  setup.colocated = std::make_shared<const student::TorchTeacher>(run.teacher->graph(), run.device,
-                                                                  run.precision);
+  for (std::size_t t = 0; t < run.teachers(); ++t)
+    setup.colocated.push_back(
+        {std::make_shared<const student::TorchTeacher>(run.teacher_at(t)->graph(), run.device,
+                                                       run.teacher_at(t)->precision()),
+         run.input_of(t), t == 0 ? run.teacher_weight : run.others[t - 1].spec.weight});
 
   trace::Recorder recorder;
   if (writer && !args.trace.empty()) trace::set_active(&recorder);
@@ -239,6 +244,27 @@ int bench_overlap_command(const OverlapArgs& args) {
                      modes[mode_name(Mode::overlapped_cached)]["samples_per_s"].get<double>() /
                          modes[mode_name(Mode::overlapped)]["samples_per_s"].get<double>()}};
   }
+  // Several teachers: each one's stage alone, on its own replicas (teacher-alone runs them all).
+  json teachers_alone = nullptr;
+  std::vector<double> each_alone;
+  if (run.teachers() > 1) {
+    teachers_alone = json::array();
+    for (std::size_t t = 0; t < run.teachers(); ++t) {
+      Setup one = setup;
+      one.only_teacher = t;
+      recorder.begin_section(fmt::format("teacher-alone[{}]", t));
+      const auto [med, rates] = measure(one, Mode::teacher_alone);
+      each_alone.push_back(med.rate());
+      teachers_alone.push_back(
+          {{"teacher", t},
+           {"model", t == 0 ? run.teacher_path : run.others[t - 1].spec.path},
+           {"precision", teacher::precision_name(run.teacher_at(t)->precision())},
+           {"replicas", std::count(run.plan.teacher_of.begin(), run.plan.teacher_of.end(),
+                                   static_cast<int>(t))},
+           {"samples_per_s", med.rate()},
+           {"repetitions_samples_per_s", rates}});
+    }
+  }
   trace::set_active(nullptr);
 
   // Several ranks: the scaling reference, one rank training alone (no all-reduce) on its share
@@ -254,15 +280,24 @@ int bench_overlap_command(const OverlapArgs& args) {
   }
 
   const auto rate = [&](Mode m) { return modes[mode_name(m)]["samples_per_s"].get<double>(); };
+  // The slowest stage alone; each of several teachers is a stage too (teacher-alone runs them all
+  // at once, so it is at most the slowest of them).
+  const double slowest_teacher =
+      std::min(rate(Mode::teacher_alone),
+               each_alone.empty() ? INFINITY : *std::min_element(each_alone.begin(), each_alone.end()));
   const double ideal =
-      std::min({rate(Mode::student_alone), rate(Mode::teacher_alone), rate(Mode::loader_alone)});
+      std::min({rate(Mode::student_alone), slowest_teacher, rate(Mode::loader_alone)});
   // The contention ceiling: the slowest stage alone, the student measured beside the busy
   // teacher replicas. Efficiency against it is what the pipeline itself loses.
-  const double ceiling = std::min(
-      {rate(Mode::student_contended), rate(Mode::teacher_alone), rate(Mode::loader_alone)});
-  const char* bottleneck = ideal == rate(Mode::student_alone)   ? "student"
+  const double ceiling =
+      std::min({rate(Mode::student_contended), slowest_teacher, rate(Mode::loader_alone)});
+  std::string bottleneck = ideal == rate(Mode::student_alone)   ? "student"
                            : ideal == rate(Mode::teacher_alone) ? "teacher"
-                                                                : "loader";
+                           : ideal == slowest_teacher
+                               ? fmt::format("teacher {}", std::min_element(each_alone.begin(),
+                                                                            each_alone.end()) -
+                                                               each_alone.begin())
+                               : "loader";
   json versions = json::object();
   for (const auto& [name, text] : all_versions()) versions[name] = text;
   const std::string plan_summary =
@@ -281,6 +316,7 @@ int bench_overlap_command(const OverlapArgs& args) {
       {"speedup_vs_colocated", rate(Mode::overlapped) / rate(Mode::colocated)},
       {"student_idle_fraction", modes["overlapped"]["student_idle_fraction"]},
       {"teacher_cache", cache_report},
+      {"teachers_alone", teachers_alone},
       {"device", device},
       {"plan", affinity::to_json(run.plan)},
       {"plan_summary", plan_summary},
@@ -353,6 +389,10 @@ int bench_overlap_command(const OverlapArgs& args) {
              "teacher); overlapped efficiency against it {:.3f}\n",
              ceiling, report["student_contention_slowdown"].get<double>(),
              report["efficiency_vs_contention_ceiling"].get<double>());
+  for (const json& t : teachers_alone.is_null() ? json::array() : teachers_alone)
+    fmt::print("teacher-alone[{}] {:>10.1f} samples/s ({}, {} replica(s))\n",
+               t["teacher"].get<std::size_t>(), t["samples_per_s"].get<double>(),
+               t["model"].get<std::string>(), t["replicas"].get<std::ptrdiff_t>());
   if (!cache_report.is_null())
     fmt::print("kd.cache = {}: overlapped-cached {:.2f}x overlapped (the teacher's first epoch "
                "took {:.1f} s, {} batches)\n",

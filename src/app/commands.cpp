@@ -227,8 +227,18 @@ int Commands::show_cores() {
   std::vector<std::optional<affinity::CpuList>> near(local_world);
   for (std::size_t r = 0; r < local_world && r < gpus.size(); ++r) near[r] = gpus[r].local_cpus;
 
+  // Several teachers share the teacher cores by their costs, which their inputs decide.
+  std::vector<double> costs;
+  if (config.get_double("kd.alpha") > 0 && affinity::teacher_count(config) > 1) {
+    const Dataset train = Dataset::load(
+        config.get_string("data.dataset"), config.get_string("data.path"), Split::train,
+        {static_cast<int>(config.get_int("data.image_size")),
+         static_cast<int>(config.get_int("data.resize"))});
+    costs = teacher_costs(config, {train.channels(), train.height(), train.width()});
+  }
   if (local_world == 1) {
-    const affinity::Plan plan = affinity::plan_from_config(config, topology, near[0]);
+    const affinity::Plan plan =
+        affinity::plan_from_config(config, topology, near[0], std::nullopt, costs);
     if (cores_.json) {
       nlohmann::json topo = affinity::to_json(topology);
       topo["gpus"] = gpu_json;
@@ -242,7 +252,7 @@ int Commands::show_cores() {
     nlohmann::json ranks = nlohmann::json::array();
     for (std::size_t r = 0; r < local_world; ++r) {
       const affinity::Plan plan =
-          affinity::plan_from_config(config, topology, near[r], shares[r].cpus);
+          affinity::plan_from_config(config, topology, near[r], shares[r].cpus, costs);
       ranks.push_back({{"local_rank", r},
                        {"gpu", r < gpus.size() ? nlohmann::json(gpus[r].name) : nlohmann::json()},
                        {"share", shares[r].cpus},

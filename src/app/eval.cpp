@@ -54,7 +54,10 @@ int eval_command(const EvalArgs& args) {
   sets.push_back(onnx ? "teacher.model=" + args.model : "student.path=" + args.model);
   // The logits are all it scores: no features computed, no feature loss.
   sets.emplace_back("kd.features=");
-  if (onnx) sets.emplace_back("teacher.features=");
+  if (onnx) {
+    sets.emplace_back("teacher.features=");
+    sets.emplace_back("teacher.others="); // the model given, alone
+  }
   sets.push_back(onnx ? "kd.alpha=1" : "kd.alpha=0");
   if (!onnx) sets.emplace_back("student.arch=torchscript");
   const RunInputs run = prepare_run(resolve_config(args.config, sets));

@@ -156,7 +156,8 @@ Rep run_rep(const Setup& setup, Mode mode) {
     }
     break;
   case Mode::teacher_alone:
-    pipeline.start(0, total, {.loaders = false, .teacher = true});
+    pipeline.start(0, total,
+                   {.loaders = false, .teacher = true, .only_teacher = setup.only_teacher});
     producer.start_replay(total, true);
     break;
   case Mode::loader_alone:
@@ -259,7 +260,7 @@ CacheFill fill_teacher_cache(const Setup& setup) {
   const std::uint64_t epoch = setup.sampler.batches_per_epoch();
   if (before < cache.samples()) {
     Assembled parts =
-        assemble(run, setup.sampler, setup.slots, setup.options, StudentLogits::none, nullptr);
+        assemble(run, setup.sampler, setup.slots, setup.options, StudentLogits::none);
     CpuPipeline& pipeline = *parts.pipeline;
     pipeline.start(0, epoch, {.loaders = true, .teacher = true, .cache = true});
     for (std::uint64_t b = 0; b < epoch; ++b) {

@@ -4,7 +4,8 @@
 //   student-contended  student-alone while the teacher replicas run on their own cores on a
 //                  batch of their own (no ring): the student's rate beside a busy CPU (shared
 //                  caches, memory bandwidth), the ceiling the overlapped pipeline can reach
-//   teacher-alone  replayed batches -> CPU teacher replicas -> drained
+//   teacher-alone  replayed batches -> CPU teacher replicas -> drained (every teacher at once;
+//                  Setup::only_teacher: one of several, on its own replicas)
 //   loader-alone   loaders -> drained
 //   serial-cpu     one thread: load (loader cores), teach (teacher cores), then the student step
 //   colocated      loaders -> student, which runs the teacher graph on its own device (LibTorch)
@@ -20,6 +21,7 @@
 #include "kdflow/gpu_student/trainer.hpp"
 
 #include <memory>
+#include <optional>
 #include <string>
 
 namespace kdflow::app {
@@ -63,7 +65,9 @@ struct Setup {
   std::uint64_t warmup, steps;
   double min_seconds; // a window lasts at least this long (fast modes run more steps)
   student::TrainerOptions options;
-  std::shared_ptr<const student::TorchTeacher> colocated; // needed by the colocated mode only
+  std::vector<student::ColocatedTeacher> colocated; // needed by the colocated mode only
+  // Several teachers: teacher-alone measures this one alone (its own stage), not all at once.
+  std::optional<std::size_t> only_teacher;
 };
 
 // `warmup` steps (at least a lap of the ring), then the measured window. Throws what a stage threw.

@@ -50,6 +50,8 @@ std::vector<std::vector<float>> other_outputs(const teacher::Teacher& t) {
 
 std::string feature_region(const std::string& value) { return "feature:" + value; }
 
+std::string teacher_logits_region(std::size_t k) { return fmt::format("logits:teacher{}", k); }
+
 SlotLayout CpuPipeline::layout_for(const RunInputs& run) {
   std::vector<RegionSpec> extra;
   if (run.teacher_runs) {
@@ -59,6 +61,9 @@ SlotLayout CpuPipeline::layout_for(const RunInputs& run) {
     const auto names = t.output_names();
     for (std::size_t k = first_feature(t); k < names.size(); ++k)
       extra.push_back({feature_region(names[k]), DType::f32, t.output_shape(k)});
+    if (run.teachers() > 1)
+      for (std::size_t k = 0; k < run.teachers(); ++k)
+        extra.push_back({teacher_logits_region(k), DType::f32, {out[0], out[1]}});
   }
   return loader_layout(run.train, run.sampler.batch_size, run.augment.normalize, std::move(extra));
 }
@@ -73,8 +78,14 @@ CpuPipeline::CpuPipeline(const RunInputs& run, const Sampler& sampler, std::uint
     const auto names = run.teacher->output_names();
     for (std::size_t k = first_feature(*run.teacher); k < names.size(); ++k)
       regions_.features.push_back(layout.index_of(feature_region(names[k])));
+    if (run.teachers() > 1)
+      for (std::size_t k = 0; k < run.teachers(); ++k)
+        regions_.teacher_logits.push_back(layout.index_of(teacher_logits_region(k)));
+    else
+      regions_.teacher_logits.push_back(*regions_.logits);
   }
-  ring_ = std::make_unique<SlotRing>(std::move(layout), slots, std::move(memory));
+  ring_ = std::make_unique<SlotRing>(std::move(layout), slots, std::move(memory),
+                                     static_cast<std::uint32_t>(std::max<std::size_t>(run.teachers(), 1)));
 
   // Every arena's workers come from oneTBB's one global pool: size it for all of them (kd-ctl's
   // moves keep the sum).
@@ -85,8 +96,10 @@ CpuPipeline::CpuPipeline(const RunInputs& run, const Sampler& sampler, std::uint
   assignment_.loader = run.plan.loader;
   if (run.teacher_runs) {
     int first_index = 0;
-    for (const auto& cpus : run.plan.teacher) {
-      teachers_.push_back(make_teacher(cpus, first_index));
+    for (std::size_t r = 0; r < run.plan.teacher.size(); ++r) {
+      const auto& cpus = run.plan.teacher[r];
+      teachers_.push_back(
+          make_teacher(cpus, first_index, static_cast<std::size_t>(run.plan.teacher_of.at(r))));
       first_index += static_cast<int>(cpus.size());
     }
     assignment_.teacher = run.plan.teacher;
@@ -97,19 +110,23 @@ CpuPipeline::CpuPipeline(const RunInputs& run, const Sampler& sampler, std::uint
 CpuPipeline::~CpuPipeline() { stop(); }
 
 std::unique_ptr<CpuPipeline::TeacherUnit> CpuPipeline::make_teacher(const affinity::CpuList& cpus,
-                                                                    int first_index) {
+                                                                    int first_index,
+                                                                    std::size_t teacher) {
   auto unit = std::make_unique<TeacherUnit>();
+  unit->teacher = teacher;
+  unit->mixed.assign(run_.teachers(), nullptr);
   unit->arena =
       std::make_unique<affinity::PinnedArena>(run_.topology, cpus, "teacher", first_index);
   // The replica's buffers are first touched on its own cores (its NUMA node); with uint8 slots, so
   // is its float32 copy of the batch's inputs.
   run_in_arena(unit->arena->arena(), [&] {
-    unit->replica = std::make_unique<teacher::Replica>(run_.teacher);
-    unit->other_outputs = other_outputs(*run_.teacher);
-    unit->outputs.assign(run_.teacher->output_names().size(), nullptr);
+    const auto& model = run_.teacher_at(teacher);
+    unit->replica = std::make_unique<teacher::Replica>(model);
+    unit->other_outputs = other_outputs(*model);
+    unit->outputs.assign(model->output_names().size(), nullptr);
     for (std::size_t k = 0; k < unit->other_outputs.size(); ++k)
       unit->outputs[1 + k] = unit->other_outputs[k].data();
-    const ImageAdapter& adapt = *run_.teacher_input;
+    const ImageAdapter& adapt = run_.input_of(teacher);
     if (!run_.augment.normalize || !adapt.passes_floats())
       unit->inputs.assign(run_.sampler.batch_size * adapt.to().numel(), 0.f);
   });
@@ -118,20 +135,26 @@ std::unique_ptr<CpuPipeline::TeacherUnit> CpuPipeline::make_teacher(const affini
 
 void CpuPipeline::start_teacher(TeacherUnit& unit) {
   SlotRing& ring = *ring_;
+  const auto lane = static_cast<std::uint32_t>(unit.teacher);
   unit.graph = std::make_unique<StageGraph>(
-      "teacher", unit.arena->arena(), 1, ring, RingStage::teacher, end_,
-      [this, &ring, u = &unit](std::uint64_t b, int) {
-        auto slot = ring.acquire_filled(b);
+      run_.teachers() > 1 ? fmt::format("teacher {}", unit.teacher) : std::string("teacher"),
+      unit.arena->arena(), 1, ring, RingStage::teacher, end_,
+      [this, &ring, u = &unit, lane](std::uint64_t b, int) {
+        auto slot = ring.acquire_filled(b, lane);
         if (!slot) return false;
         fault::at(fault::Site::teacher, first_batch_ + b, ring);
         {
           trace::Span span("teacher", b);
           run_teacher(*u, *slot);
         }
-        ring.publish(*slot, SlotState::teaching, SlotState::ready);
+        // With several teachers the last one to finish the batch mixes them and hands it on.
+        if (ring.finish_teaching(*slot)) {
+          if (mixing_) mix(*u, *slot);
+          ring.publish(*slot, SlotState::teaching, SlotState::ready);
+        }
         return true;
       },
-      &teacher_totals_, first_batch_);
+      &teacher_totals_, first_batch_, lane);
   unit.graph->start();
 }
 
@@ -149,19 +172,33 @@ void CpuPipeline::start(std::uint64_t first_batch, std::uint64_t batches,
   first_batch_ = first_batch;
   end_ = batches;
   after_load_ = teacher ? SlotState::filled : SlotState::ready;
+  if (options.only_teacher && *options.only_teacher >= run_.teachers())
+    throw std::invalid_argument("CpuPipeline::start: no such teacher");
+  if (teacher) ring_->set_teachers(options.only_teacher ? 1 : ring_->teachers());
+  mixing_ = run_.mix.has_value() && !options.only_teacher;
   if (options.loaders) {
     loaders_run_ = true;
     start_loader_graph();
   }
   if (!teacher) return;
-  for (auto& unit : teachers_) start_teacher(*unit);
+  for (auto& unit : teachers_)
+    if (!options.only_teacher || unit->teacher == *options.only_teacher) start_teacher(*unit);
 }
 
 void CpuPipeline::run_teacher(TeacherUnit& unit, const Slot& slot) {
-  const std::span<float> logits = slot.region<float>(*regions_.logits);
+  // One teacher writes the target itself; several each write their own logits, mixed after.
+  const std::span<float> logits = slot.region<float>(regions_.teacher_logits[unit.teacher]);
   if (cache_ && from_cache(slot, logits)) return;
   forward(unit, slot, logits.data());
   if (cache_) keep_in_cache(slot, logits);
+}
+
+void CpuPipeline::mix(TeacherUnit& unit, const Slot& slot) {
+  for (std::size_t k = 0; k < unit.mixed.size(); ++k)
+    unit.mixed[k] = slot.region<float>(regions_.teacher_logits[k]).data();
+  const std::span<float> target = slot.region<float>(*regions_.logits);
+  const std::size_t rows = run_.sampler.batch_size;
+  (*run_.mix)(unit.mixed, rows, target.size() / rows, target.data());
 }
 
 bool CpuPipeline::from_cache(const Slot& slot, std::span<float> logits) {
@@ -186,10 +223,12 @@ void CpuPipeline::keep_in_cache(const Slot& slot, std::span<const float> logits)
 void CpuPipeline::forward(TeacherUnit& unit, const Slot& slot, float* logits) {
   std::span<float*> outputs(unit.outputs);
   outputs[0] = logits;
-  const std::size_t features = first_feature(*run_.teacher);
-  for (std::size_t k = 0; k < regions_.features.size(); ++k)
-    outputs[features + k] = slot.region<float>(regions_.features[k]).data();
-  const ImageAdapter& adapt = *run_.teacher_input;
+  if (unit.teacher == 0) { // teacher.features are the first teacher's
+    const std::size_t features = first_feature(*run_.teacher);
+    for (std::size_t k = 0; k < regions_.features.size(); ++k)
+      outputs[features + k] = slot.region<float>(regions_.features[k]).data();
+  }
+  const ImageAdapter& adapt = run_.input_of(unit.teacher);
   const std::size_t n = run_.sampler.batch_size;
   if (run_.augment.normalize) {
     const float* images = slot.region<float>(regions_.loader.inputs).data();
@@ -207,12 +246,18 @@ void CpuPipeline::forward(TeacherUnit& unit, const Slot& slot, float* logits) {
 }
 
 void CpuPipeline::teach_now(const Slot& slot) {
-  TeacherUnit& unit = *teachers_.at(0);
   const auto t0 = std::chrono::steady_clock::now();
-  run_in_arena(unit.arena->arena(), [&] {
-    trace::Span span("teacher", slot.header().batch);
-    run_teacher(unit, slot);
-  });
+  TeacherUnit* last = nullptr;
+  for (std::size_t t = 0; t < std::max<std::size_t>(run_.teachers(), 1); ++t) {
+    const auto unit = std::find_if(teachers_.begin(), teachers_.end(),
+                                   [&](const auto& u) { return u->teacher == t; });
+    last = unit->get();
+    run_in_arena(last->arena->arena(), [&] {
+      trace::Span span("teacher", slot.header().batch);
+      run_teacher(*last, slot);
+    });
+  }
+  if (run_.mix) mix(*last, slot);
   count_teacher_batch(t0);
 }
 
@@ -234,10 +279,11 @@ void CpuPipeline::start_background_teachers() {
       background_started_.fetch_add(1);
       background_started_.notify_all();
       // An unrelated batch: fixed values, the replica's own input and output buffers.
-      const std::size_t in = static_cast<std::size_t>(run_.teacher->batch()) *
-                             static_cast<std::size_t>(run_.teacher_input->to().numel());
+      const teacher::Teacher& model = *run_.teacher_at(u->teacher);
+      const std::size_t in = static_cast<std::size_t>(model.batch()) *
+                             static_cast<std::size_t>(run_.input_of(u->teacher).to().numel());
       std::vector<float> inputs(in, 0.5f);
-      teacher::OutputBuffers outputs(*run_.teacher);
+      teacher::OutputBuffers outputs(model);
       for (std::uint64_t n = 0; !background_stop_.load(std::memory_order_relaxed); ++n) {
         const auto t0 = std::chrono::steady_clock::now();
         try {
@@ -288,6 +334,8 @@ bool CpuPipeline::reassign(const affinity::PoolAssignment& to) {
   std::lock_guard lock(structure_mutex_);
   if (!run_.teacher_runs || !loaders_run_)
     throw std::invalid_argument("reassign: the loaders and the teacher are not running");
+  if (run_.teachers() > 1)
+    throw std::invalid_argument("reassign: the run has several teachers");
   if (stopped_ || ring_->closed()) return false;
   const affinity::PoolAssignment from = assignment();
   const bool ok = to.loader.size() < from.loader.size()
@@ -323,7 +371,7 @@ bool CpuPipeline::rebuild_teachers(const std::vector<affinity::CpuList>& replica
     }
     if (k < replicas.size()) {
       if (!keep) {
-        auto unit = make_teacher(replicas[k], first_index);
+        auto unit = make_teacher(replicas[k], first_index, 0);
         start_teacher(*unit);
         if (k < teachers_.size())
           teachers_[k] = std::move(unit);

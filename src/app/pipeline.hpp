@@ -32,12 +32,15 @@ void run_in_arena(oneapi::tbb::task_arena& arena, const std::function<void()>& f
 
 struct SlotRegions {
   LoaderRegions loader;
-  std::optional<std::size_t> logits; // the teacher's output region
+  std::optional<std::size_t> logits; // the teacher's output region (several: their mix, the target)
   std::vector<std::size_t> features; // teacher.features' regions, in its order
+  std::vector<std::size_t> teacher_logits; // several teachers: each one's own logits, in order
 };
 
 // The slot region of the teacher's feature `value` (an ONNX value name).
 std::string feature_region(const std::string& value);
+// The slot region of teacher k's own logits, with several teachers.
+std::string teacher_logits_region(std::size_t k);
 
 // Construction builds the ring and the pinned arenas (and the teacher replicas); start() starts
 // the stage graphs: ring batches [0, batches) carry the sampler's batches first_batch + b.
@@ -57,6 +60,9 @@ public:
     // own producer), publishing filling -> after_load().
     bool loaders = true;
     bool teacher = true; // false: the teacher's stage does not run (loaded batches go to ready)
+    // With several teachers: only this one's replicas run (each batch waits for it alone, and the
+    // target is not mixed): a benchmark's stage alone.
+    std::optional<std::size_t> only_teacher;
     // The run's teacher-output cache (run.cache) is read and filled (a training run,
     // bench-overlap's cached mode); false: the teacher runs for every batch.
     bool cache = false;
@@ -67,8 +73,9 @@ public:
   void start(std::uint64_t first_batch, std::uint64_t batches, const StartOptions& options);
   // Where a loaded batch goes in the run start() began: filled (the teacher's next) or ready.
   [[nodiscard]] SlotState after_load() const { return after_load_; }
-  // Runs the first replica's forward pass on `slot` on its cores, for the calling thread, which
-  // waits (a hand-written loop's order of work, for the serial baseline); counted as teacher work.
+  // Runs each teacher's first replica's forward pass on `slot` on its cores, one after the other,
+  // and their mix, for the calling thread, which waits (a hand-written loop's order of work, for
+  // the serial baseline); counted as teacher work.
   void teach_now(const Slot& slot);
   // The contention ceiling's load: every replica runs its forward pass again and again on its own
   // cores, on a batch of its own (no ring), until stop_background_teachers(), which waits for
@@ -83,8 +90,8 @@ public:
   // Moves the pools to `to` now: the giving pool is rebuilt first, then the taking one, each while
   // the other stage runs (a stage being stopped finishes its batches only while the stages around
   // it go on). `to` may hold no more CPUs in all than the plan's loaders and teachers (oneTBB's
-  // pool is sized for them): std::invalid_argument. False when the pipeline stopped meanwhile.
-  // Serialized with other moves and with stop().
+  // pool is sized for them), or the run has several teachers: std::invalid_argument. False when
+  // the pipeline stopped meanwhile. Serialized with other moves and with stop().
   bool reassign(const affinity::PoolAssignment& to);
 
   [[nodiscard]] SlotRing& ring() { return *ring_; }
@@ -119,6 +126,7 @@ private:
   // teacher.input_size/mean/std) and, once started, its stage graph. Bodies hold a pointer to it:
   // moves may add and remove replicas while others run.
   struct TeacherUnit {
+    std::size_t teacher = 0; // which of the run's teachers it runs
     std::unique_ptr<affinity::PinnedArena> arena;
     std::unique_ptr<teacher::Replica> replica;
     std::vector<float> inputs, scratch; // scratch: the adapter's box reduction
@@ -126,10 +134,12 @@ private:
     // pointer for the replica (the slot's regions are set per batch).
     std::vector<std::vector<float>> other_outputs;
     std::vector<float*> outputs;
+    std::vector<const float*> mixed; // several teachers: each one's logits, for their mix
 
     std::unique_ptr<StageGraph> graph; // destroyed first: it waits for its bodies
   };
-  std::unique_ptr<TeacherUnit> make_teacher(const affinity::CpuList& cpus, int first_index);
+  std::unique_ptr<TeacherUnit> make_teacher(const affinity::CpuList& cpus, int first_index,
+                                            std::size_t teacher);
   void start_teacher(TeacherUnit& unit);
   // One teacher batch done, begun at `since`: its time counts as teacher work.
   void count_teacher_batch(std::chrono::steady_clock::time_point since);
@@ -138,6 +148,8 @@ private:
   // forward pass on the slot's inputs (then kept in the cache).
   void run_teacher(TeacherUnit& unit, const Slot& slot);
   void forward(TeacherUnit& unit, const Slot& slot, float* logits);
+  // Several teachers: the slot's target from each teacher's logits (the last one to finish).
+  void mix(TeacherUnit& unit, const Slot& slot);
   bool from_cache(const Slot& slot, std::span<float> logits);
   void keep_in_cache(const Slot& slot, std::span<const float> logits);
   bool rebuild_loaders(const affinity::CpuList& cpus);
@@ -163,6 +175,7 @@ private:
   std::uint64_t first_batch_ = 0, end_ = 0;
   SlotState after_load_ = SlotState::filled;
   bool loaders_run_ = false;
+  bool mixing_ = false; // every one of several teachers runs: the last one mixes their logits
 
   // Structure (arenas, graphs, replicas): moves against stop(). Never taken by the student on its
   // hot path; a move holds it while stages drain, which needs the student to go on.

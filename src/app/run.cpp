@@ -9,6 +9,8 @@
 #include "kdflow/core/digest.hpp"
 #include "kdflow/core/error.hpp"
 #include "kdflow/core/log.hpp"
+#include "kdflow/cpu_teacher/graph.hpp"
+#include "kdflow/cpu_teacher/passes.hpp"
 #include "kdflow/gpu_student/pinned_host.hpp"
 #include "kdflow/gpu_student/versions.hpp"
 
@@ -94,6 +96,10 @@ void prepare_teacher_cache_into(RunInputs& run) {
     throw InputError(fmt::format("kd.cache = {}: the teacher's input for a sample changes every "
                                  "epoch ({}): set kd.cache = none",
                                  mode, changes));
+  if (run.teachers() > 1)
+    throw InputError(fmt::format("kd.cache = {} keeps one teacher's logits, and teacher.others "
+                                 "adds {} more: set kd.cache = none",
+                                 mode, run.others.size()));
   if (const auto features = teacher_feature_names(run.config); !features.empty())
     throw InputError(fmt::format("kd.cache = {} keeps the teacher's logits, and teacher.features "
                                  "or kd.features ask for its values [{}] too: set kd.cache = none",
@@ -355,29 +361,81 @@ RunInputs prepare_run(const Config& config, const DistEnv& dist) {
                            dist.rank, dist.local_world, run.topology.cores().size(),
                            affinity::format_cpus(mine.cpus)));
   }
-  run.plan = affinity::plan_from_config(config, run.topology,
-                                        near[static_cast<std::size_t>(dist.local_rank)], share);
+  const std::vector<TeacherSpec> specs =
+      run.teacher_runs ? teacher_specs(config) : std::vector<TeacherSpec>{};
+  // Several teachers share the teacher cores by their cost per sample.
+  const std::vector<double> costs =
+      run.teacher_runs
+          ? teacher_costs(config, {run.train.channels(), run.train.height(), run.train.width()})
+          : std::vector<double>{};
+  run.plan = affinity::plan_from_config(
+      config, run.topology, near[static_cast<std::size_t>(dist.local_rank)], share, costs);
 
-  if (run.teacher_runs) {
-    run.teacher_path = config.get_string("teacher.model");
-    if (!std::filesystem::exists(run.teacher_path))
-      throw InputError(fmt::format(
-          "teacher.model = {}: no such file (from {}: the default teacher is trained by "
-          "scripts/train_fmnist_teacher.py; kd.alpha = 0 trains without one)",
-          run.teacher_path, std::filesystem::current_path().string()));
-    run.teacher = load_run_teacher(run, run.precision);
-    run.teacher_input = teacher_input(run);
+  for (std::size_t k = 0; k < specs.size(); ++k) {
+    const TeacherSpec& spec = specs[k];
+    // The first replica of the teacher's: its width is the one plans are tuned at.
+    const auto first = std::find(run.plan.teacher_of.begin(), run.plan.teacher_of.end(),
+                                 static_cast<int>(k)) -
+                       run.plan.teacher_of.begin();
+    const int threads = static_cast<std::size_t>(first) < run.plan.teacher.size()
+                            ? static_cast<int>(run.plan.teacher[static_cast<std::size_t>(first)].size())
+                            : 0;
+    auto model = load_run_teacher(run, spec, spec.precision, threads);
+    ImageAdapter input = teacher_input(run, spec, *model);
+    if (k == 0) {
+      run.teacher_path = spec.path;
+      run.teacher_weight = spec.weight;
+      run.teacher = std::move(model);
+      run.teacher_input = std::move(input);
+    } else {
+      run.others.push_back({spec, std::move(model), std::move(input)});
+    }
+  }
+  if (specs.size() > 1) {
+    std::vector<double> weights;
+    for (const TeacherSpec& spec : specs) weights.push_back(spec.weight);
+    run.mix.emplace(std::move(weights), config.get_double("kd.temperature"));
   }
   return run;
 }
 
-ImageAdapter teacher_input(const RunInputs& run) {
-  const Config& config = run.config;
+std::vector<TeacherSpec> teacher_specs(const Config& config) {
+  std::vector<TeacherSpec> specs;
+  TeacherSpec first;
+  first.key = "teacher";
+  first.path = config.get_string("teacher.model");
+  first.precision = teacher::parse_precision(config.get_string("teacher.precision"));
+  first.weight = config.get_double("teacher.weight");
+  first.input_size = config.get_string("teacher.input_size");
+  first.mean = config.get_string("teacher.mean");
+  first.std = config.get_string("teacher.std");
+  first.features = teacher_feature_names(config);
+  specs.push_back(std::move(first));
+  const auto& rows = config.get_tables("teacher.others");
+  for (std::size_t k = 0; k < rows.size(); ++k) {
+    const auto text = [&](const char* field) { return std::get<std::string>(rows[k].at(field)); };
+    TeacherSpec spec;
+    spec.key = fmt::format("teacher.others[{}]", k + 1);
+    spec.path = text("model");
+    if (spec.path.empty())
+      throw InputError(fmt::format("{}.model: required (the teacher's ONNX file)", spec.key));
+    spec.precision = teacher::parse_precision(text("precision"));
+    spec.weight = std::get<double>(rows[k].at("weight"));
+    spec.input_size = text("input_size");
+    spec.mean = text("mean");
+    spec.std = text("std");
+    specs.push_back(std::move(spec));
+  }
+  return specs;
+}
+
+ImageAdapter teacher_input(const RunInputs& run, const TeacherSpec& spec,
+                           const teacher::Teacher& model) {
   const ImageSpec data{run.train.channels(), run.train.height(), run.train.width()};
   const Normalization data_norm{run.augment.mean, run.augment.std};
-  const teacher::Shape in = run.teacher->input_shape();
-  const std::string mean = config.get_string("teacher.mean"),
-                    stdev = config.get_string("teacher.std");
+  const teacher::Shape in = model.input_shape();
+  const std::string& mean = spec.mean;
+  const std::string& stdev = spec.std;
   if (in == teacher::Shape{in[0], data.channels, data.height, data.width} && mean == "auto" &&
       stdev == "auto")
     return {data, data_norm, data, data_norm}; // the slot's images as they are
@@ -385,22 +443,22 @@ ImageAdapter teacher_input(const RunInputs& run) {
     throw InputError(fmt::format(
         "{}: the teacher takes samples of shape {}, not images [channels, height, width]: the "
         "data's {}x{}x{} images cannot be made its input",
-        run.teacher_path, shape_text({in.begin() + 1, in.end()}), data.channels, data.height,
+        spec.path, shape_text({in.begin() + 1, in.end()}), data.channels, data.height,
         data.width));
   const ImageSpec own{static_cast<int>(in[1]), static_cast<int>(in[2]), static_cast<int>(in[3])};
   if (own.channels != data.channels && data.channels != 1)
     throw InputError(fmt::format("{}: the teacher reads {}-channel images and the data's have {} "
                                  "(only a 1-channel image can be repeated for it)",
-                                 run.teacher_path, own.channels, data.channels));
+                                 spec.path, own.channels, data.channels));
   const auto channels = static_cast<std::size_t>(own.channels);
   const auto repeated = [&](const std::vector<float>& v) {
     return v.size() == channels ? v : std::vector<float>(channels, v.front());
   };
-  const Normalization own_norm{mean == "auto" ? repeated(data_norm.mean)
-                                              : parse_floats(mean, "teacher.mean", channels, false),
-                               stdev == "auto"
-                                   ? repeated(data_norm.std)
-                                   : parse_floats(stdev, "teacher.std", channels, true)};
+  const Normalization own_norm{
+      mean == "auto" ? repeated(data_norm.mean)
+                     : parse_floats(mean, spec.key + ".mean", channels, false),
+      stdev == "auto" ? repeated(data_norm.std)
+                      : parse_floats(stdev, spec.key + ".std", channels, true)};
   ImageAdapter adapter(data, data_norm, own, own_norm);
   std::vector<std::string> what;
   if (adapter.resizes())
@@ -410,10 +468,10 @@ ImageAdapter teacher_input(const RunInputs& run) {
   if (own.channels != data.channels)
     what.push_back(fmt::format("channel repeated {} times", own.channels));
   if (own_norm != Normalization{repeated(data_norm.mean), repeated(data_norm.std)})
-    what.push_back("normalized with teacher.mean/std");
+    what.push_back(fmt::format("normalized with {}.mean/std", spec.key));
   if (!what.empty())
-    fmt::print(stderr, "kdflow: the teacher reads {}x{}x{} images: the data's, {}\n", own.channels,
-               own.height, own.width, fmt::join(what, ", "));
+    fmt::print(stderr, "kdflow: the teacher {} reads {}x{}x{} images: the data's, {}\n",
+               spec.path, own.channels, own.height, own.width, fmt::join(what, ", "));
   return adapter;
 }
 
@@ -432,34 +490,79 @@ std::vector<std::string> teacher_feature_names(const Config& config) {
   return names;
 }
 
-std::shared_ptr<const teacher::Teacher> load_run_teacher(const RunInputs& run,
-                                                         teacher::Precision precision) {
+namespace {
+
+// What a teacher's load reads of its spec, at `batch`: its input shape (`data`: the data's sample
+// shape) and its features.
+teacher::TeacherOptions teacher_options(const Config& config, const TeacherSpec& spec,
+                                        std::int64_t batch, const teacher::Shape& data) {
   teacher::TeacherOptions options;
-  options.batch = static_cast<std::int64_t>(run.sampler.batch_size);
-  options.precision = precision;
-  // The model's own input; teacher.input_size asks for (or binds) its height and width, and
-  // what the model leaves open takes the data's shape.
-  const teacher::Shape data{run.train.channels(), run.train.height(), run.train.width()};
-  options.sample_shape =
-      teacher::parse_input_size(run.config.get_string("teacher.input_size"), "teacher.input_size");
+  options.batch = batch;
+  // The model's own input; input_size asks for (or binds) its height and width, and what the
+  // model leaves open takes the data's shape.
+  options.sample_shape = teacher::parse_input_size(spec.input_size, spec.key + ".input_size");
   options.sample_default = data;
-  options.sample_source = "teacher.input_size";
-  options.features = teacher_feature_names(run.config);
-  options.features_source = run.config.get_tables("kd.features").empty()
+  options.sample_source = spec.key + ".input_size";
+  options.features = spec.features;
+  options.features_source = config.get_tables("kd.features").empty()
                                 ? "teacher.features"
                                 : "teacher.features/kd.features value";
+  return options;
+}
+
+teacher::TeacherOptions teacher_options(const RunInputs& run, const TeacherSpec& spec) {
+  return teacher_options(run.config, spec, static_cast<std::int64_t>(run.sampler.batch_size),
+                         {run.train.channels(), run.train.height(), run.train.width()});
+}
+
+void check_teacher_file(const TeacherSpec& spec) {
+  if (!std::filesystem::exists(spec.path))
+    throw InputError(fmt::format(
+        "{}.model = {}: no such file (from {}: the default teacher is trained by "
+        "scripts/train_fmnist_teacher.py; kd.alpha = 0 trains without one)",
+        spec.key, spec.path, std::filesystem::current_path().string()));
+}
+
+} // namespace
+
+std::vector<double> teacher_costs(const Config& config, const teacher::Shape& data) {
+  std::vector<double> costs;
+  const std::vector<TeacherSpec> specs = teacher_specs(config);
+  if (specs.size() < 2) return costs;
+  for (const TeacherSpec& spec : specs) {
+    check_teacher_file(spec);
+    const teacher::TeacherOptions options =
+        teacher_options(config, spec, config.get_int("data.batch_size"), data);
+    teacher::LoadOptions lo;
+    lo.batch = options.batch;
+    lo.sample_shape = options.sample_shape;
+    lo.sample_default = options.sample_default;
+    lo.sample_source = options.sample_source;
+    lo.keep = options.features;
+    costs.push_back(
+        std::max(teacher::summarize(teacher::load_onnx(spec.path, lo)).flops_per_sample, 1.0));
+  }
+  return costs;
+}
+
+std::shared_ptr<const teacher::Teacher> load_run_teacher(const RunInputs& run,
+                                                         const TeacherSpec& spec,
+                                                         teacher::Precision precision,
+                                                         int threads) {
+  check_teacher_file(spec);
+  teacher::TeacherOptions options = teacher_options(run, spec);
+  options.precision = precision;
   options.tune = teacher::parse_tune(run.config.get_string("teacher.tune"));
-  options.threads =
-      run.plan.teacher.empty() ? 0 : static_cast<int>(run.plan.teacher.front().size());
-  auto loaded = teacher::Teacher::load(run.teacher_path, options);
+  options.threads = threads;
+  auto loaded = teacher::Teacher::load(spec.path, options);
   if (const auto& note = loaded->tune_report().note; !note.empty())
     fmt::print(stderr, "kdflow: {}\n", note);
   const teacher::Shape out = loaded->output_shape(0);
   if (out.size() != 2 || out[1] != run.train.classes())
     throw InputError(fmt::format(
-        "teacher {} outputs {} per sample but the dataset {} ({}) has {} classes: "
-        "teacher.model and data.dataset disagree",
-        run.teacher_path,
+        "{}.model = {} outputs {} per sample but the dataset {} ({}) has {} classes: "
+        "the teacher and data.dataset disagree",
+        spec.key, spec.path,
         out.size() == 2 ? fmt::format("{} logits", out[1]) : "a " + shape_text(out) + " tensor",
         run.config.get_string("data.dataset"), run.config.get_string("data.path"),
         run.train.classes()));
@@ -491,31 +594,45 @@ void evaluation_images(const RunInputs& run, const affinity::CpuList& cpus, std:
     if (e) std::rethrow_exception(e);
 }
 
-std::size_t teacher_test_hits(const RunInputs& run, std::span<const float> images,
-                              std::size_t first, std::size_t count,
-                              oneapi::tbb::task_arena& arena) {
-  const std::int64_t batch = run.teacher->batch();
+std::vector<std::size_t> teacher_test_hits(const RunInputs& run, std::span<const float> images,
+                                           std::size_t first, std::size_t count,
+                                           oneapi::tbb::task_arena& arena) {
+  const auto batch = static_cast<std::size_t>(run.teacher->batch());
   const std::size_t sample = run.test.sample_bytes();
   const auto classes = static_cast<std::size_t>(run.test.classes());
-  std::size_t correct = 0;
+  const std::size_t teachers = run.teachers();
+  std::vector<std::size_t> correct(teachers > 1 ? teachers + 1 : 1, 0);
   run_in_arena(arena, [&] {
-    teacher::Replica replica(run.teacher);
-    const ImageAdapter& adapt = *run.teacher_input;
-    const std::size_t own = adapt.to().numel();
-    std::vector<float> input(static_cast<std::size_t>(batch) * own, 0.f), scratch;
-    teacher::OutputBuffers outputs(*run.teacher); // the first is the logits scored
-    const std::vector<float>& logits = outputs.data.front();
-    for (std::size_t i = first; i < first + count; i += static_cast<std::size_t>(batch)) {
-      const std::size_t n =
-          std::min<std::size_t>(static_cast<std::size_t>(batch), first + count - i);
-      adapt.run(images.data() + (i - first) * sample, n, input.data(), scratch);
-      std::fill(input.begin() + static_cast<std::ptrdiff_t>(n * own), input.end(), 0.f);
-      replica.run(input.data(), outputs.pointers);
+    std::vector<std::unique_ptr<teacher::Replica>> replicas;
+    std::vector<teacher::OutputBuffers> outputs;
+    std::vector<std::vector<float>> inputs(teachers);
+    std::vector<const float*> logits;
+    for (std::size_t t = 0; t < teachers; ++t) {
+      replicas.push_back(std::make_unique<teacher::Replica>(run.teacher_at(t)));
+      outputs.emplace_back(*run.teacher_at(t)); // the first is the logits scored
+      inputs[t].assign(batch * run.input_of(t).to().numel(), 0.f);
+    }
+    for (const auto& o : outputs) logits.push_back(o.data.front().data());
+    std::vector<float> mixed(run.mix ? batch * classes : 0), scratch;
+    const auto count_hits = [&](const float* rows, std::size_t i, std::size_t n, std::size_t& to) {
       for (std::size_t k = 0; k < n; ++k) {
-        const float* row = logits.data() + k * classes;
+        const float* row = rows + k * classes;
         const auto best = std::max_element(row, row + classes) - row;
-        correct += best == run.test.label(i + k);
+        to += best == run.test.label(i + k);
       }
+    };
+    for (std::size_t i = first; i < first + count; i += batch) {
+      const std::size_t n = std::min(batch, first + count - i);
+      for (std::size_t t = 0; t < teachers; ++t) {
+        const ImageAdapter& adapt = run.input_of(t);
+        const std::size_t own = adapt.to().numel();
+        adapt.run(images.data() + (i - first) * sample, n, inputs[t].data(), scratch);
+        std::fill(inputs[t].begin() + static_cast<std::ptrdiff_t>(n * own), inputs[t].end(), 0.f);
+        replicas[t]->run(inputs[t].data(), outputs[t].pointers);
+        if (teachers > 1) count_hits(logits[t], i, n, correct[1 + t]);
+      }
+      if (run.mix) (*run.mix)(logits, n, classes, mixed.data());
+      count_hits(run.mix ? mixed.data() : logits[0], i, n, correct[0]);
     }
   });
   return correct;
@@ -542,7 +659,7 @@ Assembled& Assembled::operator=(Assembled&& other) noexcept {
 
 Assembled assemble(const RunInputs& run, const Sampler& sampler, std::uint32_t slots,
                    const student::TrainerOptions& options, StudentLogits logits,
-                   std::shared_ptr<const student::TorchTeacher> colocated) {
+                   std::vector<student::ColocatedTeacher> colocated) {
   Assembled parts;
   const SlotLayout layout = CpuPipeline::layout_for(run);
   parts.pipeline = std::make_unique<CpuPipeline>(
@@ -558,7 +675,7 @@ Assembled assemble(const RunInputs& run, const Sampler& sampler, std::uint32_t s
   if (logits == StudentLogits::colocated) regions.teacher_logits.reset();
   parts.trainer = std::make_unique<student::Trainer>(options, parts.pipeline->ring(), regions);
   if (logits == StudentLogits::colocated)
-    parts.trainer->set_colocated_teacher(std::move(colocated), run.teacher_input);
+    parts.trainer->set_colocated_teachers(std::move(colocated));
   return parts;
 }
 

@@ -61,15 +61,25 @@ RunInputs prepare_run(const Config& config, const DistEnv& dist = {});
 // not among them. InputError for a pair without its teacher value or student tap.
 std::vector<std::string> teacher_feature_names(const Config& config);
 
-// The run's teacher (run.teacher_path) at the run's batch in `precision`, with every check
-// prepare_run makes: its input is the model's own (teacher.input_size binds what it leaves open,
-// the data's shape the rest), its logits are the dataset's classes.
+// Every teacher a configuration names: [teacher] (with its features), then each teacher.others
+// row. InputError for a row without its model.
+std::vector<TeacherSpec> teacher_specs(const Config& config);
+
+// The teacher `spec` names at the run's batch in `precision`, with every check prepare_run makes:
+// its file exists, its input is the model's own (its input_size binds what it leaves open, the
+// data's shape the rest), its logits are the dataset's classes (InputError naming the key).
+// `threads`: its replicas' (tuning times the plans at it).
 std::shared_ptr<const teacher::Teacher> load_run_teacher(const RunInputs& run,
-                                                         teacher::Precision precision);
-// How the run's teacher reads the slot's images (teacher.input_size, teacher.mean/std; one line
-// on stderr saying what is done to them when anything is). InputError naming the teacher file
-// when its input is not an image the data can become.
-ImageAdapter teacher_input(const RunInputs& run);
+                                                         const TeacherSpec& spec,
+                                                         teacher::Precision precision, int threads);
+// With several teachers, each one's cost per sample (its FLOPs, `data` being the data's sample
+// shape [channels, height, width]), by which the teacher cores are shared out; empty with one.
+std::vector<double> teacher_costs(const Config& config, const teacher::Shape& data);
+// How a teacher reads the slot's images (its input_size, mean and std; one line on stderr saying
+// what is done to them when anything is). InputError naming the teacher file when its input is
+// not an image the data can become.
+ImageAdapter teacher_input(const RunInputs& run, const TeacherSpec& spec,
+                           const teacher::Teacher& model);
 // kd.cache: run.cache for run.train (run.cache_file and run.cache_key too with kd.cache = disk,
 // and what the file holds loaded), or nothing with kd.cache = none. InputError where a cache would
 // serve wrong or no outputs (random augmentation, an image folder, several ranks), would not fit a
@@ -95,9 +105,11 @@ void evaluation_images(const RunInputs& run, const affinity::CpuList& cpus, std:
                        std::size_t count, std::vector<float>& out);
 
 // How many of the test split's samples [first, first + count) the teacher classifies right
-// (`images`: normalized_images of those samples), on `arena`'s cores.
-std::size_t teacher_test_hits(const RunInputs& run, std::span<const float> images,
-                              std::size_t first, std::size_t count, oneapi::tbb::task_arena& arena);
+// (`images`: normalized_images of those samples), on `arena`'s cores. With several teachers: what
+// their mix (the target) gets right, then what each teacher does alone.
+std::vector<std::size_t> teacher_test_hits(const RunInputs& run, std::span<const float> images,
+                                           std::size_t first, std::size_t count,
+                                           oneapi::tbb::task_arena& arena);
 
 // The started parts of a run: the CPU pipeline on its ring (page-locked for the GPU where there is
 // one, bound to the student's NUMA node) and the student reading that ring.
@@ -119,6 +131,6 @@ enum class StudentLogits { teacher, colocated, none };
 // Call on the student's (pinned) thread: torch's threads inherit its binding.
 Assembled assemble(const RunInputs& run, const Sampler& sampler, std::uint32_t slots,
                    const student::TrainerOptions& options, StudentLogits logits,
-                   std::shared_ptr<const student::TorchTeacher> colocated = nullptr);
+                   std::vector<student::ColocatedTeacher> colocated = {});
 
 } // namespace kdflow::app

@@ -11,6 +11,7 @@
 #include "kdflow/core/image_adapter.hpp"
 #include "kdflow/core/loader.hpp"
 #include "kdflow/core/teacher_cache.hpp"
+#include "kdflow/core/teacher_mix.hpp"
 #include "kdflow/cpu_teacher/engine.hpp"
 #include "kdflow/gpu_student/device.hpp"
 
@@ -20,6 +21,25 @@
 #include <string>
 
 namespace kdflow::app {
+
+// Where one of the run's teachers comes from: [teacher], or a teacher.others row (the second and
+// later [[teacher]] blocks), with the key its values are named by in messages.
+struct TeacherSpec {
+  std::string key; // "teacher" or "teacher.others[k]"
+  std::string path;
+  teacher::Precision precision{};
+  double weight = 1;
+  std::string input_size = "auto", mean = "auto", std = "auto";
+  std::vector<std::string> features; // [teacher]'s only (teacher.features, kd.features values)
+};
+
+// A teacher beside the first (teacher.others): its own model, precision, input and weight, run by
+// its own replicas on every batch.
+struct OtherTeacher {
+  TeacherSpec spec;
+  std::shared_ptr<const teacher::Teacher> model;
+  std::optional<ImageAdapter> input;
+};
 
 struct RunInputs {
   Config config;
@@ -42,6 +62,18 @@ struct RunInputs {
   std::shared_ptr<TeacherOutputCache> cache;
   std::filesystem::path cache_file;
   std::string cache_key;
+  double teacher_weight = 1;        // teacher.weight (several teachers)
+  std::vector<OtherTeacher> others; // teacher.others, loaded when the teacher runs
+  std::optional<TeacherMix> mix;    // several teachers: their logits into the slot's target
+
+  // The teachers that run, [teacher] first (0 when kd.alpha = 0).
+  [[nodiscard]] std::size_t teachers() const { return teacher_runs ? 1 + others.size() : 0; }
+  [[nodiscard]] const std::shared_ptr<const teacher::Teacher>& teacher_at(std::size_t k) const {
+    return k == 0 ? teacher : others.at(k - 1).model;
+  }
+  [[nodiscard]] const ImageAdapter& input_of(std::size_t k) const {
+    return k == 0 ? *teacher_input : *others.at(k - 1).input;
+  }
 };
 
 } // namespace kdflow::app

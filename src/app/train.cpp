@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -371,17 +372,32 @@ void TrainRun::start() {
   }
 
   if (run_.teacher_runs && !teacher_accuracy_) {
-    std::array<double, 1> hits{0};
+    // The target's hits (the teachers' mix, with several), then each teacher's.
+    std::vector<double> hits(run_.teachers() > 1 ? run_.teachers() + 1 : 1, 0.0);
     for_test_chunks([&](std::span<const float> images, std::span<const std::int64_t> labels,
                         std::size_t first) {
-      hits[0] += static_cast<double>(
-          teacher_test_hits(run_, images, first, labels.size(), *pipeline().teacher_arena(0)));
+      const auto got =
+          teacher_test_hits(run_, images, first, labels.size(), *pipeline().teacher_arena(0));
+      for (std::size_t k = 0; k < hits.size(); ++k) hits[k] += static_cast<double>(got[k]);
     });
     job_sum(hits, "the teacher's evaluation");
-    teacher_accuracy_ = hits[0] / static_cast<double>(run_.test.size());
-    log_info(fmt::format("teacher {}: test accuracy {:.4f} ({} precision, {} replica(s))",
-                         run_.teacher_path, *teacher_accuracy_,
-                         teacher::precision_name(run_.precision), pipeline().replicas()));
+    const auto test = static_cast<double>(run_.test.size());
+    teacher_accuracy_ = hits[0] / test;
+    if (run_.teachers() == 1) {
+      log_info(fmt::format("teacher {}: test accuracy {:.4f} ({} precision, {} replica(s))",
+                           run_.teacher_path, *teacher_accuracy_,
+                           teacher::precision_name(run_.precision), pipeline().replicas()));
+    } else {
+      for (std::size_t t = 0; t < run_.teachers(); ++t)
+        log_info(fmt::format("teacher {} ({}): test accuracy {:.4f} alone, weight {:.3g}",
+                             t, t == 0 ? run_.teacher_path : run_.others[t - 1].spec.path,
+                             hits[1 + t] / test,
+                             std::exp(run_.mix->log_weights()[t])));
+      log_info(fmt::format("the {} teachers' mix at kd.temperature {:g} (the target): test "
+                           "accuracy {:.4f}; {} replica(s) in all",
+                           run_.teachers(), run_.mix->temperature(), *teacher_accuracy_,
+                           pipeline().replicas()));
+    }
   }
   const std::string job =
       group_ ? fmt::format(", rank {} of {} ({}; global batch {})", dist_.rank, dist_.world,

@@ -14,7 +14,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <optional>
 
@@ -38,8 +40,12 @@ struct Candidate {
   }
   [[nodiscard]] std::string label() const {
     std::string teacher;
-    for (const auto& r : plan.teacher)
-      teacher += (teacher.empty() ? "" : " ") + affinity::format_cpus(r);
+    const bool several =
+        std::any_of(plan.teacher_of.begin(), plan.teacher_of.end(), [](int t) { return t != 0; });
+    for (std::size_t i = 0; i < plan.teacher.size(); ++i)
+      teacher += (teacher.empty() ? "" : " ") +
+                 (several ? fmt::format("t{}:", plan.teacher_of[i]) : std::string()) +
+                 affinity::format_cpus(plan.teacher[i]);
     return fmt::format("loader {} | teacher {} x{} {}", affinity::format_cpus(plan.loader),
                        plan.teacher.size(), plan.teacher.empty() ? 0 : plan.teacher[0].size(),
                        precision_text()) +
@@ -47,10 +53,95 @@ struct Candidate {
   }
 };
 
+// A teacher's replicas and precision: what its stage's rate alone depends on (one of several
+// teachers runs on its own replicas, on every batch).
+struct TeacherStage {
+  int teacher = 0;
+  std::vector<affinity::CpuList> replicas;
+  teacher::Precision precision{};
+  auto operator<=>(const TeacherStage&) const = default;
+};
+
+// The teacher stages of a candidate, one per teacher.
+std::vector<TeacherStage> stages_of(const Candidate& c, std::size_t teachers) {
+  std::vector<TeacherStage> out(teachers);
+  for (std::size_t k = 0; k < teachers; ++k) {
+    out[k].teacher = static_cast<int>(k);
+    out[k].precision = c.precision.value_or(teacher::Precision::fp32);
+  }
+  for (std::size_t i = 0; i < c.plan.teacher.size(); ++i)
+    out[static_cast<std::size_t>(c.plan.teacher_of[i])].replicas.push_back(c.plan.teacher[i]);
+  return out;
+}
+
+// Several teachers: every way to share `cpus` among them, each at least one (in order; a teacher's
+// share as balanced replicas of at most 8 CPUs), or all of them for each when there are fewer
+// CPUs than teachers (they then share). Beyond kMaxShares ways, only the one by cost per sample.
+constexpr std::size_t kMaxShares = 64;
+constexpr std::size_t kMaxReplicaCpus = 8;
+std::vector<std::pair<std::vector<affinity::CpuList>, std::vector<int>>>
+teacher_shares(const affinity::CpuList& cpus, const std::vector<double>& costs) {
+  const std::size_t t = costs.size();
+  const auto replicas = [](affinity::CpuList part, int teacher, auto& out) {
+    const std::size_t groups = (part.size() + kMaxReplicaCpus - 1) / kMaxReplicaCpus;
+    std::size_t next = 0;
+    for (std::size_t g = 0; g < groups; ++g) {
+      const std::size_t size = part.size() / groups + (g < part.size() % groups ? 1 : 0);
+      out.first.push_back({part.begin() + static_cast<std::ptrdiff_t>(next),
+                           part.begin() + static_cast<std::ptrdiff_t>(next + size)});
+      out.second.push_back(teacher);
+      next += size;
+    }
+  };
+  std::vector<std::pair<std::vector<affinity::CpuList>, std::vector<int>>> out;
+  const auto add = [&](const std::vector<std::size_t>& counts) {
+    std::pair<std::vector<affinity::CpuList>, std::vector<int>> plan;
+    std::size_t first = 0;
+    for (std::size_t k = 0; k < t; ++k) {
+      const bool shared = cpus.size() < t;
+      const auto from = cpus.begin() + static_cast<std::ptrdiff_t>(shared ? 0 : first);
+      replicas(affinity::CpuList(from, from + static_cast<std::ptrdiff_t>(counts[k])),
+               static_cast<int>(k), plan);
+      if (!shared) first += counts[k];
+    }
+    out.push_back(std::move(plan));
+  };
+  if (cpus.size() < t) {
+    add(std::vector<std::size_t>(t, cpus.size()));
+    return out;
+  }
+  // Compositions of cpus.size() into t parts of at least 1: C(n - 1, t - 1) of them.
+  double ways = 1;
+  for (std::size_t i = 1; i < t; ++i)
+    ways = ways * static_cast<double>(cpus.size() - i) / static_cast<double>(i);
+  if (ways > static_cast<double>(kMaxShares)) {
+    add(affinity::teacher_core_counts(cpus.size(), costs));
+    return out;
+  }
+  std::vector<std::size_t> counts(t, 1);
+  const std::function<void(std::size_t, std::size_t)> compose = [&](std::size_t k,
+                                                                    std::size_t left) {
+    if (k + 1 == t) {
+      counts[k] = left;
+      add(counts);
+      return;
+    }
+    for (std::size_t c = 1; c + (t - k - 1) <= left; ++c) {
+      counts[k] = c;
+      compose(k + 1, left - c);
+    }
+  };
+  compose(0, cpus.size());
+  return out;
+}
+
 // Every valid plan around the run's student CPU: loader cores, then the teacher's cores split
 // into equal replicas (each a divisor of the count), in each precision this CPU runs natively.
+// Several teachers: the teacher cores shared among them every way (teacher_shares), each in its
+// configured precision.
 std::vector<Candidate> candidates(const RunInputs& run,
-                                  const std::vector<teacher::Precision>& precisions) {
+                                  const std::vector<teacher::Precision>& precisions,
+                                  const std::vector<double>& costs) {
   const affinity::Plan& base = run.plan;
   std::vector<int> rest; // first PU of each allowed core the student does not use
   for (const auto& core : run.topology.cores())
@@ -74,6 +165,29 @@ std::vector<Candidate> candidates(const RunInputs& run,
   std::vector<std::optional<teacher::Precision>> choices(precisions.begin(), precisions.end());
   if (!run.teacher_runs) choices = {std::nullopt};
   std::vector<Candidate> out;
+  const auto keep = [&](Candidate c) {
+    c.plan.source = "kdflow tune-cores";
+    try {
+      affinity::validate(c.plan, run.topology, run.teacher_runs, std::nullopt,
+                         std::max<std::size_t>(run.teachers(), 1));
+    } catch (const InputError&) {
+      return; // e.g. a replica across NUMA nodes
+    }
+    out.push_back(std::move(c));
+  };
+  if (run.teachers() > 1) {
+    for (const auto& [loader, teacher] : splits)
+      for (auto& [replicas, of] : teacher_shares(teacher, costs)) {
+        Candidate c;
+        c.plan = base;
+        c.plan.loader = loader;
+        c.plan.teacher = replicas;
+        c.plan.teacher_of = of;
+        c.precision = run.precision;
+        keep(std::move(c));
+      }
+    return out;
+  }
   for (const auto& [loader, teacher] : splits) {
     std::vector<std::size_t> widths = {0};
     if (!teacher.empty()) {
@@ -87,17 +201,12 @@ std::vector<Candidate> candidates(const RunInputs& run,
         c.plan = base;
         c.plan.loader = loader;
         c.plan.teacher.clear();
+        c.plan.teacher_of.clear();
         for (std::size_t i = 0; t > 0 && i < teacher.size(); i += t)
           c.plan.teacher.push_back({teacher.begin() + static_cast<std::ptrdiff_t>(i),
                                     teacher.begin() + static_cast<std::ptrdiff_t>(i + t)});
-        c.plan.source = "kdflow tune-cores";
         c.precision = precision;
-        try {
-          affinity::validate(c.plan, run.topology, run.teacher_runs);
-        } catch (const InputError&) {
-          continue; // e.g. a replica across NUMA nodes
-        }
-        out.push_back(std::move(c));
+        keep(std::move(c));
       }
   }
   return out;
@@ -126,17 +235,29 @@ int tune_cores_command(const TuneArgs& args) {
   const auto slots = static_cast<std::uint32_t>(config.get_int("ring.slots"));
   affinity::pin_this_thread(run.topology, run.plan.student, "kd-student");
 
-  // The teacher in each precision to try: bf16 only where the CPU runs it natively.
+  // The teacher in each precision to try: bf16 only where the CPU runs it natively. Several
+  // teachers each keep their configured precision; their costs share out the cores when the ways
+  // to share them are too many to try.
   std::vector<teacher::Precision> precisions = {teacher::Precision::fp32};
   if (run.teacher_runs && teacher::has_native_bf16())
     precisions.push_back(teacher::Precision::bf16);
+  if (run.teachers() > 1) precisions = {run.precision};
+  const std::vector<TeacherSpec> specs =
+      run.teacher_runs ? teacher_specs(config) : std::vector<TeacherSpec>{};
+  const std::vector<double> costs =
+      run.teacher_runs
+          ? teacher_costs(config, {run.train.channels(), run.train.height(), run.train.width()})
+          : std::vector<double>{};
   std::map<teacher::Precision, std::shared_ptr<const teacher::Teacher>> teachers;
   for (const auto p : precisions) {
     if (!run.teacher_runs) break;
     // prepare_run already loaded the configured precision.
-    teachers[p] = p == run.precision ? run.teacher : load_run_teacher(run, p);
+    teachers[p] = p == run.precision
+                      ? run.teacher
+                      : load_run_teacher(run, specs.front(), p,
+                                         static_cast<int>(run.plan.teacher.front().size()));
   }
-  std::vector<Candidate> all = candidates(run, precisions);
+  std::vector<Candidate> all = candidates(run, precisions, costs);
   if (all.empty())
     throw InputError("tune-cores: no valid plan on this machine's allowed CPUs (one core: every "
                      "role shares it; use cores.plan = auto)");
@@ -144,10 +265,12 @@ int tune_cores_command(const TuneArgs& args) {
   // Distinct stage configurations to profile (at most: loader sets beyond the first that outruns
   // the student are skipped, and so are the teacher configurations only their plans use).
   std::map<affinity::CpuList, double> loader_rate; // ordered by size: each set extends the last
-  std::map<std::pair<std::vector<affinity::CpuList>, teacher::Precision>, double> teacher_rate;
+  std::map<TeacherStage, double> teacher_rate;       // each teacher's stage alone
+  const std::size_t nteachers = run.teachers();
   for (const auto& c : all) {
     loader_rate[c.plan.loader] = 0;
-    if (c.precision) teacher_rate[{c.plan.teacher, *c.precision}] = 0;
+    if (c.precision)
+      for (const TeacherStage& stage : stages_of(c, nteachers)) teacher_rate[stage] = 0;
   }
   const std::vector<Candidate> every = all; // what --exhaustive measures
   const std::size_t profiles = 1 + loader_rate.size() + teacher_rate.size();
@@ -159,7 +282,7 @@ int tune_cores_command(const TuneArgs& args) {
       args.budget_s / (1.2 * (0.5 * static_cast<double>(profiles) + static_cast<double>(verifies))),
       0.3, 5.0);
   const auto setup_for = [&](double seconds) {
-    return Setup{run, sampler, slots, slots, 10, seconds, trainer_options(run, 1 << 20), nullptr};
+    return Setup{run, sampler, slots, slots, 10, seconds, trainer_options(run, 1 << 20), {}, {}};
   };
   const auto use = [&](const Candidate& c) {
     run.plan = c.plan;
@@ -199,7 +322,8 @@ int tune_cores_command(const TuneArgs& args) {
   std::erase_if(all, [&](const Candidate& c) { return !loader_rate.contains(c.plan.loader); });
   std::erase_if(teacher_rate, [&](const auto& entry) {
     return std::none_of(all.begin(), all.end(), [&](const Candidate& c) {
-      return c.plan.teacher == entry.first.first && c.precision == entry.first.second;
+      const auto stages = stages_of(c, nteachers);
+      return std::find(stages.begin(), stages.end(), entry.first) != stages.end();
     });
   });
   if (!dominated.empty())
@@ -208,14 +332,19 @@ int tune_cores_command(const TuneArgs& args) {
                          dominated.size(), affinity::format_cpus(loader_rate.rbegin()->first),
                          all.size(), teacher_rate.size()));
   for (auto& [key, rate] : teacher_rate) {
-    Candidate c = all.front();
-    c.plan.teacher = key.first;
-    c.precision = key.second;
-    use(c);
-    rate = run_rep(setup_for(0.5 * window), Mode::teacher_alone).rate();
-    log_info(fmt::format("[{:5.1f} s] teacher {} x{} {}: {:.0f} samples/s", elapsed(),
-                         key.first.size(), key.first[0].size(), teacher::precision_name(key.second),
-                         rate));
+    // A plan with this teacher stage, measured with that teacher alone.
+    const auto with = std::find_if(all.begin(), all.end(), [&](const Candidate& c) {
+      const auto stages = stages_of(c, nteachers);
+      return std::find(stages.begin(), stages.end(), key) != stages.end();
+    });
+    use(*with);
+    Setup setup = setup_for(0.5 * window);
+    if (nteachers > 1) setup.only_teacher = static_cast<std::size_t>(key.teacher);
+    rate = run_rep(setup, Mode::teacher_alone).rate();
+    log_info(fmt::format("[{:5.1f} s] teacher {}{} x{} {}: {:.0f} samples/s", elapsed(),
+                         nteachers > 1 ? fmt::format("{}: ", key.teacher) : std::string(),
+                         key.replicas.size(), key.replicas[0].size(),
+                         teacher::precision_name(key.precision), rate));
   }
   // 2. Predictions: the slowest stage's rate. Ties keep the order below (fewer loader cores,
   // fewer replicas, fp32 first), so equal measurements give the same choice.
@@ -223,10 +352,26 @@ int tune_cores_command(const TuneArgs& args) {
     c.predicted = std::min(student_rate, loader_rate.at(c.plan.loader));
     c.bottleneck = c.predicted == student_rate ? "student" : "loader";
     if (run.teacher_runs) {
-      const double t = teacher_rate.at({c.plan.teacher, *c.precision});
+      // Each teacher works on every batch: the slowest of them, or, where they share CPUs, the
+      // time they take one after the other.
+      const auto stages = stages_of(c, nteachers);
+      double t = INFINITY, shared_s = 0;
+      std::size_t slowest = 0;
+      for (std::size_t k = 0; k < stages.size(); ++k) {
+        const double r = teacher_rate.at(stages[k]);
+        shared_s += 1 / r;
+        if (r < t) {
+          t = r;
+          slowest = k;
+        }
+      }
+      const bool share = nteachers > 1 && stages[0].replicas == stages[1].replicas;
+      if (share) t = 1 / shared_s;
       if (t < c.predicted) {
         c.predicted = t;
-        c.bottleneck = "teacher";
+        c.bottleneck = nteachers == 1 ? std::string("teacher")
+                       : share        ? std::string("teachers")
+                                      : fmt::format("teacher {}", slowest);
       }
     }
   }
@@ -270,8 +415,9 @@ int tune_cores_command(const TuneArgs& args) {
   for (const auto& [cpus, rate] : loader_rate)
     loaders.push_back({{"cpus", cpus}, {"samples_per_s", rate}});
   for (const auto& [key, rate] : teacher_rate)
-    teachers_json.push_back({{"replicas", key.first},
-                             {"precision", teacher::precision_name(key.second)},
+    teachers_json.push_back({{"teacher", key.teacher},
+                             {"replicas", key.replicas},
+                             {"precision", teacher::precision_name(key.precision)},
                              {"samples_per_s", rate}});
   // The plan file's own keys (the one format --cores reads), then the tuner's report beside them.
   json report = affinity::plan_file_json(

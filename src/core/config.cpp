@@ -256,7 +256,8 @@ ConfigScalar narrow(const ConfigValue& v) {
 // A tables key's rows from a TOML array of tables, every field checked as a key is, the missing
 // ones at their defaults; InputError naming the row ("kd.features[2]") and the field.
 std::vector<ConfigRow> rows_of(const ConfigKey& key, const toml::node& node,
-                               const std::string& origin) {
+                               const std::string& origin, const std::string& label = "",
+                               std::size_t first = 1) {
   const auto* array = node.as_array();
   if (array == nullptr)
     throw InputError(fmt::format("{}: key '{}' must be an array of tables ([[{}]] blocks)", origin,
@@ -265,7 +266,8 @@ std::vector<ConfigRow> rows_of(const ConfigKey& key, const toml::node& node,
   for (const auto& field : key.fields) names.push_back(field.name);
   std::vector<ConfigRow> rows;
   for (std::size_t i = 0; i < array->size(); ++i) {
-    const std::string row_name = fmt::format("{}[{}]", key.name, i + 1);
+    const std::string row_name =
+        fmt::format("{}[{}]", label.empty() ? key.name : label, i + first);
     const auto* table = array->get(i)->as_table();
     if (table == nullptr) throw InputError(fmt::format("{}: {} must be a table", origin, row_name));
     ConfigRow row;
@@ -320,13 +322,10 @@ void Config::merge_toml(std::string_view text, const std::string& origin) {
     throw InputError(fmt::format("{}:{}:{}: TOML syntax error: {}", origin, e.source().begin.line,
                                  e.source().begin.column, e.description()));
   }
-  for (const auto& [section, node] : root) {
-    const auto* table = node.as_table();
-    if (table == nullptr)
-      throw InputError(fmt::format("{}: unknown key '{}' (keys live in sections, e.g. [train])",
-                                   origin, section.str()));
-    for (const auto& [leaf, value] : *table) {
-      const std::string name = fmt::format("{}.{}", section.str(), leaf.str());
+  // One section's keys (a [section] table, or the first of [[section]] blocks).
+  const auto merge_section = [&](std::string_view section, const toml::table& table) {
+    for (const auto& [leaf, value] : table) {
+      const std::string name = fmt::format("{}.{}", section, leaf.str());
       const ConfigKey* key = find_key(*schema_, name);
       if (key == nullptr) throw InputError(fmt::format("{}: unknown key '{}'", origin, name));
       if (key->type == ConfigType::tables) {
@@ -339,6 +338,30 @@ void Config::merge_toml(std::string_view text, const std::string& origin) {
             fmt::format("{}: key '{}' must be {}", origin, name, type_name(key->type)));
       assign(*key, std::move(*parsed), origin);
     }
+  };
+  for (const auto& [section, node] : root) {
+    // [[teacher]] blocks: the first is the [teacher] section, the others its `others` rows.
+    const ConfigKey* others = find_key(*schema_, fmt::format("{}.others", section.str()));
+    if (const auto* blocks = node.as_array();
+        blocks != nullptr && others != nullptr && others->type == ConfigType::tables) {
+      if (blocks->empty() || !blocks->get(0)->is_table())
+        throw InputError(fmt::format("{}: [[{}]] must hold tables", origin, section.str()));
+      const toml::table& first = *blocks->get(0)->as_table();
+      if (first.contains("others"))
+        throw InputError(fmt::format("{}: key '{}[1].others': with [[{}]] blocks each block is "
+                                     "one (write the others as blocks too)",
+                                     origin, section.str(), section.str()));
+      merge_section(section.str(), first);
+      toml::array rest;
+      for (std::size_t i = 1; i < blocks->size(); ++i) rest.push_back(*blocks->get(i));
+      assign(*others, rows_of(*others, rest, origin, std::string(section.str()), 2), origin);
+      continue;
+    }
+    const auto* table = node.as_table();
+    if (table == nullptr)
+      throw InputError(fmt::format("{}: unknown key '{}' (keys live in sections, e.g. [train])",
+                                   origin, section.str()));
+    merge_section(section.str(), *table);
   }
 }
 

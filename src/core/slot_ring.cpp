@@ -5,6 +5,7 @@
 
 #include "kdflow/core/error.hpp"
 
+#include <algorithm>
 #include <cassert>
 #include <chrono>
 #include <stdexcept>
@@ -31,9 +32,12 @@ std::uint64_t now_ns() {
 
 } // namespace
 
-SlotRing::SlotRing(SlotLayout layout, std::uint32_t slots, HostMemory memory)
+SlotRing::SlotRing(SlotLayout layout, std::uint32_t slots, HostMemory memory,
+                   std::uint32_t teachers)
     : layout_(std::move(layout)), slots_(slots), memory_(std::move(memory)),
-      words_(std::make_unique<Word[]>(slots)) {
+      words_(std::make_unique<Word[]>(slots)),
+      teacher_tickets_(std::make_unique<Ticket[]>(std::max<std::uint32_t>(teachers, 1))),
+      max_teachers_(std::max<std::uint32_t>(teachers, 1)), teachers_(max_teachers_) {
   if (slots < 2) throw InputError(fmt::format("ring.slots = {}: the ring needs at least 2", slots));
   if (memory_.size() < std::size_t{slots} * layout_.slot_bytes())
     throw std::invalid_argument(fmt::format("slot ring: slab of {} bytes < {} slots x {} bytes",
@@ -43,7 +47,7 @@ SlotRing::SlotRing(SlotLayout layout, std::uint32_t slots, HostMemory memory)
 }
 
 std::optional<Slot> SlotRing::acquire(std::uint64_t batch, SlotState from, SlotState to,
-                                      RingStage stage) {
+                                      RingStage stage, bool joins) {
   const bool drains = stage == RingStage::student;
   if (drains && failed_.load(std::memory_order_acquire)) rethrow_if_failed();
   const auto index = static_cast<std::uint32_t>(batch % slots_);
@@ -53,11 +57,14 @@ std::optional<Slot> SlotRing::acquire(std::uint64_t batch, SlotState from, SlotS
   std::uint64_t wait_start = 0;
   std::uint32_t cur = word.load(std::memory_order_acquire);
   for (int spins = 0;; ++spins) {
-    const sp::Decision decision = sp::decide(cur, lap, from, drains);
+    const sp::Decision decision = sp::decide(cur, lap, from, drains, joins);
     if (decision == sp::Decision::stop) {
       if (drains) rethrow_if_failed();
       return std::nullopt;
     }
+    // Another teacher claimed it: its acquire CAS continued the loader's release sequence, so this
+    // acquire load already sees the batch.
+    if (decision == sp::Decision::join) break;
     if (decision == sp::Decision::claim) {
       // Only this batch's holder for this stage waits for this value, so the CAS loses only to
       // close() setting the closed bit; the loop then decides again on the new value.
@@ -93,8 +100,28 @@ std::optional<Slot> SlotRing::acquire_free(std::uint64_t batch) {
   return slot;
 }
 
-std::optional<Slot> SlotRing::acquire_filled(std::uint64_t batch) {
-  return acquire(batch, SlotState::filled, SlotState::teaching, RingStage::teacher);
+std::optional<Slot> SlotRing::acquire_filled(std::uint64_t batch, std::uint32_t teacher) {
+  assert(teacher < teachers_);
+  (void)teacher; // the batch is the same for every teacher; each takes its own tickets
+  return acquire(batch, SlotState::filled, SlotState::teaching, RingStage::teacher,
+                 teachers_ > 1);
+}
+
+bool SlotRing::finish_teaching(const Slot& slot) {
+  if (teachers_ == 1) return true;
+  Word& w = words_[slot.index()];
+  // acq_rel: the last teacher sees every other one's writes to the slot, and its publish (a
+  // release) hands them all on to the student.
+  if (w.taught.fetch_add(1, std::memory_order_acq_rel) + 1 < teachers_) return false;
+  w.taught.store(0, std::memory_order_relaxed);
+  return true;
+}
+
+void SlotRing::set_teachers(std::uint32_t teachers) {
+  if (teachers < 1 || teachers > max_teachers_)
+    throw std::invalid_argument(
+        fmt::format("slot ring: {} teachers, built for 1 to {}", teachers, max_teachers_));
+  teachers_ = teachers;
 }
 
 std::optional<Slot> SlotRing::acquire_ready(std::uint64_t batch) {

@@ -15,9 +15,9 @@ namespace flow = oneapi::tbb::flow;
 
 StageGraph::StageGraph(std::string name, oneapi::tbb::task_arena& arena, int concurrency,
                        SlotRing& ring, RingStage stage, std::uint64_t end, Body body,
-                       StageTotals* totals, std::uint64_t first_batch)
+                       StageTotals* totals, std::uint64_t first_batch, std::uint32_t lane)
     : name_(std::move(name)), arena_(arena), concurrency_(concurrency), ring_(ring), stage_(stage),
-      end_(end), body_(std::move(body)), first_batch_(first_batch), totals_(totals) {}
+      lane_(lane), end_(end), body_(std::move(body)), first_batch_(first_batch), totals_(totals) {}
 
 StageGraph::~StageGraph() { wait(); }
 
@@ -43,7 +43,7 @@ void StageGraph::run() {
         control.stop();
         return std::uint64_t{0};
       }
-      const std::uint64_t b = ring_.take_ticket(stage_);
+      const std::uint64_t b = ring_.take_ticket(stage_, lane_);
       if (b >= end_) control.stop();
       return b;
     });

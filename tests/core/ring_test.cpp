@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -26,9 +27,10 @@ SlotLayout test_layout(std::int64_t batch = 4, std::int64_t values = 16) {
                      {"logits", DType::f32, {batch, 10}}});
 }
 
-SlotRing make_ring(std::uint32_t slots, SlotLayout layout = test_layout()) {
+SlotRing make_ring(std::uint32_t slots, SlotLayout layout = test_layout(),
+                   std::uint32_t teachers = 1) {
   const std::size_t bytes = std::size_t{slots} * layout.slot_bytes();
-  return SlotRing(std::move(layout), slots, allocate_locked(bytes));
+  return SlotRing(std::move(layout), slots, allocate_locked(bytes), teachers);
 }
 
 TEST(SlotLayout, RegionsAreAlignedAndDisjoint) {
@@ -313,6 +315,122 @@ TEST(SlotRingStress, EveryBatchArrivesOnceInOrderIntact) {
               static_cast<unsigned long long>(st.stages[0].waits),
               static_cast<unsigned long long>(st.stages[1].waits),
               static_cast<unsigned long long>(st.stages[2].waits));
+}
+
+// Several teachers: each (two replicas apiece) works on every batch beside the other, into its
+// own region; the last to finish a batch reads both regions into a third (as the pipeline mixes
+// them) and hands it on. Every batch reaches the student once, in order, with both teachers'
+// values and their mix, and each teacher claimed every batch exactly once.
+TEST(SlotRingStress, TwoTeachersEachReachTheirRegionsInOrder) {
+  constexpr int kLoaders = 2;
+  constexpr std::uint32_t kTeachers = 2;
+  constexpr int kReplicas = 2; // per teacher
+  constexpr std::int64_t kValues = 24;
+  // Four hand-offs per batch: loader -> teachers -> student -> (release) loader.
+  const std::uint64_t batches = (handoff_target() + 3) / 4;
+  SlotRing ring = make_ring(4,
+                            SlotLayout({{"inputs", DType::u8, {1, kValues}},
+                                        {"out0", DType::i64, {1}},
+                                        {"out1", DType::i64, {1}},
+                                        {"mix", DType::i64, {1}}}),
+                            kTeachers);
+  const auto in_idx = ring.layout().index_of("inputs");
+  const std::array<std::size_t, kTeachers> out_idx = {ring.layout().index_of("out0"),
+                                                      ring.layout().index_of("out1")};
+  const auto mix_idx = ring.layout().index_of("mix");
+  const std::uint64_t seed = std::random_device{}();
+  const auto value = [](std::span<const std::uint8_t> in, std::uint32_t teacher) {
+    std::uint64_t sum = teacher + 1;
+    for (const auto v : in) sum = sum * 31 + v;
+    return sum;
+  };
+  std::array<std::atomic<std::uint64_t>, kTeachers> taught{};
+  std::atomic<std::uint64_t> mixes{0};
+
+  std::vector<std::thread> threads;
+  for (int l = 0; l < kLoaders; ++l)
+    threads.emplace_back([&, l] {
+      Jitter jitter(seed + l);
+      for (;;) {
+        const std::uint64_t b = ring.take_ticket(RingStage::loader);
+        if (b >= batches) return;
+        auto s = ring.acquire_free(b);
+        if (!s) return;
+        jitter();
+        auto in = s->region<std::uint8_t>(in_idx);
+        for (std::int64_t i = 0; i < kValues; ++i)
+          in[i] = static_cast<std::uint8_t>(mix(b * 64 + i));
+        ring.publish(*s, SlotState::filling, SlotState::filled);
+      }
+    });
+  for (std::uint32_t t = 0; t < kTeachers; ++t)
+    for (int r = 0; r < kReplicas; ++r)
+      threads.emplace_back([&, t, r] {
+        Jitter jitter(seed + 100 + 10 * t + r);
+        for (;;) {
+          const std::uint64_t b = ring.take_ticket(RingStage::teacher, t);
+          if (b >= batches) return;
+          auto s = ring.acquire_filled(b, t);
+          if (!s) return;
+          jitter();
+          s->region<std::uint64_t>(out_idx[t])[0] = value(s->region<std::uint8_t>(in_idx), t);
+          taught[t].fetch_add(1, std::memory_order_relaxed);
+          if (!ring.finish_teaching(*s)) continue;
+          s->region<std::uint64_t>(mix_idx)[0] =
+              s->region<std::uint64_t>(out_idx[0])[0] ^ s->region<std::uint64_t>(out_idx[1])[0];
+          mixes.fetch_add(1, std::memory_order_relaxed);
+          ring.publish(*s, SlotState::teaching, SlotState::ready);
+        }
+      });
+
+  std::uint64_t received = 0, bad = 0;
+  Jitter jitter(seed + 200);
+  for (std::uint64_t b = 0; b < batches; ++b) {
+    auto s = ring.acquire_ready(b);
+    ASSERT_TRUE(s) << "batch " << b << " never arrived";
+    jitter();
+    const auto in = s->region<std::uint8_t>(in_idx);
+    if (s->header().batch != b || in[0] != static_cast<std::uint8_t>(mix(b * 64))) ++bad;
+    const std::uint64_t v0 = value(in, 0), v1 = value(in, 1);
+    if (s->region<std::uint64_t>(out_idx[0])[0] != v0 ||
+        s->region<std::uint64_t>(out_idx[1])[0] != v1 ||
+        s->region<std::uint64_t>(mix_idx)[0] != (v0 ^ v1))
+      ++bad;
+    ++received;
+    ring.release(*s);
+  }
+  ring.close();
+  for (auto& t : threads) t.join();
+
+  EXPECT_EQ(received, batches);
+  EXPECT_EQ(bad, 0u);
+  EXPECT_EQ(taught[0].load(), batches);
+  EXPECT_EQ(taught[1].load(), batches);
+  EXPECT_EQ(mixes.load(), batches); // one last teacher per batch
+  const RingStats st = ring.stats();
+  EXPECT_EQ(st.stages[1].acquisitions, kTeachers * batches);
+  EXPECT_EQ(st.occupancy[static_cast<int>(SlotState::free)], 4u);
+  std::printf("two teachers: %llu batches; teacher waits %llu\n",
+              static_cast<unsigned long long>(batches),
+              static_cast<unsigned long long>(st.stages[1].waits));
+}
+
+TEST(SlotRing, OneTeacherOfSeveralAloneHandsEachBatchOn) {
+  SlotRing ring = make_ring(2, test_layout(), 2);
+  ring.set_teachers(1); // a benchmark's teacher alone
+  EXPECT_THROW(ring.set_teachers(3), std::invalid_argument);
+  for (std::uint64_t b = 0; b < 4; ++b) {
+    auto s = ring.acquire_free(b);
+    ASSERT_TRUE(s);
+    ring.publish(*s, SlotState::filling, SlotState::filled);
+    s = ring.acquire_filled(b, 0);
+    ASSERT_TRUE(s);
+    EXPECT_TRUE(ring.finish_teaching(*s));
+    ring.publish(*s, SlotState::teaching, SlotState::ready);
+    s = ring.acquire_ready(b);
+    ASSERT_TRUE(s);
+    ring.release(*s);
+  }
 }
 
 } // namespace

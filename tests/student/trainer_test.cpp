@@ -8,6 +8,7 @@
 #include "../teacher/fixtures.hpp"
 #include "kdflow/core/error.hpp"
 #include "kdflow/core/loader.hpp"
+#include "kdflow/core/teacher_mix.hpp"
 #include "kdflow/cpu_teacher/engine.hpp"
 #include "kdflow/cpu_teacher/npy.hpp"
 #include "kdflow/gpu_student/pinned_host.hpp"
@@ -337,6 +338,33 @@ TEST(Trainer, DistillationLossesMatchTheirReferenceCode) {
   ASSERT_TRUE(step);
   EXPECT_GT(step->kd_loss, 0);
   EXPECT_NEAR(step->loss, o.kd_alpha * step->kd_loss + (1 - o.kd_alpha) * step->ce_loss, 1e-5);
+}
+
+// Several teachers: the colocated baseline's mix on the device is the pipeline's TeacherMix.
+TEST(Trainer, TheColocatedTeachersMixIsThePipelinesMix) {
+  std::mt19937 rng(std::random_device{}());
+  std::normal_distribution<float> normal(0.f, 5.f);
+  constexpr std::int64_t kTeachers = 3, kRows = 9, kClasses = 10;
+  std::vector<float> z(kTeachers * kRows * kClasses);
+  for (float& v : z) v = normal(rng);
+  const std::vector<double> weights = {0.5, 1.0, 2.0};
+  for (const double t : {1.0, 4.0}) {
+    std::vector<const float*> in;
+    for (std::int64_t k = 0; k < kTeachers; ++k) in.push_back(z.data() + k * kRows * kClasses);
+    std::vector<float> want(kRows * kClasses);
+    TeacherMix(weights, t)(in, kRows, kClasses, want.data());
+    const torch::Tensor logits = torch::from_blob(z.data(), {kTeachers, kRows, kClasses}).clone();
+    const torch::Tensor log_w =
+        torch::tensor(std::vector<double>{std::log(0.5 / 3.5), std::log(1 / 3.5), std::log(2 / 3.5)})
+            .to(torch::kFloat)
+            .view({kTeachers, 1, 1});
+    const torch::Tensor got = mix_teacher_logits(logits, log_w, t).contiguous();
+    ASSERT_EQ(got.sizes(), (std::vector<std::int64_t>{kRows, kClasses}));
+    for (std::int64_t i = 0; i < kRows * kClasses; ++i)
+      EXPECT_NEAR(got.data_ptr<float>()[i], want[static_cast<std::size_t>(i)],
+                  1e-5 * std::max(1.0f, std::fabs(want[static_cast<std::size_t>(i)])))
+          << "T " << t << " at " << i;
+  }
 }
 
 // The feature losses against torchdistill's PyTorch code (scripts/feature_loss_reference.py, in

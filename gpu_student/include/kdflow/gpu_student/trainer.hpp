@@ -103,6 +103,13 @@ public:
 // it. `gpu` names the device for that message ("" on the CPU).
 std::string resolve_amp(const std::string& requested, int capability_major, const std::string& gpu);
 
+// A teacher the colocated baseline runs on the student's device, and its weight among several.
+struct ColocatedTeacher {
+  std::shared_ptr<const TorchTeacher> teacher;
+  std::optional<ImageAdapter> input;
+  double weight = 1;
+};
+
 class Trainer {
 public:
   // Builds the student (initialised from options.seed) on its device and the optimizer.
@@ -117,11 +124,11 @@ public:
   std::optional<StepStats> step(std::uint64_t batch, bool stop = false);
   // Waits for the device and releases every slot still in flight.
   void drain();
-  // The colocated baseline: each step first runs this teacher on the student's device on the
-  // batch's inputs (instead of reading the slot's logits region), made its own input by `input`
-  // when given (teacher.input_size, teacher.mean/std). nullptr: off.
-  void set_colocated_teacher(std::shared_ptr<const TorchTeacher> teacher,
-                             std::optional<ImageAdapter> input = {});
+  // The colocated baseline: each step first runs these teachers on the student's device on the
+  // batch's inputs (instead of reading the slot's logits region), each made its own input by its
+  // adapter when it has one (input_size, mean/std); several make their mix at kd_temperature the
+  // target, as the pipeline's TeacherMix does. Empty: off.
+  void set_colocated_teachers(std::vector<ColocatedTeacher> teachers);
 
   // Top-1 accuracy on plain float32 images [count, C, H, W] (normalized like the training data).
   double evaluate(std::span<const float> images, std::span<const std::int64_t> labels);

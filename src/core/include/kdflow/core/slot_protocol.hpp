@@ -50,12 +50,16 @@ inline constexpr std::uint32_t kReleaseDelta =
 
 // What a stage waiting for (lap, from) does on seeing `word`. Producers stop as soon as the ring is
 // closed; the consumer (drains = true) still takes a slot that is ready, so close() loses nothing
-// that was finished.
-enum class Decision { claim, stop, wait };
-constexpr Decision decide(std::uint32_t word, std::uint64_t lap, SlotState from, bool drains) {
+// that was finished. With several teachers (joins = true, from = filled), every teacher works on
+// every batch: the first claims the slot (filled -> teaching), the others join it while it is
+// teaching, and the last to finish hands it on (SlotRing::finish_teaching counts them).
+enum class Decision { claim, join, stop, wait };
+constexpr Decision decide(std::uint32_t word, std::uint64_t lap, SlotState from, bool drains,
+                          bool joins = false) {
   const bool mine = holds(word, lap, from);
   if (is_closed(word) && !(drains && mine)) return Decision::stop;
-  return mine ? Decision::claim : Decision::wait;
+  if (mine) return Decision::claim;
+  return joins && holds(word, lap, SlotState::teaching) ? Decision::join : Decision::wait;
 }
 
 static_assert(encode(1, SlotState::in_flight) + kReleaseDelta == encode(2, SlotState::free));

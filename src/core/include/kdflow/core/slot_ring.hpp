@@ -62,8 +62,9 @@ struct RingStats {
 
 class SlotRing {
 public:
-  // `memory` must hold slots * layout.slot_bytes().
-  SlotRing(SlotLayout layout, std::uint32_t slots, HostMemory memory);
+  // `memory` must hold slots * layout.slot_bytes(). `teachers`: the teacher stages every batch
+  // goes through side by side (several teachers, each its own replica pool).
+  SlotRing(SlotLayout layout, std::uint32_t slots, HostMemory memory, std::uint32_t teachers = 1);
   // The ring is shared by reference between stage threads; it never moves.
   SlotRing(const SlotRing&) = delete;
   SlotRing& operator=(const SlotRing&) = delete;
@@ -71,8 +72,18 @@ public:
   // Loader: waits until batch's slot is free for it, claims it (free -> filling) and writes the
   // header's batch number. nullopt once the ring is closed.
   [[nodiscard]] std::optional<Slot> acquire_free(std::uint64_t batch);
-  // Teacher replica: waits for filled, claims it (filled -> teaching). nullopt once closed.
-  [[nodiscard]] std::optional<Slot> acquire_filled(std::uint64_t batch);
+  // Teacher `teacher`'s replica: waits for filled, claims it (filled -> teaching). nullopt once
+  // closed. With several teachers each works on every batch at once, on its own regions: the first
+  // claims the slot and the others join it while it is teaching; finish_teaching() names the last.
+  [[nodiscard]] std::optional<Slot> acquire_filled(std::uint64_t batch, std::uint32_t teacher = 0);
+  // A teacher's work on `slot` is done: true for the last of the batch's teachers, which then
+  // writes what needs every teacher's outputs (their mix) and publishes teaching -> ready; false:
+  // another teacher still works on it and will. Always true with one teacher.
+  [[nodiscard]] bool finish_teaching(const Slot& slot);
+  // The teachers each batch waits for, at most the constructor's: before any stage runs (a
+  // benchmark measuring one teacher alone sets 1).
+  void set_teachers(std::uint32_t teachers);
+  [[nodiscard]] std::uint32_t teachers() const { return teachers_; }
   // Student: waits for ready, claims it (ready -> in_flight). After close() it still hands out the
   // batches that are ready (drain), then nullopt; after fail() it throws the stage's StageError.
   [[nodiscard]] std::optional<Slot> acquire_ready(std::uint64_t batch);
@@ -88,9 +99,11 @@ public:
   // student, after the copy's event completed; on a CPU student, after the step.
   void release(const Slot& slot);
 
-  // Batch numbers for a stage's next claim, for stages whose workers take batches in turn.
-  [[nodiscard]] std::uint64_t take_ticket(RingStage stage) {
-    return tickets_[static_cast<int>(stage)].next.fetch_add(1, std::memory_order_relaxed);
+  // Batch numbers for a stage's next claim, for stages whose workers take batches in turn: each
+  // teacher (`lane`) has its own, as each works on every batch.
+  [[nodiscard]] std::uint64_t take_ticket(RingStage stage, std::uint32_t lane = 0) {
+    Ticket& t = stage == RingStage::teacher ? teacher_tickets_[lane] : tickets_[static_cast<int>(stage)];
+    return t.next.fetch_add(1, std::memory_order_relaxed);
   }
 
   // Wakes every waiter; producers stop, the student drains what is ready. Idempotent.
@@ -113,7 +126,8 @@ public:
   [[nodiscard]] std::byte* slab() const { return memory_.data(); }
 
 private:
-  std::optional<Slot> acquire(std::uint64_t batch, SlotState from, SlotState to, RingStage stage);
+  std::optional<Slot> acquire(std::uint64_t batch, SlotState from, SlotState to, RingStage stage,
+                              bool joins = false);
 
   // Each slot's word and each stage's counters on their own cache line: the stages run on
   // different cores, and sharing a line would make every hand-off a coherency miss for all.
@@ -122,6 +136,9 @@ private:
     // Threads parked (or about to park) on `value`: a hand-off pays for a futex wake only when
     // someone sleeps, which is rare while every stage keeps up.
     std::atomic<std::uint32_t> sleepers{0};
+    // Teachers done with the slot's batch (several teachers): the last resets it before it hands
+    // the slot on, so the next lap's teachers, who claim after that, count from 0.
+    std::atomic<std::uint32_t> taught{0};
   };
   // Moves the word forward by `delta` (its value must have been `expect`, closed bit aside) and
   // wakes the sleepers, if any.
@@ -142,6 +159,8 @@ private:
   std::unique_ptr<Word[]> words_;
   std::array<StageCounters, kRingStages> counters_;
   std::array<Ticket, kRingStages> tickets_;
+  std::unique_ptr<Ticket[]> teacher_tickets_; // one per teacher
+  std::uint32_t max_teachers_, teachers_;
   std::atomic<bool> closed_{false};
   std::atomic<bool> failed_{false};
   mutable std::mutex failure_mutex_; // cold path only: first failure wins

@@ -42,10 +42,11 @@ public:
   // Batches [.., end) of `stage`'s tickets. An exception in a body fails the ring with `name` as
   // the stage and the run's batch number (`first_batch` + the ring's), which stops every stage
   // and reaches the student as a StageError. `totals`, when given, accumulates its body time and
-  // batches (it must outlive the graph).
+  // batches (it must outlive the graph). `lane`: whose tickets a teacher stage takes (its
+  // teacher's, with several).
   StageGraph(std::string name, oneapi::tbb::task_arena& arena, int concurrency, SlotRing& ring,
              RingStage stage, std::uint64_t end, Body body, StageTotals* totals = nullptr,
-             std::uint64_t first_batch = 0);
+             std::uint64_t first_batch = 0, std::uint32_t lane = 0);
   // Waits for the graph (close the ring first to stop it early).
   ~StageGraph();
   StageGraph(const StageGraph&) = delete;
@@ -71,6 +72,7 @@ private:
   int concurrency_;
   SlotRing& ring_;
   RingStage stage_;
+  std::uint32_t lane_;
   std::uint64_t end_;
   Body body_;
   std::uint64_t first_batch_;
