@@ -256,8 +256,7 @@ ConfigScalar narrow(const ConfigValue& v) {
 // A tables key's rows from a TOML array of tables, every field checked as a key is, the missing
 // ones at their defaults; InputError naming the row ("kd.features[2]") and the field.
 std::vector<ConfigRow> rows_of(const ConfigKey& key, const toml::node& node,
-                               const std::string& origin, const std::string& label = "",
-                               std::size_t first = 1) {
+                               const std::string& origin) {
   const auto* array = node.as_array();
   if (array == nullptr)
     throw InputError(fmt::format("{}: key '{}' must be an array of tables ([[{}]] blocks)", origin,
@@ -266,8 +265,7 @@ std::vector<ConfigRow> rows_of(const ConfigKey& key, const toml::node& node,
   for (const auto& field : key.fields) names.push_back(field.name);
   std::vector<ConfigRow> rows;
   for (std::size_t i = 0; i < array->size(); ++i) {
-    const std::string row_name =
-        fmt::format("{}[{}]", label.empty() ? key.name : label, i + first);
+    const std::string row_name = fmt::format("{}[{}]", key.name, i + 1);
     const auto* table = array->get(i)->as_table();
     if (table == nullptr) throw InputError(fmt::format("{}: {} must be a table", origin, row_name));
     ConfigRow row;
@@ -340,7 +338,8 @@ void Config::merge_toml(std::string_view text, const std::string& origin) {
     }
   };
   for (const auto& [section, node] : root) {
-    // [[teacher]] blocks: the first is the [teacher] section, the others its `others` rows.
+    // [[teacher]] blocks: the first is the [teacher] section, the others its `others` rows (block
+    // k + 1 is teacher.others[k], as messages name it).
     const ConfigKey* others = find_key(*schema_, fmt::format("{}.others", section.str()));
     if (const auto* blocks = node.as_array();
         blocks != nullptr && others != nullptr && others->type == ConfigType::tables) {
@@ -354,7 +353,7 @@ void Config::merge_toml(std::string_view text, const std::string& origin) {
       merge_section(section.str(), first);
       toml::array rest;
       for (std::size_t i = 1; i < blocks->size(); ++i) rest.push_back(*blocks->get(i));
-      assign(*others, rows_of(*others, rest, origin, std::string(section.str()), 2), origin);
+      assign(*others, rows_of(*others, rest, origin), origin);
       continue;
     }
     const auto* table = node.as_table();

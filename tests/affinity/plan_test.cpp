@@ -346,3 +346,84 @@ TEST(RankShares, PlanFilesAndCpuListsAreRefusedForAShare) {
 
 } // namespace
 } // namespace kdflow::affinity
+
+namespace kdflow::affinity {
+namespace {
+
+// Several teachers: the teacher cores shared by cost (at least one each), each teacher's own
+// replicas; with fewer cores than teachers each runs on all of them; replicas of different
+// teachers may share CPUs, one teacher's may not; every teacher needs a replica.
+TEST(SeveralTeachers, AutoSharesTheTeacherCoresByCost) {
+  const Topology topo = Topology::synthetic("pack:1 core:10 pu:1");
+  PlanRequest req;
+  req.loader_cores = 1;
+  req.teacher_costs = {3.0, 1.0};
+  const Plan plan = plan_auto(topo, req);
+  ASSERT_EQ(plan.teacher.size(), plan.teacher_of.size());
+  std::map<int, std::size_t> cpus;
+  std::set<int> seen;
+  for (std::size_t i = 0; i < plan.teacher.size(); ++i) {
+    cpus[plan.teacher_of[i]] += plan.teacher[i].size();
+    for (const int c : plan.teacher[i]) EXPECT_TRUE(seen.insert(c).second) << "CPU " << c;
+  }
+  EXPECT_EQ(cpus[0], 6u); // 8 teacher cores at 3:1
+  EXPECT_EQ(cpus[1], 2u);
+  EXPECT_EQ(teacher_core_counts(8, {3.0, 1.0}), (std::vector<std::size_t>{6, 2}));
+  EXPECT_EQ(teacher_core_counts(3, {1.0, 1.0, 100.0}), (std::vector<std::size_t>{1, 1, 1}));
+  EXPECT_EQ(teacher_core_counts(1, {1.0, 2.0}), (std::vector<std::size_t>{1, 1})); // they share
+  EXPECT_EQ(to_json(plan)["teacher_of"].size(), plan.teacher.size());
+  EXPECT_NE(format_plan(plan, topo).find("t1"), std::string::npos);
+
+  // Two cores: one teacher core, which both teachers run on.
+  const Topology two = Topology::synthetic("pack:1 core:2 pu:1");
+  const Plan shared = plan_auto(two, req);
+  ASSERT_EQ(shared.teacher.size(), 2u);
+  EXPECT_EQ(shared.teacher[0], shared.teacher[1]);
+  EXPECT_EQ(shared.teacher_of, (std::vector<int>{0, 1}));
+}
+
+TEST(SeveralTeachers, ValidateAndConfigListsNameWhatIsWrong) {
+  const Topology topo = Topology::synthetic("pack:1 core:8 pu:1");
+  Plan p;
+  p.student = {0};
+  p.loader = {1};
+  p.teacher = {{2, 3}, {3, 4}};
+  p.teacher_of = {0, 1};
+  EXPECT_NO_THROW(validate(p, topo, true, std::nullopt, 2)); // different teachers may share
+  p.teacher_of = {0, 0};
+  EXPECT_THROW(validate(p, topo, true, std::nullopt, 2), InputError); // teacher 1 has none
+  p.teacher_of = {0, 2};
+  EXPECT_THROW(validate(p, topo, true, std::nullopt, 2), InputError); // no teacher 2
+  p.teacher_of = {0, 1};
+  p.teacher = {{2, 3}, {4}, {3}};
+  p.teacher_of = {0, 1, 0};
+  EXPECT_THROW(validate(p, topo, true, std::nullopt, 2), InputError); // teacher 0 twice on CPU 3
+
+  Config c;
+  c.set("cores.student_cpus=0");
+  c.set("cores.loader_cpus=1");
+  c.set("cores.teacher_cpus=2-3;4|5-7");
+  c.set("teacher.others=[{model = \"b.onnx\"}]");
+  const Plan listed = plan_from_config(c, topo, std::nullopt);
+  EXPECT_EQ(listed.teacher_of, (std::vector<int>{0, 0, 1}));
+  EXPECT_EQ(listed.teacher[2], (CpuList{5, 6, 7}));
+  c.set("cores.teacher_cpus=2-7");
+  EXPECT_THROW(plan_from_config(c, topo, std::nullopt), InputError); // teacher 1 has no replica
+
+  // A plan file carries teacher_of; a bad one is named.
+  const auto path = std::filesystem::temp_directory_path() / "kdflow_plan_teachers.json";
+  std::ofstream(path) << nlohmann::json{{"plan", to_json(listed)}}.dump();
+  EXPECT_EQ(read_plan_file(path).plan.teacher_of, listed.teacher_of);
+  std::ofstream(path) << R"({"plan": {"student": [0], "loader": [1], "teacher": [[2]],
+                            "teacher_of": ["x"]}})";
+  try {
+    (void)read_plan_file(path);
+    ADD_FAILURE() << "a bad teacher_of was read";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("teacher_of"), std::string::npos) << e.what();
+  }
+  std::filesystem::remove(path);
+}
+
+} // namespace
+} // namespace kdflow::affinity

@@ -250,6 +250,34 @@ TEST(BenchOverlap, CachedModeReadsTheTeachersFirstEpoch) {
   EXPECT_TRUE(plain["teacher_cache"].is_null());
 }
 
+// Several teachers: every mode runs them all (colocated on the student's device too), and each is
+// measured as a stage alone on its own replicas; the ideal is the slowest stage.
+TEST(BenchOverlap, TwoTeachersAreEachAStage) {
+  const fs::path dir = scratch("overlap_two");
+  fs::create_directories(dir);
+  auto args = small_run(dir);
+  const std::string second =
+      (fs::path(KDFLOW_SOURCE_DIR) / "models" / "fmnist_teacher_w16.onnx").string();
+  args.insert(args.begin() + 1, {"--set", "teacher.others=[{model = \"" + second + "\"}]"});
+  const Child c = spawn(args, dir / "two.stderr", dir / "two.out");
+  ASSERT_EQ(wait_exit(c), 0) << read_text(dir / "two.stderr");
+  const std::string printed = read_text(dir / "two.out");
+  const json report = json::parse(read_text(dir / "overlap.json"));
+  for (const char* m : kModes)
+    EXPECT_GT(report["modes"][m]["samples_per_s"].get<double>(), 0.0) << m;
+  const json& alone = report["teachers_alone"];
+  ASSERT_EQ(alone.size(), 2u) << report.dump(1);
+  double slowest = 1e300;
+  for (std::size_t t = 0; t < 2; ++t) {
+    EXPECT_EQ(alone[t]["teacher"], t);
+    EXPECT_GE(alone[t]["replicas"].get<int>(), 1);
+    slowest = std::min(slowest, alone[t]["samples_per_s"].get<double>());
+  }
+  EXPECT_EQ(alone[1]["model"], second);
+  EXPECT_LE(report["ideal_samples_per_s"].get<double>(), slowest * (1 + 1e-12));
+  EXPECT_NE(printed.find("teacher-alone[1]"), std::string::npos) << printed;
+}
+
 TEST(BenchOverlap, BadInputIsExitTwoWithOneLine) {
   const fs::path dir = scratch("overlap_bad");
   fs::create_directories(dir);

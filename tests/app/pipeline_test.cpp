@@ -17,6 +17,8 @@
 
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
 #include <sched.h>
 
 #include <algorithm>
@@ -454,6 +456,100 @@ std::vector<std::string> per_sample_values(const std::string& model) {
     for (const auto& v : node.outputs)
       if (!v.empty() && !g.is_output(v) && g.shape(v).at(0) == g.batch) out.push_back(v);
   return out;
+}
+
+// Several teachers: each gets its own replicas and logits region, works on every batch beside the
+// other, and the batch's logits region holds their mix at kd.temperature (TeacherMix, its own
+// test) of exactly what each replica computes; a teacher alone (a benchmark's stage) fills its
+// region for every batch; a teacher of other classes is exit 2 naming its row.
+TEST(CpuPipeline, TwoTeachersReachTheirRegionsAndTheTargetIsTheirMix) {
+  const CpuList cpus = allowed_cpus();
+  ASSERT_GE(cpus.size(), 2u);
+  const std::string second = std::string(KDFLOW_SOURCE_DIR) + "/models/fmnist_teacher_w16.onnx";
+  const auto config = [&](const std::string& other) {
+    Config c = shipped_teacher_config({"data.batch_size=16", "kd.temperature=3"});
+    c.set("teacher.weight=2");
+    c.set("teacher.others=[{model = \"" + other + "\", weight = 1}]");
+    // Both on the teacher CPU (one teacher CPU on a 2-CPU machine: they share it).
+    c.set(fmt::format("cores.teacher_cpus={}|{}", cpus.at(1), cpus.at(1)));
+    return c;
+  };
+  const RunInputs run = prepare_run(config(second));
+  ASSERT_EQ(run.teachers(), 2u);
+  ASSERT_TRUE(run.mix);
+  EXPECT_EQ(run.plan.teacher_of, (std::vector<int>{0, 1}));
+  const Sampler sampler(run.train.size(), run.sampler);
+  constexpr std::uint32_t kSlots = 3;
+  constexpr std::uint64_t kBatches = 12;
+  const SlotLayout layout = CpuPipeline::layout_for(run);
+  oneapi::tbb::task_arena one_thread(1);
+  std::unique_ptr<teacher::Replica> first, other;
+  one_thread.execute([&] {
+    first = std::make_unique<teacher::Replica>(run.teacher);
+    other = std::make_unique<teacher::Replica>(run.others[0].model);
+  });
+  teacher::OutputBuffers want0(*run.teacher), want1(*run.others[0].model);
+  std::vector<float> want_mix(want0.data[0].size());
+  for (const std::optional<std::size_t> only : {std::optional<std::size_t>(), std::optional<std::size_t>(1)}) {
+    CpuPipeline pipeline(run, sampler, kSlots,
+                         student::allocate_pinned_for_device(kSlots * layout.slot_bytes()));
+    const SlotRegions& r = pipeline.regions();
+    ASSERT_EQ(r.teacher_logits.size(), 2u);
+    EXPECT_EQ(layout.regions()[r.teacher_logits[1]].spec.name, teacher_logits_region(1));
+    EXPECT_EQ(pipeline.ring().teachers(), 2u);
+    pipeline.start(0, kBatches, {.loaders = true, .teacher = true, .only_teacher = only});
+    double worst = 0, worst_mix = 0;
+    for (std::uint64_t b = 0; b < kBatches; ++b) {
+      auto slot = pipeline.ring().acquire_ready(b);
+      ASSERT_TRUE(slot) << "batch " << b;
+      const auto inputs = slot->region<float>(r.loader.inputs);
+      one_thread.execute([&] {
+        first->run(inputs.data(), want0.pointers);
+        other->run(inputs.data(), want1.pointers);
+      });
+      const float* each[] = {want0.data[0].data(), want1.data[0].data()};
+      (*run.mix)(each, 16, 10, want_mix.data());
+      for (std::size_t t = 0; t < 2; ++t) {
+        if (only && t != *only) continue;
+        const auto got = slot->region<float>(r.teacher_logits[t]);
+        const auto& want = t == 0 ? want0.data[0] : want1.data[0];
+        for (std::size_t i = 0; i < got.size(); ++i)
+          worst = std::max(worst, double(std::fabs(got[i] - want[i])));
+      }
+      if (!only) {
+        const auto target = slot->region<float>(*r.logits);
+        for (std::size_t i = 0; i < target.size(); ++i)
+          worst_mix = std::max(worst_mix, double(std::fabs(target[i] - want_mix[i])));
+      }
+      pipeline.ring().release(*slot);
+    }
+    pipeline.stop();
+    pipeline.ring().rethrow_if_failed();
+    EXPECT_LE(worst, 1e-5) << "each teacher's region holds its replica's logits";
+    EXPECT_LE(worst_mix, 1e-5) << "the target is their mix";
+    const RingStats stats = pipeline.ring().stats();
+    EXPECT_EQ(stats.stages[static_cast<int>(RingStage::teacher)].acquisitions,
+              (only ? 1 : 2) * kBatches)
+        << "each teacher on each batch once";
+  }
+
+  const char* fixtures = std::getenv("KDFLOW_FIXTURES");
+  const std::string e = test::error_of([&] {
+    (void)prepare_run(config(std::string(fixtures ? fixtures : ".") + "/models/mlp7_opset13.onnx"));
+  });
+  for (const char* w : {"teacher.others[1].model", "mlp7_opset13.onnx", "7 logits", "10 classes"})
+    EXPECT_NE(e.find(w), std::string::npos) << e;
+  const std::string missing = test::error_of([&] { (void)prepare_run(config("no_such.onnx")); });
+  EXPECT_NE(missing.find("teacher.others[1].model = no_such.onnx: no such file"), std::string::npos)
+      << missing;
+  Config cached = config(second);
+  cached.set("kd.cache=memory");
+  cached.set("data.pad_crop=0");
+  cached.set("data.hflip=false");
+  RunInputs with_cache = prepare_run(cached);
+  const std::string c = test::error_of([&] { prepare_teacher_cache(with_cache); });
+  EXPECT_NE(c.find("kd.cache = memory"), std::string::npos) << c;
+  EXPECT_NE(c.find("teacher.others"), std::string::npos) << c;
 }
 
 // teacher.features: each named value gets a slot region of its shape beside the logits, and the

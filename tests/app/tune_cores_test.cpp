@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <set>
 
 #include <nlohmann/json.hpp>
@@ -66,6 +67,58 @@ TEST(TuneCores, WritesAPlanThatTrainRunsWith) {
   EXPECT_EQ(summary["plan"]["loader"], plan["plan"]["loader"]);
   EXPECT_EQ(summary["plan"]["teacher"], plan["plan"]["teacher"]);
   EXPECT_NE(summary["plan"]["source"].get<std::string>().find("plan.json"), std::string::npos);
+}
+
+// Several teachers, written as [[teacher]] blocks: kdflow cores shares the teacher cores among
+// them, tune-cores profiles each teacher's stage alone and writes a plan that says which teacher
+// each replica runs, and train runs with it, logging each teacher's accuracy and their mix's.
+TEST(TuneCores, TwoTeachersAreEachAStage) {
+  const fs::path dir = scratch("tune_two");
+  fs::create_directories(dir);
+  const fs::path config = dir / "two.toml";
+  {
+    std::ofstream out(config);
+    out << "[[teacher]]\nmodel = \"" << fixture("mlp_opset13.onnx").string()
+        << "\"\nweight = 2\n[[teacher]]\nmodel = \""
+        << (fs::path(KDFLOW_SOURCE_DIR) / "models" / "fmnist_teacher_w16.onnx").string()
+        << "\"\n[student]\narch = \"mlp\"\nwidth = 0.25\n[ring]\nslots = 4\n";
+  }
+  const Child c = spawn({"cores", "--config", config.string(), "--json"}, dir / "cores.stderr",
+                        dir / "cores.json");
+  ASSERT_EQ(wait_exit(c), 0) << read_text(dir / "cores.stderr");
+  const json cores = json::parse(read_text(dir / "cores.json"));
+  std::set<int> served;
+  for (const auto& t : cores["plan"]["teacher_of"]) served.insert(t.get<int>());
+  EXPECT_EQ(served, (std::set<int>{0, 1})) << cores.dump(1);
+
+  Result r = run({"tune-cores", "--config", config.string(), "--budget-s", "6", "--out",
+           (dir / "plan.json").string()},
+          dir / "tune");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const json plan = json::parse(read_text(dir / "plan.json"));
+  served.clear();
+  for (const auto& t : plan["plan"]["teacher_of"]) served.insert(t.get<int>());
+  EXPECT_EQ(served, (std::set<int>{0, 1})) << plan.dump(1);
+  std::set<int> profiled;
+  for (const auto& p : plan["profiles"]["teacher"]) {
+    profiled.insert(p["teacher"].get<int>());
+    EXPECT_GT(p["samples_per_s"].get<double>(), 0);
+  }
+  EXPECT_EQ(profiled, (std::set<int>{0, 1})) << "each teacher's stage alone";
+  EXPECT_GT(plan["measured_samples_per_s"].get<double>(), 0);
+
+  const fs::path out = dir / "run";
+  r = run({"train", "--config", config.string(), "--out", out.string(), "--cores",
+           (dir / "plan.json").string(), "--set", "train.max_steps=5"},
+          dir / "train");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("the 2 teachers' mix"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("teacher 1 ("), std::string::npos) << r.err;
+  const json summary = json::parse(read_text(out / "summary.json"));
+  EXPECT_EQ(summary["plan"]["teacher_of"], plan["plan"]["teacher_of"]);
+  // The resolved config names both teachers, and resumes as it was written.
+  const std::string resolved = read_text(out / "config.toml");
+  EXPECT_NE(resolved.find("fmnist_teacher_w16.onnx"), std::string::npos) << resolved;
 }
 
 TEST(TuneCores, BadInputIsExitTwoWithOneLine) {

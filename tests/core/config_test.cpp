@@ -168,6 +168,62 @@ TEST(Config, AnArrayOfTablesFromBlocksInlineAndSet) {
   EXPECT_TRUE(c.get_tables("kd.features").empty());
 }
 
+// Several teachers: [[teacher]] blocks are [teacher] (the first) and its teacher.others rows, the
+// same as writing those; the resolved file reads back the same.
+TEST(Config, TeacherBlocksAreTheTeacherAndItsOthers) {
+  Config blocks;
+  blocks.merge_toml("[[teacher]]\nmodel = \"a.onnx\"\nweight = 2\nfeatures = [\"v\"]\n"
+                    "[[teacher]]\nmodel = \"b.onnx\"\nprecision = \"bf16\"\nweight = 0.5\n"
+                    "[[teacher]]\nmodel = \"c.onnx\"\ninput_size = \"32\"\n",
+                    "f.toml");
+  EXPECT_EQ(blocks.get_string("teacher.model"), "a.onnx");
+  EXPECT_DOUBLE_EQ(blocks.get_double("teacher.weight"), 2.0);
+  EXPECT_EQ(blocks.get_strings("teacher.features"), std::vector<std::string>{"v"});
+  const auto& rows = blocks.get_tables("teacher.others");
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_EQ(std::get<std::string>(rows[0].at("model")), "b.onnx");
+  EXPECT_EQ(std::get<std::string>(rows[0].at("precision")), "bf16");
+  EXPECT_DOUBLE_EQ(std::get<double>(rows[0].at("weight")), 0.5);
+  EXPECT_EQ(std::get<std::string>(rows[1].at("input_size")), "32");
+  EXPECT_DOUBLE_EQ(std::get<double>(rows[1].at("weight")), 1.0) << "the default";
+  Config sections;
+  sections.merge_toml("[teacher]\nmodel = \"a.onnx\"\nweight = 2\nfeatures = [\"v\"]\n"
+                      "[[teacher.others]]\nmodel = \"b.onnx\"\nprecision = \"bf16\"\n"
+                      "weight = 0.5\n[[teacher.others]]\nmodel = \"c.onnx\"\n"
+                      "input_size = \"32\"\n",
+                      "g.toml");
+  EXPECT_EQ(sections.to_toml(), blocks.to_toml());
+  Config resolved;
+  resolved.merge_toml(blocks.to_toml(), "resolved");
+  EXPECT_EQ(resolved.to_toml(), blocks.to_toml());
+  Config one;
+  one.merge_toml("[[teacher]]\nmodel = \"a.onnx\"\n", "f.toml"); // one block: one teacher
+  EXPECT_TRUE(one.get_tables("teacher.others").empty());
+  one.set("teacher.others=[{model = \"b.onnx\", weight = 3}]");
+  EXPECT_EQ(one.get_tables("teacher.others").size(), 1u);
+
+  expect_input_error(
+      [&] {
+        Config c;
+        c.merge_toml("[[teacher]]\nmodel = \"a\"\n[[teacher]]\nfeatures = [\"v\"]\n", "f.toml");
+      },
+      {"f.toml", "teacher.others[1].features", "unknown"});
+  expect_input_error(
+      [&] {
+        Config c;
+        c.merge_toml("[[teacher]]\nmodel = \"a\"\n[[teacher]]\nweight = 0\n", "f.toml");
+      },
+      {"teacher.others[1].weight", "outside"});
+  expect_input_error(
+      [&] {
+        Config c;
+        c.merge_toml("[[teacher]]\nmodel = \"a\"\n[[teacher.others]]\nmodel = \"b\"\n",
+                     "f.toml");
+      },
+      {"teacher[1].others"});
+  expect_input_error([&] { Config().set("teacher.weight=-1"); }, {"teacher.weight"});
+}
+
 TEST(Config, BadInputNamesTheKey) {
   Config c;
   expect_input_error([&] { c.merge_toml("[train]\nepoch = 3\n", "f.toml"); },
