@@ -39,6 +39,8 @@ for name in sorted(os.listdir(root)):
 out = {"experiment": "default student, kd.alpha " + " vs ".join(sorted(runs, reverse=True))
                      + " (with the extra settings), seeds 1-3",
        "extra_settings": extra, "machine": os.uname().nodename + " " + os.uname().machine,
+       "cpu": next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo")
+                    if l.startswith("model name")), "unknown"),
        "cpus": os.cpu_count(), "git": subprocess.run(["git", "rev-parse", "--short", "HEAD"],
                                                       capture_output=True, text=True).stdout.strip(),
        "by_alpha": {}}

@@ -217,7 +217,7 @@ int bench_overlap_command(const OverlapArgs& args) {
     mode_report(mode, med, rates);
   }
   // kd.cache: the overlapped pipeline as a run's later epochs have it, the teacher stage reading
-  // what was kept of its first (one rank only: prepare_run refuses a cache with several).
+  // what was kept of its first (each rank its own shard's: the sampler's fixed shards).
   json cache_report = nullptr;
   if (run.cache) {
     const std::string mode = config.get_string("kd.cache");

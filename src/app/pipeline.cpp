@@ -174,7 +174,10 @@ void CpuPipeline::start(std::uint64_t first_batch, std::uint64_t batches,
   after_load_ = teacher ? SlotState::filled : SlotState::ready;
   if (options.only_teacher && *options.only_teacher >= run_.teachers())
     throw std::invalid_argument("CpuPipeline::start: no such teacher");
-  if (teacher) ring_->set_teachers(options.only_teacher ? 1 : ring_->teachers());
+  if (teacher)
+    ring_->set_teachers(options.only_teacher
+                            ? 1
+                            : static_cast<std::uint32_t>(std::max<std::size_t>(run_.teachers(), 1)));
   mixing_ = run_.mix.has_value() && !options.only_teacher;
   if (options.loaders) {
     loaders_run_ = true;

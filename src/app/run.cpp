@@ -104,12 +104,6 @@ void prepare_teacher_cache_into(RunInputs& run) {
     throw InputError(fmt::format("kd.cache = {} keeps the teacher's logits, and teacher.features "
                                  "or kd.features ask for its values [{}] too: set kd.cache = none",
                                  mode, fmt::join(features, ", ")));
-  if (run.dist.world > 1)
-    throw InputError(fmt::format(
-        "kd.cache = {} with {} ranks: each rank is dealt other samples every epoch (a fresh "
-        "permutation shared out over the ranks), so its cache would seldom hold a whole batch: "
-        "set kd.cache = none",
-        mode, run.dist.world));
   const auto classes = static_cast<std::size_t>(run.teacher->output_shape(0)[1]);
   const auto top_k = static_cast<std::size_t>(run.config.get_int("kd.cache_topk"));
   const std::size_t kept = top_k == 0 || top_k >= classes ? classes : top_k;
@@ -117,11 +111,15 @@ void prepare_teacher_cache_into(RunInputs& run) {
                        static_cast<double>(kept == classes ? 4 * classes : 8 * kept + 4);
   const double memory =
       static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGESIZE));
-  if (bytes > memory / 4)
+  // Every rank on this machine keeps one.
+  const double local = static_cast<double>(std::max(run.dist.local_world, 1));
+  if (bytes * local > memory / 4)
     throw InputError(fmt::format(
-        "kd.cache = {}: {:.1f} GiB for {} samples x {} logits, over a quarter of this machine's "
-        "{:.1f} GiB: set kd.cache_topk (each sample then keeps K logits)",
-        mode, bytes / (1 << 30), run.train.size(), kept, memory / (1 << 30)));
+        "kd.cache = {}: {:.1f} GiB for {} samples x {} logits{}, over a quarter of this "
+        "machine's {:.1f} GiB: set kd.cache_topk (each sample then keeps K logits)",
+        mode, bytes * local / (1 << 30), run.train.size(), kept,
+        local > 1 ? fmt::format(" on each of {} local ranks", run.dist.local_world) : "",
+        memory / (1 << 30)));
   run.cache = std::make_shared<TeacherOutputCache>(run.train.size(), classes, top_k,
                                                    run.config.get_double("kd.temperature"));
   const TeacherOutputCache& cache = *run.cache;
@@ -156,6 +154,11 @@ void prepare_teacher_cache_into(RunInputs& run) {
   } else {
     run.cache_file = named;
   }
+  // Several ranks each keep their own shard's outputs (the sampler's fixed shards), in their own
+  // file: an entry is the teacher's output for its sample whoever computed it, so a file serves
+  // any later run with the same key.
+  if (run.dist.world > 1)
+    run.cache_file += fmt::format(".rank{}-of-{}", run.dist.rank, run.dist.world);
   if (fs::is_directory(run.cache_file))
     throw InputError(fmt::format("kd.cache_path = {}: a folder, not a file", named));
   const fs::path folder = fs::absolute(run.cache_file).parent_path();
@@ -341,6 +344,10 @@ RunInputs prepare_run(const Config& config, const DistEnv& dist) {
   run.sampler.drop_last = config.get_bool("data.drop_last");
   run.sampler.rank = dist.rank;
   run.sampler.world = dist.world;
+  // kd.cache under several ranks: each keeps its own samples every epoch, so that its cache holds
+  // its later epochs' batches (prepare_teacher_cache).
+  run.sampler.fixed_shards = dist.world > 1 && run.teacher_runs &&
+                             config.get_string("kd.cache") != "none";
   if (run.train.size() < run.sampler.batch_size && run.sampler.drop_last)
     throw InputError(fmt::format("data.batch_size = {}: larger than the training set of {} ({})",
                                  run.sampler.batch_size, run.train.size(), run.train.source()));

@@ -304,6 +304,7 @@ private:
   std::uint64_t next_batch_ = 0;
   double best_accuracy_ = 0, test_accuracy_ = 0;
   std::optional<double> teacher_accuracy_;
+  json teachers_ = nullptr; // several teachers: each one's model, weight and test accuracy alone
   json evaluations_ = json::array();
   double previous_wall_s_ = 0;
   double eval_s_ = 0, save_s_ = 0; // time outside the steps, for the steady-state rate
@@ -388,11 +389,17 @@ void TrainRun::start() {
                            run_.teacher_path, *teacher_accuracy_,
                            teacher::precision_name(run_.precision), pipeline().replicas()));
     } else {
-      for (std::size_t t = 0; t < run_.teachers(); ++t)
-        log_info(fmt::format("teacher {} ({}): test accuracy {:.4f} alone, weight {:.3g}",
-                             t, t == 0 ? run_.teacher_path : run_.others[t - 1].spec.path,
-                             hits[1 + t] / test,
-                             std::exp(run_.mix->log_weights()[t])));
+      teachers_ = json::array();
+      for (std::size_t t = 0; t < run_.teachers(); ++t) {
+        const std::string& model = t == 0 ? run_.teacher_path : run_.others[t - 1].spec.path;
+        const double weight = std::exp(run_.mix->log_weights()[t]);
+        teachers_.push_back({{"model", model},
+                             {"precision", teacher::precision_name(run_.teacher_at(t)->precision())},
+                             {"weight", weight},
+                             {"test_accuracy", hits[1 + t] / test}});
+        log_info(fmt::format("teacher {} ({}): test accuracy {:.4f} alone, weight {:.3g}", t,
+                             model, hits[1 + t] / test, weight));
+      }
       log_info(fmt::format("the {} teachers' mix at kd.temperature {:g} (the target): test "
                            "accuracy {:.4f}; {} replica(s) in all",
                            run_.teachers(), run_.mix->temperature(), *teacher_accuracy_,
@@ -478,6 +485,7 @@ void TrainRun::resume(std::span<const std::byte> checkpoint, const std::string& 
     previous_wall_s_ = state.value("wall_s", 0.0);
     if (const auto t = state.value("teacher_test_accuracy", json()); t.is_number())
       teacher_accuracy_ = t.get<double>();
+    teachers_ = state.value("teachers", json());
   } catch (const json::exception& e) {
     throw InputError(
         fmt::format("checkpoint {}: its run state is unreadable ({})", from, e.what()));
@@ -503,6 +511,7 @@ std::string TrainRun::run_state(std::uint64_t next_batch) const {
       {"best_test_accuracy", best_accuracy_},
       {"test_accuracy", test_accuracy_},
       {"teacher_test_accuracy", teacher_accuracy_ ? json(*teacher_accuracy_) : json(nullptr)},
+      {"teachers", teachers_},
       {"evaluations", evaluations_},
       {"world_size", dist_.world},
       {"wall_s", wall_s()}}
@@ -812,6 +821,8 @@ int TrainRun::finish() {
         {"parameters", trainer().parameters()}}},
       {"export", exported},
       {"teacher", run_.teacher_runs ? json(run_.teacher_path) : json(nullptr)},
+      // Several teachers: each alone (teacher_test_accuracy is their mixture's, the target).
+      {"teachers", teachers_},
       {"teacher_cache", cache_summary()},
       {"plan", affinity::to_json(run_.plan)},
       {"elastic", elastic_off_ ? json{{"active", false}, {"reason", *elastic_off_}}

@@ -52,6 +52,31 @@ void shift_plane(const std::uint8_t* src, Out* dst, int h, int w, int dy, int dx
   }
 }
 
+// Half the bits of the smallest power of two holding [0, size) (at least 2 bits in all).
+int half_bits(std::size_t size) {
+  const int bits =
+      std::max(2, static_cast<int>(std::bit_width(std::max<std::size_t>(size - 1, 1))));
+  return (bits + 1) / 2;
+}
+
+// A 4-round Feistel network on 2 * half_bits bits, cycle-walked into [0, size): a bijection keyed
+// by `key`, evaluated per position without storing the permutation.
+std::uint32_t feistel(std::uint64_t key, std::uint32_t k, std::size_t size, int half_bits) {
+  const std::uint32_t mask = (1u << half_bits) - 1;
+  std::uint32_t x = k;
+  do {
+    std::uint32_t l = x >> half_bits, r = x & mask;
+    for (std::uint64_t round = 0; round < 4; ++round) {
+      const std::uint32_t f = static_cast<std::uint32_t>(mix(key ^ (round << 32) ^ r)) & mask;
+      const std::uint32_t nl = r;
+      r = l ^ f;
+      l = nl;
+    }
+    x = (l << half_bits) | r;
+  } while (x >= size);
+  return x;
+}
+
 } // namespace
 
 float channel_scale(const AugmentConfig& a, std::size_t c) { return pixel_scale(a.std[c]); }
@@ -71,40 +96,32 @@ Sampler::Sampler(std::size_t dataset_size, SamplerConfig config)
   if (batches_ == 0)
     throw InputError(fmt::format("data.batch_size = {} is larger than this shard's {} samples",
                                  config.batch_size, per_rank_));
-  const int bits =
-      std::max(2, static_cast<int>(std::bit_width(std::max<std::size_t>(size_ - 1, 1))));
-  half_bits_ = (bits + 1) / 2;
+  half_bits_ = half_bits(size_);
+  shard_half_bits_ = half_bits(per_rank_);
 }
 
 std::uint32_t Sampler::permute(std::uint64_t epoch, std::uint32_t k) const {
   if (!config_.shuffle) return k;
-  // A 4-round Feistel network on 2 * half_bits bits, cycle-walked into [0, size): a bijection
-  // keyed by (seed, epoch), evaluated per position without storing the permutation.
-  const std::uint64_t key = mix(config_.seed * 0x100000001b3ull ^ mix(epoch + 1));
-  const std::uint32_t mask = (1u << half_bits_) - 1;
-  std::uint32_t x = k;
-  do {
-    std::uint32_t l = x >> half_bits_, r = x & mask;
-    for (std::uint64_t round = 0; round < 4; ++round) {
-      const std::uint32_t f = static_cast<std::uint32_t>(mix(key ^ (round << 32) ^ r)) & mask;
-      const std::uint32_t nl = r;
-      r = l ^ f;
-      l = nl;
-    }
-    x = (l << half_bits_) | r;
-  } while (x >= size_);
-  return x;
+  return feistel(mix(config_.seed * 0x100000001b3ull ^ mix(epoch + 1)), k, size_, half_bits_);
 }
 
 void Sampler::batch_indices(std::uint64_t epoch, std::size_t b,
                             std::vector<std::uint32_t>& out) const {
   const std::size_t first = b * config_.batch_size;
   const std::size_t n = std::min(config_.batch_size, per_rank_ - first);
+  const bool fixed = config_.fixed_shards && config_.world > 1 && config_.shuffle;
+  // Fixed shards: the epoch's order within the shard, then the shard's samples in the epoch-0
+  // permutation (the same set every epoch).
+  const std::uint64_t shard_key =
+      mix(config_.seed * 0x100000001b3ull ^ mix(epoch + 1) ^ 0x5eed5a4dull);
   out.resize(n);
   for (std::size_t i = 0; i < n; ++i) {
-    const std::size_t position = (first + i) * static_cast<std::size_t>(config_.world) +
-                                 static_cast<std::size_t>(config_.rank);
-    out[i] = permute(epoch, static_cast<std::uint32_t>(position));
+    const std::size_t k = fixed ? feistel(shard_key, static_cast<std::uint32_t>(first + i),
+                                          per_rank_, shard_half_bits_)
+                                : first + i;
+    const std::size_t position =
+        k * static_cast<std::size_t>(config_.world) + static_cast<std::size_t>(config_.rank);
+    out[i] = permute(fixed ? 0 : epoch, static_cast<std::uint32_t>(position));
   }
 }
 

@@ -223,6 +223,28 @@ TEST(Dist, FeatureLossesOfTwoRanksAreOneProcessOnTheGlobalBatch) {
   EXPECT_EQ(lines, 4);
 }
 
+// kd.cache under two ranks: each keeps its own shard of the data every epoch (the sampler's fixed
+// shards), so its cache, filled in the first epoch, serves every batch of the second; the ranks
+// still hold one model.
+TEST(Dist, TwoRanksEachCacheTheirShard) {
+  const fs::path data = scratch("dist_cache_data"), two = scratch("dist_cache_two");
+  write_fmnist_subset(data, 640, 256);
+  const fs::path logs = two.string() + ".logs";
+  const Result r = torchrun(
+      launch(local(2), logs,
+             train_args(two, 32,
+                        {"data.path=" + data.string(), "kd.cache=memory", "train.epochs=2",
+                         "train.export=off"})),
+      two);
+  ASSERT_EQ(r.code, 0) << r.err << rank_stderr(logs, 0) << rank_stderr(logs, 1);
+  const json s = summary(two);
+  ASSERT_EQ(s["ranks"].size(), 2u);
+  EXPECT_EQ(s["ranks"][0]["state_digest"], s["ranks"][1]["state_digest"]);
+  const json& cache = s["teacher_cache"];
+  EXPECT_EQ(cache["samples_kept"], 320) << "rank 0's shard: half the samples" << cache.dump();
+  EXPECT_EQ(cache["batches_from_cache"], 10) << "its second epoch, every batch" << cache.dump();
+}
+
 TEST(Dist, TwoNodesOnOneHostEqualTwoLocalRanks) {
   // A student with BatchNorm: its running statistics are buffers the ranks must agree on too.
   const std::initializer_list<std::string> sets = {"train.max_steps=20", "student.arch=cnn"};

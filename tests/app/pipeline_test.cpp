@@ -417,16 +417,28 @@ TEST(CpuPipeline, TeacherOutputCacheIsRefusedWithRandomAugmentation) {
   RunInputs run = prepare_run(shipped_teacher_config({}));
   prepare_teacher_cache(run);
   EXPECT_EQ(run.cache, nullptr);
-  // Several ranks: each is dealt other samples every epoch, so its cache would seldom serve.
   run = prepare_run(shipped_teacher_config({"kd.cache=memory"}));
   EXPECT_EQ(run.cache, nullptr) << "prepare_run leaves the cache to the commands that read it";
+  EXPECT_FALSE(run.sampler.fixed_shards) << "one process";
   prepare_teacher_cache(run);
   ASSERT_NE(run.cache, nullptr);
-  run.dist.world = 2;
-  const std::string error = test::error_of([&] { prepare_teacher_cache(run); });
-  EXPECT_NE(error.find("2 ranks"), std::string::npos) << error;
-  EXPECT_EQ(run.cache, nullptr);
-  run.dist.world = 1;
+  // Several ranks: each keeps its own shard every epoch (the sampler's fixed shards, its own
+  // test), and with kd.cache = disk its own file.
+  {
+    const std::string folder = std::filesystem::temp_directory_path().string();
+    Config ranks = shipped_teacher_config(
+        {"kd.cache=disk", "kd.cache_path=" + folder + "/kdflow_ranks.kdcache"});
+    DistEnv two;
+    two.world = 2;
+    two.rank = 1; // one rank a node: the plan stays the config's CPU lists
+    RunInputs shard = prepare_run(ranks, two);
+    EXPECT_TRUE(shard.sampler.fixed_shards);
+    prepare_teacher_cache(shard);
+    ASSERT_NE(shard.cache, nullptr);
+    EXPECT_EQ(shard.cache_file.string(), folder + "/kdflow_ranks.kdcache.rank1-of-2");
+    ranks.set("kd.cache=none");
+    EXPECT_FALSE(prepare_run(ranks, two).sampler.fixed_shards) << "without a cache, as before";
+  }
   // A file named for a cache that keeps none, a folder named as the file, a folder that is not.
   const auto refused = [&](const std::vector<std::string>& sets, const std::string& what) {
     for (const auto& set : sets) run.config.set(set);

@@ -108,14 +108,19 @@ TEST(TuneCores, TwoTeachersAreEachAStage) {
   EXPECT_GT(plan["measured_samples_per_s"].get<double>(), 0);
 
   const fs::path out = dir / "run";
-  r = run({"train", "--config", config.string(), "--out", out.string(), "--cores",
-           (dir / "plan.json").string(), "--set", "train.max_steps=5"},
-          dir / "train");
-  ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_NE(r.err.find("the 2 teachers' mix"), std::string::npos) << r.err;
-  EXPECT_NE(r.err.find("teacher 1 ("), std::string::npos) << r.err;
+  const Child t = spawn({"train", "--config", config.string(), "--out", out.string(), "--cores",
+                         (dir / "plan.json").string(), "--set", "train.max_steps=5"},
+                        dir / "train.stderr", dir / "train.log");
+  ASSERT_EQ(wait_exit(t), 0) << read_text(dir / "train.stderr");
+  const std::string log = read_text(dir / "train.log");
+  EXPECT_NE(log.find("the 2 teachers' mix"), std::string::npos) << log;
+  EXPECT_NE(log.find("teacher 1 ("), std::string::npos) << log;
   const json summary = json::parse(read_text(out / "summary.json"));
   EXPECT_EQ(summary["plan"]["teacher_of"], plan["plan"]["teacher_of"]);
+  ASSERT_EQ(summary["teachers"].size(), 2u) << summary.dump(1);
+  EXPECT_NEAR(summary["teachers"][0]["weight"].get<double>(), 2.0 / 3.0, 1e-9);
+  EXPECT_GT(summary["teachers"][1]["test_accuracy"].get<double>(), 0.85) << "the shipped w16";
+  EXPECT_GT(summary["teacher_test_accuracy"].get<double>(), 0.0) << "their mixture's";
   // The resolved config names both teachers, and resumes as it was written.
   const std::string resolved = read_text(out / "config.toml");
   EXPECT_NE(resolved.find("fmnist_teacher_w16.onnx"), std::string::npos) << resolved;

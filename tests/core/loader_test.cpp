@@ -9,6 +9,7 @@
 
 #include <oneapi/tbb/global_control.h>
 
+#include <algorithm>
 #include <map>
 #include <random>
 #include <set>
@@ -60,6 +61,62 @@ TEST(Sampler, ShardsAreDisjointAndBatchesCountRight) {
   std::vector<std::uint32_t> idx;
   keep.batch_indices(0, 31, idx);
   EXPECT_EQ(idx.size(), 1000u - 31u * 32u);
+}
+
+// kd.cache under several ranks: each rank keeps the same samples every epoch, in a fresh order;
+// the shards stay disjoint and together cover every rank's share; one process is unchanged.
+TEST(Sampler, FixedShardsKeepEachRanksSamplesAcrossEpochs) {
+  SamplerConfig c;
+  c.batch_size = 16;
+  c.world = 3;
+  c.fixed_shards = true;
+  const auto epoch_of = [&](const Sampler& s, std::uint64_t epoch) {
+    std::vector<std::uint32_t> all, idx;
+    for (std::size_t b = 0; b < s.batches_per_epoch(); ++b) {
+      s.batch_indices(epoch, b, idx);
+      all.insert(all.end(), idx.begin(), idx.end());
+    }
+    return all;
+  };
+  const auto set_of = [](const std::vector<std::uint32_t>& v) {
+    return std::set<std::uint32_t>(v.begin(), v.end());
+  };
+  std::set<std::uint32_t> every;
+  for (int r = 0; r < 3; ++r) {
+    c.rank = r;
+    // Every sample of the shard each epoch (drop_last = false): the same set, a fresh order.
+    c.drop_last = false;
+    const Sampler whole(1000, c);
+    const auto first = epoch_of(whole, 0), second = epoch_of(whole, 1);
+    EXPECT_EQ(first.size(), 333u);
+    EXPECT_NE(first, second) << "a fresh order each epoch";
+    const auto shard = set_of(first);
+    EXPECT_EQ(shard, set_of(second)) << "the same samples";
+    EXPECT_EQ(shard, set_of(epoch_of(whole, 7)));
+    for (const auto i : shard) {
+      EXPECT_LT(i, 1000u);
+      EXPECT_TRUE(every.insert(i).second) << "sample " << i << " in two shards";
+    }
+    // drop_last: each epoch leaves out the shard's last few in its order, never another's.
+    c.drop_last = true;
+    const Sampler dropping(1000, c);
+    for (const std::uint64_t e : {0, 1, 5}) {
+      const auto taken = set_of(epoch_of(dropping, e));
+      EXPECT_EQ(taken.size(), 320u);
+      EXPECT_TRUE(std::includes(shard.begin(), shard.end(), taken.begin(), taken.end()))
+          << "epoch " << e;
+    }
+  }
+  // Without fixed shards a rank's samples change between epochs; with one rank the flag is moot.
+  c.rank = 0;
+  c.fixed_shards = false;
+  const Sampler dealt(1000, c);
+  EXPECT_NE(set_of(epoch_of(dealt, 0)), set_of(epoch_of(dealt, 1)));
+  c.world = 1;
+  const Sampler one(1000, c);
+  c.fixed_shards = true;
+  const Sampler one_fixed(1000, c);
+  EXPECT_EQ(epoch_of(one, 3), epoch_of(one_fixed, 3));
 }
 
 TEST(Augment, CropShiftsAndFlipMirrors) {

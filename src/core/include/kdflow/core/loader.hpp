@@ -23,6 +23,11 @@ struct SamplerConfig {
   bool drop_last = true;
   int rank = 0; // sharding for multi-process training: this process's share
   int world = 1;
+  // Several ranks: each keeps the same samples every epoch (its shard of one fixed permutation),
+  // in a fresh order each epoch, so that what it keeps of them (kd.cache) serves its later epochs.
+  // false: each epoch's permutation is shared out anew (a global batch is then the same samples
+  // as one process's batch of world x batch_size).
+  bool fixed_shards = false;
 };
 
 class Sampler {
@@ -42,6 +47,7 @@ private:
   std::size_t batches_;
   SamplerConfig config_;
   int half_bits_;
+  int shard_half_bits_; // fixed_shards: the permutation within a shard of per_rank_
 };
 
 struct AugmentConfig {
