@@ -196,11 +196,7 @@ void validate(Plan& plan, const Topology& topology, bool teacher_runs,
       throw InputError(fmt::format("core plan: replica teacher[{}] runs teacher {}, and the run "
                                    "has {} teacher(s) (numbered from 0)",
                                    i, plan.teacher_of[i], teachers));
-  if (teacher_runs)
-    for (std::size_t k = 0; k < teachers; ++k)
-      if (std::find(plan.teacher_of.begin(), plan.teacher_of.end(), static_cast<int>(k)) ==
-          plan.teacher_of.end())
-        throw InputError(fmt::format("core plan: teacher {} of {} has no replica", k, teachers));
+
   const CpuList allowed = share ? sorted(*share) : topology.allowed_cpus();
   const std::set<int> allowed_set(allowed.begin(), allowed.end());
   std::vector<std::pair<std::string, CpuList>> roles = {{"student", plan.student},
@@ -229,6 +225,11 @@ void validate(Plan& plan, const Topology& topology, bool teacher_runs,
   for (std::size_t i = 0; i < plan.teacher.size(); ++i)
     if (plan.teacher[i].empty())
       throw InputError(fmt::format("core plan: role 'teacher[{}]' has no CPU", i));
+  if (teacher_runs)
+    for (std::size_t k = 0; k < teachers; ++k)
+      if (std::find(plan.teacher_of.begin(), plan.teacher_of.end(), static_cast<int>(k)) ==
+          plan.teacher_of.end())
+        throw InputError(fmt::format("core plan: teacher {} of {} has no replica", k, teachers));
 
   // Overlaps: loaders may share the student's CPUs on machines (or shares) of under 3 cores.
   const std::size_t cores = cores_in(topology, share).size();

@@ -216,16 +216,28 @@ void lower_reduce_mean(Lowering& plan, const Node& node) {
              ArgRef{src.kind, src.index, src.offset, plain(g.shape(node.outputs[0]), act)});
     return;
   }
-  std::vector<std::string> ways;
-  if (xs.size() == 4 && kept == Shape{xs[0], xs[1], 1, 1}) ways.emplace_back("pooling");
-  ways.emplace_back("reduction");
   const memory::desc src_md = plan.at(node.inputs[0]).md;
   const memory::desc dst_any(dims_of(kept), act, memory::format_tag::any);
+  // Pooling is offered only where oneDNN builds it: in the input's own layout, else a plain one
+  // (oneDNN 3.2 has no bf16 average pooling for some layouts on AVX-512 cores without AMX).
+  std::optional<dnnl::pooling_forward::primitive_desc> pool;
+  if (xs.size() == 4 && kept == Shape{xs[0], xs[1], 1, 1}) {
+    for (const memory::desc& from : {src_md, plain(xs, act)}) {
+      try {
+        pool.emplace(plan.eng(), dnnl::prop_kind::forward_inference,
+                     dnnl::algorithm::pooling_avg_exclude_padding, from, dst_any,
+                     memory::dims{1, 1}, memory::dims{xs[2], xs[3]}, memory::dims{0, 0},
+                     memory::dims{0, 0}, memory::dims{0, 0}, Lowering::plain_attr());
+        break;
+      } catch (const dnnl::error&) {
+      }
+    }
+  }
+  std::vector<std::string> ways;
+  if (pool) ways.emplace_back("pooling");
+  ways.emplace_back("reduction");
   if (plan.choose(node, std::move(ways)) == "pooling") {
-    const auto pd = dnnl::pooling_forward::primitive_desc(
-        plan.eng(), dnnl::prop_kind::forward_inference,
-        dnnl::algorithm::pooling_avg_exclude_padding, src_md, dst_any, {1, 1}, {xs[2], xs[3]},
-        {0, 0}, {0, 0}, {0, 0}, Lowering::plain_attr());
+    const auto& pd = *pool;
     const ArgRef src = plan.get(node.inputs[0], pd.src_desc());
     const ArgRef dst = plan.new_buffer(pd.dst_desc());
     plan.add_primitive(dnnl::pooling_forward(pd), {{DNNL_ARG_SRC, src}, {DNNL_ARG_DST, dst}},
