@@ -321,15 +321,16 @@ std::optional<StepStats> Trainer::step(std::uint64_t batch, bool stop) {
     // The colocated baseline: the teachers' forward passes on this device, before the student's.
     trace::Span forward("teacher", batch);
     std::vector<torch::Tensor> each;
+    teacher_features.resize(m.features.size());
     for (std::size_t t = 0; t < m.colocated.size(); ++t) {
       const ColocatedTeacher& c = m.colocated[t];
       const torch::Tensor own = c.input ? adapt_images(*c.input, inputs) : inputs;
       const std::vector<torch::Tensor> outs = c.teacher->impl().forward(own);
       each.push_back(outs[0].slice(0, 0, n).to(torch::kFloat));
-      if (t == 0)
-        for (const auto& f : m.features)
-          teacher_features.push_back(
-              outs.at(f.spec.teacher_output).slice(0, 0, n).to(torch::kFloat));
+      for (std::size_t k = 0; k < m.features.size(); ++k)
+        if (m.features[k].spec.teacher_index == t)
+          teacher_features[k] =
+              outs.at(m.features[k].spec.teacher_output).slice(0, 0, n).to(torch::kFloat);
     }
     // Several: the logits whose softmax at T is their weighted mix, as the pipeline's.
     teacher = each.size() == 1 ? each[0]

@@ -95,8 +95,6 @@ int export_command(const ExportArgs& args) {
   std::vector<std::string> sets = {"train.export=" + args.format};
   if (resolve_config(config_file.string(), {}).get_tables("kd.features").empty())
     sets.emplace_back("kd.alpha=0");
-  else
-    sets.emplace_back("teacher.others="); // the features are the first teacher's
   const RunInputs run = prepare_run(resolve_config(config_file.string(), sets));
   const std::string format = export_format(run.config, "--format");
   if (format == "off") throw InputError("--format off: nothing to export");

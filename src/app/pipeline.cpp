@@ -48,19 +48,23 @@ std::vector<std::vector<float>> other_outputs(const teacher::Teacher& t) {
 
 } // namespace
 
-std::string feature_region(const std::string& value) { return "feature:" + value; }
+std::string feature_region(const std::string& value, std::size_t teacher) {
+  return teacher == 0 ? "feature:" + value : fmt::format("feature{}:{}", teacher, value);
+}
 
 std::string teacher_logits_region(std::size_t k) { return fmt::format("logits:teacher{}", k); }
 
 SlotLayout CpuPipeline::layout_for(const RunInputs& run) {
   std::vector<RegionSpec> extra;
   if (run.teacher_runs) {
-    const teacher::Teacher& t = *run.teacher;
-    const teacher::Shape out = t.output_shape(0);
+    const teacher::Shape out = run.teacher->output_shape(0);
     extra.push_back({"logits", DType::f32, {out[0], out[1]}});
-    const auto names = t.output_names();
-    for (std::size_t k = first_feature(t); k < names.size(); ++k)
-      extra.push_back({feature_region(names[k]), DType::f32, t.output_shape(k)});
+    for (std::size_t i = 0; i < run.teachers(); ++i) {
+      const teacher::Teacher& t = *run.teacher_at(i);
+      const auto names = t.output_names();
+      for (std::size_t k = first_feature(t); k < names.size(); ++k)
+        extra.push_back({feature_region(names[k], i), DType::f32, t.output_shape(k)});
+    }
     if (run.teachers() > 1)
       for (std::size_t k = 0; k < run.teachers(); ++k)
         extra.push_back({teacher_logits_region(k), DType::f32, {out[0], out[1]}});
@@ -75,9 +79,13 @@ CpuPipeline::CpuPipeline(const RunInputs& run, const Sampler& sampler, std::uint
   regions_.loader = {layout.index_of("inputs"), layout.index_of("labels"), layout.index_of("ids")};
   if (run.teacher_runs) {
     regions_.logits = layout.index_of("logits");
-    const auto names = run.teacher->output_names();
-    for (std::size_t k = first_feature(*run.teacher); k < names.size(); ++k)
-      regions_.features.push_back(layout.index_of(feature_region(names[k])));
+    for (std::size_t i = 0; i < run.teachers(); ++i) {
+      const teacher::Teacher& t = *run.teacher_at(i);
+      const auto names = t.output_names();
+      regions_.features.emplace_back();
+      for (std::size_t k = first_feature(t); k < names.size(); ++k)
+        regions_.features.back().push_back(layout.index_of(feature_region(names[k], i)));
+    }
     if (run.teachers() > 1)
       for (std::size_t k = 0; k < run.teachers(); ++k)
         regions_.teacher_logits.push_back(layout.index_of(teacher_logits_region(k)));
@@ -226,11 +234,10 @@ void CpuPipeline::keep_in_cache(const Slot& slot, std::span<const float> logits)
 void CpuPipeline::forward(TeacherUnit& unit, const Slot& slot, float* logits) {
   std::span<float*> outputs(unit.outputs);
   outputs[0] = logits;
-  if (unit.teacher == 0) { // teacher.features are the first teacher's
-    const std::size_t features = first_feature(*run_.teacher);
-    for (std::size_t k = 0; k < regions_.features.size(); ++k)
-      outputs[features + k] = slot.region<float>(regions_.features[k]).data();
-  }
+  const std::size_t features = first_feature(*run_.teacher_at(unit.teacher));
+  const auto& mine = regions_.features[unit.teacher];
+  for (std::size_t k = 0; k < mine.size(); ++k)
+    outputs[features + k] = slot.region<float>(mine[k]).data();
   const ImageAdapter& adapt = run_.input_of(unit.teacher);
   const std::size_t n = run_.sampler.batch_size;
   if (run_.augment.normalize) {

@@ -33,12 +33,13 @@ void run_in_arena(oneapi::tbb::task_arena& arena, const std::function<void()>& f
 struct SlotRegions {
   LoaderRegions loader;
   std::optional<std::size_t> logits; // the teacher's output region (several: their mix, the target)
-  std::vector<std::size_t> features; // teacher.features' regions, in its order
+  // Each teacher's features' regions, in its order ([teacher]'s: teacher.features first).
+  std::vector<std::vector<std::size_t>> features;
   std::vector<std::size_t> teacher_logits; // several teachers: each one's own logits, in order
 };
 
-// The slot region of the teacher's feature `value` (an ONNX value name).
-std::string feature_region(const std::string& value);
+// The slot region of teacher `teacher`'s feature `value` (an ONNX value name).
+std::string feature_region(const std::string& value, std::size_t teacher = 0);
 // The slot region of teacher k's own logits, with several teachers.
 std::string teacher_logits_region(std::size_t k);
 

@@ -265,14 +265,16 @@ student::TrainerOptions trainer_options(const RunInputs& run, std::int64_t total
     f.student = std::get<std::string>(pairs[k].at("student"));
     f.loss = std::get<std::string>(pairs[k].at("loss"));
     f.weight = std::get<double>(pairs[k].at("weight"));
+    f.teacher_index = static_cast<std::size_t>(std::get<std::int64_t>(pairs[k].at("from")));
     // The teacher's outputs are its graph's, then its features (teacher_feature_names' order).
-    const auto names = run.teacher->output_names();
+    const teacher::Teacher& model = *run.teacher_at(f.teacher_index);
+    const auto names = model.output_names();
     const auto at =
-        std::find(names.begin() + static_cast<std::ptrdiff_t>(run.teacher->graph().outputs.size()),
+        std::find(names.begin() + static_cast<std::ptrdiff_t>(model.graph().outputs.size()),
                   names.end(), f.teacher);
     if (at == names.end()) throw std::logic_error("kd.features value not among the teacher's");
     f.teacher_output = static_cast<std::size_t>(at - names.begin());
-    const teacher::Shape shape = run.teacher->output_shape(f.teacher_output);
+    const teacher::Shape shape = model.output_shape(f.teacher_output);
     f.teacher_shape.assign(shape.begin() + 1, shape.end());
     topt.feature_losses.push_back(std::move(f));
   }
@@ -431,6 +433,7 @@ std::vector<TeacherSpec> teacher_specs(const Config& config) {
     spec.input_size = text("input_size");
     spec.mean = text("mean");
     spec.std = text("std");
+    spec.features = teacher_feature_names(config, k + 1);
     specs.push_back(std::move(spec));
   }
   return specs;
@@ -482,15 +485,23 @@ ImageAdapter teacher_input(const RunInputs& run, const TeacherSpec& spec,
   return adapter;
 }
 
-std::vector<std::string> teacher_feature_names(const Config& config) {
-  std::vector<std::string> names = config.get_strings("teacher.features");
+std::vector<std::string> teacher_feature_names(const Config& config, std::size_t teacher) {
+  std::vector<std::string> names =
+      teacher == 0 ? config.get_strings("teacher.features") : std::vector<std::string>{};
   const auto& pairs = config.get_tables("kd.features");
+  const std::size_t others = config.get_tables("teacher.others").size();
   for (std::size_t k = 0; k < pairs.size(); ++k) {
     for (const char* field : {"teacher", "student"})
       if (std::get<std::string>(pairs[k].at(field)).empty())
         throw InputError(fmt::format("kd.features[{}].{}: required (the {} value or tap the loss "
                                      "reads)",
                                      k + 1, field, field));
+    const auto from = static_cast<std::size_t>(std::get<std::int64_t>(pairs[k].at("from")));
+    if (from > others)
+      throw InputError(fmt::format("kd.features[{}].from = {}: the run has {} teacher(s) (0 is "
+                                   "[teacher], k is teacher.others[k])",
+                                   k + 1, from, 1 + others));
+    if (from != teacher) continue;
     const auto& value = std::get<std::string>(pairs[k].at("teacher"));
     if (std::find(names.begin(), names.end(), value) == names.end()) names.push_back(value);
   }
@@ -677,8 +688,9 @@ Assembled assemble(const RunInputs& run, const Sampler& sampler, std::uint32_t s
   const SlotRegions& r = parts.pipeline->regions();
   student::StepRegions regions{r.loader.inputs, r.loader.labels, r.logits, {}};
   for (const auto& f : options.feature_losses)
-    regions.teacher_features.push_back(
-        r.features.at(f.teacher_output - run.teacher->graph().outputs.size()));
+    regions.teacher_features.push_back(r.features.at(f.teacher_index)
+                                           .at(f.teacher_output -
+                                               run.teacher_at(f.teacher_index)->graph().outputs.size()));
   if (logits == StudentLogits::colocated) regions.teacher_logits.reset();
   parts.trainer = std::make_unique<student::Trainer>(options, parts.pipeline->ring(), regions);
   if (logits == StudentLogits::colocated)

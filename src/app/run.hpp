@@ -57,9 +57,11 @@ auto agreed(student::ProcessGroup* group, F&& f) -> decltype(f()) {
 // the plan its local rank's share of the node's cores.
 RunInputs prepare_run(const Config& config, const DistEnv& dist = {});
 
-// The teacher's features a run computes: teacher.features, then each kd.features pair's value
-// not among them. InputError for a pair without its teacher value or student tap.
-std::vector<std::string> teacher_feature_names(const Config& config);
+// The values teacher `teacher` computes beside its logits ([teacher]'s: teacher.features, then
+// each kd.features pair's value from it not among them; teacher.others[k]'s: the values of the
+// pairs from k). InputError for a pair without its teacher value or student tap, or from a
+// teacher the run lacks.
+std::vector<std::string> teacher_feature_names(const Config& config, std::size_t teacher = 0);
 
 // Every teacher a configuration names: [teacher] (with its features), then each teacher.others
 // row. InputError for a row without its model.

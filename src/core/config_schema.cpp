@@ -164,7 +164,15 @@ const std::vector<ConfigKey>& config_schema() {
          "hint: FitNets' MSE through a trained adapter (1x1 convolution or linear, the student's "
          "map resized to the teacher's); at: attention transfer; sp: similarity-preserving",
          {"hint", "at", "sp"}},
-        {"weight", T::real, 1.0, "the loss's weight", {}, 0.0, 1e6}}},
+        {"weight", T::real, 1.0, "the loss's weight", {}, 0.0, 1e6},
+        {"from",
+         T::integer,
+         std::int64_t{0},
+         "the teacher the value is from, with several: 0 for [teacher] (the first [[teacher]] "
+         "block), k for teacher.others[k]",
+         {},
+         0.0,
+         1e6}}},
       {"kd.cache",
        T::string,
        std::string("none"),

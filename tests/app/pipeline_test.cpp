@@ -545,6 +545,50 @@ TEST(CpuPipeline, TwoTeachersReachTheirRegionsAndTheTargetIsTheirMix) {
         << "each teacher on each batch once";
   }
 
+  // A feature of the second teacher (kd.features' `from`): its own region, apart from the first's
+  // value of the same name, holding what that teacher's replica computes.
+  {
+    const std::string value = "/features/features.12/Relu_output_0";
+    Config c = config(second);
+    c.set("kd.features=[{teacher = \"" + value + "\", student = \"stage2\", from = 1}, "
+          "{teacher = \"" + value + "\", student = \"stage2\"}]");
+    const RunInputs both = prepare_run(c);
+    const SlotLayout l = CpuPipeline::layout_for(both);
+    CpuPipeline pipeline(both, sampler, kSlots,
+                         student::allocate_pinned_for_device(kSlots * l.slot_bytes()));
+    const SlotRegions& r = pipeline.regions();
+    ASSERT_EQ(r.features.size(), 2u);
+    ASSERT_EQ(r.features[0].size(), 1u);
+    ASSERT_EQ(r.features[1].size(), 1u);
+    EXPECT_EQ(l.regions()[r.features[1][0]].spec.name, feature_region(value, 1));
+    EXPECT_EQ(l.regions()[r.features[1][0]].spec.shape, (teacher::Shape{16, 32, 14, 14}));
+    EXPECT_EQ(l.regions()[r.features[0][0]].spec.shape, (teacher::Shape{16, 64, 14, 14}));
+    std::unique_ptr<teacher::Replica> with;
+    one_thread.execute([&] { with = std::make_unique<teacher::Replica>(both.others[0].model); });
+    teacher::OutputBuffers want(*both.others[0].model);
+    pipeline.start(0, 4);
+    double worst = 0, largest = 0;
+    for (std::uint64_t b = 0; b < 4; ++b) {
+      auto slot = pipeline.ring().acquire_ready(b);
+      ASSERT_TRUE(slot);
+      const auto inputs = slot->region<float>(r.loader.inputs);
+      one_thread.execute([&] { with->run(inputs.data(), want.pointers); });
+      const auto got = slot->region<float>(r.features[1][0]);
+      for (std::size_t i = 0; i < got.size(); ++i) {
+        worst = std::max(worst, double(std::fabs(got[i] - want.data[1][i])));
+        largest = std::max(largest, double(std::fabs(want.data[1][i])));
+      }
+      pipeline.ring().release(*slot);
+    }
+    pipeline.stop();
+    pipeline.ring().rethrow_if_failed();
+    EXPECT_GT(largest, 1e-3);
+    EXPECT_LE(worst, 1e-5 * std::max(1.0, largest));
+    c.set("kd.features=[{teacher = \"" + value + "\", student = \"stage2\", from = 2}]");
+    const std::string e = test::error_of([&] { (void)prepare_run(c); });
+    EXPECT_NE(e.find("kd.features[1].from = 2"), std::string::npos) << e;
+  }
+
   const char* fixtures = std::getenv("KDFLOW_FIXTURES");
   const std::string e = test::error_of([&] {
     (void)prepare_run(config(std::string(fixtures ? fixtures : ".") + "/models/mlp7_opset13.onnx"));
@@ -588,9 +632,10 @@ TEST(CpuPipeline, TeacherFeaturesReachTheirSlotRegionsBesideTheLogits) {
   const SlotLayout layout = CpuPipeline::layout_for(run);
   CpuPipeline pipeline(run, sampler, kSlots,
                        student::allocate_pinned_for_device(kSlots * layout.slot_bytes()));
-  ASSERT_EQ(pipeline.regions().features.size(), features.size());
+  ASSERT_EQ(pipeline.regions().features.size(), 1u);
+  ASSERT_EQ(pipeline.regions().features[0].size(), features.size());
   for (std::size_t k = 0; k < features.size(); ++k) {
-    const Region& r = layout.regions()[pipeline.regions().features[k]];
+    const Region& r = layout.regions()[pipeline.regions().features[0][k]];
     EXPECT_EQ(r.spec.name, feature_region(features[k]));
     EXPECT_EQ(r.spec.shape, run.teacher->output_shape(1 + k)) << features[k];
     EXPECT_EQ(r.spec.shape.at(0), 16);
@@ -618,7 +663,7 @@ TEST(CpuPipeline, TeacherFeaturesReachTheirSlotRegionsBesideTheLogits) {
     for (std::size_t i = 0; i < logits.size(); ++i)
       worst[0] = std::max(worst[0], double(std::fabs(logits[i] - logits_only.data[0][i])));
     for (std::size_t k = 0; k < features.size(); ++k) {
-      const auto got = slot->region<float>(pipeline.regions().features[k]);
+      const auto got = slot->region<float>(pipeline.regions().features[0][k]);
       const auto& want = expected.data[1 + k];
       ASSERT_EQ(got.size(), want.size());
       for (std::size_t i = 0; i < got.size(); ++i) {

@@ -587,14 +587,30 @@ TEST(Train, FeatureLossesFromTheConfigTrainAndResumeBitIdentically) {
     ++lines;
   }
   EXPECT_GE(lines, 4);
-  EXPECT_NE(read_text(a / "config.toml").find("features = [{loss = \"hint\""), std::string::npos);
+  EXPECT_NE(read_text(a / "config.toml").find("features = [{from = 0, loss = \"hint\""),
+            std::string::npos);
   // `kdflow export` reads the run's checkpoint, adapters and all, and writes the student alone.
   r = run({"export", "--run", a.string(), "--out", (a / "again.onnx").string()}, a / "export");
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_TRUE(fs::exists(a / "again.onnx"));
 
+  // A pair from a second teacher (kd.features' `from`): trained, logged, and exported as before.
+  const fs::path two = scratch("features_two_teachers");
+  const std::string others = "teacher.others=[{model = \"" +
+                             fixture("mlp_opset13.onnx").string() + "\", weight = 0.5}]";
+  r = run(with(fast_train_args(two),
+               {others, "train.max_steps=10",
+                "kd.features=[{teacher = \"/Relu_output_0\", student = \"stage2\", from = 1}]"}),
+          two);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(summary(two)["teachers"].size(), 2u);
+  r = run({"export", "--run", two.string(), "--out", (two / "again.onnx").string()}, two / "export");
+  EXPECT_EQ(r.code, 0) << r.err;
+
   const fs::path bad = scratch("features_bad");
   for (const auto& [set, what] : std::vector<std::pair<std::string, std::string>>{
+           {"kd.features=[{teacher = \"/Relu_output_0\", student = \"stage1\", from = 1}]",
+            "kd.features[1].from = 1"},
            {"kd.features=[{teacher = \"/Relu_output_0\", student = \"stage7\"}]",
             "kd.features[1].student = 'stage7'"},
            {"kd.features=[{teacher = \"/nope\", student = \"stage1\"}]", "'/nope'"},

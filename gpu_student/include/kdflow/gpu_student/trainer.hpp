@@ -34,6 +34,7 @@ struct FeatureLoss {
   std::vector<std::int64_t> teacher_shape; // per sample, the batch left out
   std::size_t teacher_output = 1;          // the value's index among the teacher's outputs
   std::string key;                         // "kd.features[k]", for errors
+  std::size_t teacher_index = 0;           // which teacher (several: kd.features' `from`)
 };
 
 struct TrainerOptions {
