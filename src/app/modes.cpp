@@ -164,7 +164,9 @@ Rep run_rep(const Setup& setup, Mode mode) {
   case Mode::colocated: pipeline.start(0, total, {.loaders = true, .teacher = false}); break;
   case Mode::overlapped: pipeline.start(0, total, {.loaders = true, .teacher = true}); break;
   case Mode::overlapped_cached:
-    pipeline.start(0, total, {.loaders = true, .teacher = true, .cache = true});
+    // As a run's epochs after the cache is full: the loaders take the teacher's CPUs too.
+    pipeline.start(0, total,
+                   {.loaders = true, .teacher = true, .cache = true, .share_teacher_cpus = true});
     break;
   case Mode::serial_cpu:
     // The loop below produces each batch itself; the stages do not run.

@@ -11,7 +11,8 @@
 //   colocated      loaders -> student, which runs the teacher graph on its own device (LibTorch)
 //   overlapped     loaders -> CPU teacher -> student, all at once (kdflow)
 //   overlapped-cached  overlapped with kd.cache filled (fill_teacher_cache): the teacher stage
-//                  reads the outputs kept for the batch's samples, as in a run's epochs 2+
+//                  reads the outputs kept for the batch's samples and the loaders run on the
+//                  teacher's CPUs too, as in a run's epochs 2+
 #pragma once
 
 #include "pipeline.hpp"

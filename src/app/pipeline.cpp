@@ -189,6 +189,9 @@ void CpuPipeline::start(std::uint64_t first_batch, std::uint64_t batches,
   mixing_ = run_.mix.has_value() && !options.only_teacher;
   if (options.loaders) {
     loaders_run_ = true;
+    if (options.share_teacher_cpus && run_.teacher_runs)
+      if (const affinity::CpuList cpus = widen_loaders(); !cpus.empty())
+        loader_arena_ = std::make_unique<affinity::PinnedArena>(run_.topology, cpus, "loader");
     start_loader_graph();
   }
   if (!teacher) return;
@@ -346,7 +349,7 @@ bool CpuPipeline::reassign(const affinity::PoolAssignment& to) {
     throw std::invalid_argument("reassign: the loaders and the teacher are not running");
   if (run_.teachers() > 1)
     throw std::invalid_argument("reassign: the run has several teachers");
-  if (stopped_ || ring_->closed()) return false;
+  if (stopped_ || ring_->closed() || shared_.load(std::memory_order_relaxed)) return false;
   const affinity::PoolAssignment from = assignment();
   const bool ok = to.loader.size() < from.loader.size()
                       ? rebuild_loaders(to.loader) && rebuild_teachers(to.teacher)
@@ -355,6 +358,35 @@ bool CpuPipeline::reassign(const affinity::PoolAssignment& to) {
   std::lock_guard record(assignment_mutex_);
   assignment_ = to;
   return true;
+}
+
+affinity::CpuList CpuPipeline::widen_loaders() {
+  const affinity::PoolAssignment now = assignment();
+  affinity::CpuList cpus = now.loader;
+  for (const auto& replica : now.teacher)
+    for (const int c : replica)
+      if (std::find(cpus.begin(), cpus.end(), c) == cpus.end()) cpus.push_back(c);
+  if (cpus.size() == now.loader.size()) return {};
+  // oneTBB's pool gets room for the wider loader arena (the smallest limit in force applies: the
+  // new one is made before the old one goes).
+  auto wider = std::make_unique<oneapi::tbb::global_control>(
+      oneapi::tbb::global_control::max_allowed_parallelism,
+      cpus.size() + affinity::cpu_count(now.teacher) + 1);
+  std::swap(parallelism_, wider);
+  wider.reset();
+  shared_.store(true, std::memory_order_relaxed);
+  std::lock_guard record(assignment_mutex_);
+  assignment_.loader = cpus;
+  return cpus;
+}
+
+bool CpuPipeline::share_teacher_cpus() {
+  std::lock_guard lock(structure_mutex_);
+  if (!run_.teacher_runs || !loaders_run_ || stopped_ || ring_->closed() ||
+      shared_.load(std::memory_order_relaxed))
+    return false;
+  const affinity::CpuList cpus = widen_loaders();
+  return !cpus.empty() && rebuild_loaders(cpus);
 }
 
 bool CpuPipeline::rebuild_loaders(const affinity::CpuList& cpus) {

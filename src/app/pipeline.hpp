@@ -67,6 +67,9 @@ public:
     // The run's teacher-output cache (run.cache) is read and filled (a training run,
     // bench-overlap's cached mode); false: the teacher runs for every batch.
     bool cache = false;
+    // The loaders start on the teacher's CPUs too (share_teacher_cpus(), for a cache that already
+    // holds every sample).
+    bool share_teacher_cpus = false;
   };
   void start(std::uint64_t first_batch, std::uint64_t batches) {
     start(first_batch, batches, StartOptions{});
@@ -94,6 +97,15 @@ public:
   // pool is sized for them), or the run has several teachers: std::invalid_argument. False when
   // the pipeline stopped meanwhile. Serialized with other moves and with stop().
   bool reassign(const affinity::PoolAssignment& to);
+
+  // kd.cache, once it holds what the teacher stage is asked for: the loaders run on the teacher's
+  // CPUs too, beside the replicas (which then mostly copy kept outputs, or compute a sample the
+  // cache lacks, on the CPUs they had); reassign() makes no move after it (it returns false).
+  // Like a move it waits for the loaders to drain, which needs the student to go on: call it from
+  // another thread while the student steps. False when there is nothing to share, no loaders
+  // run, or the pipeline stopped meanwhile. (StartOptions::share_teacher_cpus starts so.)
+  bool share_teacher_cpus();
+  [[nodiscard]] bool shared() const { return shared_.load(std::memory_order_relaxed); }
 
   [[nodiscard]] SlotRing& ring() { return *ring_; }
   [[nodiscard]] const SlotRegions& regions() const { return regions_; }
@@ -154,6 +166,9 @@ private:
   bool from_cache(const Slot& slot, std::span<float> logits);
   void keep_in_cache(const Slot& slot, std::span<const float> logits);
   bool rebuild_loaders(const affinity::CpuList& cpus);
+  // The loaders' CPUs and the teacher's together, oneTBB's pool raised for them, recorded as the
+  // loaders' (under structure_mutex_); empty when the teacher has no CPU the loaders lack.
+  affinity::CpuList widen_loaders();
   bool rebuild_teachers(const std::vector<affinity::CpuList>& replicas);
 
   const RunInputs& run_;
@@ -177,6 +192,7 @@ private:
   SlotState after_load_ = SlotState::filled;
   bool loaders_run_ = false;
   bool mixing_ = false; // every one of several teachers runs: the last one mixes their logits
+  std::atomic<bool> shared_{false}; // share_teacher_cpus() happened
 
   // Structure (arenas, graphs, replicas): moves against stop(). Never taken by the student on its
   // hot path; a move holds it while stages drain, which needs the student to go on.

@@ -24,10 +24,10 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cmath>
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
@@ -35,6 +35,8 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
+#include <thread>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -253,6 +255,12 @@ private:
   // This rank's part [first, last) of `n` items (the whole with one process).
   [[nodiscard]] std::pair<std::size_t, std::size_t> shard(std::size_t n) const;
   void start_kd_ctl();
+  // kd.cache: whether it holds every sample this rank is dealt an epoch, so that the loaders may
+  // take the teacher's CPUs too (CpuPipeline::share_teacher_cpus).
+  [[nodiscard]] bool cache_holds_an_epoch() const;
+  // Starts that move on its own thread (it waits for the loaders to drain, which needs the
+  // student to go on) from `batch`, the next the student takes; joined by step_loop.
+  void share_cached_teacher_cpus(std::uint64_t batch);
   // The student's step on the run's batch `batch` (ring batch `ring_batch`); what it throws
   // names the student and the batch.
   std::optional<student::StepStats> student_step(std::uint64_t batch, std::uint64_t ring_batch);
@@ -310,6 +318,9 @@ private:
   double eval_s_ = 0, save_s_ = 0; // time outside the steps, for the steady-state rate
   std::size_t cache_saved_ = 0;    // kd.cache = disk: samples in the file as read or last written
   std::size_t cache_read_ = 0;     // kd.cache = disk: samples read from the file at start
+  std::optional<std::uint64_t> shared_from_; // the batch from which the loaders shared the
+                                             // teacher's CPUs (kd.cache)
+  std::thread sharing_;                      // share_cached_teacher_cpus' move
   Clock::time_point loop_start_{}; // the step loop's start: its clock runs to the last evaluation
   std::uint64_t samples_ = 0;      // the job's
   std::uint64_t rank_samples_ = 0; // this rank's
@@ -600,6 +611,28 @@ void TrainRun::start_kd_ctl() {
   kd_ctl_ = std::make_unique<KdCtl>(pipeline(), std::move(elastic));
 }
 
+bool TrainRun::cache_holds_an_epoch() const {
+  const TeacherOutputCache* cache = run_.cache.get();
+  if (cache == nullptr) return false;
+  const std::size_t dealt =
+      std::min<std::size_t>(per_epoch_ * run_.sampler.batch_size,
+                            run_.train.size() / static_cast<std::size_t>(dist_.world));
+  return cache->stored() >= dealt;
+}
+
+void TrainRun::share_cached_teacher_cpus(std::uint64_t batch) {
+  if (sharing_.joinable() || pipeline().shared() || !cache_holds_an_epoch()) return;
+  sharing_ = std::thread([this, batch] {
+    affinity::pin_this_thread(run_.topology, run_.plan.student, "kd-share");
+    if (!pipeline().share_teacher_cpus()) return;
+    shared_from_ = batch; // read after the join
+    log_info(fmt::format("kd.cache holds every sample: the loaders run on the teacher's CPUs too "
+                         "from about batch {} (loaders {}; the teacher copies what is kept){}",
+                         batch, affinity::format_cpus(pipeline().assignment().loader),
+                         kd_ctl_ ? "; kd-ctl moves no more" : ""));
+  });
+}
+
 void TrainRun::step_loop() {
   const auto every = static_cast<std::uint64_t>(config_.get_int("train.checkpoint_every"));
   const auto log_every = static_cast<std::uint64_t>(config_.get_int("train.log_every"));
@@ -607,7 +640,25 @@ void TrainRun::step_loop() {
   Progress progress(writer_ && ::isatty(STDERR_FILENO) == 1);
   loop_start_ = Clock::now();
   const std::uint64_t begin = next_batch_;
-  pipeline().start(begin, last_ - begin, {.cache = true});
+  // A cache that holds an epoch already (read from its file): the loaders start on the teacher's
+  // CPUs too.
+  const bool share = cache_holds_an_epoch();
+  pipeline().start(begin, last_ - begin, {.cache = true, .share_teacher_cpus = share});
+  // A sharing move in progress ends once the ring is closed, however the loop ends.
+  struct JoinSharing {
+    TrainRun& run;
+    ~JoinSharing() {
+      if (!run.sharing_.joinable()) return;
+      run.pipeline().ring().close();
+      run.sharing_.join();
+    }
+  } join_sharing{*this};
+  if (share && pipeline().shared()) {
+    shared_from_ = begin;
+    log_info(fmt::format("kd.cache holds every sample: the loaders run on the teacher's CPUs too "
+                         "(loaders {}; the teacher copies what is kept)",
+                         affinity::format_cpus(pipeline().assignment().loader)));
+  }
   if (const double limit = config_.get_double("pipeline.stall_timeout_s"); limit > 0)
     watchdog_ = std::make_unique<StallWatchdog>(
         pipeline().ring(), begin, limit, "pipeline.stall_timeout_s",
@@ -700,11 +751,13 @@ void TrainRun::step_loop() {
         b + 1 == last_)
       save(b + 1);
     if (epoch_end || b + 1 == last_) save_teacher_cache();
+    if (epoch_end) share_cached_teacher_cpus(b + 1);
     // An interval's samples/s is the steps': an evaluation or a checkpoint just after its start
     // is left out.
     if (interval.steps == 0) interval.start = Clock::now();
   }
   pipeline().stop();
+  if (sharing_.joinable()) sharing_.join(); // the closed ring ends a move in progress
   trainer().drain();
   progress.finish();
   pipeline().ring().rethrow_if_failed();
@@ -727,7 +780,9 @@ json TrainRun::cache_summary() {
           {"samples", cache->samples()},
           {"samples_kept", cache->stored()},
           {"bytes", cache->bytes()},
-          {"batches_from_cache", pipeline().cached_batches()}};
+          {"batches_from_cache", pipeline().cached_batches()},
+          {"loaders_on_teacher_cpus_from_batch", shared_from_ ? json(*shared_from_) : json(nullptr)},
+          {"loader_cpus", pipeline().assignment().loader}};
 }
 
 int TrainRun::finish() {

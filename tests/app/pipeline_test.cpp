@@ -346,7 +346,13 @@ TEST(CpuPipeline, TeacherOutputCacheServesLaterEpochsWithWhatTheTeacherComputed)
     double worst = 0, largest = 0;
     pipeline.start(0, 2 * per_epoch, {.cache = true});
     ASSERT_EQ(pipeline.cache(), run.cache.get());
+    // With every sample kept, the loaders take the teacher's CPU too: a move made on another
+    // thread while the student goes on (it waits for the loaders to drain).
+    std::thread sharer;
+    bool shared = false;
     for (std::uint64_t b = 0; b < 2 * per_epoch; ++b) {
+      if (b == per_epoch && top_k == 0)
+        sharer = std::thread([&] { shared = pipeline.share_teacher_cpus(); });
       auto slot = pipeline.ring().acquire_ready(b);
       ASSERT_TRUE(slot) << "batch " << b;
       const auto ids = slot->region<std::int64_t>(pipeline.regions().loader.ids);
@@ -391,11 +397,34 @@ TEST(CpuPipeline, TeacherOutputCacheServesLaterEpochsWithWhatTheTeacherComputed)
       }
       pipeline.ring().release(*slot);
     }
+    if (sharer.joinable()) {
+      sharer.join(); // every batch is loaded: the loaders' graph is done, the move needs nothing
+      EXPECT_TRUE(shared);
+      EXPECT_TRUE(pipeline.shared());
+      const CpuList loaders = pipeline.assignment().loader;
+      for (const int c : run.plan.teacher.front())
+        EXPECT_NE(std::find(loaders.begin(), loaders.end(), c), loaders.end()) << "CPU " << c;
+      EXPECT_FALSE(pipeline.share_teacher_cpus()) << "once";
+    }
     pipeline.stop();
     pipeline.ring().rethrow_if_failed();
     EXPECT_EQ(taught.size(), 96u);
     EXPECT_EQ(pipeline.cache()->stored(), 96u);
     EXPECT_EQ(pipeline.cached_batches(), per_epoch) << "the second epoch ran the teacher";
+    // A pipeline started on a full cache: the loaders on the teacher's CPU from the start, every
+    // batch served from the cache.
+    CpuPipeline again_on(run, sampler, kSlots,
+                         student::allocate_pinned_for_device(kSlots * layout.slot_bytes()));
+    again_on.start(0, per_epoch, {.cache = true, .share_teacher_cpus = true});
+    EXPECT_TRUE(again_on.shared());
+    for (std::uint64_t b = 0; b < per_epoch; ++b) {
+      auto slot = again_on.ring().acquire_ready(b);
+      ASSERT_TRUE(slot) << "batch " << b;
+      again_on.ring().release(*slot);
+    }
+    again_on.stop();
+    again_on.ring().rethrow_if_failed();
+    EXPECT_EQ(again_on.cached_batches(), per_epoch);
     if (top_k == 0) {
       EXPECT_GT(largest, 1e-2) << "logits that say something";
       EXPECT_LE(worst, 1e-4 * std::max(1.0, largest));

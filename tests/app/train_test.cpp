@@ -102,6 +102,15 @@ TEST(Train, TeacherCacheOnDiskServesTheNextRunAndRefusesAStaleOrDamagedFile) {
   EXPECT_EQ(second["teacher_cache"]["batches_from_cache"], 20) << "the teacher ran";
   EXPECT_EQ(second["state_digest"], summary(a)["state_digest"]) << "not the same targets";
   EXPECT_EQ(second["test_accuracy"], summary(a)["test_accuracy"]);
+  // A cache that holds every sample from the start: the loaders run on the teacher's CPUs too.
+  EXPECT_EQ(second["teacher_cache"]["loaders_on_teacher_cpus_from_batch"], 0);
+  const json& loaders = second["teacher_cache"]["loader_cpus"];
+  for (const auto& c : second["plan"]["teacher"][0])
+    EXPECT_NE(std::find(loaders.begin(), loaders.end(), c), loaders.end()) << loaders.dump();
+  // The first run kept every sample in its first epoch: from its second the loaders share the
+  // teacher's CPUs, unless its last batches came before that move was done.
+  const json& first_shared = summary(a)["teacher_cache"]["loaders_on_teacher_cpus_from_batch"];
+  EXPECT_TRUE(first_shared.is_null() || first_shared == 10) << first_shared.dump();
 
   // The same file named for other data; then damaged.
   const fs::path named = scratch("cache_named.kdcache");
