@@ -373,12 +373,12 @@ RunInputs prepare_run(const Config& config, const DistEnv& dist) {
   const std::vector<TeacherSpec> specs =
       run.teacher_runs ? teacher_specs(config) : std::vector<TeacherSpec>{};
   // Several teachers share the teacher cores by their cost per sample.
-  const std::vector<double> costs =
-      run.teacher_runs
-          ? teacher_costs(config, {run.train.channels(), run.train.height(), run.train.width()})
-          : std::vector<double>{};
-  run.plan = affinity::plan_from_config(
-      config, run.topology, near[static_cast<std::size_t>(dist.local_rank)], share, costs);
+  if (run.teacher_runs)
+    run.teacher_costs =
+        teacher_costs(config, {run.train.channels(), run.train.height(), run.train.width()});
+  run.plan = affinity::plan_from_config(config, run.topology,
+                                        near[static_cast<std::size_t>(dist.local_rank)], share,
+                                        run.teacher_costs);
 
   for (std::size_t k = 0; k < specs.size(); ++k) {
     const TeacherSpec& spec = specs[k];

@@ -242,22 +242,16 @@ int tune_cores_command(const TuneArgs& args) {
   if (run.teacher_runs && teacher::has_native_bf16())
     precisions.push_back(teacher::Precision::bf16);
   if (run.teachers() > 1) precisions = {run.precision};
-  const std::vector<TeacherSpec> specs =
-      run.teacher_runs ? teacher_specs(config) : std::vector<TeacherSpec>{};
-  const std::vector<double> costs =
-      run.teacher_runs
-          ? teacher_costs(config, {run.train.channels(), run.train.height(), run.train.width()})
-          : std::vector<double>{};
   std::map<teacher::Precision, std::shared_ptr<const teacher::Teacher>> teachers;
   for (const auto p : precisions) {
     if (!run.teacher_runs) break;
     // prepare_run already loaded the configured precision.
     teachers[p] = p == run.precision
                       ? run.teacher
-                      : load_run_teacher(run, specs.front(), p,
+                      : load_run_teacher(run, teacher_specs(config).front(), p,
                                          static_cast<int>(run.plan.teacher.front().size()));
   }
-  std::vector<Candidate> all = candidates(run, precisions, costs);
+  std::vector<Candidate> all = candidates(run, precisions, run.teacher_costs);
   if (all.empty())
     throw InputError("tune-cores: no valid plan on this machine's allowed CPUs (one core: every "
                      "role shares it; use cores.plan = auto)");

@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <future>
+#include <optional>
 #include <random>
 #include <thread>
 #include <vector>
@@ -232,6 +233,25 @@ std::uint64_t handoff_target() {
   return 10'000'000;
 }
 
+// A stress test's loader: takes loader tickets below `batches`, fills each batch's `values` input
+// bytes from its number (and its `ids` region, when given) after a jitter, hands it to the teacher.
+void stress_loader(SlotRing& ring, std::uint64_t batches, std::size_t in_idx, std::int64_t values,
+                   std::uint64_t seed, std::optional<std::size_t> id_idx) {
+  Jitter jitter(seed);
+  for (;;) {
+    const std::uint64_t b = ring.take_ticket(RingStage::loader);
+    if (b >= batches) return;
+    auto s = ring.acquire_free(b);
+    if (!s) return;
+    jitter();
+    auto in = s->region<std::uint8_t>(in_idx);
+    for (std::int64_t i = 0; i < values; ++i)
+      in[i] = static_cast<std::uint8_t>(mix(b * 64 + i));
+    if (id_idx) s->region<std::int64_t>(*id_idx)[0] = static_cast<std::int64_t>(b);
+    ring.publish(*s, SlotState::filling, SlotState::filled);
+  }
+}
+
 TEST(SlotRingStress, EveryBatchArrivesOnceInOrderIntact) {
   constexpr int kLoaders = 2;
   constexpr int kTeachers = 2;
@@ -248,21 +268,8 @@ TEST(SlotRingStress, EveryBatchArrivesOnceInOrderIntact) {
 
   std::vector<std::thread> threads;
   for (int l = 0; l < kLoaders; ++l)
-    threads.emplace_back([&, l] {
-      Jitter jitter(seed + l);
-      for (;;) {
-        const std::uint64_t b = ring.take_ticket(RingStage::loader);
-        if (b >= batches) return;
-        auto s = ring.acquire_free(b);
-        if (!s) return;
-        jitter();
-        auto in = s->region<std::uint8_t>(in_idx);
-        for (std::int64_t i = 0; i < kValues; ++i)
-          in[i] = static_cast<std::uint8_t>(mix(b * 64 + i));
-        s->region<std::int64_t>(id_idx)[0] = static_cast<std::int64_t>(b);
-        ring.publish(*s, SlotState::filling, SlotState::filled);
-      }
-    });
+    threads.emplace_back(
+        [&, l] { stress_loader(ring, batches, in_idx, kValues, seed + l, id_idx); });
   for (int t = 0; t < kTeachers; ++t)
     threads.emplace_back([&, t] {
       Jitter jitter(seed + 100 + t);
@@ -349,20 +356,8 @@ TEST(SlotRingStress, TwoTeachersEachReachTheirRegionsInOrder) {
 
   std::vector<std::thread> threads;
   for (int l = 0; l < kLoaders; ++l)
-    threads.emplace_back([&, l] {
-      Jitter jitter(seed + l);
-      for (;;) {
-        const std::uint64_t b = ring.take_ticket(RingStage::loader);
-        if (b >= batches) return;
-        auto s = ring.acquire_free(b);
-        if (!s) return;
-        jitter();
-        auto in = s->region<std::uint8_t>(in_idx);
-        for (std::int64_t i = 0; i < kValues; ++i)
-          in[i] = static_cast<std::uint8_t>(mix(b * 64 + i));
-        ring.publish(*s, SlotState::filling, SlotState::filled);
-      }
-    });
+    threads.emplace_back(
+        [&, l] { stress_loader(ring, batches, in_idx, kValues, seed + l, std::nullopt); });
   for (std::uint32_t t = 0; t < kTeachers; ++t)
     for (int r = 0; r < kReplicas; ++r)
       threads.emplace_back([&, t, r] {
