@@ -316,8 +316,8 @@ PlanFile read_plan_file(const std::filesystem::path& path) {
       continue; // informational, as to_json writes it
     else if (key == "teacher_of") {
       if (!value.is_array())
-        throw InputError(fmt::format("{}: key 'teacher_of' must be a list of teacher numbers",
-                                     path.string()));
+        throw InputError(
+            fmt::format("{}: key 'teacher_of' must be a list of teacher numbers", path.string()));
       for (const auto& t : value) {
         if (!t.is_number_integer() || t.get<std::int64_t>() < 0 || t.get<std::int64_t>() > 1000)
           throw InputError(fmt::format("{}: key 'teacher_of' holds {}, not a teacher number",
@@ -434,8 +434,8 @@ Plan plan_from_config(const Config& config, const Topology& topology,
   request.loader_cores = static_cast<int>(config.get_int("cores.loader_cores"));
   request.teacher_threads = static_cast<int>(config.get_int("cores.teacher_threads"));
   request.teacher_runs = teacher_runs;
-  request.teacher_costs = teacher_costs.empty() ? std::vector<double>(teachers, 1.0)
-                                                : std::move(teacher_costs);
+  request.teacher_costs =
+      teacher_costs.empty() ? std::vector<double>(teachers, 1.0) : std::move(teacher_costs);
   request.gpu_local = gpu_local;
   request.share = share;
   return plan_auto(topology, request);

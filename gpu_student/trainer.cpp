@@ -458,11 +458,10 @@ void Trainer::set_colocated_teachers(std::vector<ColocatedTeacher> teachers) {
   }
   std::vector<double> logs;
   for (const ColocatedTeacher& c : teachers) logs.push_back(std::log(c.weight / sum));
-  impl_->colocated_log_weights =
-      torch::tensor(logs, torch::kDouble)
-          .to(torch::kFloat)
-          .view({static_cast<std::int64_t>(logs.size()), 1, 1})
-          .to(impl_->device);
+  impl_->colocated_log_weights = torch::tensor(logs, torch::kDouble)
+                                     .to(torch::kFloat)
+                                     .view({static_cast<std::int64_t>(logs.size()), 1, 1})
+                                     .to(impl_->device);
   impl_->colocated = std::move(teachers);
 }
 

@@ -282,22 +282,22 @@ int bench_overlap_command(const OverlapArgs& args) {
   const auto rate = [&](Mode m) { return modes[mode_name(m)]["samples_per_s"].get<double>(); };
   // The slowest stage alone; each of several teachers is a stage too (teacher-alone runs them all
   // at once, so it is at most the slowest of them).
-  const double slowest_teacher =
-      std::min(rate(Mode::teacher_alone),
-               each_alone.empty() ? INFINITY : *std::min_element(each_alone.begin(), each_alone.end()));
+  const double slowest_teacher = std::min(
+      rate(Mode::teacher_alone),
+      each_alone.empty() ? INFINITY : *std::min_element(each_alone.begin(), each_alone.end()));
   const double ideal =
       std::min({rate(Mode::student_alone), slowest_teacher, rate(Mode::loader_alone)});
   // The contention ceiling: the slowest stage alone, the student measured beside the busy
   // teacher replicas. Efficiency against it is what the pipeline itself loses.
   const double ceiling =
       std::min({rate(Mode::student_contended), slowest_teacher, rate(Mode::loader_alone)});
-  std::string bottleneck = ideal == rate(Mode::student_alone)   ? "student"
-                           : ideal == rate(Mode::teacher_alone) ? "teacher"
-                           : ideal == slowest_teacher
-                               ? fmt::format("teacher {}", std::min_element(each_alone.begin(),
-                                                                            each_alone.end()) -
-                                                               each_alone.begin())
-                               : "loader";
+  std::string bottleneck =
+      ideal == rate(Mode::student_alone)   ? "student"
+      : ideal == rate(Mode::teacher_alone) ? "teacher"
+      : ideal == slowest_teacher
+          ? fmt::format("teacher {}",
+                        std::min_element(each_alone.begin(), each_alone.end()) - each_alone.begin())
+          : "loader";
   json versions = json::object();
   for (const auto& [name, text] : all_versions()) versions[name] = text;
   const std::string plan_summary =

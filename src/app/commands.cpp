@@ -230,10 +230,10 @@ int Commands::show_cores() {
   // Several teachers share the teacher cores by their costs, which their inputs decide.
   std::vector<double> costs;
   if (config.get_double("kd.alpha") > 0 && affinity::teacher_count(config) > 1) {
-    const Dataset train = Dataset::load(
-        config.get_string("data.dataset"), config.get_string("data.path"), Split::train,
-        {static_cast<int>(config.get_int("data.image_size")),
-         static_cast<int>(config.get_int("data.resize"))});
+    const Dataset train = Dataset::load(config.get_string("data.dataset"),
+                                        config.get_string("data.path"), Split::train,
+                                        {static_cast<int>(config.get_int("data.image_size")),
+                                         static_cast<int>(config.get_int("data.resize"))});
     costs = teacher_costs(config, {train.channels(), train.height(), train.width()});
   }
   if (local_world == 1) {

@@ -261,8 +261,7 @@ CacheFill fill_teacher_cache(const Setup& setup) {
   const auto t0 = Clock::now();
   const std::uint64_t epoch = setup.sampler.batches_per_epoch();
   if (before < cache.samples()) {
-    Assembled parts =
-        assemble(run, setup.sampler, setup.slots, setup.options, StudentLogits::none);
+    Assembled parts = assemble(run, setup.sampler, setup.slots, setup.options, StudentLogits::none);
     CpuPipeline& pipeline = *parts.pipeline;
     pipeline.start(0, epoch, {.loaders = true, .teacher = true, .cache = true});
     for (std::uint64_t b = 0; b < epoch; ++b) {

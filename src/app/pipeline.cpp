@@ -92,8 +92,9 @@ CpuPipeline::CpuPipeline(const RunInputs& run, const Sampler& sampler, std::uint
     else
       regions_.teacher_logits.push_back(*regions_.logits);
   }
-  ring_ = std::make_unique<SlotRing>(std::move(layout), slots, std::move(memory),
-                                     static_cast<std::uint32_t>(std::max<std::size_t>(run.teachers(), 1)));
+  ring_ = std::make_unique<SlotRing>(
+      std::move(layout), slots, std::move(memory),
+      static_cast<std::uint32_t>(std::max<std::size_t>(run.teachers(), 1)));
 
   // Every arena's workers come from oneTBB's one global pool: size it for all of them (kd-ctl's
   // moves keep the sum).
@@ -117,9 +118,8 @@ CpuPipeline::CpuPipeline(const RunInputs& run, const Sampler& sampler, std::uint
 
 CpuPipeline::~CpuPipeline() { stop(); }
 
-std::unique_ptr<CpuPipeline::TeacherUnit> CpuPipeline::make_teacher(const affinity::CpuList& cpus,
-                                                                    int first_index,
-                                                                    std::size_t teacher) {
+std::unique_ptr<CpuPipeline::TeacherUnit>
+CpuPipeline::make_teacher(const affinity::CpuList& cpus, int first_index, std::size_t teacher) {
   auto unit = std::make_unique<TeacherUnit>();
   unit->teacher = teacher;
   unit->mixed.assign(run_.teachers(), nullptr);
@@ -183,9 +183,9 @@ void CpuPipeline::start(std::uint64_t first_batch, std::uint64_t batches,
   if (options.only_teacher && *options.only_teacher >= run_.teachers())
     throw std::invalid_argument("CpuPipeline::start: no such teacher");
   if (teacher)
-    ring_->set_teachers(options.only_teacher
-                            ? 1
-                            : static_cast<std::uint32_t>(std::max<std::size_t>(run_.teachers(), 1)));
+    ring_->set_teachers(options.only_teacher ? 1
+                                             : static_cast<std::uint32_t>(
+                                                   std::max<std::size_t>(run_.teachers(), 1)));
   mixing_ = run_.mix.has_value() && !options.only_teacher;
   if (options.loaders) {
     loaders_run_ = true;
@@ -347,8 +347,7 @@ bool CpuPipeline::reassign(const affinity::PoolAssignment& to) {
   std::lock_guard lock(structure_mutex_);
   if (!run_.teacher_runs || !loaders_run_)
     throw std::invalid_argument("reassign: the loaders and the teacher are not running");
-  if (run_.teachers() > 1)
-    throw std::invalid_argument("reassign: the run has several teachers");
+  if (run_.teachers() > 1) throw std::invalid_argument("reassign: the run has several teachers");
   if (stopped_ || ring_->closed() || shared_.load(std::memory_order_relaxed)) return false;
   const affinity::PoolAssignment from = assignment();
   const bool ok = to.loader.size() < from.loader.size()

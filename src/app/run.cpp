@@ -348,8 +348,8 @@ RunInputs prepare_run(const Config& config, const DistEnv& dist) {
   run.sampler.world = dist.world;
   // kd.cache under several ranks: each keeps its own samples every epoch, so that its cache holds
   // its later epochs' batches (prepare_teacher_cache).
-  run.sampler.fixed_shards = dist.world > 1 && run.teacher_runs &&
-                             config.get_string("kd.cache") != "none";
+  run.sampler.fixed_shards =
+      dist.world > 1 && run.teacher_runs && config.get_string("kd.cache") != "none";
   if (run.train.size() < run.sampler.batch_size && run.sampler.drop_last)
     throw InputError(fmt::format("data.batch_size = {}: larger than the training set of {} ({})",
                                  run.sampler.batch_size, run.train.size(), run.train.source()));
@@ -383,12 +383,13 @@ RunInputs prepare_run(const Config& config, const DistEnv& dist) {
   for (std::size_t k = 0; k < specs.size(); ++k) {
     const TeacherSpec& spec = specs[k];
     // The first replica of the teacher's: its width is the one plans are tuned at.
-    const auto first = std::find(run.plan.teacher_of.begin(), run.plan.teacher_of.end(),
-                                 static_cast<int>(k)) -
-                       run.plan.teacher_of.begin();
-    const int threads = static_cast<std::size_t>(first) < run.plan.teacher.size()
-                            ? static_cast<int>(run.plan.teacher[static_cast<std::size_t>(first)].size())
-                            : 0;
+    const auto first =
+        std::find(run.plan.teacher_of.begin(), run.plan.teacher_of.end(), static_cast<int>(k)) -
+        run.plan.teacher_of.begin();
+    const int threads =
+        static_cast<std::size_t>(first) < run.plan.teacher.size()
+            ? static_cast<int>(run.plan.teacher[static_cast<std::size_t>(first)].size())
+            : 0;
     auto model = load_run_teacher(run, spec, spec.precision, threads);
     ImageAdapter input = teacher_input(run, spec, *model);
     if (k == 0) {
@@ -453,8 +454,7 @@ ImageAdapter teacher_input(const RunInputs& run, const TeacherSpec& spec,
     throw InputError(fmt::format(
         "{}: the teacher takes samples of shape {}, not images [channels, height, width]: the "
         "data's {}x{}x{} images cannot be made its input",
-        spec.path, shape_text({in.begin() + 1, in.end()}), data.channels, data.height,
-        data.width));
+        spec.path, shape_text({in.begin() + 1, in.end()}), data.channels, data.height, data.width));
   const ImageSpec own{static_cast<int>(in[1]), static_cast<int>(in[2]), static_cast<int>(in[3])};
   if (own.channels != data.channels && data.channels != 1)
     throw InputError(fmt::format("{}: the teacher reads {}-channel images and the data's have {} "
@@ -480,8 +480,8 @@ ImageAdapter teacher_input(const RunInputs& run, const TeacherSpec& spec,
   if (own_norm != Normalization{repeated(data_norm.mean), repeated(data_norm.std)})
     what.push_back(fmt::format("normalized with {}.mean/std", spec.key));
   if (!what.empty())
-    fmt::print(stderr, "kdflow: the teacher {} reads {}x{}x{} images: the data's, {}\n",
-               spec.path, own.channels, own.height, own.width, fmt::join(what, ", "));
+    fmt::print(stderr, "kdflow: the teacher {} reads {}x{}x{} images: the data's, {}\n", spec.path,
+               own.channels, own.height, own.width, fmt::join(what, ", "));
   return adapter;
 }
 
@@ -535,10 +535,10 @@ teacher::TeacherOptions teacher_options(const RunInputs& run, const TeacherSpec&
 
 void check_teacher_file(const TeacherSpec& spec) {
   if (!std::filesystem::exists(spec.path))
-    throw InputError(fmt::format(
-        "{}.model = {}: no such file (from {}: the default teacher is trained by "
-        "scripts/train_fmnist_teacher.py; kd.alpha = 0 trains without one)",
-        spec.key, spec.path, std::filesystem::current_path().string()));
+    throw InputError(
+        fmt::format("{}.model = {}: no such file (from {}: the default teacher is trained by "
+                    "scripts/train_fmnist_teacher.py; kd.alpha = 0 trains without one)",
+                    spec.key, spec.path, std::filesystem::current_path().string()));
 }
 
 } // namespace
@@ -688,9 +688,9 @@ Assembled assemble(const RunInputs& run, const Sampler& sampler, std::uint32_t s
   const SlotRegions& r = parts.pipeline->regions();
   student::StepRegions regions{r.loader.inputs, r.loader.labels, r.logits, {}};
   for (const auto& f : options.feature_losses)
-    regions.teacher_features.push_back(r.features.at(f.teacher_index)
-                                           .at(f.teacher_output -
-                                               run.teacher_at(f.teacher_index)->graph().outputs.size()));
+    regions.teacher_features.push_back(
+        r.features.at(f.teacher_index)
+            .at(f.teacher_output - run.teacher_at(f.teacher_index)->graph().outputs.size()));
   if (logits == StudentLogits::colocated) regions.teacher_logits.reset();
   parts.trainer = std::make_unique<student::Trainer>(options, parts.pipeline->ring(), regions);
   if (logits == StudentLogits::colocated)

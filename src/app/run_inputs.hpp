@@ -64,8 +64,9 @@ struct RunInputs {
   std::string cache_key;
   double teacher_weight = 1;        // teacher.weight (several teachers)
   std::vector<OtherTeacher> others; // teacher.others, loaded when the teacher runs
-  std::vector<double> teacher_costs; // several teachers: each one's FLOPs per sample (teacher_costs)
-  std::optional<TeacherMix> mix;    // several teachers: their logits into the slot's target
+  std::vector<double>
+      teacher_costs;             // several teachers: each one's FLOPs per sample (teacher_costs)
+  std::optional<TeacherMix> mix; // several teachers: their logits into the slot's target
 
   // The teachers that run, [teacher] first (0 when kd.alpha = 0).
   [[nodiscard]] std::size_t teachers() const { return teacher_runs ? 1 + others.size() : 0; }

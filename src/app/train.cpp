@@ -404,12 +404,13 @@ void TrainRun::start() {
       for (std::size_t t = 0; t < run_.teachers(); ++t) {
         const std::string& model = t == 0 ? run_.teacher_path : run_.others[t - 1].spec.path;
         const double weight = std::exp(run_.mix->log_weights()[t]);
-        teachers_.push_back({{"model", model},
-                             {"precision", teacher::precision_name(run_.teacher_at(t)->precision())},
-                             {"weight", weight},
-                             {"test_accuracy", hits[1 + t] / test}});
-        log_info(fmt::format("teacher {} ({}): test accuracy {:.4f} alone, weight {:.3g}", t,
-                             model, hits[1 + t] / test, weight));
+        teachers_.push_back(
+            {{"model", model},
+             {"precision", teacher::precision_name(run_.teacher_at(t)->precision())},
+             {"weight", weight},
+             {"test_accuracy", hits[1 + t] / test}});
+        log_info(fmt::format("teacher {} ({}): test accuracy {:.4f} alone, weight {:.3g}", t, model,
+                             hits[1 + t] / test, weight));
       }
       log_info(fmt::format("the {} teachers' mix at kd.temperature {:g} (the target): test "
                            "accuracy {:.4f}; {} replica(s) in all",
@@ -773,16 +774,17 @@ std::uint64_t TrainRun::teacher_work_ns() {
 json TrainRun::cache_summary() {
   const TeacherOutputCache* cache = run_.teacher_runs ? pipeline().cache() : nullptr;
   if (!cache) return nullptr;
-  return {{"mode", config_.get_string("kd.cache")},
-          {"file", run_.cache_file.empty() ? json(nullptr) : json(run_.cache_file.string())},
-          {"samples_read_from_file", cache_read_},
-          {"top_k", cache->full() ? 0 : cache->kept()},
-          {"samples", cache->samples()},
-          {"samples_kept", cache->stored()},
-          {"bytes", cache->bytes()},
-          {"batches_from_cache", pipeline().cached_batches()},
-          {"loaders_on_teacher_cpus_from_batch", shared_from_ ? json(*shared_from_) : json(nullptr)},
-          {"loader_cpus", pipeline().assignment().loader}};
+  return {
+      {"mode", config_.get_string("kd.cache")},
+      {"file", run_.cache_file.empty() ? json(nullptr) : json(run_.cache_file.string())},
+      {"samples_read_from_file", cache_read_},
+      {"top_k", cache->full() ? 0 : cache->kept()},
+      {"samples", cache->samples()},
+      {"samples_kept", cache->stored()},
+      {"bytes", cache->bytes()},
+      {"batches_from_cache", pipeline().cached_batches()},
+      {"loaders_on_teacher_cpus_from_batch", shared_from_ ? json(*shared_from_) : json(nullptr)},
+      {"loader_cpus", pipeline().assignment().loader}};
 }
 
 int TrainRun::finish() {

@@ -259,7 +259,7 @@ int tune_cores_command(const TuneArgs& args) {
   // Distinct stage configurations to profile (at most: loader sets beyond the first that outruns
   // the student are skipped, and so are the teacher configurations only their plans use).
   std::map<affinity::CpuList, double> loader_rate; // ordered by size: each set extends the last
-  std::map<TeacherStage, double> teacher_rate;       // each teacher's stage alone
+  std::map<TeacherStage, double> teacher_rate;     // each teacher's stage alone
   const std::size_t nteachers = run.teachers();
   for (const auto& c : all) {
     loader_rate[c.plan.loader] = 0;

@@ -103,8 +103,7 @@ std::optional<Slot> SlotRing::acquire_free(std::uint64_t batch) {
 std::optional<Slot> SlotRing::acquire_filled(std::uint64_t batch, std::uint32_t teacher) {
   assert(teacher < teachers_);
   (void)teacher; // the batch is the same for every teacher; each takes its own tickets
-  return acquire(batch, SlotState::filled, SlotState::teaching, RingStage::teacher,
-                 teachers_ > 1);
+  return acquire(batch, SlotState::filled, SlotState::teaching, RingStage::teacher, teachers_ > 1);
 }
 
 bool SlotRing::finish_teaching(const Slot& slot) {

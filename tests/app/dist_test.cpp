@@ -230,12 +230,11 @@ TEST(Dist, TwoRanksEachCacheTheirShard) {
   const fs::path data = scratch("dist_cache_data"), two = scratch("dist_cache_two");
   write_fmnist_subset(data, 640, 256);
   const fs::path logs = two.string() + ".logs";
-  const Result r = torchrun(
-      launch(local(2), logs,
-             train_args(two, 32,
-                        {"data.path=" + data.string(), "kd.cache=memory", "train.epochs=2",
-                         "train.export=off"})),
-      two);
+  const Result r = torchrun(launch(local(2), logs,
+                                   train_args(two, 32,
+                                              {"data.path=" + data.string(), "kd.cache=memory",
+                                               "train.epochs=2", "train.export=off"})),
+                            two);
   ASSERT_EQ(r.code, 0) << r.err << rank_stderr(logs, 0) << rank_stderr(logs, 1);
   const json s = summary(two);
   ASSERT_EQ(s["ranks"].size(), 2u);

@@ -531,7 +531,8 @@ TEST(CpuPipeline, TwoTeachersReachTheirRegionsAndTheTargetIsTheirMix) {
   });
   teacher::OutputBuffers want0(*run.teacher), want1(*run.others[0].model);
   std::vector<float> want_mix(want0.data[0].size());
-  for (const std::optional<std::size_t> only : {std::optional<std::size_t>(), std::optional<std::size_t>(1)}) {
+  for (const std::optional<std::size_t> only :
+       {std::optional<std::size_t>(), std::optional<std::size_t>(1)}) {
     CpuPipeline pipeline(run, sampler, kSlots,
                          student::allocate_pinned_for_device(kSlots * layout.slot_bytes()));
     const SlotRegions& r = pipeline.regions();
@@ -579,8 +580,10 @@ TEST(CpuPipeline, TwoTeachersReachTheirRegionsAndTheTargetIsTheirMix) {
   {
     const std::string value = "/features/features.12/Relu_output_0";
     Config c = config(second);
-    c.set("kd.features=[{teacher = \"" + value + "\", student = \"stage2\", from = 1}, "
-          "{teacher = \"" + value + "\", student = \"stage2\"}]");
+    c.set("kd.features=[{teacher = \"" + value +
+          "\", student = \"stage2\", from = 1}, "
+          "{teacher = \"" +
+          value + "\", student = \"stage2\"}]");
     const RunInputs both = prepare_run(c);
     const SlotLayout l = CpuPipeline::layout_for(both);
     CpuPipeline pipeline(both, sampler, kSlots,

@@ -605,15 +605,16 @@ TEST(Train, FeatureLossesFromTheConfigTrainAndResumeBitIdentically) {
 
   // A pair from a second teacher (kd.features' `from`): trained, logged, and exported as before.
   const fs::path two = scratch("features_two_teachers");
-  const std::string others = "teacher.others=[{model = \"" +
-                             fixture("mlp_opset13.onnx").string() + "\", weight = 0.5}]";
+  const std::string others =
+      "teacher.others=[{model = \"" + fixture("mlp_opset13.onnx").string() + "\", weight = 0.5}]";
   r = run(with(fast_train_args(two),
                {others, "train.max_steps=10",
                 "kd.features=[{teacher = \"/Relu_output_0\", student = \"stage2\", from = 1}]"}),
           two);
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(summary(two)["teachers"].size(), 2u);
-  r = run({"export", "--run", two.string(), "--out", (two / "again.onnx").string()}, two / "export");
+  r = run({"export", "--run", two.string(), "--out", (two / "again.onnx").string()},
+          two / "export");
   EXPECT_EQ(r.code, 0) << r.err;
 
   const fs::path bad = scratch("features_bad");

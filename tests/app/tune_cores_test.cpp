@@ -92,8 +92,8 @@ TEST(TuneCores, TwoTeachersAreEachAStage) {
   EXPECT_EQ(served, (std::set<int>{0, 1})) << cores.dump(1);
 
   Result r = run({"tune-cores", "--config", config.string(), "--budget-s", "6", "--out",
-           (dir / "plan.json").string()},
-          dir / "tune");
+                  (dir / "plan.json").string()},
+                 dir / "tune");
   ASSERT_EQ(r.code, 0) << r.err;
   const json plan = json::parse(read_text(dir / "plan.json"));
   served.clear();

@@ -217,8 +217,7 @@ TEST(Config, TeacherBlocksAreTheTeacherAndItsOthers) {
   expect_input_error(
       [&] {
         Config c;
-        c.merge_toml("[[teacher]]\nmodel = \"a\"\n[[teacher.others]]\nmodel = \"b\"\n",
-                     "f.toml");
+        c.merge_toml("[[teacher]]\nmodel = \"a\"\n[[teacher.others]]\nmodel = \"b\"\n", "f.toml");
       },
       {"teacher[1].others"});
   expect_input_error([&] { Config().set("teacher.weight=-1"); }, {"teacher.weight"});

@@ -52,9 +52,9 @@ struct Thread {
 
 struct State {
   std::array<std::uint32_t, kSlots> word{};
-  std::array<int, kSlots> input{};  // batch whose inputs the slot holds (-1 none)
+  std::array<int, kSlots> input{}; // batch whose inputs the slot holds (-1 none)
   std::array<std::array<int, kMaxLanes>, kSlots> output{}; // each teacher's output: its batch
-  std::array<int, kSlots> owner{};   // thread with exclusive access (-1 none)
+  std::array<int, kSlots> owner{};                         // thread with exclusive access (-1 none)
   std::array<int, kSlots> sharers{}; // teacher threads working on the slot together
   std::array<int, kSlots> taught{};  // teachers done with the slot's batch (SlotRing's counter)
   std::array<int, 1 + kMaxLanes> ticket{}; // loader, then each teacher's ticket counter
@@ -129,8 +129,8 @@ struct Checker {
       t.pc = student ? 1 : 2;
       return true;
     }
-    const bool mine = t.role == 1 && sc.lanes > 1 ? (s.sharers[slot] >> i & 1) != 0
-                                                  : s.owner[slot] == i;
+    const bool mine =
+        t.role == 1 && sc.lanes > 1 ? (s.sharers[slot] >> i & 1) != 0 : s.owner[slot] == i;
     if (!mine) fail("thread " + std::to_string(i) + " touches a slot it does not own");
     if (t.role == 0 && t.pc == 2) { // fill, then publish
       s.input[slot] = t.batch;

@@ -245,8 +245,7 @@ void stress_loader(SlotRing& ring, std::uint64_t batches, std::size_t in_idx, st
     if (!s) return;
     jitter();
     auto in = s->region<std::uint8_t>(in_idx);
-    for (std::int64_t i = 0; i < values; ++i)
-      in[i] = static_cast<std::uint8_t>(mix(b * 64 + i));
+    for (std::int64_t i = 0; i < values; ++i) in[i] = static_cast<std::uint8_t>(mix(b * 64 + i));
     if (id_idx) s->region<std::int64_t>(*id_idx)[0] = static_cast<std::int64_t>(b);
     ring.publish(*s, SlotState::filling, SlotState::filled);
   }

@@ -355,7 +355,8 @@ TEST(Trainer, TheColocatedTeachersMixIsThePipelinesMix) {
     TeacherMix(weights, t)(in, kRows, kClasses, want.data());
     const torch::Tensor logits = torch::from_blob(z.data(), {kTeachers, kRows, kClasses}).clone();
     const torch::Tensor log_w =
-        torch::tensor(std::vector<double>{std::log(0.5 / 3.5), std::log(1 / 3.5), std::log(2 / 3.5)})
+        torch::tensor(
+            std::vector<double>{std::log(0.5 / 3.5), std::log(1 / 3.5), std::log(2 / 3.5)})
             .to(torch::kFloat)
             .view({kTeachers, 1, 1});
     const torch::Tensor got = mix_teacher_logits(logits, log_w, t).contiguous();

@@ -102,7 +102,8 @@ public:
   // Batch numbers for a stage's next claim, for stages whose workers take batches in turn: each
   // teacher (`lane`) has its own, as each works on every batch.
   [[nodiscard]] std::uint64_t take_ticket(RingStage stage, std::uint32_t lane = 0) {
-    Ticket& t = stage == RingStage::teacher ? teacher_tickets_[lane] : tickets_[static_cast<int>(stage)];
+    Ticket& t =
+        stage == RingStage::teacher ? teacher_tickets_[lane] : tickets_[static_cast<int>(stage)];
     return t.next.fetch_add(1, std::memory_order_relaxed);
   }
 
