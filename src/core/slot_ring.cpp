@@ -85,6 +85,9 @@ std::optional<Slot> SlotRing::acquire(std::uint64_t batch, SlotState from, SlotS
     }
     cur = word.load(std::memory_order_acquire);
   }
+  // A batch that became ready while the ring failed (a stalled stage, released by the failure) is
+  // not handed on: after fail() the student gets the failure.
+  if (drains && failed_.load(std::memory_order_acquire)) rethrow_if_failed();
   auto& c = counters_[static_cast<int>(stage)];
   c.acquisitions.fetch_add(1, std::memory_order_relaxed);
   if (wait_start != 0) {
