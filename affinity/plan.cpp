@@ -191,7 +191,7 @@ void validate(Plan& plan, const Topology& topology, bool teacher_runs,
   if (plan.teacher_of.size() != plan.teacher.size())
     throw InputError(fmt::format("core plan: 'teacher_of' names {} teachers for {} replicas",
                                  plan.teacher_of.size(), plan.teacher.size()));
-  for (std::size_t i = 0; i < plan.teacher_of.size(); ++i)
+  for (std::size_t i = 0; teacher_runs && i < plan.teacher_of.size(); ++i)
     if (plan.teacher_of[i] < 0 || static_cast<std::size_t>(plan.teacher_of[i]) >= teachers)
       throw InputError(fmt::format("core plan: replica teacher[{}] runs teacher {}, and the run "
                                    "has {} teacher(s) (numbered from 0)",

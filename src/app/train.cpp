@@ -541,7 +541,8 @@ void TrainRun::save(std::uint64_t next_batch) {
 }
 
 void TrainRun::save_teacher_cache() {
-  if (!writer_ || run_.cache_file.empty()) return;
+  // Every rank keeps its own file (its shard's outputs; prepare_teacher_cache names it).
+  if (run_.cache_file.empty()) return;
   const TeacherOutputCache& cache = *run_.cache;
   const std::size_t kept = cache.stored();
   if (kept == cache_saved_) return;
@@ -624,8 +625,14 @@ bool TrainRun::cache_holds_an_epoch() const {
 void TrainRun::share_cached_teacher_cpus(std::uint64_t batch) {
   if (sharing_.joinable() || pipeline().shared() || !cache_holds_an_epoch()) return;
   sharing_ = std::thread([this, batch] {
-    affinity::pin_this_thread(run_.topology, run_.plan.student, "kd-share");
-    if (!pipeline().share_teacher_cpus()) return;
+    try {
+      affinity::pin_this_thread(run_.topology, run_.plan.student, "kd-share");
+      if (!pipeline().share_teacher_cpus()) return;
+    } catch (...) {
+      // The loaders may be gone: the run ends with the failure, which the student then reports.
+      pipeline().ring().fail("loader", std::current_exception());
+      return;
+    }
     shared_from_ = batch; // read after the join
     log_info(fmt::format("kd.cache holds every sample: the loaders run on the teacher's CPUs too "
                          "from about batch {} (loaders {}; the teacher copies what is kept){}",

@@ -104,7 +104,8 @@ std::optional<Slot> SlotRing::acquire_free(std::uint64_t batch) {
 }
 
 std::optional<Slot> SlotRing::acquire_filled(std::uint64_t batch, std::uint32_t teacher) {
-  assert(teacher < teachers_);
+  // A lane of the constructor's teachers (set_teachers(1) measures one of them alone, any lane).
+  assert(teacher < max_teachers_);
   (void)teacher; // the batch is the same for every teacher; each takes its own tickets
   return acquire(batch, SlotState::filled, SlotState::teaching, RingStage::teacher, teachers_ > 1);
 }

@@ -409,6 +409,10 @@ TEST(SeveralTeachers, ValidateAndConfigListsNameWhatIsWrong) {
   EXPECT_EQ(listed.teacher[2], (CpuList{5, 6, 7}));
   c.set("cores.teacher_cpus=2-7");
   EXPECT_THROW(plan_from_config(c, topo, std::nullopt), InputError); // teacher 1 has no replica
+  c.set("cores.teacher_cpus=2-3|4");
+  c.set("kd.alpha=0"); // no teacher runs: the lists are not held against the teacher count
+  EXPECT_NO_THROW(plan_from_config(c, topo, std::nullopt));
+  c.set("kd.alpha=0.9");
 
   // A plan file carries teacher_of; a bad one is named.
   const auto path = std::filesystem::temp_directory_path() / "kdflow_plan_teachers.json";

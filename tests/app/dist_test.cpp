@@ -224,17 +224,19 @@ TEST(Dist, FeatureLossesOfTwoRanksAreOneProcessOnTheGlobalBatch) {
 }
 
 // kd.cache under two ranks: each keeps its own shard of the data every epoch (the sampler's fixed
-// shards), so its cache, filled in the first epoch, serves every batch of the second; the ranks
-// still hold one model.
+// shards), so its cache, filled in the first epoch, serves every batch of the second, and each
+// writes its own file; the ranks still hold one model.
 TEST(Dist, TwoRanksEachCacheTheirShard) {
   const fs::path data = scratch("dist_cache_data"), two = scratch("dist_cache_two");
   write_fmnist_subset(data, 640, 256);
+  const fs::path file = scratch("dist_cache.kdcache");
   const fs::path logs = two.string() + ".logs";
-  const Result r = torchrun(launch(local(2), logs,
-                                   train_args(two, 32,
-                                              {"data.path=" + data.string(), "kd.cache=memory",
-                                               "train.epochs=2", "train.export=off"})),
-                            two);
+  const Result r = torchrun(
+      launch(local(2), logs,
+             train_args(two, 32,
+                        {"data.path=" + data.string(), "kd.cache=disk",
+                         "kd.cache_path=" + file.string(), "train.epochs=2", "train.export=off"})),
+      two);
   ASSERT_EQ(r.code, 0) << r.err << rank_stderr(logs, 0) << rank_stderr(logs, 1);
   const json s = summary(two);
   ASSERT_EQ(s["ranks"].size(), 2u);
@@ -242,6 +244,8 @@ TEST(Dist, TwoRanksEachCacheTheirShard) {
   const json& cache = s["teacher_cache"];
   EXPECT_EQ(cache["samples_kept"], 320) << "rank 0's shard: half the samples" << cache.dump();
   EXPECT_EQ(cache["batches_from_cache"], 10) << "its second epoch, every batch" << cache.dump();
+  for (const char* rank : {".rank0-of-2", ".rank1-of-2"})
+    EXPECT_TRUE(fs::exists(file.string() + rank)) << rank;
 }
 
 TEST(Dist, TwoNodesOnOneHostEqualTwoLocalRanks) {
