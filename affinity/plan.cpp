@@ -82,6 +82,35 @@ std::vector<RankShare> rank_shares(const Topology& topology, int local_world,
   return shares;
 }
 
+std::vector<CpuList> teacher_replicas(const Topology& topology, const CpuList& cpus, int threads) {
+  // Grouped by (NUMA node, L3) so a replica's threads share a cache and memory.
+  std::map<std::pair<int, int>, CpuList> groups;
+  for (const int cpu : cpus) {
+    const auto core = std::find_if(topology.cores().begin(), topology.cores().end(),
+                                   [&](const Core& c) { return c.pus[0] == cpu; });
+    groups[core == topology.cores().end() ? std::pair(-1, -1) : std::pair(core->numa, core->l3)]
+        .push_back(cpu);
+  }
+  std::vector<CpuList> out;
+  for (const auto& [key, group] : groups) {
+    const int n = static_cast<int>(group.size());
+    std::vector<int> sizes;
+    if (threads > 0) {
+      const int t = std::min(threads, n);
+      sizes.assign(static_cast<std::size_t>(n / t), t);
+    } else {
+      sizes = balanced_sizes(n, (n + kMaxReplicaThreads - 1) / kMaxReplicaThreads);
+    }
+    std::size_t next = 0;
+    for (const int size : sizes) {
+      out.emplace_back(group.begin() + static_cast<std::ptrdiff_t>(next),
+                       group.begin() + static_cast<std::ptrdiff_t>(next + size));
+      next += static_cast<std::size_t>(size);
+    }
+  }
+  return out;
+}
+
 std::vector<std::size_t> teacher_core_counts(std::size_t cores, const std::vector<double>& costs) {
   const std::size_t t = std::max<std::size_t>(costs.size(), 1);
   if (cores < t) return std::vector<std::size_t>(t, cores);
@@ -147,37 +176,19 @@ Plan plan_auto(const Topology& topology, const PlanRequest& request) {
     teacher_cores.assign(rest.begin() + nl, rest.end());
   }
 
-  // Teacher replicas: group by (NUMA node, L3) so a replica's threads share a cache and memory.
-  const auto add_replicas = [&](const std::vector<const Core*>& mine, int teacher) {
-    std::map<std::pair<int, int>, std::vector<const Core*>> groups;
-    for (const Core* c : mine) groups[{c->numa, c->l3}].push_back(c);
-    for (auto& [key, group] : groups) {
-      const int n = static_cast<int>(group.size());
-      std::vector<int> sizes;
-      if (request.teacher_threads > 0) {
-        const int t = std::min(request.teacher_threads, n);
-        sizes.assign(static_cast<std::size_t>(n / t), t);
-      } else {
-        sizes = balanced_sizes(n, (n + kMaxReplicaThreads - 1) / kMaxReplicaThreads);
-      }
-      std::size_t next = 0;
-      for (const int size : sizes) {
-        CpuList replica;
-        for (int i = 0; i < size; ++i) replica.push_back(group[next++]->pus[0]);
-        plan.teacher.push_back(replica);
-        plan.teacher_of.push_back(teacher);
-      }
-    }
-  };
   if (!teacher_cores.empty()) {
     const std::vector<std::size_t> counts =
         teacher_core_counts(teacher_cores.size(), request.teacher_costs);
     const bool shared = teacher_cores.size() < teachers;
     std::size_t first = 0;
     for (std::size_t k = 0; k < teachers; ++k) {
-      add_replicas({teacher_cores.begin() + static_cast<std::ptrdiff_t>(first),
-                    teacher_cores.begin() + static_cast<std::ptrdiff_t>(first + counts[k])},
-                   static_cast<int>(k));
+      CpuList mine;
+      for (std::size_t i = shared ? 0 : first; i < (shared ? 0 : first) + counts[k]; ++i)
+        mine.push_back(teacher_cores[i]->pus[0]);
+      for (CpuList& replica : teacher_replicas(topology, mine, request.teacher_threads)) {
+        plan.teacher.push_back(std::move(replica));
+        plan.teacher_of.push_back(static_cast<int>(k));
+      }
       if (!shared) first += counts[k];
     }
   }

@@ -75,24 +75,14 @@ std::vector<TeacherStage> stages_of(const Candidate& c, std::size_t teachers) {
 }
 
 // Several teachers: every way to share `cpus` among them, each at least one (in order; a teacher's
-// share as balanced replicas of at most 8 CPUs), or all of them for each when there are fewer
-// CPUs than teachers (they then share). Beyond kMaxShares ways, only the one by cost per sample.
+// share as its replicas, affinity::teacher_replicas), or all of them for each when there are
+// fewer CPUs than teachers (they then share). Beyond kMaxShares ways, only the one by cost per
+// sample.
 constexpr std::size_t kMaxShares = 64;
-constexpr std::size_t kMaxReplicaCpus = 8;
 std::vector<std::pair<std::vector<affinity::CpuList>, std::vector<int>>>
-teacher_shares(const affinity::CpuList& cpus, const std::vector<double>& costs) {
+teacher_shares(const affinity::Topology& topology, const affinity::CpuList& cpus,
+               const std::vector<double>& costs) {
   const std::size_t t = costs.size();
-  const auto replicas = [](affinity::CpuList part, int teacher, auto& out) {
-    const std::size_t groups = (part.size() + kMaxReplicaCpus - 1) / kMaxReplicaCpus;
-    std::size_t next = 0;
-    for (std::size_t g = 0; g < groups; ++g) {
-      const std::size_t size = part.size() / groups + (g < part.size() % groups ? 1 : 0);
-      out.first.push_back({part.begin() + static_cast<std::ptrdiff_t>(next),
-                           part.begin() + static_cast<std::ptrdiff_t>(next + size)});
-      out.second.push_back(teacher);
-      next += size;
-    }
-  };
   std::vector<std::pair<std::vector<affinity::CpuList>, std::vector<int>>> out;
   const auto add = [&](const std::vector<std::size_t>& counts) {
     std::pair<std::vector<affinity::CpuList>, std::vector<int>> plan;
@@ -100,8 +90,12 @@ teacher_shares(const affinity::CpuList& cpus, const std::vector<double>& costs) 
     for (std::size_t k = 0; k < t; ++k) {
       const bool shared = cpus.size() < t;
       const auto from = cpus.begin() + static_cast<std::ptrdiff_t>(shared ? 0 : first);
-      replicas(affinity::CpuList(from, from + static_cast<std::ptrdiff_t>(counts[k])),
-               static_cast<int>(k), plan);
+      for (auto& replica : affinity::teacher_replicas(
+               topology, affinity::CpuList(from, from + static_cast<std::ptrdiff_t>(counts[k])),
+               0)) {
+        plan.first.push_back(std::move(replica));
+        plan.second.push_back(static_cast<int>(k));
+      }
       if (!shared) first += counts[k];
     }
     out.push_back(std::move(plan));
@@ -177,7 +171,7 @@ std::vector<Candidate> candidates(const RunInputs& run,
   };
   if (run.teachers() > 1) {
     for (const auto& [loader, teacher] : splits)
-      for (auto& [replicas, of] : teacher_shares(teacher, costs)) {
+      for (auto& [replicas, of] : teacher_shares(run.topology, teacher, costs)) {
         Candidate c;
         c.plan = base;
         c.plan.loader = loader;

@@ -50,6 +50,10 @@ struct RankShare {
 std::vector<RankShare> rank_shares(const Topology& topology, int local_world,
                                    const std::vector<std::optional<CpuList>>& gpu_local);
 
+// A teacher's CPUs (each the first PU of a core) as its replicas: grouped by NUMA node and L3, each
+// group split into replicas of `threads` CPUs (0: near-equal replicas of at most 8).
+std::vector<CpuList> teacher_replicas(const Topology& topology, const CpuList& cpus, int threads);
+
 // How many of `cores` teacher CPUs each teacher gets, `costs` being their costs per sample: one
 // each, then each next CPU to the teacher whose cost per CPU is highest, so that the teachers,
 // which all work on every batch, take about as long. With fewer CPUs than teachers, each gets all
