@@ -163,7 +163,7 @@ int bench_overlap_command(const OverlapArgs& args) {
     setup.colocated.push_back(
         {std::make_shared<const student::TorchTeacher>(run.teacher_at(t)->graph(), run.device,
                                                        run.teacher_at(t)->precision()),
-         run.input_of(t), t == 0 ? run.teacher_weight : run.others[t - 1].spec.weight});
+         run.input_of(t), run.mix ? std::exp(run.mix->log_weights()[t]) : 1.0});
 
   trace::Recorder recorder;
   if (writer && !args.trace.empty()) trace::set_active(&recorder);

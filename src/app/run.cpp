@@ -394,7 +394,6 @@ RunInputs prepare_run(const Config& config, const DistEnv& dist) {
     ImageAdapter input = teacher_input(run, spec, *model);
     if (k == 0) {
       run.teacher_path = spec.path;
-      run.teacher_weight = spec.weight;
       run.teacher = std::move(model);
       run.teacher_input = std::move(input);
     } else {

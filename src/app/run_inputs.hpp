@@ -62,7 +62,6 @@ struct RunInputs {
   std::shared_ptr<TeacherOutputCache> cache;
   std::filesystem::path cache_file;
   std::string cache_key;
-  double teacher_weight = 1;        // teacher.weight (several teachers)
   std::vector<OtherTeacher> others; // teacher.others, loaded when the teacher runs
   std::vector<double>
       teacher_costs;             // several teachers: each one's FLOPs per sample (teacher_costs)

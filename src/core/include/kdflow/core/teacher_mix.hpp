@@ -20,7 +20,6 @@ public:
   void operator()(std::span<const float* const> logits, std::size_t rows, std::size_t classes,
                   float* out) const;
 
-  [[nodiscard]] std::size_t teachers() const { return log_weights_.size(); }
   // The normalized weights' logs, in the teachers' order.
   [[nodiscard]] const std::vector<double>& log_weights() const { return log_weights_; }
   [[nodiscard]] double temperature() const { return temperature_; }
