@@ -95,6 +95,10 @@ CpuPipeline::CpuPipeline(const RunInputs& run, const Sampler& sampler, std::uint
   ring_ = std::make_unique<SlotRing>(
       std::move(layout), slots, std::move(memory),
       static_cast<std::uint32_t>(std::max<std::size_t>(run.teachers(), 1)));
+  if (run.teachers() > 1) {
+    cache_decisions_ = std::make_unique<std::atomic<std::uint8_t>[]>(slots);
+    for (std::uint32_t i = 0; i < slots; ++i) cache_decisions_[i].store(kUndecided);
+  }
 
   // Every arena's workers come from oneTBB's one global pool: size it for all of them (kd-ctl's
   // moves keep the sum).
@@ -176,7 +180,12 @@ void CpuPipeline::start(std::uint64_t first_batch, std::uint64_t batches,
                         const StartOptions& options) {
   std::lock_guard lock(structure_mutex_);
   const bool teacher = run_.teacher_runs && options.teacher;
+  if (options.cache && options.only_teacher && run_.teachers() > 1)
+    throw std::invalid_argument("CpuPipeline::start: the cache holds the teachers' mix, not the "
+                                "outputs of one teacher alone");
   cache_ = options.cache ? run_.cache.get() : nullptr;
+  if (cache_decisions_) // a batch a stopped start left undone decides again
+    for (std::uint32_t i = 0; i < ring_->slots(); ++i) cache_decisions_[i].store(kUndecided);
   first_batch_ = first_batch;
   end_ = batches;
   after_load_ = teacher ? SlotState::filled : SlotState::ready;
@@ -202,24 +211,57 @@ void CpuPipeline::start(std::uint64_t first_batch, std::uint64_t batches,
 void CpuPipeline::run_teacher(TeacherUnit& unit, const Slot& slot) {
   // One teacher writes the target itself; several each write their own logits, mixed after.
   const std::span<float> logits = slot.region<float>(regions_.teacher_logits[unit.teacher]);
+  if (cache_ && run_.teachers() > 1) {
+    if (!batch_cached(slot)) forward(unit, slot, logits.data());
+    return;
+  }
   if (cache_ && from_cache(slot, logits)) return;
   forward(unit, slot, logits.data());
   if (cache_) keep_in_cache(slot, logits);
 }
 
 void CpuPipeline::mix(TeacherUnit& unit, const Slot& slot) {
+  const std::span<float> target = slot.region<float>(*regions_.logits);
+  if (cache_) {
+    // Every teacher has read the decision (finish_teaching): cleared for the slot's next batch.
+    const std::uint8_t decided =
+        cache_decisions_[slot.index()].exchange(kUndecided, std::memory_order_relaxed);
+    if (decided == kCached) {
+      if (!from_cache(slot, target))
+        throw std::logic_error("CpuPipeline: a cached batch lost a sample");
+      return;
+    }
+  }
   for (std::size_t k = 0; k < unit.mixed.size(); ++k)
     unit.mixed[k] = slot.region<float>(regions_.teacher_logits[k]).data();
-  const std::span<float> target = slot.region<float>(*regions_.logits);
   const std::size_t rows = run_.sampler.batch_size;
   (*run_.mix)(unit.mixed, rows, target.size() / rows, target.data());
+  if (cache_) keep_in_cache(slot, target);
+}
+
+bool CpuPipeline::batch_cached(const Slot& slot) {
+  std::atomic<std::uint8_t>& decision = cache_decisions_[slot.index()];
+  std::uint8_t now = decision.load(std::memory_order_acquire);
+  if (now == kUndecided) {
+    const std::uint8_t mine = holds(slot) ? kCached : kTaught;
+    // The first teacher to ask decides; a later one reads its answer.
+    now = decision.compare_exchange_strong(now, mine, std::memory_order_acq_rel) ? mine : now;
+  }
+  return now == kCached;
+}
+
+bool CpuPipeline::holds(const Slot& slot) const {
+  const auto ids = slot.region<std::int64_t>(regions_.loader.ids);
+  const std::size_t n = slot.header().samples;
+  for (std::size_t i = 0; i < n; ++i)
+    if (!cache_->has(static_cast<std::uint64_t>(ids[i]))) return false;
+  return true;
 }
 
 bool CpuPipeline::from_cache(const Slot& slot, std::span<float> logits) {
+  if (!holds(slot)) return false;
   const auto ids = slot.region<std::int64_t>(regions_.loader.ids);
   const std::size_t n = slot.header().samples, classes = cache_->classes();
-  for (std::size_t i = 0; i < n; ++i)
-    if (!cache_->has(static_cast<std::uint64_t>(ids[i]))) return false;
   for (std::size_t i = 0; i < n; ++i)
     cache_->load(static_cast<std::uint64_t>(ids[i]), logits.subspan(i * classes, classes));
   std::fill(logits.begin() + static_cast<std::ptrdiff_t>(n * classes), logits.end(), 0.f);
@@ -227,11 +269,17 @@ bool CpuPipeline::from_cache(const Slot& slot, std::span<float> logits) {
   return true;
 }
 
-void CpuPipeline::keep_in_cache(const Slot& slot, std::span<const float> logits) {
+void CpuPipeline::keep_in_cache(const Slot& slot, std::span<float> logits) {
   const auto ids = slot.region<std::int64_t>(regions_.loader.ids);
   const std::size_t n = slot.header().samples, classes = cache_->classes();
-  for (std::size_t i = 0; i < n; ++i)
-    cache_->store(static_cast<std::uint64_t>(ids[i]), logits.subspan(i * classes, classes));
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto id = static_cast<std::uint64_t>(ids[i]);
+    const std::span<float> row = logits.subspan(i * classes, classes);
+    if (cache_->has(id))
+      cache_->load(id, row);
+    else
+      cache_->store(id, row);
+  }
 }
 
 void CpuPipeline::forward(TeacherUnit& unit, const Slot& slot, float* logits) {

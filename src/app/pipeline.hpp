@@ -158,13 +158,23 @@ private:
   void count_teacher_batch(std::chrono::steady_clock::time_point since);
   void start_loader_graph();
   // `slot`'s logits: from the cache when it holds every sample of the slot, else the replica's
-  // forward pass on the slot's inputs (then kept in the cache).
+  // forward pass on the slot's inputs (then kept in the cache). Several teachers: the cache holds
+  // their mix, so a teacher runs unless the slot's batch is cached (the one decision of
+  // batch_cached), and mix() reads the target from the cache or mixes and keeps it.
   void run_teacher(TeacherUnit& unit, const Slot& slot);
   void forward(TeacherUnit& unit, const Slot& slot, float* logits);
   // Several teachers: the slot's target from each teacher's logits (the last one to finish).
   void mix(TeacherUnit& unit, const Slot& slot);
+  // Whether the cache holds every sample of the slot, decided once per batch however many
+  // teachers ask (the first to ask decides; mix() clears it for the slot's next batch).
+  bool batch_cached(const Slot& slot);
+  [[nodiscard]] bool holds(const Slot& slot) const; // every sample of the slot is kept
   bool from_cache(const Slot& slot, std::span<float> logits);
-  void keep_in_cache(const Slot& slot, std::span<const float> logits);
+  // Keeps each of the slot's samples the cache lacks; one it holds already (a batch that was not
+  // all cached when a teacher reached it, as the first batches of epoch 2 can be while the last
+  // of epoch 1 are still mixed) reads the kept row instead: a sample's target is the one kept,
+  // whichever way its batch met the cache.
+  void keep_in_cache(const Slot& slot, std::span<float> logits);
   bool rebuild_loaders(const affinity::CpuList& cpus);
   // The loaders' CPUs and the teacher's together, oneTBB's pool raised for them, recorded as the
   // loaders' (under structure_mutex_); empty when the teacher has no CPU the loaders lack.
@@ -182,6 +192,10 @@ private:
   StageTotals loader_totals_, teacher_totals_;
   TeacherOutputCache* cache_ = nullptr; // run.cache, when start() uses it
   std::atomic<std::uint64_t> cached_batches_{0};
+  // Several teachers with the cache: per ring slot, its batch's batch_cached() answer (kUndecided
+  // until the first teacher asks).
+  enum : std::uint8_t { kUndecided = 0, kCached = 1, kTaught = 2 };
+  std::unique_ptr<std::atomic<std::uint8_t>[]> cache_decisions_;
   std::atomic<bool> background_stop_{false};
   std::atomic<int> background_running_{0};
   std::atomic<std::size_t> background_started_{0};

@@ -58,20 +58,32 @@ std::string shape_text(const teacher::Shape& shape) {
 }
 
 // kd.cache = disk: what the teacher's outputs are computed from, one "name=value" per line: the
-// teacher file's bytes and precision, the teacher's input made from the data, the data's pixels,
-// and what is kept of each sample's logits. The file's path leaves it out: the same bytes
-// elsewhere are the same teacher.
+// teacher file's bytes and precision, the teacher's input made from the data (each teacher's, and
+// their mix's weights and temperature with several), the data's pixels, and what is kept of each
+// sample's logits. The file's path leaves it out: the same bytes elsewhere are the same teacher.
 std::string teacher_cache_key(const RunInputs& run, const TeacherOutputCache& cache) {
-  const ImageAdapter& adapt = *run.teacher_input;
   const auto spec = [](const ImageSpec& s) {
     return fmt::format("{}x{}x{}", s.channels, s.height, s.width);
   };
   std::string key = "kdflow teacher outputs\n";
-  key += fmt::format("teacher={}\n", file_digest(run.teacher_path));
-  key += fmt::format("teacher.precision={}\n", teacher::precision_name(run.precision));
-  key += fmt::format("teacher.input={} from {} mean={:.9g} std={:.9g}\n", spec(adapt.to()),
-                     spec(adapt.from()), fmt::join(adapt.to_norm().mean, ","),
-                     fmt::join(adapt.to_norm().std, ","));
+  for (std::size_t k = 0; k < run.teachers(); ++k) {
+    const std::string name = k == 0 ? "teacher" : fmt::format("teacher{}", k);
+    const ImageAdapter& adapt = run.input_of(k);
+    key += fmt::format("{}={}\n", name,
+                       file_digest(k == 0 ? run.teacher_path : run.others[k - 1].spec.path));
+    key += fmt::format(
+        "{}.precision={}\n", name,
+        teacher::precision_name(k == 0 ? run.precision : run.others[k - 1].spec.precision));
+    key += fmt::format("{}.input={} from {} mean={:.9g} std={:.9g}\n", name, spec(adapt.to()),
+                       spec(adapt.from()), fmt::join(adapt.to_norm().mean, ","),
+                       fmt::join(adapt.to_norm().std, ","));
+  }
+  if (run.mix) {
+    std::vector<double> weights;
+    for (const double w : run.mix->log_weights()) weights.push_back(std::exp(w));
+    key += fmt::format("mix={:.9g} at kd.temperature={:.9g}\n", fmt::join(weights, ","),
+                       run.mix->temperature());
+  }
   key += fmt::format("data={:016x} {}x{}x{}x{}\n", run.train.pixel_digest(), run.train.size(),
                      run.train.channels(), run.train.height(), run.train.width());
   key += fmt::format("classes={}\n", cache.classes());
@@ -96,14 +108,14 @@ void prepare_teacher_cache_into(RunInputs& run) {
     throw InputError(fmt::format("kd.cache = {}: the teacher's input for a sample changes every "
                                  "epoch ({}): set kd.cache = none",
                                  mode, changes));
-  if (run.teachers() > 1)
-    throw InputError(fmt::format("kd.cache = {} keeps one teacher's logits, and teacher.others "
-                                 "adds {} more: set kd.cache = none",
-                                 mode, run.others.size()));
-  if (const auto features = teacher_feature_names(run.config); !features.empty())
-    throw InputError(fmt::format("kd.cache = {} keeps the teacher's logits, and teacher.features "
-                                 "or kd.features ask for its values [{}] too: set kd.cache = none",
-                                 mode, fmt::join(features, ", ")));
+  for (std::size_t k = 0; k < run.teachers(); ++k)
+    if (const auto features = teacher_feature_names(run.config, k); !features.empty())
+      throw InputError(fmt::format(
+          "kd.cache = {} keeps the {} logits, and {}.features or kd.features ask for its values "
+          "[{}] too: set kd.cache = none",
+          mode, run.teachers() > 1 ? "teachers' mixed" : "teacher's",
+          k == 0 ? std::string("teacher") : fmt::format("teacher.others[{}]", k),
+          fmt::join(features, ", ")));
   const auto classes = static_cast<std::size_t>(run.teacher->output_shape(0)[1]);
   const auto top_k = static_cast<std::size_t>(run.config.get_int("kd.cache_topk"));
   const std::size_t kept = top_k == 0 || top_k >= classes ? classes : top_k;
@@ -124,7 +136,9 @@ void prepare_teacher_cache_into(RunInputs& run) {
                                                    run.config.get_double("kd.temperature"));
   const TeacherOutputCache& cache = *run.cache;
   const std::string held =
-      fmt::format("the teacher's outputs for {} samples ({} logits each{}, {:.1f} MiB)",
+      fmt::format("the {} outputs for {} samples ({} logits each{}, {:.1f} MiB)",
+                  run.teachers() > 1 ? fmt::format("{} teachers' mixed", run.teachers())
+                                     : std::string("teacher's"),
                   cache.samples(), cache.kept(), cache.full() ? "" : " and the rest's share",
                   static_cast<double>(cache.bytes()) / (1 << 20));
   if (mode == "memory") {
@@ -485,10 +499,14 @@ ImageAdapter teacher_input(const RunInputs& run, const TeacherSpec& spec,
 }
 
 std::vector<std::string> teacher_feature_names(const Config& config, std::size_t teacher) {
+  const auto& rows = config.get_tables("teacher.others");
   std::vector<std::string> names =
-      teacher == 0 ? config.get_strings("teacher.features") : std::vector<std::string>{};
+      teacher == 0 ? config.get_strings("teacher.features")
+      : teacher <= rows.size()
+          ? std::get<std::vector<std::string>>(rows[teacher - 1].at("features"))
+          : std::vector<std::string>{};
   const auto& pairs = config.get_tables("kd.features");
-  const std::size_t others = config.get_tables("teacher.others").size();
+  const std::size_t others = rows.size();
   for (std::size_t k = 0; k < pairs.size(); ++k) {
     for (const char* field : {"teacher", "student"})
       if (std::get<std::string>(pairs[k].at(field)).empty())
@@ -521,9 +539,9 @@ teacher::TeacherOptions teacher_options(const Config& config, const TeacherSpec&
   options.sample_default = data;
   options.sample_source = spec.key + ".input_size";
   options.features = spec.features;
-  options.features_source = config.get_tables("kd.features").empty()
-                                ? "teacher.features"
-                                : "teacher.features/kd.features value";
+  options.features_source =
+      spec.key +
+      (config.get_tables("kd.features").empty() ? ".features" : ".features/kd.features value");
   return options;
 }
 

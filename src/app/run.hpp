@@ -58,9 +58,9 @@ auto agreed(student::ProcessGroup* group, F&& f) -> decltype(f()) {
 RunInputs prepare_run(const Config& config, const DistEnv& dist = {});
 
 // The values teacher `teacher` computes beside its logits ([teacher]'s: teacher.features, then
-// each kd.features pair's value from it not among them; teacher.others[k]'s: the values of the
-// pairs from k). InputError for a pair without its teacher value or student tap, or from a
-// teacher the run lacks.
+// each kd.features pair's value from it not among them; teacher.others[k]'s: its row's features,
+// then those of the pairs from k). InputError for a pair without its teacher value or student tap,
+// or from a teacher the run lacks.
 std::vector<std::string> teacher_feature_names(const Config& config, std::size_t teacher = 0);
 
 // Every teacher a configuration names: [teacher] (with its features), then each teacher.others

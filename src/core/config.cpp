@@ -60,7 +60,7 @@ const char* type_name(ConfigType type) {
   return "?";
 }
 
-ConfigValue widen(const ConfigScalar& v) {
+ConfigValue widen(const ConfigField& v) {
   return std::visit([](const auto& x) { return ConfigValue{x}; }, v);
 }
 
@@ -241,14 +241,14 @@ void check_value(const ConfigKey& key, const ConfigValue& value, const std::stri
   }
 }
 
-ConfigScalar narrow(const ConfigValue& v) {
+ConfigField narrow(const ConfigValue& v) {
   return std::visit(
-      [](const auto& x) -> ConfigScalar {
+      [](const auto& x) -> ConfigField {
         using X = std::decay_t<decltype(x)>;
-        if constexpr (std::is_constructible_v<ConfigScalar, X>)
+        if constexpr (std::is_constructible_v<ConfigField, X>)
           return x;
         else
-          throw std::logic_error("config: a table field holds a list");
+          throw std::logic_error("config: a table field holds tables");
       },
       v);
 }

@@ -102,7 +102,9 @@ const std::vector<ConfigKey>& config_schema() {
         {"weight", T::real, 1.0, "its weight in the teachers' mix", {}, 1e-6, 1e6},
         {"input_size", T::string, std::string("auto"), "as teacher.input_size, for this teacher"},
         {"mean", T::string, std::string("auto"), "as teacher.mean, for this teacher"},
-        {"std", T::string, std::string("auto"), "as teacher.std, for this teacher"}}},
+        {"std", T::string, std::string("auto"), "as teacher.std, for this teacher"},
+        {"features", T::strings, std::vector<std::string>{},
+         "as teacher.features, for this teacher (its regions are feature<k>:<value>)"}}},
       // Its choices are the student registry's names (the app's run_schema).
       {"student.arch", T::string, std::string("cnn"),
        "student network: a built-in one, or torchscript (your module, student.path)"},
@@ -182,9 +184,10 @@ const std::vector<ConfigKey>& config_schema() {
        std::string("none"),
        "the teacher's outputs kept per sample from its first time (memory): later epochs read them "
        "instead of running the teacher; disk: also kept in a file between runs (kd.cache_path), so "
-       "a later run with the same teacher and data reads them from its first epoch; needs the same "
-       "teacher input every epoch (data.pad_crop = 0, data.hflip = false, data held in memory) and "
-       "one rank",
+       "a later run with the same teacher and data reads them from its first epoch (with several "
+       "teachers, their mix is kept); needs the same teacher input every epoch (data.pad_crop = 0, "
+       "data.hflip = false, data held in memory) and no teacher features; several ranks each keep "
+       "their own shard's",
        {"none", "memory", "disk"}},
       {"kd.cache_path", T::string, std::string(""),
        "kd.cache = disk: the file (\"\": teacher-outputs/<digest of what the outputs are computed "

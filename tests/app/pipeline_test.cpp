@@ -619,6 +619,22 @@ TEST(CpuPipeline, TwoTeachersReachTheirRegionsAndTheTargetIsTheirMix) {
     c.set("kd.features=[{teacher = \"" + value + "\", student = \"stage2\", from = 2}]");
     const std::string e = test::error_of([&] { (void)prepare_run(c); });
     EXPECT_NE(e.find("kd.features[1].from = 2"), std::string::npos) << e;
+
+    // The same value asked for by the second teacher's own block (its `features`): its region
+    // alone, and a name its graph lacks is exit 2 naming the row's key.
+    Config own = config(second);
+    own.set("teacher.others=[{model = \"" + second + "\", features = [\"" + value + "\"]}]");
+    const RunInputs row = prepare_run(own);
+    const SlotLayout rl = CpuPipeline::layout_for(row);
+    CpuPipeline rp(row, sampler, kSlots,
+                   student::allocate_pinned_for_device(kSlots * rl.slot_bytes()));
+    ASSERT_EQ(rp.regions().features.size(), 2u);
+    EXPECT_TRUE(rp.regions().features[0].empty());
+    ASSERT_EQ(rp.regions().features[1].size(), 1u);
+    EXPECT_EQ(rl.regions()[rp.regions().features[1][0]].spec.name, feature_region(value, 1));
+    own.set("teacher.others=[{model = \"" + second + "\", features = [\"no/such\"]}]");
+    const std::string unknown = test::error_of([&] { (void)prepare_run(own); });
+    EXPECT_NE(unknown.find("teacher.others[1].features 'no/such'"), std::string::npos) << unknown;
   }
 
   const char* fixtures = std::getenv("KDFLOW_FIXTURES");
@@ -630,14 +646,102 @@ TEST(CpuPipeline, TwoTeachersReachTheirRegionsAndTheTargetIsTheirMix) {
   const std::string missing = test::error_of([&] { (void)prepare_run(config("no_such.onnx")); });
   EXPECT_NE(missing.find("teacher.others[1].model = no_such.onnx: no such file"), std::string::npos)
       << missing;
+
+  // kd.cache with two teachers keeps their mix: the first epoch of 96 samples mixes and keeps
+  // each sample's target, the second reads its batches from the cache (one decision per batch for
+  // both teachers), each sample's target exactly as it was mixed. A batch one teacher reaches
+  // while the other still teaches the last of epoch 1 may not be all cached yet: it is taught
+  // again, its samples then read from the cache; from batch per_epoch + kSlots - 1 on (the ring's
+  // bound) every batch is read. A pipeline started on the full cache reads every batch.
   Config cached = config(second);
   cached.set("kd.cache=memory");
   cached.set("data.pad_crop=0");
   cached.set("data.hflip=false");
   RunInputs with_cache = prepare_run(cached);
-  const std::string c = test::error_of([&] { prepare_teacher_cache(with_cache); });
-  EXPECT_NE(c.find("kd.cache = memory"), std::string::npos) << c;
-  EXPECT_NE(c.find("teacher.others"), std::string::npos) << c;
+  with_cache.train = first_samples(with_cache.train, 96);
+  prepare_teacher_cache(with_cache);
+  ASSERT_NE(with_cache.cache, nullptr);
+  {
+    const Sampler few(with_cache.train.size(), with_cache.sampler);
+    const std::uint64_t per_epoch = few.batches_per_epoch();
+    ASSERT_EQ(per_epoch, 6u);
+    CpuPipeline pipeline(with_cache, few, kSlots,
+                         student::allocate_pinned_for_device(
+                             kSlots * CpuPipeline::layout_for(with_cache).slot_bytes()));
+    const SlotRegions& r = pipeline.regions();
+    std::map<std::int64_t, std::vector<float>> mixed; // the first epoch's target per sample
+    double worst = 0;
+    pipeline.start(0, 2 * per_epoch, {.cache = true});
+    for (std::uint64_t b = 0; b < 2 * per_epoch; ++b) {
+      auto slot = pipeline.ring().acquire_ready(b);
+      ASSERT_TRUE(slot) << "batch " << b;
+      const auto ids = slot->region<std::int64_t>(r.loader.ids);
+      const auto target = slot->region<float>(*r.logits);
+      const auto inputs = slot->region<float>(r.loader.inputs);
+      one_thread.execute([&] {
+        first->run(inputs.data(), want0.pointers);
+        other->run(inputs.data(), want1.pointers);
+      });
+      const float* each[] = {want0.data[0].data(), want1.data[0].data()};
+      (*with_cache.mix)(each, 16, 10, want_mix.data());
+      for (std::size_t i = 0; i < target.size(); ++i)
+        worst = std::max(worst, double(std::fabs(target[i] - want_mix[i])));
+      for (std::size_t i = 0; i < 16; ++i) {
+        const auto row = target.subspan(i * 10, 10);
+        if (b < per_epoch)
+          mixed[ids[i]].assign(row.begin(), row.end());
+        else
+          EXPECT_TRUE(std::equal(row.begin(), row.end(), mixed.at(ids[i]).begin()))
+              << "sample " << ids[i];
+      }
+      pipeline.ring().release(*slot);
+    }
+    pipeline.stop();
+    pipeline.ring().rethrow_if_failed();
+    EXPECT_LE(worst, 1e-5) << "the target, mixed or read, is the teachers' mix";
+    EXPECT_EQ(mixed.size(), 96u);
+    EXPECT_EQ(with_cache.cache->stored(), 96u);
+    EXPECT_GE(pipeline.cached_batches(), per_epoch - (kSlots - 1)) << "the teachers ran";
+    EXPECT_LE(pipeline.cached_batches(), per_epoch);
+    CpuPipeline full(with_cache, few, kSlots,
+                     student::allocate_pinned_for_device(
+                         kSlots * CpuPipeline::layout_for(with_cache).slot_bytes()));
+    full.start(per_epoch, per_epoch, {.cache = true});
+    for (std::uint64_t b = 0; b < per_epoch; ++b) {
+      auto slot = full.ring().acquire_ready(b);
+      ASSERT_TRUE(slot) << "batch " << b;
+      const auto ids = slot->region<std::int64_t>(full.regions().loader.ids);
+      const auto target = slot->region<float>(*full.regions().logits);
+      for (std::size_t i = 0; i < 16; ++i)
+        EXPECT_TRUE(std::equal(target.begin() + static_cast<std::ptrdiff_t>(i * 10),
+                               target.begin() + static_cast<std::ptrdiff_t>((i + 1) * 10),
+                               mixed.at(ids[i]).begin()))
+            << "sample " << ids[i];
+      full.ring().release(*slot);
+    }
+    full.stop();
+    full.ring().rethrow_if_failed();
+    EXPECT_EQ(full.cached_batches(), per_epoch) << "a full cache ran the teachers";
+    EXPECT_THROW(pipeline.start(0, 1, {.only_teacher = 1, .cache = true}), std::invalid_argument)
+        << "the cache holds the mix, not one teacher's outputs";
+  }
+  // On disk, the key names both teachers and their mix (a one-teacher file is not read for it);
+  // features beside the cache are refused naming the teacher's key.
+  cached.set("kd.cache=disk");
+  cached.set("kd.cache_path=" + std::filesystem::temp_directory_path().string() +
+             "/kdflow_two_teachers.kdcache");
+  RunInputs on_disk = prepare_run(cached);
+  prepare_teacher_cache(on_disk);
+  for (const char* line : {"\nteacher=", "\nteacher1=", "\nteacher1.precision=fp32\n",
+                           "\nmix=0.666666667,0.333333333 at kd.temperature=3\n"})
+    EXPECT_NE(on_disk.cache_key.find(line), std::string::npos)
+        << line << " in " << on_disk.cache_key;
+  cached.set("kd.features=[{teacher = \"/features/features.12/Relu_output_0\", "
+             "student = \"stage2\", from = 1}]");
+  RunInputs featured = prepare_run(cached);
+  const std::string c = test::error_of([&] { prepare_teacher_cache(featured); });
+  EXPECT_NE(c.find("kd.cache = disk"), std::string::npos) << c;
+  EXPECT_NE(c.find("teacher.others[1].features"), std::string::npos) << c;
 }
 
 // teacher.features: each named value gets a slot region of its shape beside the logits, and the

@@ -130,6 +130,29 @@ TEST(Train, TeacherCacheOnDiskServesTheNextRunAndRefusesAStaleOrDamagedFile) {
   EXPECT_EQ(r.code, 2) << r.err;
   expect_one_line_naming(r.err, named.string());
   EXPECT_NE(r.err.find("corrupt"), std::string::npos) << r.err;
+
+  // Two teachers: the cache keeps their mix under a key of its own (the one-teacher file is not
+  // read), and the next run reads every sample's mix and trains bit for bit as the first did. In
+  // the first run's second epoch, a batch is read from the cache unless a teacher reached it before
+  // the last of epoch 1 were mixed (then its samples read the kept rows after): with 3 ring slots
+  // from its third batch on at least.
+  const std::string others =
+      "teacher.others=[{model = \"" + fixture("mlp_opset13.onnx").string() + "\", weight = 0.5}]";
+  const fs::path d = scratch("cache_two_d"), e = scratch("cache_two_e");
+  r = run(args(d, data, {others, "ring.slots=3"}), d);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const json two = summary(d);
+  EXPECT_EQ(two["teachers"].size(), 2u);
+  EXPECT_EQ(two["teacher_cache"]["samples_read_from_file"], 0) << "another key's file was read";
+  EXPECT_GE(two["teacher_cache"]["batches_from_cache"].get<int>(), 8);
+  EXPECT_LE(two["teacher_cache"]["batches_from_cache"].get<int>(), 10);
+  EXPECT_NE(two["teacher_cache"]["file"], file.string());
+  r = run(args(e, data, {others, "ring.slots=3"}), e);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const json again = summary(e);
+  EXPECT_EQ(again["teacher_cache"]["samples_read_from_file"], 640);
+  EXPECT_EQ(again["teacher_cache"]["batches_from_cache"], 20) << "a teacher ran";
+  EXPECT_EQ(again["state_digest"], two["state_digest"]) << "not the same targets";
 }
 
 TEST(Train, RunsAndWritesTheRunFolder) {

@@ -174,6 +174,7 @@ TEST(Config, TeacherBlocksAreTheTeacherAndItsOthers) {
   Config blocks;
   blocks.merge_toml("[[teacher]]\nmodel = \"a.onnx\"\nweight = 2\nfeatures = [\"v\"]\n"
                     "[[teacher]]\nmodel = \"b.onnx\"\nprecision = \"bf16\"\nweight = 0.5\n"
+                    "features = [\"w\", \"x y\"]\n"
                     "[[teacher]]\nmodel = \"c.onnx\"\ninput_size = \"32\"\n",
                     "f.toml");
   EXPECT_EQ(blocks.get_string("teacher.model"), "a.onnx");
@@ -185,11 +186,15 @@ TEST(Config, TeacherBlocksAreTheTeacherAndItsOthers) {
   EXPECT_EQ(std::get<std::string>(rows[0].at("precision")), "bf16");
   EXPECT_DOUBLE_EQ(std::get<double>(rows[0].at("weight")), 0.5);
   EXPECT_EQ(std::get<std::string>(rows[1].at("input_size")), "32");
+  EXPECT_EQ(std::get<std::vector<std::string>>(rows[0].at("features")),
+            (std::vector<std::string>{"w", "x y"}));
   EXPECT_DOUBLE_EQ(std::get<double>(rows[1].at("weight")), 1.0) << "the default";
+  EXPECT_TRUE(std::get<std::vector<std::string>>(rows[1].at("features")).empty());
   Config sections;
   sections.merge_toml("[teacher]\nmodel = \"a.onnx\"\nweight = 2\nfeatures = [\"v\"]\n"
                       "[[teacher.others]]\nmodel = \"b.onnx\"\nprecision = \"bf16\"\n"
-                      "weight = 0.5\n[[teacher.others]]\nmodel = \"c.onnx\"\n"
+                      "weight = 0.5\nfeatures = [\"w\", \"x y\"]\n"
+                      "[[teacher.others]]\nmodel = \"c.onnx\"\n"
                       "input_size = \"32\"\n",
                       "g.toml");
   EXPECT_EQ(sections.to_toml(), blocks.to_toml());
@@ -199,15 +204,23 @@ TEST(Config, TeacherBlocksAreTheTeacherAndItsOthers) {
   Config one;
   one.merge_toml("[[teacher]]\nmodel = \"a.onnx\"\n", "f.toml"); // one block: one teacher
   EXPECT_TRUE(one.get_tables("teacher.others").empty());
-  one.set("teacher.others=[{model = \"b.onnx\", weight = 3}]");
-  EXPECT_EQ(one.get_tables("teacher.others").size(), 1u);
+  one.set("teacher.others=[{model = \"b.onnx\", weight = 3, features = [\"v\"]}]");
+  ASSERT_EQ(one.get_tables("teacher.others").size(), 1u);
+  EXPECT_EQ(std::get<std::vector<std::string>>(one.get_tables("teacher.others")[0].at("features")),
+            std::vector<std::string>{"v"});
 
   expect_input_error(
       [&] {
         Config c;
-        c.merge_toml("[[teacher]]\nmodel = \"a\"\n[[teacher]]\nfeatures = [\"v\"]\n", "f.toml");
+        c.merge_toml("[[teacher]]\nmodel = \"a\"\n[[teacher]]\nfeatures = [1]\n", "f.toml");
       },
-      {"f.toml", "teacher.others[1].features", "unknown"});
+      {"f.toml", "teacher.others[1].features", "array of strings"});
+  expect_input_error(
+      [&] {
+        Config c;
+        c.merge_toml("[[teacher]]\nmodel = \"a\"\n[[teacher]]\nfeature = [\"v\"]\n", "f.toml");
+      },
+      {"f.toml", "teacher.others[1].feature", "unknown"});
   expect_input_error(
       [&] {
         Config c;

@@ -13,9 +13,10 @@
 
 namespace kdflow {
 
-// One row of a `tables` key: every field of the key's row schema, by its leaf name.
-using ConfigScalar = std::variant<bool, std::int64_t, double, std::string>;
-using ConfigRow = std::map<std::string, ConfigScalar, std::less<>>;
+// One row of a `tables` key: every field of the key's row schema, by its leaf name (a field is
+// any type but tables).
+using ConfigField = std::variant<bool, std::int64_t, double, std::string, std::vector<std::string>>;
+using ConfigRow = std::map<std::string, ConfigField, std::less<>>;
 
 using ConfigValue = std::variant<bool, std::int64_t, double, std::string, std::vector<std::string>,
                                  std::vector<ConfigRow>>;
@@ -35,7 +36,7 @@ struct ConfigKey {
   std::vector<std::string> choices = {};
   double min = -1e300;
   double max = 1e300;
-  std::vector<ConfigKey> fields = {}; // tables: each row's fields (leaf names), scalars only
+  std::vector<ConfigKey> fields = {}; // tables: each row's fields (leaf names), no tables
 };
 
 // Every key kdflow knows, in the order the resolved file lists them. Keys whose values name a
