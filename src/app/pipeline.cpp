@@ -95,10 +95,7 @@ CpuPipeline::CpuPipeline(const RunInputs& run, const Sampler& sampler, std::uint
   ring_ = std::make_unique<SlotRing>(
       std::move(layout), slots, std::move(memory),
       static_cast<std::uint32_t>(std::max<std::size_t>(run.teachers(), 1)));
-  if (run.teachers() > 1) {
-    cache_decisions_ = std::make_unique<std::atomic<std::uint8_t>[]>(slots);
-    for (std::uint32_t i = 0; i < slots; ++i) cache_decisions_[i].store(kUndecided);
-  }
+  if (run.teachers() > 1) cache_decisions_ = std::make_unique<SlotDecisions>(slots);
 
   // Every arena's workers come from oneTBB's one global pool: size it for all of them (kd-ctl's
   // moves keep the sum).
@@ -184,8 +181,7 @@ void CpuPipeline::start(std::uint64_t first_batch, std::uint64_t batches,
     throw std::invalid_argument("CpuPipeline::start: the cache holds the teachers' mix, not the "
                                 "outputs of one teacher alone");
   cache_ = options.cache ? run_.cache.get() : nullptr;
-  if (cache_decisions_) // a batch a stopped start left undone decides again
-    for (std::uint32_t i = 0; i < ring_->slots(); ++i) cache_decisions_[i].store(kUndecided);
+  if (cache_decisions_) cache_decisions_->clear(); // a batch a stopped start left undone
   first_batch_ = first_batch;
   end_ = batches;
   after_load_ = teacher ? SlotState::filled : SlotState::ready;
@@ -224,9 +220,7 @@ void CpuPipeline::mix(TeacherUnit& unit, const Slot& slot) {
   const std::span<float> target = slot.region<float>(*regions_.logits);
   if (cache_) {
     // Every teacher has read the decision (finish_teaching): cleared for the slot's next batch.
-    const std::uint8_t decided =
-        cache_decisions_[slot.index()].exchange(kUndecided, std::memory_order_relaxed);
-    if (decided == kCached) {
+    if (cache_decisions_->take(slot.index())) {
       if (!from_cache(slot, target))
         throw std::logic_error("CpuPipeline: a cached batch lost a sample");
       return;
@@ -240,14 +234,7 @@ void CpuPipeline::mix(TeacherUnit& unit, const Slot& slot) {
 }
 
 bool CpuPipeline::batch_cached(const Slot& slot) {
-  std::atomic<std::uint8_t>& decision = cache_decisions_[slot.index()];
-  std::uint8_t now = decision.load(std::memory_order_acquire);
-  if (now == kUndecided) {
-    const std::uint8_t mine = holds(slot) ? kCached : kTaught;
-    // The first teacher to ask decides; a later one reads its answer.
-    now = decision.compare_exchange_strong(now, mine, std::memory_order_acq_rel) ? mine : now;
-  }
-  return now == kCached;
+  return cache_decisions_->ask(slot.index(), [&] { return holds(slot); });
 }
 
 bool CpuPipeline::holds(const Slot& slot) const {
@@ -272,14 +259,8 @@ bool CpuPipeline::from_cache(const Slot& slot, std::span<float> logits) {
 void CpuPipeline::keep_in_cache(const Slot& slot, std::span<float> logits) {
   const auto ids = slot.region<std::int64_t>(regions_.loader.ids);
   const std::size_t n = slot.header().samples, classes = cache_->classes();
-  for (std::size_t i = 0; i < n; ++i) {
-    const auto id = static_cast<std::uint64_t>(ids[i]);
-    const std::span<float> row = logits.subspan(i * classes, classes);
-    if (cache_->has(id))
-      cache_->load(id, row);
-    else
-      cache_->store(id, row);
-  }
+  for (std::size_t i = 0; i < n; ++i)
+    cache_->keep(static_cast<std::uint64_t>(ids[i]), logits.subspan(i * classes, classes));
 }
 
 void CpuPipeline::forward(TeacherUnit& unit, const Slot& slot, float* logits) {

@@ -9,6 +9,7 @@
 #include "kdflow/affinity/pinning.hpp"
 #include "kdflow/affinity/plan.hpp"
 #include "kdflow/core/loader.hpp"
+#include "kdflow/core/slot_decisions.hpp"
 #include "kdflow/core/slot_ring.hpp"
 #include "kdflow/core/stage_graph.hpp"
 #include "kdflow/core/teacher_cache.hpp"
@@ -170,10 +171,11 @@ private:
   bool batch_cached(const Slot& slot);
   [[nodiscard]] bool holds(const Slot& slot) const; // every sample of the slot is kept
   bool from_cache(const Slot& slot, std::span<float> logits);
-  // Keeps each of the slot's samples the cache lacks; one it holds already (a batch that was not
-  // all cached when a teacher reached it, as the first batches of epoch 2 can be while the last
-  // of epoch 1 are still mixed) reads the kept row instead: a sample's target is the one kept,
-  // whichever way its batch met the cache.
+  // Keeps each of the slot's samples the cache lacks, and each sample's row becomes what the
+  // cache serves for it (TeacherOutputCache::keep): one kept already (a batch that was not all
+  // cached when a teacher reached it, as the first batches of epoch 2 can be while the last of
+  // epoch 1 are still mixed) reads the kept row; under top-K each row is what is kept of it. A
+  // sample's target is the same every epoch, whichever way its batch met the cache.
   void keep_in_cache(const Slot& slot, std::span<float> logits);
   bool rebuild_loaders(const affinity::CpuList& cpus);
   // The loaders' CPUs and the teacher's together, oneTBB's pool raised for them, recorded as the
@@ -192,10 +194,8 @@ private:
   StageTotals loader_totals_, teacher_totals_;
   TeacherOutputCache* cache_ = nullptr; // run.cache, when start() uses it
   std::atomic<std::uint64_t> cached_batches_{0};
-  // Several teachers with the cache: per ring slot, its batch's batch_cached() answer (kUndecided
-  // until the first teacher asks).
-  enum : std::uint8_t { kUndecided = 0, kCached = 1, kTaught = 2 };
-  std::unique_ptr<std::atomic<std::uint8_t>[]> cache_decisions_;
+  // Several teachers: per ring slot, its batch's batch_cached() answer.
+  std::unique_ptr<SlotDecisions> cache_decisions_;
   std::atomic<bool> background_stop_{false};
   std::atomic<int> background_running_{0};
   std::atomic<std::size_t> background_started_{0};

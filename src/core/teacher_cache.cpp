@@ -11,6 +11,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -92,14 +93,14 @@ std::size_t TeacherOutputCache::bytes() const {
   return values_.size() * sizeof(float) + indices_.size() * sizeof(std::uint32_t) + samples_;
 }
 
-void TeacherOutputCache::store(std::uint64_t id, std::span<const float> logits) {
+bool TeacherOutputCache::store(std::uint64_t id, std::span<const float> logits) {
   if (id >= samples_)
     throw std::out_of_range("teacher output cache: sample " + std::to_string(id) + " of " +
                             std::to_string(samples_));
   std::uint8_t expected = kEmpty;
   if (!state_[id].compare_exchange_strong(expected, kWriting, std::memory_order_acquire,
                                           std::memory_order_relaxed))
-    return; // kept already, or being kept
+    return false; // kept already, or being kept
   float* values = values_.data() + id * stride_;
   if (full()) {
     std::copy_n(logits.begin(), classes_, values);
@@ -131,6 +132,14 @@ void TeacherOutputCache::store(std::uint64_t id, std::span<const float> logits) 
   }
   state_[id].store(kStored, std::memory_order_release);
   stored_.fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
+
+void TeacherOutputCache::keep(std::uint64_t id, std::span<float> logits) {
+  if (!has(id) && store(id, logits) && full()) return; // kept as it is
+  // Another writer's entry, or this one's as top-K keeps it: read whole once written.
+  while (state_[id].load(std::memory_order_acquire) != kStored) std::this_thread::yield();
+  load(id, logits);
 }
 
 bool TeacherOutputCache::has(std::uint64_t id) const {

@@ -317,10 +317,11 @@ std::vector<double> softmax_at(std::span<const float> z, double t) {
 }
 
 // kd.cache = memory over two epochs of 96 samples: the first keeps each sample's logits as the
-// teacher computed them, the second reads every batch from the cache (no forward pass), and what
-// the slot then holds for each sample is what the teacher computed for it: every logit exactly, or
-// under top-K the K largest exactly and the rest's probability mass at kd.temperature within 1e-6.
-// The teacher run afresh on the second epoch's slots (other batches around each sample) agrees.
+// teacher computed them, the second reads every batch from the cache (no forward pass), and each
+// sample's target is the same in both: every logit the teacher's, or under top-K its K largest
+// and the rest's probability mass at kd.temperature (what the cache keeps, served from the first
+// epoch on). Checked against the teacher run afresh on each slot (within float rounding: other
+// threads, and in epoch 2 other batches around each sample).
 TEST(CpuPipeline, TeacherOutputCacheServesLaterEpochsWithWhatTheTeacherComputed) {
   ASSERT_GE(allowed_cpus().size(), 2u);
   constexpr double kTemperature = 2.0;
@@ -359,41 +360,40 @@ TEST(CpuPipeline, TeacherOutputCacheServesLaterEpochsWithWhatTheTeacherComputed)
       const auto logits = slot->region<float>(*pipeline.regions().logits);
       const std::size_t n = slot->header().samples;
       ASSERT_EQ(n, run.sampler.batch_size);
-      if (b < per_epoch) {
-        for (std::size_t i = 0; i < n; ++i)
-          taught[ids[i]].assign(logits.begin() + static_cast<std::ptrdiff_t>(i * classes),
-                                logits.begin() + static_cast<std::ptrdiff_t>((i + 1) * classes));
-      } else {
-        float* out[] = {again.data()};
-        fresh.run(slot->region<float>(pipeline.regions().loader.inputs).data(), out);
-        for (std::size_t i = 0; i < n; ++i) {
-          const auto row = logits.subspan(i * classes, classes);
-          ASSERT_TRUE(taught.contains(ids[i])) << "sample " << ids[i] << " not in epoch 1";
-          const std::vector<float>& z = taught[ids[i]];
-          if (top_k == 0) {
-            EXPECT_TRUE(std::equal(row.begin(), row.end(), z.begin())) << "sample " << ids[i];
-            for (std::size_t c = 0; c < classes; ++c) {
-              worst =
-                  std::max(worst, static_cast<double>(std::fabs(row[c] - again[i * classes + c])));
-              largest = std::max(largest, static_cast<double>(std::fabs(z[c])));
-            }
-            continue;
+      float* out[] = {again.data()};
+      fresh.run(slot->region<float>(pipeline.regions().loader.inputs).data(), out);
+      for (std::size_t i = 0; i < n; ++i) {
+        const auto row = logits.subspan(i * classes, classes);
+        const std::span<const float> z(again.data() + i * classes, classes); // the teacher's
+        // The same target every epoch: the first keeps it, the second reads it.
+        if (b < per_epoch)
+          taught[ids[i]].assign(row.begin(), row.end());
+        else
+          EXPECT_TRUE(std::equal(row.begin(), row.end(), taught.at(ids[i]).begin()))
+              << "sample " << ids[i];
+        if (top_k == 0) {
+          for (std::size_t c = 0; c < classes; ++c) {
+            worst = std::max(worst, static_cast<double>(std::fabs(row[c] - z[c])));
+            largest = std::max(largest, static_cast<double>(std::fabs(z[c])));
           }
-          std::vector<std::size_t> order(classes);
-          std::iota(order.begin(), order.end(), 0);
-          std::stable_sort(order.begin(), order.end(),
-                           [&](std::size_t a, std::size_t c) { return z[a] > z[c]; });
-          const auto k = static_cast<std::size_t>(top_k);
-          for (std::size_t j = 0; j < k; ++j)
-            EXPECT_EQ(row[order[j]], z[order[j]]) << "sample " << ids[i];
-          const auto p = softmax_at(z, kTemperature), q = softmax_at(row, kTemperature);
-          double rest_p = 0, rest_q = 0;
-          for (std::size_t j = k; j < classes; ++j) {
-            rest_p += p[order[j]];
-            rest_q += q[order[j]];
-          }
-          EXPECT_NEAR(rest_q, rest_p, 1e-6) << "sample " << ids[i];
+          continue;
         }
+        // Under top-K: the K largest of the teacher's as they are, the rest's mass at T kept.
+        std::vector<std::size_t> order(classes);
+        std::iota(order.begin(), order.end(), 0);
+        std::stable_sort(order.begin(), order.end(),
+                         [&](std::size_t a, std::size_t c) { return row[a] > row[c]; });
+        const auto k = static_cast<std::size_t>(top_k);
+        for (std::size_t j = 0; j < k; ++j)
+          EXPECT_NEAR(row[order[j]], z[order[j]], 1e-5 * std::max(1.f, std::fabs(z[order[j]])))
+              << "sample " << ids[i];
+        const auto p = softmax_at(z, kTemperature), q = softmax_at(row, kTemperature);
+        double rest_p = 0, rest_q = 0;
+        for (std::size_t j = k; j < classes; ++j) {
+          rest_p += p[order[j]];
+          rest_q += q[order[j]];
+        }
+        EXPECT_NEAR(rest_q, rest_p, 1e-5) << "sample " << ids[i];
       }
       pipeline.ring().release(*slot);
     }

@@ -2,7 +2,9 @@
 // their stage's name, and a multi-producer stress test with random delays and payload checksums in
 // every stage (>= 10 million hand-offs by default; KDFLOW_RING_HANDOFFS changes it).
 #include "kdflow/core/error.hpp"
+#include "kdflow/core/slot_decisions.hpp"
 #include "kdflow/core/slot_ring.hpp"
+#include "kdflow/core/teacher_cache.hpp"
 
 #include <gtest/gtest.h>
 
@@ -407,6 +409,121 @@ TEST(SlotRingStress, TwoTeachersEachReachTheirRegionsInOrder) {
   std::printf("two teachers: %llu batches; teacher waits %llu\n",
               static_cast<unsigned long long>(batches),
               static_cast<unsigned long long>(st.stages[1].waits));
+}
+
+// Two teachers with the cache, as kd.cache keeps their mix: batch b carries sample b / 2, so every
+// second batch finds its sample kept, or still being taught in the batch before, as the first
+// batches of a run's second epoch do. The first teacher to reach a batch decides for both whether
+// the cache holds it (SlotDecisions): both skip their forward pass or both run it, and the last
+// to finish reads the kept mix, or mixes and keeps it (TeacherOutputCache::keep). A teacher's
+// logits for a sample differ by the batch that carries it (as a real teacher's do by rounding,
+// among other samples), yet both batches of a sample reach the student with its one kept mix;
+// each teacher ran exactly the batches decided uncached, and each decision was taken once.
+TEST(SlotRingStress, TwoTeachersWithTheCacheDecideEachBatchOnce) {
+  constexpr int kLoaders = 2;
+  constexpr std::uint32_t kTeachers = 2;
+  constexpr int kReplicas = 2; // per teacher
+  constexpr std::int64_t kValues = 8;
+  constexpr std::uint32_t kSlots = 4;
+  const std::uint64_t batches = (handoff_target() + 3) / 4;
+  SlotRing ring = make_ring(kSlots,
+                            SlotLayout({{"inputs", DType::u8, {1, kValues}},
+                                        {"ids", DType::i64, {1}},
+                                        {"out0", DType::f32, {1, 2}},
+                                        {"out1", DType::f32, {1, 2}},
+                                        {"mix", DType::f32, {1, 2}}}),
+                            kTeachers);
+  const auto in_idx = ring.layout().index_of("inputs");
+  const auto id_idx = ring.layout().index_of("ids");
+  const std::array<std::size_t, kTeachers> out_idx = {ring.layout().index_of("out0"),
+                                                      ring.layout().index_of("out1")};
+  const auto mix_idx = ring.layout().index_of("mix");
+  TeacherOutputCache cache(batches / 2 + 1, 2, 0, 1.0);
+  SlotDecisions decisions(kSlots);
+  const auto logit = [](std::uint64_t sample, std::uint64_t batch, std::uint32_t teacher) {
+    return static_cast<float>(sample % 4096) + 0.25f * static_cast<float>(teacher) +
+           0.5f * static_cast<float>(batch & 1);
+  };
+  const std::uint64_t seed = std::random_device{}();
+  std::array<std::atomic<std::uint64_t>, kTeachers> taught{};
+  std::atomic<std::uint64_t> hits{0}, misses{0}, lost{0};
+
+  std::vector<std::thread> threads;
+  for (int l = 0; l < kLoaders; ++l)
+    threads.emplace_back(
+        [&, l] { stress_loader(ring, batches, in_idx, kValues, seed + l, id_idx); });
+  for (std::uint32_t t = 0; t < kTeachers; ++t)
+    for (int r = 0; r < kReplicas; ++r)
+      threads.emplace_back([&, t, r] {
+        Jitter jitter(seed + 100 + 10 * t + r);
+        for (;;) {
+          const std::uint64_t b = ring.take_ticket(RingStage::teacher, t);
+          if (b >= batches) return;
+          auto s = ring.acquire_filled(b, t);
+          if (!s) return;
+          jitter();
+          const auto sample = static_cast<std::uint64_t>(s->region<std::int64_t>(id_idx)[0]) / 2;
+          if (!decisions.ask(s->index(), [&] { return cache.has(sample); })) {
+            const auto out = s->region<float>(out_idx[t]);
+            out[0] = logit(sample, b, t);
+            out[1] = -out[0];
+            taught[t].fetch_add(1, std::memory_order_relaxed);
+          }
+          if (!ring.finish_teaching(*s)) continue;
+          const auto mix = s->region<float>(mix_idx);
+          if (decisions.take(s->index())) {
+            if (cache.has(sample))
+              cache.load(sample, mix);
+            else
+              lost.fetch_add(1, std::memory_order_relaxed);
+            hits.fetch_add(1, std::memory_order_relaxed);
+          } else {
+            for (std::size_t c = 0; c < 2; ++c)
+              mix[c] = s->region<float>(out_idx[0])[c] + s->region<float>(out_idx[1])[c];
+            cache.keep(sample, mix);
+            misses.fetch_add(1, std::memory_order_relaxed);
+          }
+          ring.publish(*s, SlotState::teaching, SlotState::ready);
+        }
+      });
+
+  std::uint64_t received = 0, bad = 0, differ = 0;
+  std::array<float, 2> first{}; // the mix the sample's first batch carried
+  Jitter jitter(seed + 200);
+  for (std::uint64_t b = 0; b < batches; ++b) {
+    auto s = ring.acquire_ready(b);
+    ASSERT_TRUE(s) << "batch " << b << " never arrived";
+    jitter();
+    if (s->header().batch != b ||
+        s->region<std::int64_t>(id_idx)[0] != static_cast<std::int64_t>(b))
+      ++bad;
+    const auto mix = s->region<float>(mix_idx);
+    const std::uint64_t sample = b / 2;
+    // Taught in this batch or the other of the sample's pair, by both teachers.
+    const float even = logit(sample, 0, 0) + logit(sample, 0, 1),
+                odd = logit(sample, 1, 0) + logit(sample, 1, 1);
+    if ((mix[0] != even && mix[0] != odd) || mix[1] != -mix[0]) ++bad;
+    if (b % 2 == 0)
+      first = {mix[0], mix[1]};
+    else if (mix[0] != first[0] || mix[1] != first[1])
+      ++differ;
+    ++received;
+    ring.release(*s);
+  }
+  ring.close();
+  for (auto& t : threads) t.join();
+
+  EXPECT_EQ(received, batches);
+  EXPECT_EQ(bad, 0u);
+  EXPECT_EQ(differ, 0u) << "a sample's two batches carried other mixes";
+  EXPECT_EQ(lost.load(), 0u) << "a batch decided cached lost its sample";
+  EXPECT_EQ(hits.load() + misses.load(), batches) << "one decision taken per batch";
+  EXPECT_EQ(taught[0].load(), misses.load()) << "teacher 0 ran other batches than decided";
+  EXPECT_EQ(taught[1].load(), misses.load()) << "teacher 1 ran other batches than decided";
+  EXPECT_GE(misses.load(), batches / 2) << "a sample's first batch found it kept";
+  std::printf("two teachers with the cache: %llu batches, %llu read from the cache\n",
+              static_cast<unsigned long long>(batches),
+              static_cast<unsigned long long>(hits.load()));
 }
 
 TEST(SlotRing, OneTeacherOfSeveralAloneHandsEachBatchOn) {

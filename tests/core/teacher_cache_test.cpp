@@ -156,6 +156,53 @@ TEST(TeacherOutputCache, ConcurrentWritersAndReadersSeeWholeEntries) {
   }
 }
 
+// keep(): the first row offered for a sample is kept, and every row offered for it becomes what
+// the cache serves (load()): an earlier one's, or under top-K its own as kept. Writers offering
+// other rows for the same samples at once (batches that met the cache before either was kept) all
+// end with the one kept row, whichever won.
+TEST(TeacherOutputCache, KeepMakesEveryRowOfASampleTheKeptOne) {
+  TeacherOutputCache all(2, 3, 0, 1.0);
+  std::vector<float> first{1.f, 2.f, 3.f}, second{4.f, 5.f, 6.f};
+  all.keep(0, first);
+  EXPECT_EQ(first, (std::vector<float>{1.f, 2.f, 3.f}));
+  all.keep(0, second);
+  EXPECT_EQ(second, first) << "a kept sample's row is the kept one";
+  EXPECT_EQ(all.stored(), 1u);
+  EXPECT_THROW(all.keep(2, first), std::out_of_range);
+
+  TeacherOutputCache top(1, 5, 2, 2.0);
+  std::vector<float> row = logits_for(0, 5), served(5);
+  top.keep(0, row);
+  top.load(0, served);
+  EXPECT_EQ(row, served) << "under top-K the row is what is kept of it";
+
+  constexpr std::size_t kSamples = 2000, kClasses = 8, kWriters = 4;
+  for (const std::size_t k : {0, 3}) {
+    TeacherOutputCache cache(kSamples, kClasses, k, 2.0);
+    std::vector<std::vector<float>> rows(kWriters * kSamples);
+    std::vector<std::thread> threads;
+    for (std::size_t w = 0; w < kWriters; ++w)
+      threads.emplace_back([&, w] {
+        for (std::size_t n = 0; n < kSamples; ++n) {
+          const std::size_t id = (n + w * 37) % kSamples;
+          std::vector<float> mine = logits_for(id, kClasses);
+          mine[0] += static_cast<float>(w); // each writer's own row for the sample
+          cache.keep(id, mine);
+          rows[w * kSamples + id] = std::move(mine);
+        }
+      });
+    for (auto& t : threads) t.join();
+    std::size_t differ = 0;
+    for (std::size_t id = 0; id < kSamples; ++id) {
+      std::vector<float> kept(kClasses);
+      cache.load(id, kept);
+      for (std::size_t w = 0; w < kWriters; ++w) differ += rows[w * kSamples + id] != kept;
+    }
+    EXPECT_EQ(differ, 0u) << "top_k " << k;
+    EXPECT_EQ(cache.stored(), kSamples);
+  }
+}
+
 // A file of its own in the temporary folder, removed at the end.
 struct TempFile {
   std::filesystem::path path;
@@ -301,7 +348,9 @@ TEST(TeacherOutputCache, SavesBesideRunningWritersHoldWholeEntries) {
     const auto check = [&](std::size_t expect_all) {
       TeacherOutputCache back(kSamples, kClasses, k, 2.0);
       const std::size_t n = back.load(file.path, kKey);
-      if (expect_all) EXPECT_EQ(n, kSamples);
+      if (expect_all) {
+        EXPECT_EQ(n, kSamples);
+      }
       std::vector<float> a(kClasses), b(kClasses);
       for (std::uint64_t id = 0; id < kSamples; ++id) {
         if (!back.has(id)) continue;

@@ -9,6 +9,7 @@
 //
 // Samples are stored and read concurrently by every teacher replica: a sample's state word says
 // empty, being written or stored; the first writer wins, and a reader sees a stored entry whole.
+// The pipeline keep()s every row it computes, so a sample's target is the kept one every time.
 //
 // kd.cache = disk keeps the stored entries in a checked file between runs (save(), load()),
 // under a key that says what the outputs were computed from (the teacher file's digest, the data's,
@@ -40,8 +41,14 @@ public:
   [[nodiscard]] std::size_t bytes() const;
 
   // Keeps sample `id`'s logits (`classes` values) unless it is kept already or being kept by
-  // another thread. Throws std::out_of_range for an id past the samples.
-  void store(std::uint64_t id, std::span<const float> logits);
+  // another thread; true when this call kept them. Throws std::out_of_range for an id past the
+  // samples.
+  bool store(std::uint64_t id, std::span<const float> logits);
+  // What a batch's target for sample `id` is: keeps `logits` unless the sample is kept already
+  // (or being kept: it waits for that writer), then `logits` holds what load() serves for it (the
+  // K largest and the rest's logit under top-K). So a sample's target is the one kept, every
+  // time, whichever batch computed it first. Throws std::out_of_range as store() does.
+  void keep(std::uint64_t id, std::span<float> logits);
   // Whether sample `id` is kept (a true answer makes its entry readable on this thread).
   [[nodiscard]] bool has(std::uint64_t id) const;
   // Sample `id`'s logits into `out` (`classes` values). Requires has(id).
