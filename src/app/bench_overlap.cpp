@@ -221,8 +221,9 @@ int bench_overlap_command(const OverlapArgs& args) {
   json cache_report = nullptr;
   if (run.cache) {
     const std::string mode = config.get_string("kd.cache");
-    log_info(fmt::format("kd.cache = {}: the teacher's first epoch, kept ({} of {} samples held)",
-                         mode, run.cache->stored(), run.cache->samples()));
+    log_info(fmt::format("kd.cache = {}: the {} first epoch, kept ({} of {} samples held)", mode,
+                         run.teachers() > 1 ? "teachers'" : "teacher's", run.cache->stored(),
+                         run.cache->samples()));
     const CacheFill fill = fill_teacher_cache(setup);
     if (!run.cache_file.empty() && fill.samples_added > 0) {
       try {
@@ -394,11 +395,11 @@ int bench_overlap_command(const OverlapArgs& args) {
                t["teacher"].get<std::size_t>(), t["samples_per_s"].get<double>(),
                t["model"].get<std::string>(), t["replicas"].get<std::ptrdiff_t>());
   if (!cache_report.is_null())
-    fmt::print("kd.cache = {}: overlapped-cached {:.2f}x overlapped (the teacher's first epoch "
-               "took {:.1f} s, {} batches)\n",
+    fmt::print("kd.cache = {}: overlapped-cached {:.2f}x overlapped (the {} first epoch took "
+               "{:.1f} s, {} batches)\n",
                cache_report["mode"].get<std::string>(),
                cache_report["speedup_vs_overlapped"].get<double>(),
-               cache_report["fill_s"].get<double>(),
+               run.teachers() > 1 ? "teachers'" : "teacher's", cache_report["fill_s"].get<double>(),
                cache_report["fill_teacher_batches"].get<std::uint64_t>());
   if (report.contains("job"))
     fmt::print("{} ranks (rank 0's figures above): job overlapped {:.1f} samples/s, one rank "
