@@ -253,6 +253,31 @@ void stress_loader(SlotRing& ring, std::uint64_t batches, std::size_t in_idx, st
   }
 }
 
+// Several teachers' replicas in a stress test, `replicas` threads per teacher: each takes its
+// teacher's tickets below `batches`, claims or joins the batch, and after a jitter runs
+// `teach(slot, teacher)`; the last to finish a batch runs `last(slot)` and hands it on.
+template <typename Teach, typename Last>
+void start_teachers(std::vector<std::thread>& threads, SlotRing& ring, std::uint64_t batches,
+                    std::uint32_t teachers, int replicas, std::uint64_t seed, Teach teach,
+                    Last last) {
+  for (std::uint32_t t = 0; t < teachers; ++t)
+    for (int r = 0; r < replicas; ++r)
+      threads.emplace_back([&ring, batches, seed, t, r, teach, last] {
+        Jitter jitter(seed + 100 + 10 * t + static_cast<std::uint64_t>(r));
+        for (;;) {
+          const std::uint64_t b = ring.take_ticket(RingStage::teacher, t);
+          if (b >= batches) return;
+          auto s = ring.acquire_filled(b, t);
+          if (!s) return;
+          jitter();
+          teach(*s, t);
+          if (!ring.finish_teaching(*s)) continue;
+          last(*s);
+          ring.publish(*s, SlotState::teaching, SlotState::ready);
+        }
+      });
+}
+
 TEST(SlotRingStress, EveryBatchArrivesOnceInOrderIntact) {
   constexpr int kLoaders = 2;
   constexpr int kTeachers = 2;
@@ -359,24 +384,16 @@ TEST(SlotRingStress, TwoTeachersEachReachTheirRegionsInOrder) {
   for (int l = 0; l < kLoaders; ++l)
     threads.emplace_back(
         [&, l] { stress_loader(ring, batches, in_idx, kValues, seed + l, std::nullopt); });
-  for (std::uint32_t t = 0; t < kTeachers; ++t)
-    for (int r = 0; r < kReplicas; ++r)
-      threads.emplace_back([&, t, r] {
-        Jitter jitter(seed + 100 + 10 * t + r);
-        for (;;) {
-          const std::uint64_t b = ring.take_ticket(RingStage::teacher, t);
-          if (b >= batches) return;
-          auto s = ring.acquire_filled(b, t);
-          if (!s) return;
-          jitter();
-          s->region<std::uint64_t>(out_idx[t])[0] = value(s->region<std::uint8_t>(in_idx), t);
-          taught[t].fetch_add(1, std::memory_order_relaxed);
-          if (!ring.finish_teaching(*s)) continue;
-          s->region<std::uint64_t>(mix_idx)[0] =
-              s->region<std::uint64_t>(out_idx[0])[0] ^ s->region<std::uint64_t>(out_idx[1])[0];
-          mixes.fetch_add(1, std::memory_order_relaxed);
-          ring.publish(*s, SlotState::teaching, SlotState::ready);
-        }
+  start_teachers(
+      threads, ring, batches, kTeachers, kReplicas, seed,
+      [&](const Slot& s, std::uint32_t t) {
+        s.region<std::uint64_t>(out_idx[t])[0] = value(s.region<std::uint8_t>(in_idx), t);
+        taught[t].fetch_add(1, std::memory_order_relaxed);
+      },
+      [&](const Slot& s) {
+        s.region<std::uint64_t>(mix_idx)[0] =
+            s.region<std::uint64_t>(out_idx[0])[0] ^ s.region<std::uint64_t>(out_idx[1])[0];
+        mixes.fetch_add(1, std::memory_order_relaxed);
       });
 
   std::uint64_t received = 0, bad = 0;
@@ -452,39 +469,34 @@ TEST(SlotRingStress, TwoTeachersWithTheCacheDecideEachBatchOnce) {
   for (int l = 0; l < kLoaders; ++l)
     threads.emplace_back(
         [&, l] { stress_loader(ring, batches, in_idx, kValues, seed + l, id_idx); });
-  for (std::uint32_t t = 0; t < kTeachers; ++t)
-    for (int r = 0; r < kReplicas; ++r)
-      threads.emplace_back([&, t, r] {
-        Jitter jitter(seed + 100 + 10 * t + r);
-        for (;;) {
-          const std::uint64_t b = ring.take_ticket(RingStage::teacher, t);
-          if (b >= batches) return;
-          auto s = ring.acquire_filled(b, t);
-          if (!s) return;
-          jitter();
-          const auto sample = static_cast<std::uint64_t>(s->region<std::int64_t>(id_idx)[0]) / 2;
-          if (!decisions.ask(s->index(), [&] { return cache.has(sample); })) {
-            const auto out = s->region<float>(out_idx[t]);
-            out[0] = logit(sample, b, t);
-            out[1] = -out[0];
-            taught[t].fetch_add(1, std::memory_order_relaxed);
-          }
-          if (!ring.finish_teaching(*s)) continue;
-          const auto mix = s->region<float>(mix_idx);
-          if (decisions.take(s->index())) {
-            if (cache.has(sample))
-              cache.load(sample, mix);
-            else
-              lost.fetch_add(1, std::memory_order_relaxed);
-            hits.fetch_add(1, std::memory_order_relaxed);
-          } else {
-            for (std::size_t c = 0; c < 2; ++c)
-              mix[c] = s->region<float>(out_idx[0])[c] + s->region<float>(out_idx[1])[c];
-            cache.keep(sample, mix);
-            misses.fetch_add(1, std::memory_order_relaxed);
-          }
-          ring.publish(*s, SlotState::teaching, SlotState::ready);
+  const auto sample_of = [&](const Slot& s) {
+    return static_cast<std::uint64_t>(s.region<std::int64_t>(id_idx)[0]) / 2;
+  };
+  start_teachers(
+      threads, ring, batches, kTeachers, kReplicas, seed,
+      [&](const Slot& s, std::uint32_t t) {
+        const std::uint64_t sample = sample_of(s);
+        if (decisions.ask(s.index(), [&] { return cache.has(sample); })) return;
+        const auto out = s.region<float>(out_idx[t]);
+        out[0] = logit(sample, s.batch(), t);
+        out[1] = -out[0];
+        taught[t].fetch_add(1, std::memory_order_relaxed);
+      },
+      [&](const Slot& s) {
+        const std::uint64_t sample = sample_of(s);
+        const auto mix = s.region<float>(mix_idx);
+        if (decisions.take(s.index())) {
+          if (cache.has(sample))
+            cache.load(sample, mix);
+          else
+            lost.fetch_add(1, std::memory_order_relaxed);
+          hits.fetch_add(1, std::memory_order_relaxed);
+          return;
         }
+        for (std::size_t c = 0; c < 2; ++c)
+          mix[c] = s.region<float>(out_idx[0])[c] + s.region<float>(out_idx[1])[c];
+        cache.keep(sample, mix);
+        misses.fetch_add(1, std::memory_order_relaxed);
       });
 
   std::uint64_t received = 0, bad = 0, differ = 0;
