@@ -177,16 +177,15 @@ void CpuPipeline::start(std::uint64_t first_batch, std::uint64_t batches,
                         const StartOptions& options) {
   std::lock_guard lock(structure_mutex_);
   const bool teacher = run_.teacher_runs && options.teacher;
+  if (options.only_teacher && *options.only_teacher >= run_.teachers())
+    throw std::invalid_argument("CpuPipeline::start: no such teacher");
   if (options.cache && options.only_teacher && run_.teachers() > 1)
     throw std::invalid_argument("CpuPipeline::start: the cache holds the teachers' mix, not the "
                                 "outputs of one teacher alone");
   cache_ = options.cache ? run_.cache.get() : nullptr;
-  if (cache_decisions_) cache_decisions_->clear(); // a batch a stopped start left undone
   first_batch_ = first_batch;
   end_ = batches;
   after_load_ = teacher ? SlotState::filled : SlotState::ready;
-  if (options.only_teacher && *options.only_teacher >= run_.teachers())
-    throw std::invalid_argument("CpuPipeline::start: no such teacher");
   if (teacher)
     ring_->set_teachers(options.only_teacher ? 1
                                              : static_cast<std::uint32_t>(

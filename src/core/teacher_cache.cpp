@@ -97,6 +97,10 @@ bool TeacherOutputCache::store(std::uint64_t id, std::span<const float> logits) 
   if (id >= samples_)
     throw std::out_of_range("teacher output cache: sample " + std::to_string(id) + " of " +
                             std::to_string(samples_));
+  // Under top-K, the thread's scratch grows before the sample is claimed: nothing past the claim
+  // throws, so no entry stays half written (keep() waits for a claimed one).
+  thread_local std::vector<std::uint32_t> order; // grows once per thread, then reused
+  if (!full()) order.resize(classes_);
   std::uint8_t expected = kEmpty;
   if (!state_[id].compare_exchange_strong(expected, kWriting, std::memory_order_acquire,
                                           std::memory_order_relaxed))
@@ -108,8 +112,6 @@ bool TeacherOutputCache::store(std::uint64_t id, std::span<const float> logits) 
     // The K largest, ties to the lower class; then the rest's logit from their probability mass
     // at the temperature, summed over the rest itself (no 1 - sum cancellation).
     std::uint32_t* classes = indices_.data() + id * kept_;
-    thread_local std::vector<std::uint32_t> order; // grows once per thread, then reused
-    order.resize(classes_);
     std::iota(order.begin(), order.end(), 0u);
     std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(kept_),
                       order.end(), [&](std::uint32_t a, std::uint32_t b) {

@@ -231,19 +231,22 @@ TEST(Dist, TwoRanksEachCacheTheirShard) {
   write_fmnist_subset(data, 640, 256);
   const fs::path file = scratch("dist_cache.kdcache");
   const fs::path logs = two.string() + ".logs";
-  const Result r = torchrun(
-      launch(local(2), logs,
-             train_args(two, 32,
-                        {"data.path=" + data.string(), "kd.cache=disk",
-                         "kd.cache_path=" + file.string(), "train.epochs=2", "train.export=off"})),
-      two);
+  const Result r = torchrun(launch(local(2), logs,
+                                   train_args(two, 32,
+                                              {"data.path=" + data.string(), "kd.cache=disk",
+                                               "kd.cache_path=" + file.string(), "train.epochs=2",
+                                               "train.export=off", "ring.slots=3"})),
+                            two);
   ASSERT_EQ(r.code, 0) << r.err << rank_stderr(logs, 0) << rank_stderr(logs, 1);
   const json s = summary(two);
   ASSERT_EQ(s["ranks"].size(), 2u);
   EXPECT_EQ(s["ranks"][0]["state_digest"], s["ranks"][1]["state_digest"]);
   const json& cache = s["teacher_cache"];
   EXPECT_EQ(cache["samples_kept"], 320) << "rank 0's shard: half the samples" << cache.dump();
-  EXPECT_EQ(cache["batches_from_cache"], 10) << "its second epoch, every batch" << cache.dump();
+  // Its second epoch's batches, from the third at least (3 ring slots: a batch may meet the
+  // cache before the last of epoch 1 are kept when a rank has several replicas).
+  EXPECT_GE(cache["batches_from_cache"].get<int>(), 8) << cache.dump();
+  EXPECT_LE(cache["batches_from_cache"].get<int>(), 10) << cache.dump();
   for (const char* rank : {".rank0-of-2", ".rank1-of-2"})
     EXPECT_TRUE(fs::exists(file.string() + rank)) << rank;
 }

@@ -385,7 +385,7 @@ TEST(CpuPipeline, TeacherOutputCacheServesLaterEpochsWithWhatTheTeacherComputed)
                          [&](std::size_t a, std::size_t c) { return row[a] > row[c]; });
         const auto k = static_cast<std::size_t>(top_k);
         for (std::size_t j = 0; j < k; ++j)
-          EXPECT_NEAR(row[order[j]], z[order[j]], 1e-5 * std::max(1.f, std::fabs(z[order[j]])))
+          EXPECT_NEAR(row[order[j]], z[order[j]], 1e-4 * std::max(1.f, std::fabs(z[order[j]])))
               << "sample " << ids[i];
         const auto p = softmax_at(z, kTemperature), q = softmax_at(row, kTemperature);
         double rest_p = 0, rest_q = 0;

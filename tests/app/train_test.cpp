@@ -65,7 +65,7 @@ TEST(Train, TeacherCacheOnDiskServesTheNextRunAndRefusesAStaleOrDamagedFile) {
   const auto args = [&](const fs::path& out, const fs::path& from,
                         std::initializer_list<std::string> sets) {
     auto a = with(fast_train_args(out), {"data.path=" + from.string(), "kd.cache=disk",
-                                         "train.epochs=2", "train.export=off"});
+                                         "train.epochs=2", "train.export=off", "ring.slots=3"});
     for (const auto& s : sets) a = with(a, {s});
     return a;
   };
@@ -90,7 +90,10 @@ TEST(Train, TeacherCacheOnDiskServesTheNextRunAndRefusesAStaleOrDamagedFile) {
   EXPECT_EQ(first["samples"], 640);
   EXPECT_EQ(first["samples_kept"], 640);
   EXPECT_EQ(first["samples_read_from_file"], 0);
-  EXPECT_EQ(first["batches_from_cache"], 10) << "the second epoch read every batch";
+  // The second epoch read its batches: from its third at least (with several replicas, a batch
+  // may meet the cache before the last of epoch 1 are kept: 3 ring slots bound that).
+  EXPECT_GE(first["batches_from_cache"].get<int>(), 8);
+  EXPECT_LE(first["batches_from_cache"].get<int>(), 10);
   const fs::path file = first["file"].get<std::string>();
   EXPECT_EQ(file.parent_path(), home / "teacher-outputs");
   ASSERT_TRUE(fs::exists(file));
@@ -139,7 +142,7 @@ TEST(Train, TeacherCacheOnDiskServesTheNextRunAndRefusesAStaleOrDamagedFile) {
   const std::string others =
       "teacher.others=[{model = \"" + fixture("mlp_opset13.onnx").string() + "\", weight = 0.5}]";
   const fs::path d = scratch("cache_two_d"), e = scratch("cache_two_e");
-  r = run(args(d, data, {others, "ring.slots=3"}), d);
+  r = run(args(d, data, {others}), d);
   ASSERT_EQ(r.code, 0) << r.err;
   const json two = summary(d);
   EXPECT_EQ(two["teachers"].size(), 2u);
@@ -147,7 +150,7 @@ TEST(Train, TeacherCacheOnDiskServesTheNextRunAndRefusesAStaleOrDamagedFile) {
   EXPECT_GE(two["teacher_cache"]["batches_from_cache"].get<int>(), 8);
   EXPECT_LE(two["teacher_cache"]["batches_from_cache"].get<int>(), 10);
   EXPECT_NE(two["teacher_cache"]["file"], file.string());
-  r = run(args(e, data, {others, "ring.slots=3"}), e);
+  r = run(args(e, data, {others}), e);
   ASSERT_EQ(r.code, 0) << r.err;
   const json again = summary(e);
   EXPECT_EQ(again["teacher_cache"]["samples_read_from_file"], 640);

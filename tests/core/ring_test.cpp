@@ -435,7 +435,9 @@ TEST(SlotRingStress, TwoTeachersEachReachTheirRegionsInOrder) {
 // to finish reads the kept mix, or mixes and keeps it (TeacherOutputCache::keep). A teacher's
 // logits for a sample differ by the batch that carries it (as a real teacher's do by rounding,
 // among other samples), yet both batches of a sample reach the student with its one kept mix;
-// each teacher ran exactly the batches decided uncached, and each decision was taken once.
+// each teacher ran exactly the batches decided uncached, and each decision was taken once. (The
+// protocol as CpuPipeline::run_teacher and mix() follow it; their wiring, with oneTBB's graphs
+// around it, is checked by the pipeline's two-teacher cache test.)
 TEST(SlotRingStress, TwoTeachersWithTheCacheDecideEachBatchOnce) {
   constexpr int kLoaders = 2;
   constexpr std::uint32_t kTeachers = 2;

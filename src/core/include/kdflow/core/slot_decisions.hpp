@@ -19,8 +19,8 @@ namespace kdflow {
 class SlotDecisions {
 public:
   explicit SlotDecisions(std::uint32_t slots)
-      : slots_(slots), answers_(std::make_unique<std::atomic<std::uint8_t>[]>(slots)) {
-    clear();
+      : answers_(std::make_unique<std::atomic<std::uint8_t>[]>(slots)) {
+    for (std::uint32_t i = 0; i < slots; ++i) answers_[i].store(kOpen, std::memory_order_relaxed);
   }
 
   // Slot `index`'s answer for its batch: `answer()`'s if this is the first ask since the last
@@ -41,14 +41,8 @@ public:
     return answers_[index].exchange(kOpen, std::memory_order_acq_rel) == kYes;
   }
 
-  // Every slot open again (no teacher may be asking: before the stages start).
-  void clear() {
-    for (std::uint32_t i = 0; i < slots_; ++i) answers_[i].store(kOpen, std::memory_order_relaxed);
-  }
-
 private:
   enum : std::uint8_t { kOpen = 0, kYes = 1, kNo = 2 };
-  std::uint32_t slots_;
   std::unique_ptr<std::atomic<std::uint8_t>[]> answers_;
 };
 
