@@ -6,8 +6,10 @@ torchvision and onnx).
 
 usage: make_teacher_fixtures.py OUT_DIR [--seed N] [--only NAME...]
 
-Writes OUT_DIR/<name>.onnx, <name>.input.npy, <name>.output.npy and manifest.json. Inputs are fresh
-random data every run unless --seed is given.
+Writes OUT_DIR/<name>.onnx, <name>.input.npy, <name>.output.npy (PyTorch's fp32 logits),
+<name>.bf16_output.npy (PyTorch's own bf16 logits, under CPU autocast: the peer a bf16 teacher's
+rounding is measured against) and manifest.json. Inputs are fresh random data every run unless
+--seed is given.
 """
 import argparse
 import json
@@ -215,10 +217,13 @@ def main():
         model.eval()
         with torch.no_grad():
             y = model(x)
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                y_bf16 = model(x).float()
         path = os.path.join(args.out, name + ".onnx")
         export(model, x, path, opset, fold, exporter)
         np.save(os.path.join(args.out, name + ".input.npy"), x.numpy().astype(np.float32))
         np.save(os.path.join(args.out, name + ".output.npy"), y.numpy().astype(np.float32))
+        np.save(os.path.join(args.out, name + ".bf16_output.npy"), y_bf16.numpy().astype(np.float32))
         manifest["models"].append({"name": name, "sample": list(sample), "opset": opset})
     with open(os.path.join(args.out, "manifest.json"), "w") as f:
         json.dump(manifest, f, indent=2)
