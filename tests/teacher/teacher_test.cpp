@@ -314,7 +314,8 @@ TEST(TeacherModels, MatchPyTorchInFp32AndBf16) {
     inputs_total += batch;
     std::printf("%s: bf16 error %.4f (PyTorch's bf16 %.4f), top-1 agreement %d/%lld (PyTorch's "
                 "bf16 %d)\n",
-                name.c_str(), error, torch_error, agree, static_cast<long long>(batch), torch_agree);
+                name.c_str(), error, torch_error, agree, static_cast<long long>(batch),
+                torch_agree);
   }
   if (!has_native_bf16()) return;
   EXPECT_GE(static_cast<double>(agree_total - torch_agree_total + inputs_total) /
