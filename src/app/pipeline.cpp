@@ -182,6 +182,16 @@ void CpuPipeline::start(std::uint64_t first_batch, std::uint64_t batches,
   if (options.cache && options.only_teacher && run_.teachers() > 1)
     throw std::invalid_argument("CpuPipeline::start: the cache holds the teachers' mix, not the "
                                 "outputs of one teacher alone");
+  if (options.cache && run_.cache) {
+    std::size_t features = 0;
+    for (const auto& mine : regions_.features)
+      for (const std::size_t r : mine)
+        features += ring_->layout().regions()[r].bytes / sizeof(float) / batch_rows();
+    if (run_.cache->features() != features)
+      throw std::invalid_argument(fmt::format(
+          "CpuPipeline::start: the cache keeps {} feature values per sample, the slot holds {}",
+          run_.cache->features(), features));
+  }
   cache_ = options.cache ? run_.cache.get() : nullptr;
   first_batch_ = first_batch;
   end_ = batches;
@@ -248,9 +258,20 @@ bool CpuPipeline::from_cache(const Slot& slot, std::span<float> logits) {
   if (!holds(slot)) return false;
   const auto ids = slot.region<std::int64_t>(regions_.loader.ids);
   const std::size_t n = slot.header().samples, classes = cache_->classes();
-  for (std::size_t i = 0; i < n; ++i)
-    cache_->load(static_cast<std::uint64_t>(ids[i]), logits.subspan(i * classes, classes));
+  thread_local std::vector<float> features; // grows once per thread, then reused
+  features.resize(cache_->features());
+  for (std::size_t i = 0; i < n; ++i) {
+    cache_->load(static_cast<std::uint64_t>(ids[i]), logits.subspan(i * classes, classes),
+                 features);
+    move_features(slot, i, features, true);
+  }
   std::fill(logits.begin() + static_cast<std::ptrdiff_t>(n * classes), logits.end(), 0.f);
+  for (const auto& mine : regions_.features)
+    for (const std::size_t r : mine) {
+      const std::span<float> all = slot.region<float>(r);
+      std::fill(all.begin() + static_cast<std::ptrdiff_t>(n * (all.size() / batch_rows())),
+                all.end(), 0.f);
+    }
   cached_batches_.fetch_add(1, std::memory_order_relaxed);
   return true;
 }
@@ -258,8 +279,32 @@ bool CpuPipeline::from_cache(const Slot& slot, std::span<float> logits) {
 void CpuPipeline::keep_in_cache(const Slot& slot, std::span<float> logits) {
   const auto ids = slot.region<std::int64_t>(regions_.loader.ids);
   const std::size_t n = slot.header().samples, classes = cache_->classes();
-  for (std::size_t i = 0; i < n; ++i)
-    cache_->keep(static_cast<std::uint64_t>(ids[i]), logits.subspan(i * classes, classes));
+  thread_local std::vector<float> features;
+  features.resize(cache_->features());
+  for (std::size_t i = 0; i < n; ++i) {
+    move_features(slot, i, features, false);
+    cache_->keep(static_cast<std::uint64_t>(ids[i]), logits.subspan(i * classes, classes),
+                 features);
+    move_features(slot, i, features, true);
+  }
+}
+
+std::size_t CpuPipeline::batch_rows() const { return run_.sampler.batch_size; }
+
+void CpuPipeline::move_features(const Slot& slot, std::size_t row, std::span<float> kept,
+                                bool into_slot) const {
+  std::size_t at = 0;
+  for (const auto& mine : regions_.features)
+    for (const std::size_t r : mine) {
+      const std::span<float> all = slot.region<float>(r);
+      const std::size_t per = all.size() / batch_rows();
+      const std::span<float> sample = all.subspan(row * per, per);
+      if (into_slot)
+        std::copy_n(kept.begin() + static_cast<std::ptrdiff_t>(at), per, sample.begin());
+      else
+        std::copy(sample.begin(), sample.end(), kept.begin() + static_cast<std::ptrdiff_t>(at));
+      at += per;
+    }
 }
 
 void CpuPipeline::forward(TeacherUnit& unit, const Slot& slot, float* logits) {

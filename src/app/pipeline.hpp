@@ -158,9 +158,9 @@ private:
   // One teacher batch done, begun at `since`: its time counts as teacher work.
   void count_teacher_batch(std::chrono::steady_clock::time_point since);
   void start_loader_graph();
-  // `slot`'s logits: from the cache when it holds every sample of the slot, else the replica's
-  // forward pass on the slot's inputs (then kept in the cache). Several teachers: the cache holds
-  // their mix, so a teacher runs unless the slot's batch is cached (the one decision of
+  // `slot`'s logits (and features): from the cache when it holds every sample of the slot, else
+  // the replica's forward pass on the slot's inputs (then kept in the cache). Several teachers: the
+  // cache holds their mix, so a teacher runs unless the slot's batch is cached (the one decision of
   // batch_cached), and mix() reads the target from the cache or mixes and keeps it.
   void run_teacher(TeacherUnit& unit, const Slot& slot);
   void forward(TeacherUnit& unit, const Slot& slot, float* logits);
@@ -177,6 +177,11 @@ private:
   // epoch 1 are still mixed) reads the kept row; under top-K each row is what is kept of it. A
   // sample's target is the same every epoch, whichever way its batch met the cache.
   void keep_in_cache(const Slot& slot, std::span<float> logits);
+  // Sample `row`'s features, every teacher's in order, between the slot's feature regions and
+  // `kept` (the cache's features for one sample): into the slot, or out of it.
+  void move_features(const Slot& slot, std::size_t row, std::span<float> kept,
+                     bool into_slot) const;
+  [[nodiscard]] std::size_t batch_rows() const; // the rows of every slot region
   bool rebuild_loaders(const affinity::CpuList& cpus);
   // The loaders' CPUs and the teacher's together, oneTBB's pool raised for them, recorded as the
   // loaders' (under structure_mutex_); empty when the teacher has no CPU the loaders lack.

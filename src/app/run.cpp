@@ -61,6 +61,20 @@ std::string shape_text(const teacher::Shape& shape) {
 // teacher file's bytes and precision, the teacher's input made from the data (each teacher's, and
 // their mix's weights and temperature with several), the data's pixels, and what is kept of each
 // sample's logits. The file's path leaves it out: the same bytes elsewhere are the same teacher.
+// The feature values a sample keeps in the cache: every teacher's features (teacher.features,
+// kd.features), in the slot's order.
+std::size_t cached_feature_floats(const RunInputs& run) {
+  std::size_t floats = 0;
+  for (std::size_t k = 0; k < run.teachers(); ++k) {
+    const teacher::Teacher& t = *run.teacher_at(k);
+    for (std::size_t j = t.graph().outputs.size(); j < t.output_names().size(); ++j) {
+      const teacher::Shape shape = t.output_shape(j);
+      floats += static_cast<std::size_t>(teacher::numel(shape) / shape.at(0));
+    }
+  }
+  return floats;
+}
+
 std::string teacher_cache_key(const RunInputs& run, const TeacherOutputCache& cache) {
   const auto spec = [](const ImageSpec& s) {
     return fmt::format("{}x{}x{}", s.channels, s.height, s.width);
@@ -77,6 +91,15 @@ std::string teacher_cache_key(const RunInputs& run, const TeacherOutputCache& ca
     key += fmt::format("{}.input={} from {} mean={:.9g} std={:.9g}\n", name, spec(adapt.to()),
                        spec(adapt.from()), fmt::join(adapt.to_norm().mean, ","),
                        fmt::join(adapt.to_norm().std, ","));
+    // The features the teacher returns beside its graph's outputs; a run without features keeps
+    // the key it always had.
+    const teacher::Teacher& t = *run.teacher_at(k);
+    const auto outputs = t.output_names();
+    if (outputs.size() > t.graph().outputs.size())
+      key += fmt::format(
+          "{}.features={}\n", name,
+          fmt::join(outputs.begin() + static_cast<std::ptrdiff_t>(t.graph().outputs.size()),
+                    outputs.end(), ","));
   }
   if (run.mix) {
     std::vector<double> weights;
@@ -108,38 +131,36 @@ void prepare_teacher_cache_into(RunInputs& run) {
     throw InputError(fmt::format("kd.cache = {}: the teacher's input for a sample changes every "
                                  "epoch ({}): set kd.cache = none",
                                  mode, changes));
-  for (std::size_t k = 0; k < run.teachers(); ++k)
-    if (const auto features = teacher_feature_names(run.config, k); !features.empty())
-      throw InputError(fmt::format(
-          "kd.cache = {} keeps the {} logits, and {}.features or kd.features ask for its values "
-          "[{}] too: set kd.cache = none",
-          mode, run.teachers() > 1 ? "teachers' mixed" : "teacher's",
-          k == 0 ? std::string("teacher") : fmt::format("teacher.others[{}]", k),
-          fmt::join(features, ", ")));
   const auto classes = static_cast<std::size_t>(run.teacher->output_shape(0)[1]);
   const auto top_k = static_cast<std::size_t>(run.config.get_int("kd.cache_topk"));
   const std::size_t kept = top_k == 0 || top_k >= classes ? classes : top_k;
-  const double bytes = static_cast<double>(run.train.size()) *
-                       static_cast<double>(kept == classes ? 4 * classes : 8 * kept + 4);
+  const std::size_t features = cached_feature_floats(run);
+  const double bytes =
+      static_cast<double>(run.train.size()) *
+      static_cast<double>((kept == classes ? 4 * classes : 8 * kept + 4) + 4 * features);
   const double memory =
       static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGESIZE));
   // Every rank on this machine keeps one.
   const double local = static_cast<double>(std::max(run.dist.local_world, 1));
   if (bytes * local > memory / 4)
     throw InputError(fmt::format(
-        "kd.cache = {}: {:.1f} GiB for {} samples x {} logits{}, over a quarter of this "
-        "machine's {:.1f} GiB: set kd.cache_topk (each sample then keeps K logits)",
+        "kd.cache = {}: {:.1f} GiB for {} samples x {} logits{}{}, over a quarter of this "
+        "machine's {:.1f} GiB: {}",
         mode, bytes * local / (1 << 30), run.train.size(), kept,
+        features > 0 ? fmt::format(" and {} feature values", features) : "",
         local > 1 ? fmt::format(" on each of {} local ranks", run.dist.local_world) : "",
-        memory / (1 << 30)));
-  run.cache = std::make_shared<TeacherOutputCache>(run.train.size(), classes, top_k,
-                                                   run.config.get_double("kd.temperature"));
+        memory / (1 << 30),
+        features > 0 ? "name fewer or smaller features, or set kd.cache = none"
+                     : "set kd.cache_topk (each sample then keeps K logits)"));
+  run.cache = std::make_shared<TeacherOutputCache>(
+      run.train.size(), classes, top_k, run.config.get_double("kd.temperature"), features);
   const TeacherOutputCache& cache = *run.cache;
   const std::string held =
-      fmt::format("the {} outputs for {} samples ({} logits each{}, {:.1f} MiB)",
+      fmt::format("the {} outputs for {} samples ({} logits each{}{}, {:.1f} MiB)",
                   run.teachers() > 1 ? fmt::format("{} teachers' mixed", run.teachers())
                                      : std::string("teacher's"),
                   cache.samples(), cache.kept(), cache.full() ? "" : " and the rest's share",
+                  features > 0 ? fmt::format(" and {} feature values", features) : "",
                   static_cast<double>(cache.bytes()) / (1 << 20));
   if (mode == "memory") {
     if (const std::string path = run.config.get_string("kd.cache_path"); !path.empty())

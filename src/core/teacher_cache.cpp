@@ -20,7 +20,8 @@ namespace {
 
 // A teacher cache file's payload (inside the checked file's header): the magic, the format, the
 // key's length and text, samples, classes and kept logits (u64 each), one byte per sample (1:
-// kept), then the values (samples x stride floats) and, under top-K, the kept classes (samples x
+// kept), then the values (samples x stride floats: the logits kept, then the features) and, under
+// top-K, the kept classes (samples x
 // kept u32). Native byte order, as the checkpoints.
 constexpr char kCacheMagic[8] = {'K', 'D', 'T', 'C', 'A', 'C', 'H', 'E'};
 constexpr std::uint32_t kCacheFormat = 1;
@@ -76,9 +77,10 @@ void put(std::vector<std::byte>& out, const void* data, std::size_t n) {
 } // namespace
 
 TeacherOutputCache::TeacherOutputCache(std::size_t samples, std::size_t classes, std::size_t top_k,
-                                       double temperature)
+                                       double temperature, std::size_t features)
     : samples_(samples), classes_(classes), kept_(top_k == 0 || top_k >= classes ? classes : top_k),
-      temperature_(temperature), stride_(kept_ == classes ? classes : kept_ + 1) {
+      temperature_(temperature), features_(features),
+      logit_floats_(kept_ == classes ? classes : kept_ + 1), stride_(logit_floats_ + features) {
   if (samples == 0 || classes == 0)
     throw std::invalid_argument("teacher output cache: no samples or no classes");
   if (!(temperature > 0))
@@ -93,10 +95,14 @@ std::size_t TeacherOutputCache::bytes() const {
   return values_.size() * sizeof(float) + indices_.size() * sizeof(std::uint32_t) + samples_;
 }
 
-bool TeacherOutputCache::store(std::uint64_t id, std::span<const float> logits) {
+bool TeacherOutputCache::store(std::uint64_t id, std::span<const float> logits,
+                               std::span<const float> features) {
   if (id >= samples_)
     throw std::out_of_range("teacher output cache: sample " + std::to_string(id) + " of " +
                             std::to_string(samples_));
+  if (features.size() != features_)
+    throw std::invalid_argument("teacher output cache: " + std::to_string(features.size()) +
+                                " feature values for a cache of " + std::to_string(features_));
   // Under top-K, the thread's scratch grows before the sample is claimed: nothing past the claim
   // throws, so no entry stays half written (keep() waits for a claimed one).
   thread_local std::vector<std::uint32_t> order; // grows once per thread, then reused
@@ -132,24 +138,28 @@ bool TeacherOutputCache::store(std::uint64_t id, std::span<const float> logits) 
     values[kept_] =
         static_cast<float>(t * (std::log(mass / static_cast<double>(classes_ - kept_)) + lse));
   }
+  std::copy(features.begin(), features.end(), values + logit_floats_);
   state_[id].store(kStored, std::memory_order_release);
   stored_.fetch_add(1, std::memory_order_relaxed);
   return true;
 }
 
-void TeacherOutputCache::keep(std::uint64_t id, std::span<float> logits) {
-  if (!has(id) && store(id, logits) && full()) return; // kept as it is
+void TeacherOutputCache::keep(std::uint64_t id, std::span<float> logits,
+                              std::span<float> features) {
+  if (!has(id) && store(id, logits, features) && full()) return; // kept as it is
   // Another writer's entry, or this one's as top-K keeps it: read whole once written.
   while (state_[id].load(std::memory_order_acquire) != kStored) std::this_thread::yield();
-  load(id, logits);
+  load(id, logits, features);
 }
 
 bool TeacherOutputCache::has(std::uint64_t id) const {
   return id < samples_ && state_[id].load(std::memory_order_acquire) == kStored;
 }
 
-void TeacherOutputCache::load(std::uint64_t id, std::span<float> out) const {
+void TeacherOutputCache::load(std::uint64_t id, std::span<float> out,
+                              std::span<float> features) const {
   const float* values = values_.data() + id * stride_;
+  if (!features.empty()) std::copy_n(values + logit_floats_, features_, features.begin());
   if (full()) {
     std::copy_n(values, classes_, out.begin());
     return;
@@ -237,9 +247,9 @@ std::size_t TeacherOutputCache::load(const std::filesystem::path& path, const st
       float v = 0;
       std::memcpy(&v, values.data() + (i * stride_ + k) * sizeof(float), sizeof(v));
       if (!std::isfinite(v))
-        throw InputError(fmt::format("teacher cache {}: sample {} holds a logit of {} (a damaged "
+        throw InputError(fmt::format("teacher cache {}: sample {} holds a {} of {} (a damaged "
                                      "file)",
-                                     path.string(), i, v));
+                                     path.string(), i, k < logit_floats_ ? "logit" : "feature", v));
     }
     for (std::size_t k = 0; k < (full() ? 0 : kept_); ++k) {
       std::uint32_t c = 0;

@@ -316,20 +316,28 @@ std::vector<double> softmax_at(std::span<const float> z, double t) {
   return p;
 }
 
+std::vector<std::string> per_sample_values(const std::string& model);
+
 // kd.cache = memory over two epochs of 96 samples: the first keeps each sample's logits as the
 // teacher computed them, the second reads every batch from the cache (no forward pass), and each
 // sample's target is the same in both: every logit the teacher's, or under top-K its K largest
 // and the rest's probability mass at kd.temperature (what the cache keeps, served from the first
 // epoch on). Checked against the teacher run afresh on each slot (within float rounding: other
-// threads, and in epoch 2 other batches around each sample).
+// threads, and in epoch 2 other batches around each sample). The teacher's features (two of its
+// values, teacher.features) are kept whole beside the logits and served the same way.
 TEST(CpuPipeline, TeacherOutputCacheServesLaterEpochsWithWhatTheTeacherComputed) {
   ASSERT_GE(allowed_cpus().size(), 2u);
   constexpr double kTemperature = 2.0;
+  const auto values =
+      per_sample_values(std::string(KDFLOW_SOURCE_DIR) + "/models/fmnist_teacher.onnx");
+  ASSERT_GE(values.size(), 2u);
+  const std::vector<std::string> features = {values.front(), values[values.size() / 2]};
   for (const int top_k : {0, 3}) {
     SCOPED_TRACE("kd.cache_topk = " + std::to_string(top_k));
     RunInputs run = prepare_run(shipped_teacher_config(
         {"data.batch_size=16", "kd.cache=memory", "kd.cache_topk=" + std::to_string(top_k),
-         "kd.temperature=" + std::to_string(kTemperature)}));
+         "kd.temperature=" + std::to_string(kTemperature),
+         "teacher.features=[\"" + features[0] + "\", \"" + features[1] + "\"]"}));
     run.train = first_samples(run.train, 96);
     prepare_teacher_cache(run);
     ASSERT_NE(run.cache, nullptr);
@@ -342,9 +350,15 @@ TEST(CpuPipeline, TeacherOutputCacheServesLaterEpochsWithWhatTheTeacherComputed)
                          student::allocate_pinned_for_device(kSlots * layout.slot_bytes()));
     const auto classes = static_cast<std::size_t>(run.train.classes());
     teacher::Replica fresh(run.teacher);
-    std::vector<float> again(run.sampler.batch_size * classes);
+    teacher::OutputBuffers again(*run.teacher);
     std::map<std::int64_t, std::vector<float>> taught; // the first epoch's logits per sample
-    double worst = 0, largest = 0;
+    std::map<std::int64_t, std::vector<float>> taught_features; // and its features, in turn
+    ASSERT_EQ(pipeline.regions().features.at(0).size(), 2u);
+    std::size_t per_sample = 0; // feature values per sample
+    for (const std::size_t r : pipeline.regions().features[0])
+      per_sample += layout.regions()[r].bytes / sizeof(float) / 16;
+    EXPECT_EQ(run.cache->features(), per_sample);
+    double worst = 0, largest = 0, worst_feature = 0, largest_feature = 0;
     pipeline.start(0, 2 * per_epoch, {.cache = true});
     ASSERT_EQ(pipeline.cache(), run.cache.get());
     // With every sample kept, the loaders take the teacher's CPU too: a move made on another
@@ -360,11 +374,26 @@ TEST(CpuPipeline, TeacherOutputCacheServesLaterEpochsWithWhatTheTeacherComputed)
       const auto logits = slot->region<float>(*pipeline.regions().logits);
       const std::size_t n = slot->header().samples;
       ASSERT_EQ(n, run.sampler.batch_size);
-      float* out[] = {again.data()};
-      fresh.run(slot->region<float>(pipeline.regions().loader.inputs).data(), out);
+      fresh.run(slot->region<float>(pipeline.regions().loader.inputs).data(), again.pointers);
       for (std::size_t i = 0; i < n; ++i) {
+        std::vector<float> kept; // sample i's features, as the slot holds them
+        for (std::size_t k = 0; k < 2; ++k) {
+          const auto all = slot->region<float>(pipeline.regions().features[0][k]);
+          const std::size_t per = all.size() / n;
+          const auto got = all.subspan(i * per, per);
+          for (std::size_t j = 0; j < per; ++j) {
+            const float want = again.data[1 + k][i * per + j];
+            worst_feature = std::max(worst_feature, double(std::fabs(got[j] - want)));
+            largest_feature = std::max(largest_feature, double(std::fabs(want)));
+          }
+          kept.insert(kept.end(), got.begin(), got.end());
+        }
+        if (b < per_epoch)
+          taught_features[ids[i]] = kept;
+        else
+          EXPECT_EQ(kept, taught_features.at(ids[i])) << "sample " << ids[i] << "'s features";
         const auto row = logits.subspan(i * classes, classes);
-        const std::span<const float> z(again.data() + i * classes, classes); // the teacher's
+        const std::span<const float> z(again.data[0].data() + i * classes, classes);
         // The same target every epoch: the first keeps it, the second reads it.
         if (b < per_epoch)
           taught[ids[i]].assign(row.begin(), row.end());
@@ -420,11 +449,23 @@ TEST(CpuPipeline, TeacherOutputCacheServesLaterEpochsWithWhatTheTeacherComputed)
     for (std::uint64_t b = 0; b < per_epoch; ++b) {
       auto slot = again_on.ring().acquire_ready(b);
       ASSERT_TRUE(slot) << "batch " << b;
+      const auto ids = slot->region<std::int64_t>(again_on.regions().loader.ids);
+      for (std::size_t i = 0; i < 16; ++i) {
+        std::vector<float> kept;
+        for (const std::size_t r : again_on.regions().features[0]) {
+          const auto all = slot->region<float>(r);
+          const auto got = all.subspan(i * (all.size() / 16), all.size() / 16);
+          kept.insert(kept.end(), got.begin(), got.end());
+        }
+        EXPECT_EQ(kept, taught_features.at(ids[i])) << "sample " << ids[i] << "'s features";
+      }
       again_on.ring().release(*slot);
     }
     again_on.stop();
     again_on.ring().rethrow_if_failed();
     EXPECT_EQ(again_on.cached_batches(), per_epoch);
+    EXPECT_GT(largest_feature, 1e-2) << "features that say something";
+    EXPECT_LE(worst_feature, 1e-4 * std::max(1.0, largest_feature)) << "the teacher's features";
     if (top_k == 0) {
       EXPECT_GT(largest, 1e-2) << "logits that say something";
       EXPECT_LE(worst, 1e-4 * std::max(1.0, largest));
@@ -480,9 +521,6 @@ TEST(CpuPipeline, TeacherOutputCacheIsRefusedWithRandomAugmentation) {
   refused({"kd.cache=disk", "kd.cache_path=" + tmp}, "a folder, not a file");
   refused({"kd.cache_path=" + tmp + "/kdflow-no-such-folder/outputs.kdcache"},
           "its folder does not exist");
-  // The cache keeps logits: a run that also carries features computes them every batch.
-  refused({"kd.cache=memory", "kd.cache_path=", "teacher.features=[\"a\", \"b\"]"},
-          "teacher.features or kd.features ask for its values [a, b]");
 }
 
 // Values of the shipped teacher's graph (as imported: before any pass) that hold one row per
@@ -725,8 +763,9 @@ TEST(CpuPipeline, TwoTeachersReachTheirRegionsAndTheTargetIsTheirMix) {
     EXPECT_THROW(pipeline.start(0, 1, {.only_teacher = 1, .cache = true}), std::invalid_argument)
         << "the cache holds the mix, not one teacher's outputs";
   }
-  // On disk, the key names both teachers and their mix (a one-teacher file is not read for it);
-  // features beside the cache are refused naming the teacher's key.
+  // On disk, the key names both teachers and their mix (a one-teacher file is not read for it),
+  // and the features each teacher returns (kept beside the mix; a run without them keeps the key
+  // it had).
   cached.set("kd.cache=disk");
   cached.set("kd.cache_path=" + std::filesystem::temp_directory_path().string() +
              "/kdflow_two_teachers.kdcache");
@@ -738,10 +777,20 @@ TEST(CpuPipeline, TwoTeachersReachTheirRegionsAndTheTargetIsTheirMix) {
         << line << " in " << on_disk.cache_key;
   cached.set("kd.features=[{teacher = \"/features/features.12/Relu_output_0\", "
              "student = \"stage2\", from = 1}]");
+  EXPECT_EQ(on_disk.cache_key.find(".features="), std::string::npos) << on_disk.cache_key;
   RunInputs featured = prepare_run(cached);
-  const std::string c = test::error_of([&] { prepare_teacher_cache(featured); });
-  EXPECT_NE(c.find("kd.cache = disk"), std::string::npos) << c;
-  EXPECT_NE(c.find("teacher.others[1].features"), std::string::npos) << c;
+  featured.train = first_samples(featured.train, 96); // a cache of 96 rows, not 60,000
+  prepare_teacher_cache(featured);
+  ASSERT_NE(featured.cache, nullptr);
+  const teacher::Teacher& w16 = *featured.teacher_at(1);
+  const teacher::Shape stage = w16.output_shape(w16.output_names().size() - 1);
+  EXPECT_EQ(stage, (teacher::Shape{16, 32, 14, 14})) << "the value kd.features names";
+  EXPECT_EQ(featured.cache->features(), 32u * 14 * 14) << "one sample's row of it";
+  EXPECT_NE(featured.cache_key.find("\nteacher1.features=/features/features.12/Relu_output_0\n"),
+            std::string::npos)
+      << featured.cache_key;
+  EXPECT_EQ(featured.cache_key.find("\nteacher.features="), std::string::npos)
+      << featured.cache_key;
 }
 
 // teacher.features: each named value gets a slot region of its shape beside the logits, and the

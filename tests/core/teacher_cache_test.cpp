@@ -176,10 +176,12 @@ TEST(TeacherOutputCache, KeepMakesEveryRowOfASampleTheKeptOne) {
   top.load(0, served);
   EXPECT_EQ(row, served) << "under top-K the row is what is kept of it";
 
+  // Each row carries two feature values naming its writer: the kept features are the kept
+  // logits' writer's (a row is kept whole).
   constexpr std::size_t kSamples = 2000, kClasses = 8, kWriters = 4;
   for (const std::size_t k : {0, 3}) {
-    TeacherOutputCache cache(kSamples, kClasses, k, 2.0);
-    std::vector<std::vector<float>> rows(kWriters * kSamples);
+    TeacherOutputCache cache(kSamples, kClasses, k, 2.0, 2);
+    std::vector<std::vector<float>> rows(kWriters * kSamples), features(kWriters * kSamples);
     std::vector<std::thread> threads;
     for (std::size_t w = 0; w < kWriters; ++w)
       threads.emplace_back([&, w] {
@@ -187,18 +189,31 @@ TEST(TeacherOutputCache, KeepMakesEveryRowOfASampleTheKeptOne) {
           const std::size_t id = (n + w * 37) % kSamples;
           std::vector<float> mine = logits_for(id, kClasses);
           mine[0] += static_cast<float>(w); // each writer's own row for the sample
-          cache.keep(id, mine);
+          std::vector<float> mine_f{static_cast<float>(id), static_cast<float>(w)};
+          cache.keep(id, mine, mine_f);
           rows[w * kSamples + id] = std::move(mine);
+          features[w * kSamples + id] = std::move(mine_f);
         }
       });
     for (auto& t : threads) t.join();
-    std::size_t differ = 0;
+    std::size_t differ = 0, torn = 0;
     for (std::size_t id = 0; id < kSamples; ++id) {
-      std::vector<float> kept(kClasses);
-      cache.load(id, kept);
-      for (std::size_t w = 0; w < kWriters; ++w) differ += rows[w * kSamples + id] != kept;
+      std::vector<float> kept(kClasses), kept_f(2);
+      cache.load(id, kept, kept_f);
+      for (std::size_t w = 0; w < kWriters; ++w) {
+        differ += rows[w * kSamples + id] != kept;
+        differ += features[w * kSamples + id] != kept_f;
+      }
+      // The writer the features name offered the kept logits (under top-K: what is kept of them).
+      std::vector<float> offered = logits_for(id, kClasses), as_kept(kClasses);
+      offered[0] += kept_f[1];
+      TeacherOutputCache one(1, kClasses, k, 2.0);
+      one.store(0, offered);
+      one.load(0, as_kept);
+      torn += kept_f[0] != static_cast<float>(id) || as_kept != kept;
     }
     EXPECT_EQ(differ, 0u) << "top_k " << k;
+    EXPECT_EQ(torn, 0u) << "top_k " << k;
     EXPECT_EQ(cache.stored(), kSamples);
   }
 }
@@ -236,6 +251,58 @@ TEST(TeacherOutputCache, TheFileHoldsWhatWasKeptBitForBit) {
       back.load(id, b);
       EXPECT_EQ(std::memcmp(a.data(), b.data(), sizeof(float) * 10), 0) << "sample " << id;
     }
+  }
+}
+
+// The teachers' features ride with the logits: kept whole (top-K applies to the logits alone),
+// made the kept ones by keep() as the logits are, and read back from the file bit for bit; a
+// sample's features of another size are refused before anything is kept.
+TEST(TeacherOutputCache, FeaturesAreKeptWholeBesideTheLogits) {
+  constexpr std::size_t kFeatures = 5;
+  const auto features_for = [](std::uint64_t id) {
+    std::vector<float> f(kFeatures);
+    for (std::size_t j = 0; j < kFeatures; ++j) f[j] = static_cast<float>(id) * 0.5f - float(j);
+    return f;
+  };
+  for (const std::size_t k : {0, 3}) {
+    SCOPED_TRACE("top_k " + std::to_string(k));
+    TeacherOutputCache cache(20, 10, k, 2.0, kFeatures);
+    EXPECT_EQ(cache.features(), kFeatures);
+    for (std::uint64_t id = 0; id < 20; id += 2)
+      EXPECT_TRUE(cache.store(id, logits_for(id, 10), features_for(id)));
+    EXPECT_THROW(cache.store(1, logits_for(1, 10), std::vector<float>(kFeatures - 1)),
+                 std::invalid_argument);
+    EXPECT_THROW(cache.store(1, logits_for(1, 10)), std::invalid_argument) << "none given";
+    EXPECT_FALSE(cache.has(1)) << "a refused store keeps nothing";
+    // keep(): a kept sample's features become the kept ones.
+    std::vector<float> logits = logits_for(4, 10), other(kFeatures, 9.f);
+    cache.keep(4, logits, other);
+    EXPECT_EQ(other, features_for(4));
+    std::vector<float> fresh = features_for(5);
+    logits = logits_for(5, 10);
+    cache.keep(5, logits, fresh);
+    EXPECT_EQ(fresh, features_for(5)) << "a new sample keeps its own";
+
+    TempFile file("features");
+    cache.save(file.path, kKey);
+    TeacherOutputCache back(20, 10, k, 2.0, kFeatures);
+    EXPECT_EQ(back.load(file.path, kKey), cache.stored());
+    std::vector<float> a(10), b(10), fa(kFeatures), fb(kFeatures);
+    for (std::uint64_t id = 0; id < 20; ++id) {
+      ASSERT_EQ(back.has(id), cache.has(id)) << "sample " << id;
+      if (!cache.has(id)) continue;
+      cache.load(id, a, fa);
+      back.load(id, b, fb);
+      EXPECT_EQ(a, b) << "sample " << id;
+      EXPECT_EQ(fa, features_for(id)) << "sample " << id;
+      EXPECT_EQ(fb, fa) << "sample " << id;
+      back.load(id, b); // the logits alone
+      EXPECT_EQ(a, b) << "sample " << id;
+    }
+    // A file of a cache without features has other sizes: refused naming the file.
+    TeacherOutputCache plain(20, 10, k, 2.0);
+    const std::string e = test::error_of([&] { (void)plain.load(file.path, kKey); });
+    EXPECT_NE(e.find(file.path.string()), std::string::npos) << e;
   }
 }
 

@@ -7,6 +7,9 @@
 // residual probability mass equally at the run's temperature (FKD's stored soft labels, written
 // back as logits). softmax(loaded / T) is then exact on the K classes and uniform on the rest.
 //
+// Each sample may also keep `features` floats as they are (the teachers' intermediate values a
+// run distils from, teacher.features / kd.features): top-K applies to the logits only.
+//
 // Samples are stored and read concurrently by every teacher replica: a sample's state word says
 // empty, being written or stored; the first writer wins, and a reader sees a stored entry whole.
 // The pipeline keep()s every row it computes, so a sample's target is the kept one every time.
@@ -31,28 +34,31 @@ class TeacherOutputCache {
 public:
   // Throws std::invalid_argument for no samples, no classes or a non-positive temperature.
   TeacherOutputCache(std::size_t samples, std::size_t classes, std::size_t top_k,
-                     double temperature);
+                     double temperature, std::size_t features = 0);
 
   [[nodiscard]] std::size_t samples() const { return samples_; }
   [[nodiscard]] std::size_t classes() const { return classes_; }
   // The logits kept per sample as they were (top_k, or every class when it is 0 or >= classes).
   [[nodiscard]] std::size_t kept() const { return kept_; }
   [[nodiscard]] bool full() const { return kept_ == classes_; }
+  // The feature floats kept per sample beside its logits.
+  [[nodiscard]] std::size_t features() const { return features_; }
   [[nodiscard]] std::size_t bytes() const;
 
-  // Keeps sample `id`'s logits (`classes` values) unless it is kept already or being kept by
-  // another thread; true when this call kept them. Throws std::out_of_range for an id past the
-  // samples.
-  bool store(std::uint64_t id, std::span<const float> logits);
-  // What a batch's target for sample `id` is: keeps `logits` unless the sample is kept already
-  // (or being kept: it waits for that writer), then `logits` holds what load() serves for it (the
-  // K largest and the rest's logit under top-K). So a sample's target is the one kept, every
-  // time, whichever batch computed it first. Throws std::out_of_range as store() does.
-  void keep(std::uint64_t id, std::span<float> logits);
+  // Keeps sample `id`'s logits (`classes` values) and `features` (features() values) unless it is
+  // kept already or being kept by another thread; true when this call kept them. Throws
+  // std::out_of_range for an id past the samples.
+  bool store(std::uint64_t id, std::span<const float> logits, std::span<const float> features = {});
+  // What a batch's target for sample `id` is: keeps `logits` and `features` unless the sample is
+  // kept already (or being kept: it waits for that writer), then they hold what load() serves for
+  // it (the K largest and the rest's logit under top-K). So a sample's target is the one kept,
+  // every time, whichever batch computed it first. Throws std::out_of_range as store() does.
+  void keep(std::uint64_t id, std::span<float> logits, std::span<float> features = {});
   // Whether sample `id` is kept (a true answer makes its entry readable on this thread).
   [[nodiscard]] bool has(std::uint64_t id) const;
-  // Sample `id`'s logits into `out` (`classes` values). Requires has(id).
-  void load(std::uint64_t id, std::span<float> out) const;
+  // Sample `id`'s logits into `out` (`classes` values) and its features into `features`
+  // (features() values; may be empty to skip them). Requires has(id).
+  void load(std::uint64_t id, std::span<float> out, std::span<float> features = {}) const;
   // Samples kept so far.
   [[nodiscard]] std::size_t stored() const { return stored_.load(std::memory_order_relaxed); }
 
@@ -74,7 +80,9 @@ private:
 
   std::size_t samples_, classes_, kept_;
   double temperature_;
-  std::size_t stride_;                 // floats per sample: kept_, and the rest logit under top-K
+  std::size_t features_;
+  std::size_t logit_floats_;           // kept_, and the rest logit under top-K
+  std::size_t stride_;                 // floats per sample: logit_floats_, then features_
   std::vector<float> values_;          // samples x stride_
   std::vector<std::uint32_t> indices_; // samples x kept_ under top-K: the kept logits' classes
   std::unique_ptr<std::atomic<std::uint8_t>[]> state_;
