@@ -57,8 +57,8 @@ std::vector<fs::path> checkpoints(const fs::path& out) {
 // kd.cache = disk: the first run keeps the teacher's outputs from its first epoch (its second
 // reads them) and writes them to the cache folder; the next run reads every one of them and
 // trains bit for bit as the first did, without running the teacher; a file written for other data
-// is exit 2 naming it, as is a damaged one. So with two teachers (their mix), and with a hint
-// (the teacher's feature kept beside its logits).
+// is exit 2 naming it, as is a damaged one. So with two teachers (their mix), and with hints
+// from both (each teacher's feature kept beside the mix).
 TEST(Train, TeacherCacheOnDiskServesTheNextRunAndRefusesAStaleOrDamagedFile) {
   const fs::path data = scratch("cache_data"), other = scratch("cache_other");
   write_fmnist_subset(data, 640, 256);
@@ -158,19 +158,21 @@ TEST(Train, TeacherCacheOnDiskServesTheNextRunAndRefusesAStaleOrDamagedFile) {
   EXPECT_EQ(again["teacher_cache"]["batches_from_cache"], 20) << "a teacher ran";
   EXPECT_EQ(again["state_digest"], two["state_digest"]) << "not the same targets";
 
-  // A hint (kd.features): the cache keeps the teacher's value beside the logits, under a key
-  // that names it (the logits-only file is not read), and the next run reads both for every
-  // sample and trains bit for bit as the first did.
-  const std::string hint = "kd.features=[{teacher = \"/Relu_output_0\", student = \"stage2\"}]";
+  // Hints from both teachers (kd.features): the cache keeps each teacher's value beside their
+  // mix, under a key that names them (the features-free file is not read), and the next run reads
+  // all of it for every sample and trains bit for bit as the first did.
+  const std::string hint =
+      "kd.features=[{teacher = \"/Relu_output_0\", student = \"stage2\"}, "
+      "{teacher = \"/Relu_output_0\", student = \"stage1\", from = 1, loss = \"sp\"}]";
   const fs::path f = scratch("cache_hint_f"), g = scratch("cache_hint_g");
-  r = run(args(f, data, {hint}), f);
+  r = run(args(f, data, {others, hint}), f);
   ASSERT_EQ(r.code, 0) << r.err;
   const json hinted = summary(f);
   EXPECT_EQ(hinted["teacher_cache"]["samples_read_from_file"], 0) << "another key's file was read";
   EXPECT_GE(hinted["teacher_cache"]["batches_from_cache"].get<int>(), 8);
   EXPECT_LE(hinted["teacher_cache"]["batches_from_cache"].get<int>(), 10);
-  EXPECT_NE(hinted["teacher_cache"]["file"], file.string());
-  r = run(args(g, data, {hint}), g);
+  EXPECT_NE(hinted["teacher_cache"]["file"], two["teacher_cache"]["file"]);
+  r = run(args(g, data, {others, hint}), g);
   ASSERT_EQ(r.code, 0) << r.err;
   const json rehinted = summary(g);
   EXPECT_EQ(rehinted["teacher_cache"]["samples_read_from_file"], 640);
