@@ -57,10 +57,6 @@ std::string shape_text(const teacher::Shape& shape) {
   return out;
 }
 
-// kd.cache = disk: what the teacher's outputs are computed from, one "name=value" per line: the
-// teacher file's bytes and precision, the teacher's input made from the data (each teacher's, and
-// their mix's weights and temperature with several), the data's pixels, and what is kept of each
-// sample's logits. The file's path leaves it out: the same bytes elsewhere are the same teacher.
 // The feature values a sample keeps in the cache: every teacher's features (teacher.features,
 // kd.features), in the slot's order.
 std::size_t cached_feature_floats(const RunInputs& run) {
@@ -75,6 +71,11 @@ std::size_t cached_feature_floats(const RunInputs& run) {
   return floats;
 }
 
+// kd.cache = disk: what the teacher's outputs are computed from, one "name=value" per line: the
+// teacher file's bytes and precision, the teacher's input made from the data (each teacher's, and
+// their mix's weights and temperature with several), the features each returns, the data's
+// pixels, and what is kept of each sample's logits. The file's path leaves it out: the same bytes
+// elsewhere are the same teacher.
 std::string teacher_cache_key(const RunInputs& run, const TeacherOutputCache& cache) {
   const auto spec = [](const ImageSpec& s) {
     return fmt::format("{}x{}x{}", s.channels, s.height, s.width);
@@ -140,18 +141,20 @@ void prepare_teacher_cache_into(RunInputs& run) {
       static_cast<double>((kept == classes ? 4 * classes : 8 * kept + 4) + 4 * features);
   const double memory =
       static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGESIZE));
-  // Every rank on this machine keeps one.
+  // Every rank on this machine keeps one; on disk, a save or a read holds the file's bytes beside
+  // it.
   const double local = static_cast<double>(std::max(run.dist.local_world, 1));
-  if (bytes * local > memory / 4)
+  const double copies = mode == "disk" ? 2.0 : 1.0;
+  if (bytes * copies * local > memory / 4)
     throw InputError(fmt::format(
-        "kd.cache = {}: {:.1f} GiB for {} samples x {} logits{}{}, over a quarter of this "
-        "machine's {:.1f} GiB: {}",
-        mode, bytes * local / (1 << 30), run.train.size(), kept,
+        "kd.cache = {}: {:.1f} GiB for {} samples x {} logits{}{}{}, over a quarter of this "
+        "machine's {:.1f} GiB: set kd.cache_topk (each sample then keeps K logits){}",
+        mode, bytes * copies * local / (1 << 30), run.train.size(), kept,
         features > 0 ? fmt::format(" and {} feature values", features) : "",
+        copies > 1 ? " (twice: the cache and its file's bytes while it is saved or read)" : "",
         local > 1 ? fmt::format(" on each of {} local ranks", run.dist.local_world) : "",
         memory / (1 << 30),
-        features > 0 ? "name fewer or smaller features, or set kd.cache = none"
-                     : "set kd.cache_topk (each sample then keeps K logits)"));
+        features > 0 ? ", name fewer or smaller features, or set kd.cache = none" : ""));
   run.cache = std::make_shared<TeacherOutputCache>(
       run.train.size(), classes, top_k, run.config.get_double("kd.temperature"), features);
   const TeacherOutputCache& cache = *run.cache;

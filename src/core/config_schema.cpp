@@ -186,8 +186,8 @@ const std::vector<ConfigKey>& config_schema() {
        "instead of running the teacher; disk: also kept in a file between runs (kd.cache_path), so "
        "a later run with the same teacher and data reads them from its first epoch (with several "
        "teachers, their mix is kept); needs the same teacher input every epoch (data.pad_crop = 0, "
-       "data.hflip = false, data held in memory) and no teacher features; several ranks each keep "
-       "their own shard's",
+       "data.hflip = false, data held in memory); teacher features are kept beside the logits; "
+       "several ranks each keep their own shard's",
        {"none", "memory", "disk"}},
       {"kd.cache_path", T::string, std::string(""),
        "kd.cache = disk: the file (\"\": teacher-outputs/<digest of what the outputs are computed "

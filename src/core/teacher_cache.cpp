@@ -158,6 +158,10 @@ bool TeacherOutputCache::has(std::uint64_t id) const {
 
 void TeacherOutputCache::load(std::uint64_t id, std::span<float> out,
                               std::span<float> features) const {
+  if (!features.empty() && features.size() != features_)
+    throw std::invalid_argument("teacher output cache: room for " +
+                                std::to_string(features.size()) + " feature values, " +
+                                std::to_string(features_) + " kept");
   const float* values = values_.data() + id * stride_;
   if (!features.empty()) std::copy_n(values + logit_floats_, features_, features.begin());
   if (full()) {
@@ -243,13 +247,15 @@ std::size_t TeacherOutputCache::load(const std::filesystem::path& path, const st
     if (flags[i] != std::byte{1})
       throw InputError(fmt::format("teacher cache {}: sample {}'s flag is {} (a damaged file)",
                                    path.string(), i, static_cast<int>(flags[i])));
-    for (std::size_t k = 0; k < stride_; ++k) {
+    // The logits must be finite; a feature may be any float the teacher computed (an -inf of a
+    // masked score), its bits guarded by the file's CRC.
+    for (std::size_t k = 0; k < logit_floats_; ++k) {
       float v = 0;
       std::memcpy(&v, values.data() + (i * stride_ + k) * sizeof(float), sizeof(v));
       if (!std::isfinite(v))
-        throw InputError(fmt::format("teacher cache {}: sample {} holds a {} of {} (a damaged "
+        throw InputError(fmt::format("teacher cache {}: sample {} holds a logit of {} (a damaged "
                                      "file)",
-                                     path.string(), i, k < logit_floats_ ? "logit" : "feature", v));
+                                     path.string(), i, v));
     }
     for (std::size_t k = 0; k < (full() ? 0 : kept_); ++k) {
       std::uint32_t c = 0;

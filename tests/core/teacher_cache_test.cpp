@@ -283,6 +283,14 @@ TEST(TeacherOutputCache, FeaturesAreKeptWholeBesideTheLogits) {
     cache.keep(5, logits, fresh);
     EXPECT_EQ(fresh, features_for(5)) << "a new sample keeps its own";
 
+    EXPECT_THROW(cache.load(0, logits, std::span<float>(other).first(kFeatures - 1)),
+                 std::invalid_argument)
+        << "room for fewer features than are kept";
+    // A feature may be any float the teacher computed: kept and read back from the file.
+    std::vector<float> infinite = features_for(19);
+    infinite[0] = -INFINITY;
+    cache.store(19, logits_for(19, 10), infinite);
+
     TempFile file("features");
     cache.save(file.path, kKey);
     TeacherOutputCache back(20, 10, k, 2.0, kFeatures);
@@ -294,7 +302,7 @@ TEST(TeacherOutputCache, FeaturesAreKeptWholeBesideTheLogits) {
       cache.load(id, a, fa);
       back.load(id, b, fb);
       EXPECT_EQ(a, b) << "sample " << id;
-      EXPECT_EQ(fa, features_for(id)) << "sample " << id;
+      EXPECT_EQ(fa, id == 19 ? infinite : features_for(id)) << "sample " << id;
       EXPECT_EQ(fb, fa) << "sample " << id;
       back.load(id, b); // the logits alone
       EXPECT_EQ(a, b) << "sample " << id;

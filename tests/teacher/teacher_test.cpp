@@ -2,8 +2,9 @@
 // - every supported op and edge case (scripts/make_op_fixtures.py) against kdflow's plain-loop
 //   reference interpreter (same file, no passes), normalized error <= 1e-4;
 // - whole models exported by PyTorch (scripts/make_teacher_fixtures.py) against PyTorch's own
-//   outputs: fp32 <= 1e-4; bf16 top-1 agreement >= 99% and error no more than 2e-2 above
-//   PyTorch's own bf16 error (CPU autocast) on the same network and input;
+//   outputs: fp32 <= 1e-4; bf16 error no more than 2e-2 above PyTorch's own bf16 error (CPU
+//   autocast) on the same network and input, and top-1 lost on at most 1% of inputs more than
+//   PyTorch's bf16 loses;
 // - replicas running concurrently give the same answers as one replica alone;
 // - bad input (unsupported op, wrong opset, corrupt or truncated file, shape mismatch) is an
 //   InputError naming the file and what is wrong.
