@@ -29,6 +29,7 @@
 #include <map>
 #include <numeric>
 #include <span>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -506,6 +507,16 @@ TEST(CpuPipeline, TeacherOutputCacheIsRefusedWithRandomAugmentation) {
     prepare_teacher_cache(shard);
     ASSERT_NE(shard.cache, nullptr);
     EXPECT_EQ(shard.cache_file.string(), folder + "/kdflow_ranks.kdcache.rank1-of-2");
+    // One teacher without features: the key's lines are the ones files have always been written
+    // with (a file of an earlier kdflow stays readable), in their order.
+    std::vector<std::string> names;
+    std::istringstream lines(shard.cache_key);
+    for (std::string line; std::getline(lines, line);)
+      names.push_back(line.substr(0, line.find('=')));
+    EXPECT_EQ(names,
+              (std::vector<std::string>{"kdflow teacher outputs", "teacher", "teacher.precision",
+                                        "teacher.input", "data", "classes", "kept"}))
+        << shard.cache_key;
     ranks.set("kd.cache=none");
     EXPECT_FALSE(prepare_run(ranks, two).sampler.fixed_shards) << "without a cache, as before";
   }
