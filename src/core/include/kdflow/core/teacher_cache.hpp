@@ -47,7 +47,8 @@ public:
 
   // Keeps sample `id`'s logits (`classes` values) and `features` (features() values) unless it is
   // kept already or being kept by another thread; true when this call kept them. Throws
-  // std::out_of_range for an id past the samples.
+  // std::out_of_range for an id past the samples and std::invalid_argument for `features` of
+  // another size, before anything is kept.
   bool store(std::uint64_t id, std::span<const float> logits, std::span<const float> features = {});
   // What a batch's target for sample `id` is: keeps `logits` and `features` unless the sample is
   // kept already (or being kept: it waits for that writer), then they hold what load() serves for
@@ -57,7 +58,8 @@ public:
   // Whether sample `id` is kept (a true answer makes its entry readable on this thread).
   [[nodiscard]] bool has(std::uint64_t id) const;
   // Sample `id`'s logits into `out` (`classes` values) and its features into `features`
-  // (features() values; may be empty to skip them). Requires has(id).
+  // (features() values, else std::invalid_argument; may be empty to skip them). Requires
+  // has(id).
   void load(std::uint64_t id, std::span<float> out, std::span<float> features = {}) const;
   // Samples kept so far.
   [[nodiscard]] std::size_t stored() const { return stored_.load(std::memory_order_relaxed); }
