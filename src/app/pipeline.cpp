@@ -237,7 +237,7 @@ void CpuPipeline::mix(TeacherUnit& unit, const Slot& slot) {
   }
   for (std::size_t k = 0; k < unit.mixed.size(); ++k)
     unit.mixed[k] = slot.region<float>(regions_.teacher_logits[k]).data();
-  const std::size_t rows = run_.sampler.batch_size;
+  const std::size_t rows = batch_rows();
   (*run_.mix)(unit.mixed, rows, target.size() / rows, target.data());
   if (cache_) keep_in_cache(slot, target);
 }
@@ -315,7 +315,7 @@ void CpuPipeline::forward(TeacherUnit& unit, const Slot& slot, float* logits) {
   for (std::size_t k = 0; k < mine.size(); ++k)
     outputs[features + k] = slot.region<float>(mine[k]).data();
   const ImageAdapter& adapt = run_.input_of(unit.teacher);
-  const std::size_t n = run_.sampler.batch_size;
+  const std::size_t n = batch_rows();
   if (run_.augment.normalize) {
     const float* images = slot.region<float>(regions_.loader.inputs).data();
     if (adapt.passes_floats()) {
