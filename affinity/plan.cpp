@@ -395,9 +395,12 @@ CpuList parse_cpus(const std::string& text, const std::string& key) {
 
 Plan plan_from_config(const Config& config, const Topology& topology,
                       const std::optional<CpuList>& gpu_local, const std::optional<CpuList>& share,
-                      std::vector<double> teacher_costs) {
-  const bool teacher_runs = config.get_double("kd.alpha") > 0;
-  const std::size_t teachers = teacher_runs ? teacher_count(config) : 1;
+                      std::vector<double> teacher_costs,
+                      std::optional<std::size_t> teacher_count_given) {
+  const bool teacher_runs =
+      teacher_count_given ? *teacher_count_given > 0 : config.get_double("kd.alpha") > 0;
+  const std::size_t teachers =
+      !teacher_runs ? 1 : teacher_count_given.value_or(teacher_count(config));
   const std::string& student = config.get_string("cores.student_cpus");
   const std::string& loader = config.get_string("cores.loader_cpus");
   const std::string& teacher = config.get_string("cores.teacher_cpus");

@@ -2,6 +2,11 @@
 // terms as sum p * (log p - log q) with p log p as xlogy, so that zero probabilities add zero.
 #include "losses.hpp"
 
+#include <algorithm>
+#include <stdexcept>
+
+#include <fmt/format.h>
+
 namespace kdflow::student {
 namespace {
 
@@ -63,6 +68,87 @@ torch::Tensor sp_loss(const torch::Tensor& student, const torch::Tensor& teacher
   };
   const auto b = static_cast<double>(student.size(0));
   return (similarity(student) - similarity(teacher)).pow(2).sum() / (b * b);
+}
+
+namespace {
+
+const std::vector<KdLossDef>& kd_table() {
+  static const std::vector<KdLossDef> table = {
+      {{"kl", "Hinton's T^2-scaled KL", {}},
+       [](const KdLossInputs& in) { return kl_loss(in.student, in.teacher, in.temperature); }},
+      {{"dkd",
+        "decoupled KD (Zhao et al. 2022): kd.dkd_alpha * target-class KL + kd.dkd_beta * "
+        "non-target KL",
+        {{"alpha", 1.0, 0.0, 1e3, "weight of the target-class term"},
+         {"beta", 8.0, 0.0, 1e3, "weight of the non-target term"}}},
+       [](const KdLossInputs& in) {
+         return dkd_loss(in.student, in.teacher, in.labels, in.temperature, in.params.at(0),
+                         in.params.at(1));
+       }},
+  };
+  return table;
+}
+
+const std::vector<FeatureLossDef>& feature_table() {
+  static const std::vector<FeatureLossDef> table = {
+      {{"hint", "FitNets' MSE through a trained adapter (1x1 convolution or linear, the "
+                "teacher's map resized to the student's)"},
+       {},
+       true,
+       true,
+       hint_loss},
+      {{"at", "attention transfer"},
+       "attention transfer compares [C, H, W] maps",
+       false,
+       true,
+       at_loss},
+      {{"sp", "similarity-preserving"}, {}, false, false, sp_loss},
+  };
+  return table;
+}
+
+template <class Row>
+const Row& find_row(const std::vector<Row>& table, const std::string& name, const char* what) {
+  const auto it = std::find_if(table.begin(), table.end(),
+                               [&](const Row& row) { return row.info.name == name; });
+  if (it == table.end()) throw std::invalid_argument(fmt::format("no {} '{}'", what, name));
+  return *it;
+}
+
+} // namespace
+
+const KdLossDef& kd_loss_def(const std::string& name) {
+  return find_row(kd_table(), name, "distillation loss");
+}
+
+const FeatureLossDef& feature_loss_def(const std::string& name) {
+  return find_row(feature_table(), name, "feature loss");
+}
+
+namespace {
+
+// What the configuration sees of a table: each row's info.
+template <class Row>
+auto infos_of(const std::vector<Row>& table) {
+  std::vector<decltype(Row::info)> out;
+  for (const Row& row : table) out.push_back(row.info);
+  return out;
+}
+
+} // namespace
+
+const std::vector<KdLossInfo>& kd_losses() {
+  static const std::vector<KdLossInfo> infos = infos_of(kd_table());
+  return infos;
+}
+
+const std::vector<FeatureLossInfo>& feature_losses() {
+  static const std::vector<FeatureLossInfo> infos = infos_of(feature_table());
+  return infos;
+}
+
+std::string kd_param_key(const std::string& loss, const std::string& param) {
+  return fmt::format("kd.{}_{}", loss, param);
 }
 
 } // namespace kdflow::student

@@ -3,7 +3,12 @@
 // them.
 #pragma once
 
+#include "kdflow/gpu_student/loss_table.hpp"
+
 #include <torch/torch.h>
+
+#include <string>
+#include <vector>
 
 namespace kdflow::student {
 
@@ -35,5 +40,33 @@ torch::Tensor at_loss(const torch::Tensor& student, const torch::Tensor& teacher
 // Similarity-preserving KD (Tung and Mori 2019), any shapes: each side's batch Gram matrix of the
 // flattened features, rows L2-normalized; the squared Frobenius distance over batch^2.
 torch::Tensor sp_loss(const torch::Tensor& student, const torch::Tensor& teacher);
+
+// The loss tables' rows with their functions (loss_table.hpp lists what the configuration sees).
+struct KdLossInputs {
+  const torch::Tensor& student; // logits [batch, classes], float
+  const torch::Tensor& teacher; // the target's logits, float
+  const torch::Tensor& labels;  // [batch], the classes
+  double temperature;
+  const std::vector<double>& params; // the row's parameters, in its order
+};
+struct KdLossDef {
+  KdLossInfo info;
+  torch::Tensor (*fn)(const KdLossInputs&);
+};
+
+// How the trainer brings a student's tap and a teacher's value to a feature loss.
+struct FeatureLossDef {
+  FeatureLossInfo info;
+  // Both sides must be [C, H, W] maps; `refusal` says why otherwise (empty: any shapes).
+  std::string maps_only_refusal;
+  bool adapter = false;        // an adapter trained with the student maps its tap to the teacher's
+  bool resize_teacher = false; // a teacher map of another height and width is resized (bilinear)
+  torch::Tensor (*fn)(const torch::Tensor& student, const torch::Tensor& teacher) = nullptr;
+};
+
+// The rows by name; std::invalid_argument for a name no row has (the configuration's choices come
+// from the rows, so a name from it always has one).
+const KdLossDef& kd_loss_def(const std::string& name);
+const FeatureLossDef& feature_loss_def(const std::string& name);
 
 } // namespace kdflow::student

@@ -91,7 +91,7 @@ struct FeatureTerm {
   }
   torch::Tensor teacher_side(const torch::Tensor& t) const {
     const auto& own = student_shape;
-    if (spec.loss == "sp" || t.dim() != 4 || own.size() != 3 ||
+    if (!feature_loss_def(spec.loss).resize_teacher || t.dim() != 4 || own.size() != 3 ||
         (t.size(2) == own[1] && t.size(3) == own[2]))
       return t;
     return torch::nn::functional::interpolate(t,
@@ -101,10 +101,7 @@ struct FeatureTerm {
                                                   .align_corners(false));
   }
   torch::Tensor loss(const torch::Tensor& s, const torch::Tensor& t) const {
-    const torch::Tensor teacher = teacher_side(t);
-    if (spec.loss == "at") return at_loss(s, teacher);
-    if (spec.loss == "sp") return sp_loss(s, teacher);
-    return hint_loss(s, teacher);
+    return feature_loss_def(spec.loss).fn(s, teacher_side(t));
   }
 };
 
@@ -206,7 +203,10 @@ struct Trainer::Impl {
       };
       if (s.empty() || t.empty())
         throw refuse("a feature loss compares values with something per sample besides the batch");
-      if (f.loss == "hint") {
+      const FeatureLossDef& def = feature_loss_def(f.loss);
+      if (!def.maps_only_refusal.empty() && (s.size() != 3 || t.size() != 3))
+        throw refuse(def.maps_only_refusal);
+      if (def.adapter) {
         if (s.size() == 3 && t.size() == 3) {
           term.conv = torch::nn::Conv2d(torch::nn::Conv2dOptions(s[0], t[0], 1));
           adapters->register_module(fmt::format("hint{}", k), term.conv);
@@ -214,11 +214,10 @@ struct Trainer::Impl {
           term.linear = torch::nn::Linear(s[0], t[0]);
           adapters->register_module(fmt::format("hint{}", k), term.linear);
         } else {
-          throw refuse("no adapter bridges them (a hint maps [C, H, W] to [C', H', W'] and [D] "
-                       "to [D'])");
+          throw refuse(fmt::format("no adapter bridges them (a {} maps [C, H, W] to [C', H', "
+                                   "W'] and [D] to [D'])",
+                                   f.loss));
         }
-      } else if (f.loss == "at" && (s.size() != 3 || t.size() != 3)) {
-        throw refuse("attention transfer compares [C, H, W] maps");
       }
       features.push_back(std::move(term));
     }
@@ -237,6 +236,18 @@ struct Trainer::Impl {
   }
 
   TrainerOptions options;
+  // The distillation loss's row and its parameters (the row's defaults where none are given).
+  const KdLossDef* kd_loss = &kd_loss_def(options.kd_loss);
+  std::vector<double> kd_params = [this] {
+    std::vector<double> p = options.kd_params;
+    if (p.empty())
+      for (const LossParam& param : kd_loss->info.params) p.push_back(param.default_value);
+    if (p.size() != kd_loss->info.params.size())
+      throw std::invalid_argument(fmt::format("kd.loss = {}: {} parameter(s), {} given",
+                                              options.kd_loss, kd_loss->info.params.size(),
+                                              p.size()));
+    return p;
+  }();
   torch::Device device;
   std::string device_name = "cpu";
   StepRegions regions;
@@ -343,9 +354,7 @@ std::optional<StepStats> Trainer::step(std::uint64_t batch, bool stop) {
     for (const std::size_t r : m.regions.teacher_features)
       teacher_features.push_back(b->regions[r].slice(0, 0, n));
   }
-  if (teacher.defined())
-    kd = o.kd_loss == "dkd" ? dkd_loss(s, teacher, y, o.kd_temperature, o.dkd_alpha, o.dkd_beta)
-                            : kl_loss(s, teacher, o.kd_temperature);
+  if (teacher.defined()) kd = m.kd_loss->fn({s, teacher, y, o.kd_temperature, m.kd_params});
   torch::Tensor feature = torch::zeros({}, s.options());
   for (std::size_t k = 0; k < teacher_features.size(); ++k)
     feature =

@@ -24,7 +24,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-MEAN, STD = 0.2860, 0.3530  # kdflow's defaults for fashion-mnist (src/core/dataset.cpp, the dataset registry)
+MEAN, STD = 0.2860, 0.3530  # kdflow's defaults for fashion-mnist (core/dataset.cpp, the dataset registry)
 
 
 def read_idx(path):

@@ -136,9 +136,7 @@ int bench_overlap_command(const OverlapArgs& args) {
   });
 
   const RunInputs run = agreed(group.get(), [&] {
-    RunInputs prepared = prepare_run(config, dist);
-    prepare_teacher_cache(prepared); // for overlapped-cached
-    return prepared;
+    return prepare_run(config, dist, {.cache = true}); // the cache for overlapped-cached
   });
   const Sampler sampler(run.train.size(), run.sampler);
   const auto slots = static_cast<std::uint32_t>(config.get_int("ring.slots"));
@@ -159,11 +157,11 @@ int bench_overlap_command(const OverlapArgs& args) {
               {},
               {}};
   setup.options.group = group.get();
-  for (std::size_t t = 0; t < run.teachers(); ++t)
+  for (std::size_t t = 0; t < run.teachers.size(); ++t)
     setup.colocated.push_back(
-        {std::make_shared<const student::TorchTeacher>(run.teacher_at(t)->graph(), run.device,
-                                                       run.teacher_at(t)->precision()),
-         run.input_of(t), run.mix ? std::exp(run.mix->log_weights()[t]) : 1.0});
+        {std::make_shared<const student::TorchTeacher>(run.teachers[t].model->graph(), run.device,
+                                                       run.teachers[t].model->precision()),
+         run.teachers[t].input, run.mix ? std::exp(run.mix->log_weights()[t]) : 1.0});
 
   trace::Recorder recorder;
   if (writer && !args.trace.empty()) trace::set_active(&recorder);
@@ -222,7 +220,7 @@ int bench_overlap_command(const OverlapArgs& args) {
   if (run.cache) {
     const std::string mode = config.get_string("kd.cache");
     log_info(fmt::format("kd.cache = {}: the {} first epoch, kept ({} of {} samples held)", mode,
-                         run.teachers() > 1 ? "teachers'" : "teacher's", run.cache->stored(),
+                         run.teachers.size() > 1 ? "teachers'" : "teacher's", run.cache->stored(),
                          run.cache->samples()));
     const CacheFill fill = fill_teacher_cache(setup);
     if (!run.cache_file.empty() && fill.samples_added > 0) {
@@ -248,9 +246,9 @@ int bench_overlap_command(const OverlapArgs& args) {
   // Several teachers: each one's stage alone, on its own replicas (teacher-alone runs them all).
   json teachers_alone = nullptr;
   std::vector<double> each_alone;
-  if (run.teachers() > 1) {
+  if (run.teachers.size() > 1) {
     teachers_alone = json::array();
-    for (std::size_t t = 0; t < run.teachers(); ++t) {
+    for (std::size_t t = 0; t < run.teachers.size(); ++t) {
       Setup one = setup;
       one.only_teacher = t;
       recorder.begin_section(fmt::format("teacher-alone[{}]", t));
@@ -258,8 +256,8 @@ int bench_overlap_command(const OverlapArgs& args) {
       each_alone.push_back(med.rate());
       teachers_alone.push_back(
           {{"teacher", t},
-           {"model", t == 0 ? run.teacher_path : run.others[t - 1].spec.path},
-           {"precision", teacher::precision_name(run.teacher_at(t)->precision())},
+           {"model", run.teachers[t].spec.path},
+           {"precision", teacher::precision_name(run.teachers[t].model->precision())},
            {"replicas", std::count(run.plan.teacher_of.begin(), run.plan.teacher_of.end(),
                                    static_cast<int>(t))},
            {"samples_per_s", med.rate()},
@@ -326,8 +324,8 @@ int bench_overlap_command(const OverlapArgs& args) {
       {"setup",
        {{"dataset", config.get_string("data.dataset")},
         {"batch", run.sampler.batch_size},
-        {"teacher", run.teacher_path},
-        {"teacher_precision", teacher::precision_name(run.precision)},
+        {"teacher", run.teachers.front().spec.path},
+        {"teacher_precision", teacher::precision_name(run.teachers.front().spec.precision)},
         {"student", config.get_string("student.arch")},
         {"student_width", config.get_double("student.width")},
         {"ring_slots", slots},
@@ -399,7 +397,8 @@ int bench_overlap_command(const OverlapArgs& args) {
                "{:.1f} s, {} batches)\n",
                cache_report["mode"].get<std::string>(),
                cache_report["speedup_vs_overlapped"].get<double>(),
-               run.teachers() > 1 ? "teachers'" : "teacher's", cache_report["fill_s"].get<double>(),
+               run.teachers.size() > 1 ? "teachers'" : "teacher's",
+               cache_report["fill_s"].get<double>(),
                cache_report["fill_teacher_batches"].get<std::uint64_t>());
   if (report.contains("job"))
     fmt::print("{} ranks (rank 0's figures above): job overlapped {:.1f} samples/s, one rank "

@@ -234,7 +234,8 @@ int Commands::show_cores() {
                                         config.get_string("data.path"), Split::train,
                                         {static_cast<int>(config.get_int("data.image_size")),
                                          static_cast<int>(config.get_int("data.resize"))});
-    costs = teacher_costs(config, {train.channels(), train.height(), train.width()});
+    costs = teacher_costs(config, teacher_specs(config),
+                          {train.channels(), train.height(), train.width()});
   }
   if (local_world == 1) {
     const affinity::Plan plan =

@@ -49,18 +49,16 @@ int eval_command(const EvalArgs& args) {
   if (!fs::is_regular_file(args.model))
     throw InputError(fmt::format("--model {}: no such file", args.model));
   const bool onnx = ext == ".onnx";
-  std::vector<std::string> sets = args.sets;
-  // An ONNX model is read as the run's teacher is (teacher.input_size, mean, std, precision).
-  sets.push_back(onnx ? "teacher.model=" + args.model : "student.path=" + args.model);
-  // The logits are all it scores: no features computed, no feature loss.
-  sets.emplace_back("kd.features=");
+  const Config config = resolve_config(args.config, args.sets);
+  // The data and the plan; an ONNX model is loaded alone as a teacher is, with [teacher]'s input
+  // (teacher.input_size, mean, std) and precision, and scored on its logits (no features).
+  RunRequest request{.teachers = std::vector<TeacherSpec>{}};
   if (onnx) {
-    sets.emplace_back("teacher.features=");
-    sets.emplace_back("teacher.others="); // the model given, alone
+    TeacherSpec spec = configured_teacher(config);
+    spec.path = args.model;
+    request.teachers->push_back(std::move(spec));
   }
-  sets.push_back(onnx ? "kd.alpha=1" : "kd.alpha=0");
-  if (!onnx) sets.emplace_back("student.arch=torchscript");
-  const RunInputs run = prepare_run(resolve_config(args.config, sets));
+  const RunInputs run = prepare_run(config, {}, request);
   const std::size_t count = run.test.size(), sample = run.test.sample_bytes();
   const auto classes = static_cast<std::size_t>(run.test.classes());
   const std::size_t batch = run.sampler.batch_size;
@@ -83,12 +81,13 @@ int eval_command(const EvalArgs& args) {
     for (const auto& r : run.plan.teacher) cpus.insert(cpus.end(), r.begin(), r.end());
     affinity::PinnedArena arena(run.topology, cpus, "eval");
     runner = fmt::format("kdflow's oneDNN engine, {} thread(s), {}", cpus.size(),
-                         teacher::precision_name(run.precision));
+                         teacher::precision_name(run.teachers.front().spec.precision));
     run_in_arena(arena.arena(), [&] {
-      teacher::Replica replica(run.teacher);
-      const ImageAdapter& adapt = *run.teacher_input;
+      const RunTeacher& model = run.teachers.front();
+      teacher::Replica replica(model.model);
+      const ImageAdapter& adapt = model.input;
       std::vector<float> input(batch * adapt.to().numel(), 0.f), scratch;
-      teacher::OutputBuffers outputs(*run.teacher); // the first is the logits scored
+      teacher::OutputBuffers outputs(*model.model); // the first is the logits scored
       const std::vector<float>& out = outputs.data.front();
       for (std::size_t first = 0; first < count; first += kEvalChunk) {
         const std::size_t chunk = std::min(kEvalChunk, count - first);

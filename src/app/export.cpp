@@ -4,7 +4,7 @@
 #include "export.hpp"
 
 #include "run.hpp"
-#include "train.hpp"
+#include "run_folder.hpp"
 
 #include "kdflow/core/error.hpp"
 #include "kdflow/core/loader.hpp"
@@ -19,8 +19,7 @@
 
 namespace kdflow::app {
 
-std::string export_format(const Config& config, const std::string& key) {
-  const std::string wanted = config.get_string("train.export");
+std::string export_format(const Config& config, const std::string& wanted, const std::string& key) {
   const bool script = config.get_string("student.arch") == "torchscript";
   if (wanted == "auto") return script ? "torchscript" : "onnx";
   if (wanted == "onnx" && script)
@@ -32,10 +31,6 @@ std::string export_format(const Config& config, const std::string& key) {
                                  "({} = onnx)",
                                  key, config.get_string("student.arch"), key));
   return wanted;
-}
-
-std::string export_file_name(const std::string& format) {
-  return format == "onnx" ? "student.onnx" : "student.pt";
 }
 
 ExportCheck export_student(student::Trainer& trainer, const student::TrainerOptions& options,
@@ -84,31 +79,26 @@ ExportCheck export_student(student::Trainer& trainer, const student::TrainerOpti
   return check;
 }
 
+nlohmann::json to_json(const ExportCheck& check) {
+  return {{"runner", check.runner},
+          {"samples", check.samples},
+          {"max_normalized_error", check.max_normalized_error},
+          {"top1_agreement", check.top1_agreement},
+          {"ok", check.ok}};
+}
+
 int export_command(const ExportArgs& args) {
-  namespace fs = std::filesystem;
-  const fs::path run_dir = args.run, config_file = run_dir / "config.toml";
-  if (!fs::is_regular_file(config_file))
-    throw InputError(fmt::format("--run {}: no config.toml (not a kdflow run folder)", args.run));
+  const RunFolder folder = RunFolder::existing(args.run, "--run");
   if (args.out.empty()) throw InputError("--out: the file to write is required");
-  // The run's student and data. Its teacher is not needed to export the student, unless the
-  // checkpoints hold kd.features adapters: their shapes are the teacher's values'.
-  std::vector<std::string> sets = {"train.export=" + args.format};
-  if (resolve_config(config_file.string(), {}).get_tables("kd.features").empty())
-    sets.emplace_back("kd.alpha=0");
-  const RunInputs run = prepare_run(resolve_config(config_file.string(), sets));
-  const std::string format = export_format(run.config, "--format");
+  // The run's student and data. Its teachers are not needed to export the student, unless the
+  // checkpoints hold kd.features adapters: their shapes are the teachers' values'.
+  const Config config = resolve_config(folder.config_file().string(), {});
+  RunRequest request;
+  if (config.get_tables("kd.features").empty()) request.teachers.emplace();
+  const RunInputs run = prepare_run(config, {}, request);
+  const std::string format = export_format(run.config, args.format, "--format");
   if (format == "off") throw InputError("--format off: nothing to export");
-  const auto found = list_checkpoints(run_dir / "checkpoints");
-  fs::path checkpoint;
-  if (args.step >= 0) {
-    checkpoint = checkpoint_name(run_dir / "checkpoints", args.step);
-    if (!fs::is_regular_file(checkpoint))
-      throw InputError(fmt::format("--step {}: {} has no such checkpoint (it has {})", args.step,
-                                   args.run, found.size()));
-  } else {
-    if (found.empty()) throw InputError(fmt::format("--run {}: no checkpoint", args.run));
-    checkpoint = found.back();
-  }
+  const std::filesystem::path checkpoint = folder.checkpoint(args.step);
   const student::TrainerOptions options = trainer_options(run, 1);
   // The trainer reads no batch here: the smallest ring of the run's layout is all it needs.
   const SlotLayout layout = loader_layout(run.train, run.sampler.batch_size, true);
@@ -123,12 +113,7 @@ int export_command(const ExportArgs& args) {
   fmt::print("{}\n", nlohmann::json{{"checkpoint", checkpoint.string()},
                                     {"file", args.out},
                                     {"format", format},
-                                    {"check",
-                                     {{"runner", check.runner},
-                                      {"samples", check.samples},
-                                      {"max_normalized_error", check.max_normalized_error},
-                                      {"top1_agreement", check.top1_agreement},
-                                      {"ok", check.ok}}}}
+                                    {"check", to_json(check)}}
                          .dump());
   return check.ok ? kExitOk : 1;
 }

@@ -11,13 +11,14 @@
 #include <span>
 #include <string>
 
+#include <nlohmann/json_fwd.hpp>
+
 namespace kdflow::app {
 
-// train.export resolved for the configured student: "onnx", "torchscript" or "off" (auto: the
-// student's own form). InputError naming the key for a format the student has no form in.
-std::string export_format(const Config& config, const std::string& key = "train.export");
-// The file name an export takes in the run folder: student.onnx or student.pt.
-std::string export_file_name(const std::string& format);
+// `wanted` (train.export's vocabulary, from `key`) resolved for the configured student: "onnx",
+// "torchscript" or "off" (auto: the student's own form). InputError naming the key for a format
+// the student has no form in.
+std::string export_format(const Config& config, const std::string& wanted, const std::string& key);
 
 struct ExportCheck {
   std::string runner;              // what ran the written file
@@ -26,6 +27,9 @@ struct ExportCheck {
   double top1_agreement = 0;       // share of images whose top-1 class agrees
   bool ok = false;                 // error <= 1e-3 and agreement >= 99%
 };
+
+// The check as summary.json and `kdflow export` write it.
+nlohmann::json to_json(const ExportCheck& check);
 
 // How many images an export is checked on, at most.
 inline constexpr std::size_t kExportCheckSamples = 256;

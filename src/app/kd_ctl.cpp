@@ -39,12 +39,12 @@ affinity::StageWindow stage_window(std::uint64_t busy0, std::uint64_t busy1, std
 
 std::optional<std::string> KdCtl::why_not(CpuPipeline& pipeline) {
   const RunInputs& run = pipeline.run();
-  if (!run.teacher_runs || !pipeline.loaders_run() || pipeline.replicas() == 0)
+  if (!run.teacher_runs() || !pipeline.loaders_run() || pipeline.replicas() == 0)
     return std::string("no teacher runs beside the loaders");
-  if (run.teachers() > 1)
+  if (run.teachers.size() > 1)
     return fmt::format("{} teachers: kd-ctl moves CPUs between the loaders and one teacher's "
                        "replicas (tune-cores shares the cores among several)",
-                       run.teachers());
+                       run.teachers.size());
   const affinity::PoolAssignment now = pipeline.assignment();
   const int width = replica_width(run.plan);
   if (!affinity::move_cpu(now, affinity::Move::to_teacher, run.plan.student, width) &&

@@ -79,7 +79,7 @@ public:
   // teacher on it on the first replica's cores, one after the other, and leaves it ready.
   void produce_serially(std::uint64_t b) {
     SlotRing& ring = pipeline_.ring();
-    const bool teacher = pipeline_.run().teacher_runs;
+    const bool teacher = pipeline_.run().teacher_runs();
     auto slot = ring.acquire_free(b);
     if (!slot) return;
     const auto t0 = Clock::now();

@@ -56,17 +56,17 @@ std::string teacher_logits_region(std::size_t k) { return fmt::format("logits:te
 
 SlotLayout CpuPipeline::layout_for(const RunInputs& run) {
   std::vector<RegionSpec> extra;
-  if (run.teacher_runs) {
-    const teacher::Shape out = run.teacher->output_shape(0);
+  if (run.teacher_runs()) {
+    const teacher::Shape out = run.teachers.front().model->output_shape(0);
     extra.push_back({"logits", DType::f32, {out[0], out[1]}});
-    for (std::size_t i = 0; i < run.teachers(); ++i) {
-      const teacher::Teacher& t = *run.teacher_at(i);
+    for (std::size_t i = 0; i < run.teachers.size(); ++i) {
+      const teacher::Teacher& t = *run.teachers[i].model;
       const auto names = t.output_names();
       for (std::size_t k = first_feature(t); k < names.size(); ++k)
         extra.push_back({feature_region(names[k], i), DType::f32, t.output_shape(k)});
     }
-    if (run.teachers() > 1)
-      for (std::size_t k = 0; k < run.teachers(); ++k)
+    if (run.teachers.size() > 1)
+      for (std::size_t k = 0; k < run.teachers.size(); ++k)
         extra.push_back({teacher_logits_region(k), DType::f32, {out[0], out[1]}});
   }
   return loader_layout(run.train, run.sampler.batch_size, run.augment.normalize, std::move(extra));
@@ -77,25 +77,25 @@ CpuPipeline::CpuPipeline(const RunInputs& run, const Sampler& sampler, std::uint
     : run_(run), sampler_(sampler) {
   SlotLayout layout = layout_for(run);
   regions_.loader = {layout.index_of("inputs"), layout.index_of("labels"), layout.index_of("ids")};
-  if (run.teacher_runs) {
+  if (run.teacher_runs()) {
     regions_.logits = layout.index_of("logits");
-    for (std::size_t i = 0; i < run.teachers(); ++i) {
-      const teacher::Teacher& t = *run.teacher_at(i);
+    for (std::size_t i = 0; i < run.teachers.size(); ++i) {
+      const teacher::Teacher& t = *run.teachers[i].model;
       const auto names = t.output_names();
       regions_.features.emplace_back();
       for (std::size_t k = first_feature(t); k < names.size(); ++k)
         regions_.features.back().push_back(layout.index_of(feature_region(names[k], i)));
     }
-    if (run.teachers() > 1)
-      for (std::size_t k = 0; k < run.teachers(); ++k)
+    if (run.teachers.size() > 1)
+      for (std::size_t k = 0; k < run.teachers.size(); ++k)
         regions_.teacher_logits.push_back(layout.index_of(teacher_logits_region(k)));
     else
       regions_.teacher_logits.push_back(*regions_.logits);
   }
   ring_ = std::make_unique<SlotRing>(
       std::move(layout), slots, std::move(memory),
-      static_cast<std::uint32_t>(std::max<std::size_t>(run.teachers(), 1)));
-  if (run.teachers() > 1) cache_decisions_ = std::make_unique<SlotDecisions>(slots);
+      static_cast<std::uint32_t>(std::max<std::size_t>(run.teachers.size(), 1)));
+  if (run.teachers.size() > 1) cache_decisions_ = std::make_unique<SlotDecisions>(slots);
 
   // Every arena's workers come from oneTBB's one global pool: size it for all of them (kd-ctl's
   // moves keep the sum).
@@ -104,7 +104,7 @@ CpuPipeline::CpuPipeline(const RunInputs& run, const Sampler& sampler, std::uint
       oneapi::tbb::global_control::max_allowed_parallelism, threads + 1);
   loader_arena_ = std::make_unique<affinity::PinnedArena>(run.topology, run.plan.loader, "loader");
   assignment_.loader = run.plan.loader;
-  if (run.teacher_runs) {
+  if (run.teacher_runs()) {
     int first_index = 0;
     for (std::size_t r = 0; r < run.plan.teacher.size(); ++r) {
       const auto& cpus = run.plan.teacher[r];
@@ -123,19 +123,19 @@ std::unique_ptr<CpuPipeline::TeacherUnit>
 CpuPipeline::make_teacher(const affinity::CpuList& cpus, int first_index, std::size_t teacher) {
   auto unit = std::make_unique<TeacherUnit>();
   unit->teacher = teacher;
-  unit->mixed.assign(run_.teachers(), nullptr);
+  unit->mixed.assign(run_.teachers.size(), nullptr);
   unit->arena =
       std::make_unique<affinity::PinnedArena>(run_.topology, cpus, "teacher", first_index);
   // The replica's buffers are first touched on its own cores (its NUMA node); with uint8 slots, so
   // is its float32 copy of the batch's inputs.
   run_in_arena(unit->arena->arena(), [&] {
-    const auto& model = run_.teacher_at(teacher);
+    const auto& model = run_.teachers[teacher].model;
     unit->replica = std::make_unique<teacher::Replica>(model);
     unit->other_outputs = other_outputs(*model);
     unit->outputs.assign(model->output_names().size(), nullptr);
     for (std::size_t k = 0; k < unit->other_outputs.size(); ++k)
       unit->outputs[1 + k] = unit->other_outputs[k].data();
-    const ImageAdapter& adapt = run_.input_of(teacher);
+    const ImageAdapter& adapt = run_.teachers[teacher].input;
     if (!run_.augment.normalize || !adapt.passes_floats())
       unit->inputs.assign(run_.sampler.batch_size * adapt.to().numel(), 0.f);
   });
@@ -146,7 +146,7 @@ void CpuPipeline::start_teacher(TeacherUnit& unit) {
   SlotRing& ring = *ring_;
   const auto lane = static_cast<std::uint32_t>(unit.teacher);
   unit.graph = std::make_unique<StageGraph>(
-      run_.teachers() > 1 ? fmt::format("teacher {}", unit.teacher) : std::string("teacher"),
+      run_.teachers.size() > 1 ? fmt::format("teacher {}", unit.teacher) : std::string("teacher"),
       unit.arena->arena(), 1, ring, RingStage::teacher, end_,
       [this, &ring, u = &unit, lane](std::uint64_t b, int) {
         auto slot = ring.acquire_filled(b, lane);
@@ -176,10 +176,10 @@ void CpuPipeline::start_loader_graph() {
 void CpuPipeline::start(std::uint64_t first_batch, std::uint64_t batches,
                         const StartOptions& options) {
   std::lock_guard lock(structure_mutex_);
-  const bool teacher = run_.teacher_runs && options.teacher;
-  if (options.only_teacher && *options.only_teacher >= run_.teachers())
+  const bool teacher = run_.teacher_runs() && options.teacher;
+  if (options.only_teacher && *options.only_teacher >= run_.teachers.size())
     throw std::invalid_argument("CpuPipeline::start: no such teacher");
-  if (options.cache && options.only_teacher && run_.teachers() > 1)
+  if (options.cache && options.only_teacher && run_.teachers.size() > 1)
     throw std::invalid_argument("CpuPipeline::start: the cache holds the teachers' mix, not the "
                                 "outputs of one teacher alone");
   if (options.cache && run_.cache) {
@@ -199,11 +199,11 @@ void CpuPipeline::start(std::uint64_t first_batch, std::uint64_t batches,
   if (teacher)
     ring_->set_teachers(options.only_teacher ? 1
                                              : static_cast<std::uint32_t>(
-                                                   std::max<std::size_t>(run_.teachers(), 1)));
+                                                   std::max<std::size_t>(run_.teachers.size(), 1)));
   mixing_ = run_.mix.has_value() && !options.only_teacher;
   if (options.loaders) {
     loaders_run_ = true;
-    if (options.share_teacher_cpus && run_.teacher_runs)
+    if (options.share_teacher_cpus && run_.teacher_runs())
       if (const affinity::CpuList cpus = widen_loaders(); !cpus.empty())
         loader_arena_ = std::make_unique<affinity::PinnedArena>(run_.topology, cpus, "loader");
     start_loader_graph();
@@ -216,7 +216,7 @@ void CpuPipeline::start(std::uint64_t first_batch, std::uint64_t batches,
 void CpuPipeline::run_teacher(TeacherUnit& unit, const Slot& slot) {
   // One teacher writes the target itself; several each write their own logits, mixed after.
   const std::span<float> logits = slot.region<float>(regions_.teacher_logits[unit.teacher]);
-  if (cache_ && run_.teachers() > 1) {
+  if (cache_ && run_.teachers.size() > 1) {
     if (!batch_cached(slot)) forward(unit, slot, logits.data());
     return;
   }
@@ -310,11 +310,11 @@ void CpuPipeline::move_features(const Slot& slot, std::size_t row, std::span<flo
 void CpuPipeline::forward(TeacherUnit& unit, const Slot& slot, float* logits) {
   std::span<float*> outputs(unit.outputs);
   outputs[0] = logits;
-  const std::size_t features = first_feature(*run_.teacher_at(unit.teacher));
+  const std::size_t features = first_feature(*run_.teachers[unit.teacher].model);
   const auto& mine = regions_.features[unit.teacher];
   for (std::size_t k = 0; k < mine.size(); ++k)
     outputs[features + k] = slot.region<float>(mine[k]).data();
-  const ImageAdapter& adapt = run_.input_of(unit.teacher);
+  const ImageAdapter& adapt = run_.teachers[unit.teacher].input;
   const std::size_t n = batch_rows();
   if (run_.augment.normalize) {
     const float* images = slot.region<float>(regions_.loader.inputs).data();
@@ -334,7 +334,7 @@ void CpuPipeline::forward(TeacherUnit& unit, const Slot& slot, float* logits) {
 void CpuPipeline::teach_now(const Slot& slot) {
   const auto t0 = std::chrono::steady_clock::now();
   TeacherUnit* last = nullptr;
-  for (std::size_t t = 0; t < std::max<std::size_t>(run_.teachers(), 1); ++t) {
+  for (std::size_t t = 0; t < std::max<std::size_t>(run_.teachers.size(), 1); ++t) {
     const auto unit = std::find_if(teachers_.begin(), teachers_.end(),
                                    [&](const auto& u) { return u->teacher == t; });
     last = unit->get();
@@ -365,9 +365,9 @@ void CpuPipeline::start_background_teachers() {
       background_started_.fetch_add(1);
       background_started_.notify_all();
       // An unrelated batch: fixed values, the replica's own input and output buffers.
-      const teacher::Teacher& model = *run_.teacher_at(u->teacher);
+      const teacher::Teacher& model = *run_.teachers[u->teacher].model;
       const std::size_t in = static_cast<std::size_t>(model.batch()) *
-                             static_cast<std::size_t>(run_.input_of(u->teacher).to().numel());
+                             static_cast<std::size_t>(run_.teachers[u->teacher].input.to().numel());
       std::vector<float> inputs(in, 0.5f);
       teacher::OutputBuffers outputs(model);
       for (std::uint64_t n = 0; !background_stop_.load(std::memory_order_relaxed); ++n) {
@@ -418,9 +418,10 @@ bool CpuPipeline::reassign(const affinity::PoolAssignment& to) {
     throw std::invalid_argument("reassign: each pool needs a CPU, and all of them no more than the "
                                 "plan's loader and teacher CPUs");
   std::lock_guard lock(structure_mutex_);
-  if (!run_.teacher_runs || !loaders_run_)
+  if (!run_.teacher_runs() || !loaders_run_)
     throw std::invalid_argument("reassign: the loaders and the teacher are not running");
-  if (run_.teachers() > 1) throw std::invalid_argument("reassign: the run has several teachers");
+  if (run_.teachers.size() > 1)
+    throw std::invalid_argument("reassign: the run has several teachers");
   if (stopped_ || ring_->closed() || shared_.load(std::memory_order_relaxed)) return false;
   const affinity::PoolAssignment from = assignment();
   const bool ok = to.loader.size() < from.loader.size()
@@ -454,7 +455,7 @@ affinity::CpuList CpuPipeline::widen_loaders() {
 
 bool CpuPipeline::share_teacher_cpus() {
   std::lock_guard lock(structure_mutex_);
-  if (!run_.teacher_runs || !loaders_run_ || stopped_ || ring_->closed() ||
+  if (!run_.teacher_runs() || !loaders_run_ || stopped_ || ring_->closed() ||
       shared_.load(std::memory_order_relaxed))
     return false;
   const affinity::CpuList cpus = widen_loaders();

@@ -11,6 +11,7 @@
 #include "kdflow/core/log.hpp"
 #include "kdflow/cpu_teacher/graph.hpp"
 #include "kdflow/cpu_teacher/passes.hpp"
+#include "kdflow/gpu_student/loss_table.hpp"
 #include "kdflow/gpu_student/pinned_host.hpp"
 #include "kdflow/gpu_student/versions.hpp"
 
@@ -61,8 +62,8 @@ std::string shape_text(const teacher::Shape& shape) {
 // kd.features), in the slot's order.
 std::size_t cached_feature_floats(const RunInputs& run) {
   std::size_t floats = 0;
-  for (std::size_t k = 0; k < run.teachers(); ++k) {
-    const teacher::Teacher& t = *run.teacher_at(k);
+  for (const RunTeacher& teacher : run.teachers) {
+    const teacher::Teacher& t = *teacher.model;
     for (std::size_t j = t.graph().outputs.size(); j < t.output_names().size(); ++j) {
       const teacher::Shape shape = t.output_shape(j);
       floats += static_cast<std::size_t>(teacher::numel(shape) / shape.at(0));
@@ -81,20 +82,19 @@ std::string teacher_cache_key(const RunInputs& run, const TeacherOutputCache& ca
     return fmt::format("{}x{}x{}", s.channels, s.height, s.width);
   };
   std::string key = "kdflow teacher outputs\n";
-  for (std::size_t k = 0; k < run.teachers(); ++k) {
+  for (std::size_t k = 0; k < run.teachers.size(); ++k) {
+    const RunTeacher& teacher = run.teachers[k];
+    // The names earlier kdflows wrote: a one-teacher file stays readable.
     const std::string name = k == 0 ? "teacher" : fmt::format("teacher{}", k);
-    const ImageAdapter& adapt = run.input_of(k);
-    key += fmt::format("{}={}\n", name,
-                       file_digest(k == 0 ? run.teacher_path : run.others[k - 1].spec.path));
-    key += fmt::format(
-        "{}.precision={}\n", name,
-        teacher::precision_name(k == 0 ? run.precision : run.others[k - 1].spec.precision));
+    const ImageAdapter& adapt = teacher.input;
+    key += fmt::format("{}={}\n", name, file_digest(teacher.spec.path));
+    key += fmt::format("{}.precision={}\n", name, teacher::precision_name(teacher.spec.precision));
     key += fmt::format("{}.input={} from {} mean={:.9g} std={:.9g}\n", name, spec(adapt.to()),
                        spec(adapt.from()), fmt::join(adapt.to_norm().mean, ","),
                        fmt::join(adapt.to_norm().std, ","));
     // The features the teacher returns beside its graph's outputs; a run without features keeps
     // the key it always had.
-    const teacher::Teacher& t = *run.teacher_at(k);
+    const teacher::Teacher& t = *teacher.model;
     const auto outputs = t.output_names();
     if (outputs.size() > t.graph().outputs.size())
       key += fmt::format(
@@ -119,7 +119,7 @@ std::string teacher_cache_key(const RunInputs& run, const TeacherOutputCache& ca
 
 void prepare_teacher_cache_into(RunInputs& run) {
   const std::string mode = run.config.get_string("kd.cache");
-  if (mode == "none" || !run.teacher_runs) return;
+  if (mode == "none" || !run.teacher_runs()) return;
   std::string changes;
   if (run.augment.pad_crop > 0)
     changes = fmt::format("data.pad_crop = {} crops it at random", run.augment.pad_crop);
@@ -132,7 +132,7 @@ void prepare_teacher_cache_into(RunInputs& run) {
     throw InputError(fmt::format("kd.cache = {}: the teacher's input for a sample changes every "
                                  "epoch ({}): set kd.cache = none",
                                  mode, changes));
-  const auto classes = static_cast<std::size_t>(run.teacher->output_shape(0)[1]);
+  const auto classes = static_cast<std::size_t>(run.teachers.front().model->output_shape(0)[1]);
   const auto top_k = static_cast<std::size_t>(run.config.get_int("kd.cache_topk"));
   const std::size_t kept = top_k == 0 || top_k >= classes ? classes : top_k;
   const std::size_t features = cached_feature_floats(run);
@@ -160,8 +160,8 @@ void prepare_teacher_cache_into(RunInputs& run) {
   const TeacherOutputCache& cache = *run.cache;
   const std::string held =
       fmt::format("the {} outputs for {} samples ({} logits each{}{}, {:.1f} MiB)",
-                  run.teachers() > 1 ? fmt::format("{} teachers' mixed", run.teachers())
-                                     : std::string("teacher's"),
+                  run.teachers.size() > 1 ? fmt::format("{} teachers' mixed", run.teachers.size())
+                                          : std::string("teacher's"),
                   cache.samples(), cache.kept(), cache.full() ? "" : " and the rest's share",
                   features > 0 ? fmt::format(" and {} feature values", features) : "",
                   static_cast<double>(cache.bytes()) / (1 << 20));
@@ -244,9 +244,41 @@ void prepare_teacher_cache(RunInputs& run) {
 
 const std::vector<ConfigKey>& run_schema() {
   static const std::vector<ConfigKey> schema = [] {
-    std::vector<ConfigKey> keys = config_schema();
-    for (ConfigKey& key : keys)
+    std::vector<ConfigKey> keys;
+    for (ConfigKey key : config_schema()) {
       if (key.name == "student.arch") key.choices = student::student_names();
+      if (key.name == "kd.features")
+        for (ConfigKey& field : key.fields)
+          if (field.name == "loss") {
+            field.choices.clear();
+            for (const auto& loss : student::feature_losses()) field.choices.push_back(loss.name);
+            field.doc = "the feature loss";
+            for (const auto& loss : student::feature_losses())
+              field.doc += fmt::format("{} {}: {}", loss.name == field.choices.front() ? ":" : ";",
+                                       loss.name, loss.doc);
+          }
+      const bool kd_loss = key.name == "kd.loss";
+      if (kd_loss) {
+        key.doc = "the distillation loss";
+        for (const auto& loss : student::kd_losses()) {
+          key.choices.push_back(loss.name);
+          key.doc += fmt::format("{} {} ({})", loss.name == key.choices.front() ? ":" : ",",
+                                 loss.name, loss.doc);
+        }
+      }
+      keys.push_back(std::move(key));
+      // Each loss's parameters follow kd.loss, named kd.<loss>_<param>.
+      if (kd_loss)
+        for (const auto& loss : student::kd_losses())
+          for (const auto& param : loss.params)
+            keys.push_back({student::kd_param_key(loss.name, param.name),
+                            ConfigType::real,
+                            param.default_value,
+                            fmt::format("kd.loss = {}: {}", loss.name, param.doc),
+                            {},
+                            param.min,
+                            param.max});
+    }
     return keys;
   }();
   return schema;
@@ -291,11 +323,14 @@ student::TrainerOptions trainer_options(const RunInputs& run, std::int64_t total
   topt.kd_alpha = config.get_double("kd.alpha");
   topt.kd_temperature = config.get_double("kd.temperature");
   topt.kd_loss = config.get_string("kd.loss");
-  topt.dkd_alpha = config.get_double("kd.dkd_alpha");
-  topt.dkd_beta = config.get_double("kd.dkd_beta");
+  for (const auto& loss : student::kd_losses())
+    if (loss.name == topt.kd_loss)
+      for (const auto& param : loss.params)
+        topt.kd_params.push_back(config.get_double(student::kd_param_key(loss.name, param.name)));
   topt.skip_nonfinite = config.get_string("train.on_nonfinite") == "skip";
   const auto& pairs = config.get_tables("kd.features");
-  if (!pairs.empty() && !run.teacher) throw std::logic_error("kd.features without a teacher");
+  if (!pairs.empty() && !run.teacher_runs())
+    throw std::logic_error("kd.features without a teacher");
   for (std::size_t k = 0; k < pairs.size(); ++k) {
     student::FeatureLoss f;
     f.key = fmt::format("kd.features[{}]", k + 1);
@@ -305,7 +340,7 @@ student::TrainerOptions trainer_options(const RunInputs& run, std::int64_t total
     f.weight = std::get<double>(pairs[k].at("weight"));
     f.teacher_index = static_cast<std::size_t>(std::get<std::int64_t>(pairs[k].at("from")));
     // The teacher's outputs are its graph's, then its features (teacher_feature_names' order).
-    const teacher::Teacher& model = *run.teacher_at(f.teacher_index);
+    const teacher::Teacher& model = *run.teachers.at(f.teacher_index).model;
     const auto names = model.output_names();
     const auto at =
         std::find(names.begin() + static_cast<std::ptrdiff_t>(model.graph().outputs.size()),
@@ -344,7 +379,7 @@ std::unique_ptr<student::ProcessGroup> join_job(const Config& config, const Dist
       dist, options, student::resolve_device(config.get_string("student.device"), dist.local_rank));
 }
 
-RunInputs prepare_run(const Config& config, const DistEnv& dist) {
+RunInputs prepare_run(const Config& config, const DistEnv& dist, const RunRequest& request) {
   const std::string format = config.get_string("data.dataset");
   const std::string path = config.get_string("data.path");
   const ImageGeometry geometry{static_cast<int>(config.get_int("data.image_size")),
@@ -357,15 +392,14 @@ RunInputs prepare_run(const Config& config, const DistEnv& dist) {
                 affinity::Topology::load(),
                 {},
                 student::resolve_device(config.get_string("student.device"), dist.local_rank),
-                config.get_double("kd.alpha") > 0,
-                teacher::parse_precision(config.get_string("teacher.precision")),
-                nullptr,
-                {},
-                {},
                 dist};
-  if (!config.get_tables("kd.features").empty() && !run.teacher_runs)
+  // The teachers: the configuration's (checked field by field), or the command's.
+  const bool configured = !request.teachers;
+  const bool teacher_configured = config.get_double("kd.alpha") > 0;
+  if (configured && !config.get_tables("kd.features").empty() && !teacher_configured)
     throw InputError("kd.features: the feature losses read the teacher's values, and kd.alpha = 0 "
                      "does not run the teacher (set kd.alpha > 0)");
+  const bool teachers_run = configured ? teacher_configured : !request.teachers->empty();
   if (run.train.class_names() != run.test.class_names())
     throw InputError(fmt::format("{} and {} have different class folders: labels would disagree",
                                  run.train.source(), run.test.source()));
@@ -387,7 +421,7 @@ RunInputs prepare_run(const Config& config, const DistEnv& dist) {
   // kd.cache under several ranks: each keeps its own samples every epoch, so that its cache holds
   // its later epochs' batches (prepare_teacher_cache).
   run.sampler.fixed_shards =
-      dist.world > 1 && run.teacher_runs && config.get_string("kd.cache") != "none";
+      dist.world > 1 && teachers_run && config.get_string("kd.cache") != "none";
   if (run.train.size() < run.sampler.batch_size && run.sampler.drop_last)
     throw InputError(fmt::format("data.batch_size = {}: larger than the training set of {} ({})",
                                  run.sampler.batch_size, run.train.size(), run.train.source()));
@@ -408,15 +442,15 @@ RunInputs prepare_run(const Config& config, const DistEnv& dist) {
                            dist.rank, dist.local_world, run.topology.cores().size(),
                            affinity::format_cpus(mine.cpus)));
   }
-  const std::vector<TeacherSpec> specs =
-      run.teacher_runs ? teacher_specs(config) : std::vector<TeacherSpec>{};
+  const std::vector<TeacherSpec> specs = !configured    ? *request.teachers
+                                         : teachers_run ? teacher_specs(config)
+                                                        : std::vector<TeacherSpec>{};
   // Several teachers share the teacher cores by their cost per sample.
-  if (run.teacher_runs)
-    run.teacher_costs =
-        teacher_costs(config, {run.train.channels(), run.train.height(), run.train.width()});
+  run.teacher_costs =
+      teacher_costs(config, specs, {run.train.channels(), run.train.height(), run.train.width()});
   run.plan = affinity::plan_from_config(config, run.topology,
                                         near[static_cast<std::size_t>(dist.local_rank)], share,
-                                        run.teacher_costs);
+                                        run.teacher_costs, specs.size());
 
   for (std::size_t k = 0; k < specs.size(); ++k) {
     const TeacherSpec& spec = specs[k];
@@ -430,24 +464,18 @@ RunInputs prepare_run(const Config& config, const DistEnv& dist) {
             : 0;
     auto model = load_run_teacher(run, spec, spec.precision, threads);
     ImageAdapter input = teacher_input(run, spec, *model);
-    if (k == 0) {
-      run.teacher_path = spec.path;
-      run.teacher = std::move(model);
-      run.teacher_input = std::move(input);
-    } else {
-      run.others.push_back({spec, std::move(model), std::move(input)});
-    }
+    run.teachers.push_back({spec, std::move(model), std::move(input)});
   }
   if (specs.size() > 1) {
     std::vector<double> weights;
     for (const TeacherSpec& spec : specs) weights.push_back(spec.weight);
     run.mix.emplace(std::move(weights), config.get_double("kd.temperature"));
   }
+  if (request.cache) prepare_teacher_cache(run);
   return run;
 }
 
-std::vector<TeacherSpec> teacher_specs(const Config& config) {
-  std::vector<TeacherSpec> specs;
+TeacherSpec configured_teacher(const Config& config) {
   TeacherSpec first;
   first.key = "teacher";
   first.path = config.get_string("teacher.model");
@@ -456,6 +484,12 @@ std::vector<TeacherSpec> teacher_specs(const Config& config) {
   first.input_size = config.get_string("teacher.input_size");
   first.mean = config.get_string("teacher.mean");
   first.std = config.get_string("teacher.std");
+  return first;
+}
+
+std::vector<TeacherSpec> teacher_specs(const Config& config) {
+  std::vector<TeacherSpec> specs;
+  TeacherSpec first = configured_teacher(config);
   first.features = teacher_feature_names(config);
   specs.push_back(std::move(first));
   const auto& rows = config.get_tables("teacher.others");
@@ -584,9 +618,9 @@ void check_teacher_file(const TeacherSpec& spec) {
 
 } // namespace
 
-std::vector<double> teacher_costs(const Config& config, const teacher::Shape& data) {
+std::vector<double> teacher_costs(const Config& config, const std::vector<TeacherSpec>& specs,
+                                  const teacher::Shape& data) {
   std::vector<double> costs;
-  const std::vector<TeacherSpec> specs = teacher_specs(config);
   if (specs.size() < 2) return costs;
   for (const TeacherSpec& spec : specs) {
     check_teacher_file(spec);
@@ -656,10 +690,10 @@ void evaluation_images(const RunInputs& run, const affinity::CpuList& cpus, std:
 std::vector<std::size_t> teacher_test_hits(const RunInputs& run, std::span<const float> images,
                                            std::size_t first, std::size_t count,
                                            oneapi::tbb::task_arena& arena) {
-  const auto batch = static_cast<std::size_t>(run.teacher->batch());
+  const auto batch = static_cast<std::size_t>(run.teachers.front().model->batch());
   const std::size_t sample = run.test.sample_bytes();
   const auto classes = static_cast<std::size_t>(run.test.classes());
-  const std::size_t teachers = run.teachers();
+  const std::size_t teachers = run.teachers.size();
   std::vector<std::size_t> correct(teachers > 1 ? teachers + 1 : 1, 0);
   run_in_arena(arena, [&] {
     std::vector<std::unique_ptr<teacher::Replica>> replicas;
@@ -667,9 +701,10 @@ std::vector<std::size_t> teacher_test_hits(const RunInputs& run, std::span<const
     std::vector<std::vector<float>> inputs(teachers);
     std::vector<const float*> logits;
     for (std::size_t t = 0; t < teachers; ++t) {
-      replicas.push_back(std::make_unique<teacher::Replica>(run.teacher_at(t)));
-      outputs.emplace_back(*run.teacher_at(t)); // the first is the logits scored
-      inputs[t].assign(batch * run.input_of(t).to().numel(), 0.f);
+      const RunTeacher& teacher = run.teachers[t];
+      replicas.push_back(std::make_unique<teacher::Replica>(teacher.model));
+      outputs.emplace_back(*teacher.model); // the first is the logits scored
+      inputs[t].assign(batch * teacher.input.to().numel(), 0.f);
     }
     for (const auto& o : outputs) logits.push_back(o.data.front().data());
     std::vector<float> mixed(run.mix ? batch * classes : 0), scratch;
@@ -683,7 +718,7 @@ std::vector<std::size_t> teacher_test_hits(const RunInputs& run, std::span<const
     for (std::size_t i = first; i < first + count; i += batch) {
       const std::size_t n = std::min(batch, first + count - i);
       for (std::size_t t = 0; t < teachers; ++t) {
-        const ImageAdapter& adapt = run.input_of(t);
+        const ImageAdapter& adapt = run.teachers[t].input;
         const std::size_t own = adapt.to().numel();
         adapt.run(images.data() + (i - first) * sample, n, inputs[t].data(), scratch);
         std::fill(inputs[t].begin() + static_cast<std::ptrdiff_t>(n * own), inputs[t].end(), 0.f);
@@ -731,7 +766,7 @@ Assembled assemble(const RunInputs& run, const Sampler& sampler, std::uint32_t s
   for (const auto& f : options.feature_losses)
     regions.teacher_features.push_back(
         r.features.at(f.teacher_index)
-            .at(f.teacher_output - run.teacher_at(f.teacher_index)->graph().outputs.size()));
+            .at(f.teacher_output - run.teachers.at(f.teacher_index).model->graph().outputs.size()));
   if (logits == StudentLogits::colocated) regions.teacher_logits.reset();
   parts.trainer = std::make_unique<student::Trainer>(options, parts.pipeline->ring(), regions);
   if (logits == StudentLogits::colocated)

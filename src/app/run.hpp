@@ -51,11 +51,22 @@ auto agreed(student::ProcessGroup* group, F&& f) -> decltype(f()) {
   return std::move(*value);
 }
 
+// What a command asks of prepare_run besides the data, the plan and the student's device.
+struct RunRequest {
+  // The teachers loaded (and given cores): the configuration's ([teacher] and teacher.others,
+  // none at kd.alpha = 0) when unset; else exactly these (eval: the model it scores; export: none,
+  // or the configuration's when the student's feature adapters need their shapes).
+  std::optional<std::vector<TeacherSpec>> teachers;
+  // kd.cache made ready for the teachers (prepare_teacher_cache): train and bench-overlap.
+  bool cache = false;
+};
+
 // Loads and checks everything the configuration names; InputError (exit 2) naming the key, the
 // file, or both sides of a mismatch (teacher classes vs dataset classes, input shapes). Under
 // torchrun (`dist`), the sampler takes this rank's shard, the student its local rank's GPU and
 // the plan its local rank's share of the node's cores.
-RunInputs prepare_run(const Config& config, const DistEnv& dist = {});
+RunInputs prepare_run(const Config& config, const DistEnv& dist = {},
+                      const RunRequest& request = {});
 
 // The values teacher `teacher` computes beside its logits ([teacher]'s: teacher.features, then
 // each kd.features pair's value from it not among them; teacher.others[k]'s: its row's features,
@@ -66,6 +77,8 @@ std::vector<std::string> teacher_feature_names(const Config& config, std::size_t
 // Every teacher a configuration names: [teacher] (with its features), then each teacher.others
 // row. InputError for a row without its model.
 std::vector<TeacherSpec> teacher_specs(const Config& config);
+// [teacher] as the configuration writes it, without the features the run asks of it.
+TeacherSpec configured_teacher(const Config& config);
 
 // The teacher `spec` names at the run's batch in `precision`, with every check prepare_run makes:
 // its file exists, its input is the model's own (its input_size binds what it leaves open, the
@@ -76,7 +89,8 @@ std::shared_ptr<const teacher::Teacher> load_run_teacher(const RunInputs& run,
                                                          teacher::Precision precision, int threads);
 // With several teachers, each one's cost per sample (its FLOPs, `data` being the data's sample
 // shape [channels, height, width]), by which the teacher cores are shared out; empty with one.
-std::vector<double> teacher_costs(const Config& config, const teacher::Shape& data);
+std::vector<double> teacher_costs(const Config& config, const std::vector<TeacherSpec>& specs,
+                                  const teacher::Shape& data);
 // How a teacher reads the slot's images (its input_size, mean and std; one line on stderr saying
 // what is done to them when anything is). InputError naming the teacher file when its input is
 // not an image the data can become.
@@ -85,8 +99,9 @@ ImageAdapter teacher_input(const RunInputs& run, const TeacherSpec& spec,
 // kd.cache: run.cache for run.train (run.cache_file and run.cache_key too with kd.cache = disk,
 // and what the file holds loaded), or nothing with kd.cache = none. InputError where a cache would
 // serve wrong or no outputs (random augmentation, an image folder, several ranks), would not fit a
-// quarter of the memory, or its file cannot be used. After prepare_run, by the commands that
-// read the cache (train, bench-overlap); eval, export and tune-cores leave it out.
+// quarter of the memory, or its file cannot be used. prepare_run calls it for the commands that
+// read the cache (RunRequest::cache: train, bench-overlap); eval, export and tune-cores leave it
+// out.
 void prepare_teacher_cache(RunInputs& run);
 
 // Every CUDA device with the allowed CPUs nearest it (all allowed CPUs where hwloc does not know

@@ -30,15 +30,17 @@ struct TeacherSpec {
   teacher::Precision precision{};
   double weight = 1;
   std::string input_size = "auto", mean = "auto", std = "auto";
-  std::vector<std::string> features; // [teacher]'s only (teacher.features, kd.features values)
+  std::vector<std::string> features; // the values it computes beside its logits (its features,
+                                     // then the kd.features values read from it)
 };
 
-// A teacher beside the first (teacher.others): its own model, precision, input and weight, run by
-// its own replicas on every batch.
-struct OtherTeacher {
+// One of the run's teachers, loaded: where it comes from (its key, file, precision, weight, input
+// and features), the model at the run's batch and how it reads the slot's images. Teacher k of a
+// run is `RunInputs::teachers[k]`, whichever block named it.
+struct RunTeacher {
   TeacherSpec spec;
   std::shared_ptr<const teacher::Teacher> model;
-  std::optional<ImageAdapter> input;
+  ImageAdapter input; // the slot's images -> the teacher's input
 };
 
 struct RunInputs {
@@ -49,32 +51,21 @@ struct RunInputs {
   SamplerConfig sampler;
   affinity::Topology topology;
   affinity::Plan plan;
-  student::Device device;                          // the student's (student.device resolved)
-  bool teacher_runs = false;                       // kd.alpha > 0
-  teacher::Precision precision{};                  // teacher.precision
-  std::shared_ptr<const teacher::Teacher> teacher; // loaded when it runs
-  std::optional<ImageAdapter> teacher_input;       // the slot's images -> the teacher's input
-  std::string teacher_path;
+  student::Device device; // the student's (student.device resolved)
   DistEnv dist; // torchrun's ranks (one, without torchrun): the sampler's shard, the GPU, the cores
+  // The teachers that run, [teacher] first (none when kd.alpha = 0, or when the command asked for
+  // none), each on its own replicas and cores.
+  std::vector<RunTeacher> teachers;
+  std::vector<double> teacher_costs; // several teachers: each one's FLOPs per sample
+  std::optional<TeacherMix> mix;     // several teachers: their logits into the slot's target
   // kd.cache, with a teacher that runs: its outputs kept per sample, shared by the run's pipelines
   // (null with kd.cache = none); with kd.cache = disk, the file they are kept in between runs and
   // what they were computed from (prepare_teacher_cache).
   std::shared_ptr<TeacherOutputCache> cache;
   std::filesystem::path cache_file;
   std::string cache_key;
-  std::vector<OtherTeacher> others; // teacher.others, loaded when the teacher runs
-  std::vector<double>
-      teacher_costs;             // several teachers: each one's FLOPs per sample (teacher_costs)
-  std::optional<TeacherMix> mix; // several teachers: their logits into the slot's target
 
-  // The teachers that run, [teacher] first (0 when kd.alpha = 0).
-  [[nodiscard]] std::size_t teachers() const { return teacher_runs ? 1 + others.size() : 0; }
-  [[nodiscard]] const std::shared_ptr<const teacher::Teacher>& teacher_at(std::size_t k) const {
-    return k == 0 ? teacher : others.at(k - 1).model;
-  }
-  [[nodiscard]] const ImageAdapter& input_of(std::size_t k) const {
-    return k == 0 ? *teacher_input : *others.at(k - 1).input;
-  }
+  [[nodiscard]] bool teacher_runs() const { return !teachers.empty(); }
 };
 
 } // namespace kdflow::app

@@ -9,6 +9,8 @@
 #include "kd_ctl.hpp"
 #include "pipeline.hpp"
 #include "run.hpp"
+#include "run_folder.hpp"
+#include "run_report.hpp"
 
 #include "kdflow/affinity/pinning.hpp"
 #include "kdflow/core/atomic_file.hpp"
@@ -164,53 +166,6 @@ struct Interval {
   std::uint64_t wait_ns = 0, teacher_ns = 0;
 };
 
-// The run folder --out names: refused when empty (the current folder would take the run's files)
-// or when its config.toml is the --config file the run reads.
-fs::path run_folder(const TrainArgs& args) {
-  if (args.out.empty())
-    throw InputError("--out '': name the run folder (it gets config.toml, metrics.jsonl, "
-                     "summary.json and checkpoints/; the default is runs/latest)");
-  const fs::path out(args.out);
-  std::error_code ec;
-  if (!args.config.empty() && fs::equivalent(args.config, out / "config.toml", ec))
-    throw InputError(fmt::format("--out {}: its config.toml is the --config file, which the run "
-                                 "would overwrite with the resolved configuration (choose another "
-                                 "--out, or copy the file)",
-                                 args.out));
-  return out;
-}
-
-// The checkpoint a run continues from, picked before anything is written: --resume auto (the
-// folder's last, if any), a path, or none (a folder that holds checkpoints is then refused).
-std::optional<fs::path> checkpoint_to_resume(const TrainArgs& args, const fs::path& ckpt_dir) {
-  if (args.resume == "auto") {
-    const auto found = list_checkpoints(ckpt_dir);
-    if (!found.empty()) return found.back();
-    return std::nullopt;
-  }
-  if (!args.resume.empty()) {
-    if (!fs::is_regular_file(args.resume))
-      throw InputError(fmt::format("--resume {}: no such checkpoint file", args.resume));
-    // Into a folder that holds another run's checkpoints, it would overwrite that run's files.
-    const auto own = list_checkpoints(ckpt_dir);
-    std::error_code ec;
-    if (!own.empty() && std::none_of(own.begin(), own.end(), [&](const fs::path& p) {
-          return fs::equivalent(p, args.resume, ec);
-        }))
-      throw InputError(fmt::format(
-          "--resume {}: {} holds the checkpoints of another run, which this one would overwrite "
-          "(continue that run with one of its own checkpoints, or choose another --out)",
-          args.resume, ckpt_dir.string()));
-    return fs::path(args.resume);
-  }
-  if (!list_checkpoints(ckpt_dir).empty())
-    throw InputError(fmt::format(
-        "{} already holds checkpoints of a run: continue it with --resume auto, or choose "
-        "another --out",
-        ckpt_dir.string()));
-  return std::nullopt;
-}
-
 std::string host_name() {
   std::array<char, 256> name{};
   if (::gethostname(name.data(), name.size() - 1) != 0) return "unknown";
@@ -288,7 +243,7 @@ private:
   const DistEnv dist_;                           // one rank without torchrun
   std::unique_ptr<student::ProcessGroup> group_; // two ranks or more
   const bool writer_;                            // rank 0 writes the run folder
-  const fs::path out_, ckpt_dir_;
+  RunFolder folder_;
   const std::optional<fs::path> resume_from_; // rank 0's decision
   RunInputs run_;
   const Sampler sampler_;
@@ -301,9 +256,7 @@ private:
   [[nodiscard]] student::Trainer& trainer() { return *parts_.trainer; }
   [[nodiscard]] CpuPipeline& pipeline() { return *parts_.pipeline; }
 
-  std::ofstream metrics_;
-  std::mutex metrics_mutex_;      // the student's lines and kd-ctl's moves
-  std::unique_ptr<KdCtl> kd_ctl_; // after metrics_: it writes them until it stops
+  std::unique_ptr<KdCtl> kd_ctl_; // after folder_: it writes metrics lines until it stops
   // While the steps run; it outlives the pipeline's stop in ~TrainRun (a stage that ignores the
   // failed ring still ends the process).
   std::unique_ptr<StallWatchdog> watchdog_;
@@ -331,16 +284,15 @@ private:
 TrainRun::TrainRun(const TrainArgs& args)
     : config_(resolve_config(args.config, args.sets, args.cores)),
       dist_(dist_env().value_or(DistEnv{})), group_(join_job(config_, dist_)),
-      writer_(dist_.rank == 0), out_(run_folder(args)), ckpt_dir_(out_ / "checkpoints"),
+      writer_(dist_.rank == 0), folder_(args.out, args.config),
       resume_from_(agreed(group_.get(),
                           [&] {
-                            return writer_ ? checkpoint_to_resume(args, ckpt_dir_)
+                            return writer_ ? folder_.checkpoint_to_resume(args.resume)
                                            : std::optional<fs::path>();
                           })),
       run_(agreed(group_.get(),
                   [&] {
-                    RunInputs run = prepare_run(config_, dist_);
-                    prepare_teacher_cache(run);
+                    RunInputs run = prepare_run(config_, dist_, {.cache = true});
                     StopSignals::check("start-up");
                     return run;
                   })),
@@ -350,7 +302,7 @@ TrainRun::TrainRun(const TrainArgs& args)
         return max_steps > 0 ? std::min(epochs_ * per_epoch_, max_steps) : epochs_ * per_epoch_;
       }()),
       slots_(static_cast<std::uint32_t>(config_.get_int("ring.slots"))),
-      export_format_(export_format(config_)) {}
+      export_format_(export_format(config_, config_.get_string("train.export"), "train.export")) {}
 
 TrainRun::~TrainRun() {
   // kd-ctl may be in a move, which waits for the stages to drain: stop the pipeline first.
@@ -370,22 +322,13 @@ void TrainRun::start() {
     return 0;
   });
 
-  if (writer_) {
-    // Temporaries of a writer killed mid-write (SIGKILL, a second signal) go.
-    for (const fs::path& folder : {out_, ckpt_dir_})
-      if (const std::size_t n = sweep_atomic_temporaries(folder); n > 0)
-        log_info(
-            fmt::format("removed {} unfinished temporary file(s) from {}", n, folder.string()));
-    fs::create_directories(ckpt_dir_);
-    write_file_atomic(out_ / "config.toml", config_.to_toml());
-    metrics_.open(out_ / "metrics.jsonl", resume_from_ ? std::ios::app : std::ios::trunc);
-    if (!metrics_)
-      throw InputError(fmt::format("cannot write {}", (out_ / "metrics.jsonl").string()));
-  }
+  // Temporaries of a writer killed mid-write (SIGKILL, a second signal) go.
+  if (writer_) folder_.open(config_.to_toml(), resume_from_.has_value());
 
-  if (run_.teacher_runs && !teacher_accuracy_) {
+  const std::vector<RunTeacher>& teachers = run_.teachers;
+  if (run_.teacher_runs() && !teacher_accuracy_) {
     // The target's hits (the teachers' mix, with several), then each teacher's.
-    std::vector<double> hits(run_.teachers() > 1 ? run_.teachers() + 1 : 1, 0.0);
+    std::vector<double> hits(teachers.size() > 1 ? teachers.size() + 1 : 1, 0.0);
     for_test_chunks([&](std::span<const float> images, std::span<const std::int64_t> labels,
                         std::size_t first) {
       const auto got =
@@ -395,26 +338,26 @@ void TrainRun::start() {
     job_sum(hits, "the teacher's evaluation");
     const auto test = static_cast<double>(run_.test.size());
     teacher_accuracy_ = hits[0] / test;
-    if (run_.teachers() == 1) {
+    if (teachers.size() == 1) {
       log_info(fmt::format("teacher {}: test accuracy {:.4f} ({} precision, {} replica(s))",
-                           run_.teacher_path, *teacher_accuracy_,
-                           teacher::precision_name(run_.precision), pipeline().replicas()));
+                           teachers[0].spec.path, *teacher_accuracy_,
+                           teacher::precision_name(teachers[0].spec.precision),
+                           pipeline().replicas()));
     } else {
       teachers_ = json::array();
-      for (std::size_t t = 0; t < run_.teachers(); ++t) {
-        const std::string& model = t == 0 ? run_.teacher_path : run_.others[t - 1].spec.path;
+      for (std::size_t t = 0; t < teachers.size(); ++t) {
+        const std::string& model = teachers[t].spec.path;
         const double weight = std::exp(run_.mix->log_weights()[t]);
-        teachers_.push_back(
-            {{"model", model},
-             {"precision", teacher::precision_name(run_.teacher_at(t)->precision())},
-             {"weight", weight},
-             {"test_accuracy", hits[1 + t] / test}});
+        teachers_.push_back({{"model", model},
+                             {"precision", teacher::precision_name(teachers[t].model->precision())},
+                             {"weight", weight},
+                             {"test_accuracy", hits[1 + t] / test}});
         log_info(fmt::format("teacher {} ({}): test accuracy {:.4f} alone, weight {:.3g}", t, model,
                              hits[1 + t] / test, weight));
       }
       log_info(fmt::format("the {} teachers' mix at kd.temperature {:g} (the target): test "
                            "accuracy {:.4f}; {} replica(s) in all",
-                           run_.teachers(), run_.mix->temperature(), *teacher_accuracy_,
+                           teachers.size(), run_.mix->temperature(), *teacher_accuracy_,
                            pipeline().replicas()));
     }
   }
@@ -511,9 +454,7 @@ void TrainRun::resume(std::span<const std::byte> checkpoint, const std::string& 
 }
 
 void TrainRun::write_metrics(const json& line) {
-  if (!writer_) return;
-  std::lock_guard lock(metrics_mutex_);
-  metrics_ << line.dump() << '\n' << std::flush;
+  if (writer_) folder_.write_metrics(line);
 }
 
 std::string TrainRun::run_state(std::uint64_t next_batch) const {
@@ -533,10 +474,10 @@ std::string TrainRun::run_state(std::uint64_t next_batch) const {
 void TrainRun::save(std::uint64_t next_batch) {
   if (!writer_) return; // every rank holds the same state: rank 0's checkpoint is the job's
   const auto t0 = Clock::now();
-  trainer().save(checkpoint_name(ckpt_dir_, trainer().steps_done()), run_state(next_batch));
-  const auto keep = static_cast<std::size_t>(config_.get_int("train.keep_checkpoints"));
-  auto all = list_checkpoints(ckpt_dir_);
-  for (std::size_t i = 0; i + keep < all.size(); ++i) fs::remove(all[i]);
+  folder_.save_checkpoint(
+      trainer().steps_done(),
+      [&](const fs::path& file) { trainer().save(file, run_state(next_batch)); },
+      static_cast<std::size_t>(config_.get_int("train.keep_checkpoints")));
   save_s_ += std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
@@ -570,7 +511,7 @@ void TrainRun::evaluate(double epoch, bool last) {
         if (last && !group_ && StopSignals::requested())
           throw Interrupted(fmt::format("interrupted during the final evaluation, after step {}: "
                                         "its checkpoint is saved in {}",
-                                        trainer().steps_done(), ckpt_dir_.string()));
+                                        trainer().steps_done(), folder_.checkpoints().string()));
         hits[0] += static_cast<double>(trainer().correct(images, labels));
       });
   job_sum(hits, "the student's evaluation");
@@ -712,9 +653,9 @@ void TrainRun::step_loop() {
           {"lr", stats->lr},
           {"samples_per_s", static_cast<double>(interval.samples) / std::max(1e-9, span)},
           {"student_wait_ms", static_cast<double>(wait_ns - last_wait_ns) / 1e6},
-          {"teacher_busy", run_.teacher_runs ? static_cast<double>(teacher_ns - last_teacher_ns) /
-                                                   (span * 1e9 * replicas)
-                                             : 0.0},
+          {"teacher_busy", run_.teacher_runs() ? static_cast<double>(teacher_ns - last_teacher_ns) /
+                                                     (span * 1e9 * replicas)
+                                               : 0.0},
           {"ring_ready", ring.occupancy[static_cast<int>(SlotState::ready)]},
           {"skipped_steps", trainer().skipped_steps()},
           // Teacher batches read from kd.cache so far (null without a cache).
@@ -779,7 +720,7 @@ std::uint64_t TrainRun::teacher_work_ns() {
 }
 
 json TrainRun::cache_summary() {
-  const TeacherOutputCache* cache = run_.teacher_runs ? pipeline().cache() : nullptr;
+  const TeacherOutputCache* cache = run_.teacher_runs() ? pipeline().cache() : nullptr;
   if (!cache) return nullptr;
   return {
       {"mode", config_.get_string("kd.cache")},
@@ -805,46 +746,42 @@ int TrainRun::finish() {
     evaluate(static_cast<double>(last_) / static_cast<double>(per_epoch_), true);
   // The loop's time includes every evaluation and save (the last evaluation too), which the rate
   // below leaves out.
-  const double loop_s = std::chrono::duration<double>(Clock::now() - loop_start_).count();
-  const auto stall_ns = static_cast<double>(stall_ns_);
+  const RunMeasures measured{std::chrono::duration<double>(Clock::now() - loop_start_).count(),
+                             eval_s_,
+                             save_s_,
+                             samples_,
+                             rank_samples_,
+                             stall_ns_,
+                             run_.teacher_runs() ? teacher_work_ns() : 0,
+                             run_.teacher_runs() ? pipeline().replicas() : 0};
+  const RunFigures figures = figures_of(measured);
   // The trained student, in the form people deploy, checked against the student.
   json exported = nullptr;
   std::optional<ExportCheck> check;
   if (writer_ && !interrupted_ && export_format_ != "off") {
-    const fs::path file = out_ / export_file_name(export_format_);
+    const fs::path file = folder_.export_file(export_format_);
     AugmentConfig eval = run_.augment;
     eval.augment = false;
     const std::size_t n = std::min(kExportCheckSamples, run_.test.size());
     check = export_student(trainer(), options_, export_format_, file,
                            normalized_images(run_.test, eval, 0, n));
-    exported = {{"file", file.filename().string()},
-                {"format", export_format_},
-                {"check",
-                 {{"runner", check->runner},
-                  {"samples", check->samples},
-                  {"max_normalized_error", check->max_normalized_error},
-                  {"top1_agreement", check->top1_agreement},
-                  {"ok", check->ok}}}};
+    exported = {
+        {"file", file.filename().string()}, {"format", export_format_}, {"check", to_json(*check)}};
     log_info(fmt::format("student exported: {} ({}), checked on {} test images with {}: max "
                          "normalized error {:.2e}, top-1 agreement {:.4f}",
                          file.string(), export_format_, check->samples, check->runner,
                          check->max_normalized_error, check->top1_agreement));
   }
   // Every rank's own figures, in rank 0's summary.
-  const double steps_s = std::max(1e-9, loop_s - eval_s_ - save_s_);
   const std::string state_digest = fmt::format("{:016x}", digest_of(trainer().state_vector()));
   const json mine = {{"rank", dist_.rank},
                      {"local_rank", dist_.local_rank},
                      {"node", dist_.node},
                      {"host", host_name()},
                      {"device", trainer().device()},
-                     {"samples_per_s", static_cast<double>(rank_samples_) / steps_s},
-                     {"student_stall_fraction", stall_ns / (steps_s * 1e9)},
-                     {"teacher_busy_fraction",
-                      run_.teacher_runs
-                          ? static_cast<double>(teacher_work_ns()) /
-                                (loop_s * 1e9 * static_cast<double>(pipeline().replicas()))
-                          : 0.0},
+                     {"samples_per_s", figures.rank_samples_per_s},
+                     {"student_stall_fraction", figures.stall_fraction},
+                     {"teacher_busy_fraction", figures.teacher_busy_fraction},
                      {"plan", affinity::to_json(run_.plan)},
                      {"state_digest", state_digest}};
   json ranks = json::array({mine});
@@ -866,16 +803,13 @@ int TrainRun::finish() {
       {"epochs", static_cast<double>(trainer().steps_done()) / static_cast<double>(per_epoch_)},
       {"steps", trainer().steps_done()},
       {"wall_s", wall_s()},
-      {"train_loop_s", loop_s},
-      {"evaluation_s", eval_s_},
-      {"checkpoint_s", save_s_},
+      {"train_loop_s", measured.loop_s},
+      {"evaluation_s", measured.eval_s},
+      {"checkpoint_s", measured.save_s},
       // Training throughput: the steps' time, evaluations and checkpoint writes left out.
-      {"samples_per_s", static_cast<double>(samples_) / steps_s},
-      {"student_stall_fraction", stall_ns / (steps_s * 1e9)},
-      {"teacher_busy_fraction",
-       run_.teacher_runs ? static_cast<double>(teacher_work_ns()) /
-                               (loop_s * 1e9 * static_cast<double>(pipeline().replicas()))
-                         : 0.0},
+      {"samples_per_s", figures.samples_per_s},
+      {"student_stall_fraction", figures.stall_fraction},
+      {"teacher_busy_fraction", figures.teacher_busy_fraction},
       {"device", trainer().device()},
       {"precision", trainer().precision()},
       {"student",
@@ -884,7 +818,7 @@ int TrainRun::finish() {
         {"width", options_.model.width},
         {"parameters", trainer().parameters()}}},
       {"export", exported},
-      {"teacher", run_.teacher_runs ? json(run_.teacher_path) : json(nullptr)},
+      {"teacher", run_.teacher_runs() ? json(run_.teachers.front().spec.path) : json(nullptr)},
       // Several teachers: each alone (teacher_test_accuracy is their mixture's, the target).
       {"teachers", teachers_},
       {"teacher_cache", cache_summary()},
@@ -915,7 +849,7 @@ int TrainRun::finish() {
            : json(nullptr)},
       {"ranks", ranks},
       {"state_digest", state_digest}};
-  write_file_atomic(out_ / "summary.json", summary.dump(2) + "\n");
+  folder_.write_summary(summary);
   if (check && !check->ok)
     throw std::runtime_error(fmt::format(
         "the exported student does not give the student's logits (max normalized error {:.2e}, "
@@ -924,32 +858,16 @@ int TrainRun::finish() {
   if (interrupted_)
     throw Interrupted(fmt::format("interrupted at step {}: checkpoint saved in {}; continue with "
                                   "--resume auto --out {}",
-                                  trainer().steps_done(), ckpt_dir_.string(), out_.string()));
+                                  trainer().steps_done(), folder_.checkpoints().string(),
+                                  folder_.path().string()));
   log_info(fmt::format("done: {} steps, test accuracy {:.4f} (best {:.4f}), {:.0f} samples/s; "
                        "run folder {}",
                        trainer().steps_done(), test_accuracy_, best_accuracy_,
-                       summary["samples_per_s"].get<double>(), out_.string()));
+                       summary["samples_per_s"].get<double>(), folder_.path().string()));
   return kExitOk;
 }
 
 } // namespace
-
-fs::path checkpoint_name(const fs::path& folder, std::int64_t step) {
-  return folder / fmt::format("step-{:09d}.ckpt", step);
-}
-
-std::vector<fs::path> list_checkpoints(const fs::path& folder) {
-  std::vector<fs::path> out;
-  if (!fs::is_directory(folder)) return out;
-  for (const auto& entry : fs::directory_iterator(folder)) {
-    const std::string name = entry.path().filename().string();
-    if (entry.is_regular_file() && name.starts_with("step-") && name.ends_with(".ckpt") &&
-        !is_atomic_temporary(entry.path()))
-      out.push_back(entry.path());
-  }
-  std::sort(out.begin(), out.end());
-  return out;
-}
 
 int train_command(const TrainArgs& args) {
   // SIGINT/SIGTERM from the start: in start-up they end the run (exit 130, nothing written), in

@@ -19,9 +19,4 @@ struct TrainArgs {
 
 int train_command(const TrainArgs& args);
 
-// A run folder's checkpoint of `step`, and the finished checkpoints in `folder`, oldest first
-// (temporaries of a killed writer are skipped).
-std::filesystem::path checkpoint_name(const std::filesystem::path& folder, std::int64_t step);
-std::vector<std::filesystem::path> list_checkpoints(const std::filesystem::path& folder);
-
 } // namespace kdflow::app

@@ -145,7 +145,7 @@ std::vector<Candidate> candidates(const RunInputs& run,
       rest.push_back(core.pus[0]);
   std::vector<std::pair<affinity::CpuList, affinity::CpuList>> splits; // loader, teacher CPUs
   const std::size_t n = rest.size();
-  if (!run.teacher_runs) {
+  if (!run.teacher_runs()) {
     for (std::size_t l = 1; l <= n; ++l) splits.push_back({{rest.begin(), rest.begin() + l}, {}});
     if (n == 0) splits.push_back({base.student, {}});
   } else if (n < 2) {
@@ -157,19 +157,19 @@ std::vector<Candidate> candidates(const RunInputs& run,
                         {rest.begin() + static_cast<std::ptrdiff_t>(l), rest.end()}});
   }
   std::vector<std::optional<teacher::Precision>> choices(precisions.begin(), precisions.end());
-  if (!run.teacher_runs) choices = {std::nullopt};
+  if (!run.teacher_runs()) choices = {std::nullopt};
   std::vector<Candidate> out;
   const auto keep = [&](Candidate c) {
     c.plan.source = "kdflow tune-cores";
     try {
-      affinity::validate(c.plan, run.topology, run.teacher_runs, std::nullopt,
-                         std::max<std::size_t>(run.teachers(), 1));
+      affinity::validate(c.plan, run.topology, run.teacher_runs(), std::nullopt,
+                         std::max<std::size_t>(run.teachers.size(), 1));
     } catch (const InputError&) {
       return; // e.g. a replica across NUMA nodes
     }
     out.push_back(std::move(c));
   };
-  if (run.teachers() > 1) {
+  if (run.teachers.size() > 1) {
     for (const auto& [loader, teacher] : splits)
       for (auto& [replicas, of] : teacher_shares(run.topology, teacher, costs)) {
         Candidate c;
@@ -177,7 +177,7 @@ std::vector<Candidate> candidates(const RunInputs& run,
         c.plan.loader = loader;
         c.plan.teacher = replicas;
         c.plan.teacher_of = of;
-        c.precision = run.precision;
+        c.precision = run.teachers.front().spec.precision;
         keep(std::move(c));
       }
     return out;
@@ -233,16 +233,17 @@ int tune_cores_command(const TuneArgs& args) {
   // teachers each keep their configured precision; their costs share out the cores when the ways
   // to share them are too many to try.
   std::vector<teacher::Precision> precisions = {teacher::Precision::fp32};
-  if (run.teacher_runs && teacher::has_native_bf16())
+  if (run.teacher_runs() && teacher::has_native_bf16())
     precisions.push_back(teacher::Precision::bf16);
-  if (run.teachers() > 1) precisions = {run.precision};
+  if (run.teachers.size() > 1) precisions = {run.teachers.front().spec.precision};
   std::map<teacher::Precision, std::shared_ptr<const teacher::Teacher>> teachers;
   for (const auto p : precisions) {
-    if (!run.teacher_runs) break;
+    if (!run.teacher_runs()) break;
     // prepare_run already loaded the configured precision.
-    teachers[p] = p == run.precision
-                      ? run.teacher
-                      : load_run_teacher(run, teacher_specs(config).front(), p,
+    const RunTeacher& first = run.teachers.front();
+    teachers[p] = p == first.spec.precision
+                      ? first.model
+                      : load_run_teacher(run, first.spec, p,
                                          static_cast<int>(run.plan.teacher.front().size()));
   }
   std::vector<Candidate> all = candidates(run, precisions, run.teacher_costs);
@@ -254,7 +255,7 @@ int tune_cores_command(const TuneArgs& args) {
   // the student are skipped, and so are the teacher configurations only their plans use).
   std::map<affinity::CpuList, double> loader_rate; // ordered by size: each set extends the last
   std::map<TeacherStage, double> teacher_rate;     // each teacher's stage alone
-  const std::size_t nteachers = run.teachers();
+  const std::size_t nteachers = run.teachers.size();
   for (const auto& c : all) {
     loader_rate[c.plan.loader] = 0;
     if (c.precision)
@@ -275,8 +276,8 @@ int tune_cores_command(const TuneArgs& args) {
   const auto use = [&](const Candidate& c) {
     run.plan = c.plan;
     if (c.precision) {
-      run.teacher = teachers.at(*c.precision);
-      run.precision = *c.precision;
+      run.teachers.front().model = teachers.at(*c.precision);
+      run.teachers.front().spec.precision = *c.precision;
     }
   };
   log_info(fmt::format("tune-cores: {} valid plan(s); profiling {} stage configuration(s), then "
@@ -339,7 +340,7 @@ int tune_cores_command(const TuneArgs& args) {
   for (auto& c : all) {
     c.predicted = std::min(student_rate, loader_rate.at(c.plan.loader));
     c.bottleneck = c.predicted == student_rate ? "student" : "loader";
-    if (run.teacher_runs) {
+    if (run.teacher_runs()) {
       // Each teacher works on every batch: the slowest of them, or, where they share CPUs, the
       // time they take one after the other.
       const auto stages = stages_of(c, nteachers);
@@ -410,24 +411,25 @@ int tune_cores_command(const TuneArgs& args) {
   // The plan file's own keys (the one format --cores reads), then the tuner's report beside them.
   json report = affinity::plan_file_json(
       winner->plan, winner->precision ? teacher::precision_name(*winner->precision) : "");
-  report.update(json{{"predicted_samples_per_s", winner->predicted},
-                     {"measured_samples_per_s", winner->measured},
-                     {"bottleneck", winner->bottleneck},
-                     {"profiles",
-                      {{"student_samples_per_s", student_rate},
-                       {"loader", loaders},
-                       {"teacher", teachers_json},
-                       {"dominated_loader_sets", dominated}}},
-                     {"valid_plans", every.size()},
-                     {"candidates", candidates_json},
-                     {"tuning_s", tuning_s},
-                     {"budget_s", args.budget_s},
-                     {"window_s", window},
-                     {"setup",
-                      {{"teacher", run.teacher_path},
-                       {"student", config.get_string("student.arch")},
-                       {"batch", run.sampler.batch_size},
-                       {"ring_slots", slots}}}});
+  report.update(
+      json{{"predicted_samples_per_s", winner->predicted},
+           {"measured_samples_per_s", winner->measured},
+           {"bottleneck", winner->bottleneck},
+           {"profiles",
+            {{"student_samples_per_s", student_rate},
+             {"loader", loaders},
+             {"teacher", teachers_json},
+             {"dominated_loader_sets", dominated}}},
+           {"valid_plans", every.size()},
+           {"candidates", candidates_json},
+           {"tuning_s", tuning_s},
+           {"budget_s", args.budget_s},
+           {"window_s", window},
+           {"setup",
+            {{"teacher", run.teacher_runs() ? run.teachers.front().spec.path : std::string()},
+             {"student", config.get_string("student.arch")},
+             {"batch", run.sampler.batch_size},
+             {"ring_slots", slots}}}});
 
   if (args.exhaustive) {
     // Every valid plan as a real pipeline run, the same window as a verification.

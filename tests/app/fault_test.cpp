@@ -2,6 +2,7 @@
 // loader, a teacher replica or the student's step that throws at batch k, and a stage that stalls
 // past pipeline.stall_timeout_s. Each run must end within a bounded time with an error naming the
 // stage and the batch, leave its last finished checkpoint resumable, and leave no thread behind.
+#include "run_folder.hpp"
 #include "train.hpp"
 
 #include "kdflow/core/error.hpp"

@@ -11,6 +11,7 @@
 #include "torch_teacher_impl.hpp"
 
 #include "kdflow/affinity/pinning.hpp"
+#include "kdflow/gpu_student/loss_table.hpp"
 #include "kdflow/gpu_student/pinned_host.hpp"
 
 #include <oneapi/tbb/task_arena.h>
@@ -82,7 +83,7 @@ TEST(CpuPipeline, PoolsMovedWhileBatchesFlowLoseNothingAndRunOnTheirNewCpus) {
        "cores.student_cpus=" + std::to_string(cpus[0]), "cores.loader_cpus=" + cpu_text(loaders),
        "cores.teacher_cpus=" + std::to_string(teacher_cpu)});
   const RunInputs run = prepare_run(config);
-  ASSERT_TRUE(run.teacher_runs);
+  ASSERT_TRUE(run.teacher_runs());
   const Sampler sampler(run.train.size(), run.sampler);
   constexpr std::uint32_t kSlots = 4;
   constexpr std::uint64_t kBatches = 600;
@@ -139,7 +140,8 @@ TEST(CpuPipeline, PoolsMovedWhileBatchesFlowLoseNothingAndRunOnTheirNewCpus) {
   // same teacher (one thread, like the pipeline's).
   oneapi::tbb::task_arena one_thread(1);
   std::unique_ptr<teacher::Replica> reference;
-  one_thread.execute([&] { reference = std::make_unique<teacher::Replica>(run.teacher); });
+  one_thread.execute(
+      [&] { reference = std::make_unique<teacher::Replica>(run.teachers.front().model); });
   const std::size_t classes = run.train.classes();
   std::vector<float> expected(run.sampler.batch_size * classes);
   std::vector<std::uint32_t> indices;
@@ -210,8 +212,7 @@ TEST(CpuPipeline, TeacherReadsItsOwnSizeChannelsAndNormalization) {
         "teacher_rgb40.onnx",
         {"data.batch_size=16", "data.slot_dtype=" + dtype, "teacher.mean=0.5,0.4,0.3",
          "teacher.std=0.2,0.25,0.3", "data.pad_crop=2", "data.hflip=true"}));
-    ASSERT_TRUE(run.teacher_input);
-    const ImageAdapter& adapt = *run.teacher_input;
+    const ImageAdapter& adapt = run.teachers.front().input;
     EXPECT_EQ(adapt.to(), (ImageSpec{3, 40, 40}));
     EXPECT_FALSE(adapt.passes_floats());
     const Sampler sampler(run.train.size(), run.sampler);
@@ -220,7 +221,8 @@ TEST(CpuPipeline, TeacherReadsItsOwnSizeChannelsAndNormalization) {
     const SlotLayout layout = CpuPipeline::layout_for(run);
     CpuPipeline pipeline(run, sampler, kSlots,
                          student::allocate_pinned_for_device(kSlots * layout.slot_bytes()));
-    const student::TorchTeacher reference(run.teacher->graph(), student::resolve_device("cpu"));
+    const student::TorchTeacher reference(run.teachers.front().model->graph(),
+                                          student::resolve_device("cpu"));
     pipeline.start(0, kBatches);
     double worst = 0, largest = 0;
     for (std::uint64_t b = 0; b < kBatches; ++b) {
@@ -263,12 +265,13 @@ TEST(CpuPipeline, TeacherInputSizeBindsOpenDimensionsAndRefusesOthers) {
   ASSERT_GE(allowed_cpus().size(), 2u);
   // Height and width left open by the model: the data's, unless teacher.input_size binds them.
   RunInputs run = prepare_run(teacher_config("teacher_open_hw.onnx", {"data.batch_size=8"}));
-  EXPECT_EQ(run.teacher->input_shape(), (teacher::Shape{8, 1, 28, 28}));
-  EXPECT_TRUE(run.teacher_input->passes_floats()) << "nothing to do: the slots are its input";
+  EXPECT_EQ(run.teachers.front().model->input_shape(), (teacher::Shape{8, 1, 28, 28}));
+  EXPECT_TRUE(run.teachers.front().input.passes_floats())
+      << "nothing to do: the slots are its input";
   run = prepare_run(
       teacher_config("teacher_open_hw.onnx", {"data.batch_size=8", "teacher.input_size=56x48"}));
-  EXPECT_EQ(run.teacher->input_shape(), (teacher::Shape{8, 1, 56, 48}));
-  EXPECT_EQ(run.teacher_input->to(), (ImageSpec{1, 56, 48}));
+  EXPECT_EQ(run.teachers.front().model->input_shape(), (teacher::Shape{8, 1, 56, 48}));
+  EXPECT_EQ(run.teachers.front().input.to(), (ImageSpec{1, 56, 48}));
   // A size the model fixes otherwise, values for the wrong channel count, a size out of range.
   const std::string fixed = test::error_of(
       [] { prepare_run(teacher_config("teacher_rgb40.onnx", {"teacher.input_size=32"})); });
@@ -350,8 +353,8 @@ TEST(CpuPipeline, TeacherOutputCacheServesLaterEpochsWithWhatTheTeacherComputed)
     CpuPipeline pipeline(run, sampler, kSlots,
                          student::allocate_pinned_for_device(kSlots * layout.slot_bytes()));
     const auto classes = static_cast<std::size_t>(run.train.classes());
-    teacher::Replica fresh(run.teacher);
-    teacher::OutputBuffers again(*run.teacher);
+    teacher::Replica fresh(run.teachers.front().model);
+    teacher::OutputBuffers again(*run.teachers.front().model);
     std::map<std::int64_t, std::vector<float>> taught; // the first epoch's logits per sample
     std::map<std::int64_t, std::vector<float>> taught_features; // and its features, in turn
     ASSERT_EQ(pipeline.regions().features.at(0).size(), 2u);
@@ -565,7 +568,7 @@ TEST(CpuPipeline, TwoTeachersReachTheirRegionsAndTheTargetIsTheirMix) {
     return c;
   };
   const RunInputs run = prepare_run(config(second));
-  ASSERT_EQ(run.teachers(), 2u);
+  ASSERT_EQ(run.teachers.size(), 2u);
   ASSERT_TRUE(run.mix);
   EXPECT_EQ(run.plan.teacher_of, (std::vector<int>{0, 1}));
   const Sampler sampler(run.train.size(), run.sampler);
@@ -575,10 +578,10 @@ TEST(CpuPipeline, TwoTeachersReachTheirRegionsAndTheTargetIsTheirMix) {
   oneapi::tbb::task_arena one_thread(1);
   std::unique_ptr<teacher::Replica> first, other;
   one_thread.execute([&] {
-    first = std::make_unique<teacher::Replica>(run.teacher);
-    other = std::make_unique<teacher::Replica>(run.others[0].model);
+    first = std::make_unique<teacher::Replica>(run.teachers.front().model);
+    other = std::make_unique<teacher::Replica>(run.teachers[1].model);
   });
-  teacher::OutputBuffers want0(*run.teacher), want1(*run.others[0].model);
+  teacher::OutputBuffers want0(*run.teachers.front().model), want1(*run.teachers[1].model);
   std::vector<float> want_mix(want0.data[0].size());
   for (const std::optional<std::size_t> only :
        {std::optional<std::size_t>(), std::optional<std::size_t>(1)}) {
@@ -645,8 +648,8 @@ TEST(CpuPipeline, TwoTeachersReachTheirRegionsAndTheTargetIsTheirMix) {
     EXPECT_EQ(l.regions()[r.features[1][0]].spec.shape, (teacher::Shape{16, 32, 14, 14}));
     EXPECT_EQ(l.regions()[r.features[0][0]].spec.shape, (teacher::Shape{16, 64, 14, 14}));
     std::unique_ptr<teacher::Replica> with;
-    one_thread.execute([&] { with = std::make_unique<teacher::Replica>(both.others[0].model); });
-    teacher::OutputBuffers want(*both.others[0].model);
+    one_thread.execute([&] { with = std::make_unique<teacher::Replica>(both.teachers[1].model); });
+    teacher::OutputBuffers want(*both.teachers[1].model);
     pipeline.start(0, 4);
     double worst = 0, largest = 0;
     for (std::uint64_t b = 0; b < 4; ++b) {
@@ -793,7 +796,7 @@ TEST(CpuPipeline, TwoTeachersReachTheirRegionsAndTheTargetIsTheirMix) {
   featured.train = first_samples(featured.train, 96); // a cache of 96 rows, not 60,000
   prepare_teacher_cache(featured);
   ASSERT_NE(featured.cache, nullptr);
-  const teacher::Teacher& w16 = *featured.teacher_at(1);
+  const teacher::Teacher& w16 = *featured.teachers[1].model;
   const teacher::Shape stage = w16.output_shape(w16.output_names().size() - 1);
   EXPECT_EQ(stage, (teacher::Shape{16, 32, 14, 14})) << "the value kd.features names";
   EXPECT_EQ(featured.cache->features(), 32u * 14 * 14) << "one sample's row of it";
@@ -833,7 +836,7 @@ TEST(CpuPipeline, TeacherFeaturesReachTheirSlotRegionsBesideTheLogits) {
   for (std::size_t k = 0; k < features.size(); ++k) {
     const Region& r = layout.regions()[pipeline.regions().features[0][k]];
     EXPECT_EQ(r.spec.name, feature_region(features[k]));
-    EXPECT_EQ(r.spec.shape, run.teacher->output_shape(1 + k)) << features[k];
+    EXPECT_EQ(r.spec.shape, run.teachers.front().model->output_shape(1 + k)) << features[k];
     EXPECT_EQ(r.spec.shape.at(0), 16);
   }
   EXPECT_GT(layout.slot_bytes(), CpuPipeline::layout_for(plain).slot_bytes());
@@ -841,10 +844,11 @@ TEST(CpuPipeline, TeacherFeaturesReachTheirSlotRegionsBesideTheLogits) {
   oneapi::tbb::task_arena one_thread(1);
   std::unique_ptr<teacher::Replica> with, without;
   one_thread.execute([&] {
-    with = std::make_unique<teacher::Replica>(run.teacher);
-    without = std::make_unique<teacher::Replica>(plain.teacher);
+    with = std::make_unique<teacher::Replica>(run.teachers.front().model);
+    without = std::make_unique<teacher::Replica>(plain.teachers.front().model);
   });
-  teacher::OutputBuffers expected(*run.teacher), logits_only(*plain.teacher);
+  teacher::OutputBuffers expected(*run.teachers.front().model),
+      logits_only(*plain.teachers.front().model);
   pipeline.start(0, kBatches);
   std::vector<double> worst(1 + features.size(), 0.0), largest(features.size(), 0.0);
   for (std::uint64_t b = 0; b < kBatches; ++b) {
@@ -886,6 +890,50 @@ TEST(CpuPipeline, TeacherFeaturesReachTheirSlotRegionsBesideTheLogits) {
           {"teacher.features", "'no_such_value'", "fmnist_teacher.onnx", "teacher info"});
   refused("teacher.features=[\"" + features[0] + "\", \"" + features[0] + "\"]",
           {"teacher.features", features[0], "twice"});
+}
+
+// The loss vocabularies live in the student's loss tables: kd.loss's choices, each loss's
+// parameter keys (kd.<loss>_<param>, with the row's default) and kd.features' `loss` come from
+// them, and the trainer's options carry the chosen loss's parameters in its row's order.
+TEST(RunSchema, LossChoicesAndParameterKeysComeFromTheLossTables) {
+  const std::vector<ConfigKey>& schema = run_schema();
+  const auto key = [&](const std::string& name) -> const ConfigKey& {
+    const auto it = std::find_if(schema.begin(), schema.end(),
+                                 [&](const ConfigKey& k) { return k.name == name; });
+    EXPECT_NE(it, schema.end()) << name;
+    return *it;
+  };
+  std::vector<std::string> kd_names, feature_names;
+  for (const auto& loss : student::kd_losses()) {
+    kd_names.push_back(loss.name);
+    for (const auto& param : loss.params) {
+      const ConfigKey& k = key(student::kd_param_key(loss.name, param.name));
+      EXPECT_EQ(std::get<double>(k.default_value), param.default_value) << k.name;
+      EXPECT_EQ(k.min, param.min) << k.name;
+    }
+  }
+  for (const auto& loss : student::feature_losses()) feature_names.push_back(loss.name);
+  EXPECT_EQ(key("kd.loss").choices, kd_names);
+  ASSERT_GE(kd_names.size(), 2u) << "kl and dkd at least";
+  const auto& fields = key("kd.features").fields;
+  const auto loss_field = std::find_if(fields.begin(), fields.end(),
+                                       [](const ConfigKey& f) { return f.name == "loss"; });
+  ASSERT_NE(loss_field, fields.end());
+  EXPECT_EQ(loss_field->choices, feature_names);
+  EXPECT_EQ(key("kd.dkd_beta").name, "kd.dkd_beta") << "the keys users already write";
+
+  const std::string bad = test::error_of([] { (void)resolve_config("", {"kd.loss=l3"}); });
+  EXPECT_NE(bad.find("kd.loss"), std::string::npos) << bad;
+  Config c(run_schema());
+  const std::string row = test::error_of(
+      [&] { c.merge_toml("[[kd.features]]\nteacher = \"a\"\nloss = \"l2\"\n", "f.toml"); });
+  for (const char* word : {"f.toml", "kd.features[1].loss", "l2", "hint"})
+    EXPECT_NE(row.find(word), std::string::npos) << word << ": " << row;
+  const RunInputs run =
+      prepare_run(shipped_teacher_config({"kd.loss=dkd", "kd.dkd_beta=3", "data.batch_size=8"}));
+  EXPECT_EQ(trainer_options(run, 1).kd_params, (std::vector<double>{1.0, 3.0}));
+  const RunInputs kl = prepare_run(shipped_teacher_config({"data.batch_size=8"}));
+  EXPECT_TRUE(trainer_options(kl, 1).kd_params.empty()) << "kl reads no parameter";
 }
 
 } // namespace

@@ -97,10 +97,13 @@ CpuList parse_cpus(const std::string& text, const std::string& key);
 // when kd.alpha > 0. With a `share` (a local rank's), only cores.plan = auto plans inside it: CPU
 // lists and plan files describe one process's node and are refused (InputError naming the key).
 // `teacher_costs`: one per teacher ([teacher], then teacher.others), empty for equal costs.
+// `teachers`: how many teachers get cores (0: none), when the caller decided which run (a command
+// that scores one model, or needs none); unset, the configuration's (none at kd.alpha = 0).
 Plan plan_from_config(const Config& config, const Topology& topology,
                       const std::optional<CpuList>& gpu_local,
                       const std::optional<CpuList>& share = std::nullopt,
-                      std::vector<double> teacher_costs = {});
+                      std::vector<double> teacher_costs = {},
+                      std::optional<std::size_t> teachers = std::nullopt);
 
 // The number of teachers a configuration names ([teacher] and its teacher.others).
 std::size_t teacher_count(const Config& config);

@@ -23,13 +23,13 @@
 
 namespace kdflow::student {
 
-// A feature loss (kd.features): the student's tap, compared by `loss` (hint | at | sp) with the
-// teacher's value, weighted into the step's loss. A hint trains an adapter from the student's tap
-// to the teacher's shape, kept in checkpoints (not in the exported student).
+// A feature loss (kd.features): the student's tap, compared by `loss` (a feature_losses() row) with
+// the teacher's value, weighted into the step's loss. A hint trains an adapter from the student's
+// tap to the teacher's shape, kept in checkpoints (not in the exported student).
 struct FeatureLoss {
   std::string teacher;       // the ONNX value (messages)
   std::string student;       // the tap (Net::tap_names)
-  std::string loss = "hint"; // hint | at | sp
+  std::string loss = "hint"; // a feature_losses() row
   double weight = 1.0;
   std::vector<std::int64_t> teacher_shape; // per sample, the batch left out
   std::size_t teacher_output = 1;          // the value's index among the teacher's outputs
@@ -49,10 +49,10 @@ struct TrainerOptions {
   double clip_grad_norm = 0.0;
   std::string amp = "auto"; // auto | off | bf16 | fp16 (CUDA only)
   double kd_alpha = 0.9, kd_temperature = 4.0;
-  // The distillation loss: "kl" (Hinton's) or "dkd" (decoupled KD, weighted by dkd_alpha on the
-  // target-class term and dkd_beta on the non-target term); kd_alpha mixes it with CE either way.
+  // The distillation loss (a kd_losses() row: kl, dkd, ...) and its parameters in its row's order
+  // (empty: the row's defaults); kd_alpha mixes it with CE.
   std::string kd_loss = "kl";
-  double dkd_alpha = 1.0, dkd_beta = 8.0;
+  std::vector<double> kd_params;
   std::vector<FeatureLoss> feature_losses; // added to the KD and CE mix, each with its weight
   bool skip_nonfinite = false;
   std::uint64_t seed = 42;

@@ -131,20 +131,9 @@ const std::vector<ConfigKey>& config_schema() {
        {},
        1e-3,
        1e3},
-      {"kd.loss",
-       T::string,
-       std::string("kl"),
-       "the distillation loss: kl (Hinton's T^2-scaled KL) or dkd (decoupled KD, Zhao et al. "
-       "2022: kd.dkd_alpha * target-class KL + kd.dkd_beta * non-target KL)",
-       {"kl", "dkd"}},
-      {"kd.dkd_alpha",
-       T::real,
-       1.0,
-       "kd.loss = dkd: weight of the target-class term",
-       {},
-       0.0,
-       1e3},
-      {"kd.dkd_beta", T::real, 8.0, "kd.loss = dkd: weight of the non-target term", {}, 0.0, 1e3},
+      // Its choices and each one's parameter keys (kd.<loss>_<param>) are the student's loss
+      // table's, which the app adds (run_schema).
+      {"kd.loss", T::string, std::string("kl"), "the distillation loss"},
       {"kd.alpha",
        T::real,
        0.9,
@@ -164,12 +153,8 @@ const std::vector<ConfigKey>& config_schema() {
        1e300,
        {{"teacher", T::string, std::string(""), "the teacher's ONNX value"},
         {"student", T::string, std::string(""), "the student's tap"},
-        {"loss",
-         T::string,
-         std::string("hint"),
-         "hint: FitNets' MSE through a trained adapter (1x1 convolution or linear, the student's "
-         "map resized to the teacher's); at: attention transfer; sp: similarity-preserving",
-         {"hint", "at", "sp"}},
+        // Its choices are the student's feature loss table's (run_schema).
+        {"loss", T::string, std::string("hint"), "the feature loss"},
         {"weight", T::real, 1.0, "the loss's weight", {}, 0.0, 1e6},
         {"from",
          T::integer,

@@ -1,0 +1,43 @@
+// A training run's figures, each derived once from what its step loop measured: summary.json's
+// rates and shares and each rank's line in it read them from here.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace kdflow::app {
+
+// What one rank's step loop measured.
+struct RunMeasures {
+  double loop_s = 0;              // the loop, its evaluations and checkpoint writes included
+  double eval_s = 0, save_s = 0;  // evaluations; checkpoint and cache writes
+  std::uint64_t samples = 0;      // trained by the job
+  std::uint64_t rank_samples = 0; // trained by this rank
+  std::uint64_t stall_ns = 0;     // the student's waits for a ready slot
+  std::uint64_t teacher_work_ns =
+      0;                    // the replicas' working time (their waits on the ring left out)
+  std::size_t replicas = 0; // teacher replicas (0: no teacher ran)
+};
+
+struct RunFigures {
+  double steps_s = 0;               // the steps' own time: the loop's less evaluations and writes
+  double samples_per_s = 0;         // the job's training throughput over steps_s
+  double rank_samples_per_s = 0;    // this rank's
+  double stall_fraction = 0;        // the student's waits, a share of steps_s
+  double teacher_busy_fraction = 0; // each replica's working share of the loop (0 without one)
+};
+
+inline RunFigures figures_of(const RunMeasures& m) {
+  RunFigures f;
+  f.steps_s = m.loop_s - m.eval_s - m.save_s;
+  if (f.steps_s < 1e-9) f.steps_s = 1e-9;
+  f.samples_per_s = static_cast<double>(m.samples) / f.steps_s;
+  f.rank_samples_per_s = static_cast<double>(m.rank_samples) / f.steps_s;
+  f.stall_fraction = static_cast<double>(m.stall_ns) / (f.steps_s * 1e9);
+  if (m.replicas > 0 && m.loop_s > 0)
+    f.teacher_busy_fraction =
+        static_cast<double>(m.teacher_work_ns) / (m.loop_s * 1e9 * static_cast<double>(m.replicas));
+  return f;
+}
+
+} // namespace kdflow::app
