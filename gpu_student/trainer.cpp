@@ -83,6 +83,7 @@ struct FeatureTerm {
   std::vector<std::int64_t> student_shape; // per sample
   torch::nn::Conv2d conv{nullptr};
   torch::nn::Linear linear{nullptr};
+  const FeatureLossDef* def = nullptr; // spec.loss's row, found once
 
   torch::Tensor adapt(torch::Tensor s) {
     if (conv) s = conv->forward(s);
@@ -91,7 +92,7 @@ struct FeatureTerm {
   }
   torch::Tensor teacher_side(const torch::Tensor& t) const {
     const auto& own = student_shape;
-    if (!feature_loss_def(spec.loss).resize_teacher || t.dim() != 4 || own.size() != 3 ||
+    if (!def->resize_teacher || t.dim() != 4 || own.size() != 3 ||
         (t.size(2) == own[1] && t.size(3) == own[2]))
       return t;
     return torch::nn::functional::interpolate(t,
@@ -101,7 +102,7 @@ struct FeatureTerm {
                                                   .align_corners(false));
   }
   torch::Tensor loss(const torch::Tensor& s, const torch::Tensor& t) const {
-    return feature_loss_def(spec.loss).fn(s, teacher_side(t));
+    return def->fn(s, teacher_side(t));
   }
 };
 
@@ -203,10 +204,10 @@ struct Trainer::Impl {
       };
       if (s.empty() || t.empty())
         throw refuse("a feature loss compares values with something per sample besides the batch");
-      const FeatureLossDef& def = feature_loss_def(f.loss);
-      if (!def.maps_only_refusal.empty() && (s.size() != 3 || t.size() != 3))
-        throw refuse(def.maps_only_refusal);
-      if (def.adapter) {
+      term.def = &feature_loss_def(f.loss);
+      if (!term.def->maps_only_refusal.empty() && (s.size() != 3 || t.size() != 3))
+        throw refuse(term.def->maps_only_refusal);
+      if (term.def->adapter) {
         if (s.size() == 3 && t.size() == 3) {
           term.conv = torch::nn::Conv2d(torch::nn::Conv2dOptions(s[0], t[0], 1));
           adapters->register_module(fmt::format("hint{}", k), term.conv);
