@@ -3,10 +3,11 @@
 // reported, with the ideal (the slowest stage alone) and the speedups over the two baselines.
 #include "bench_overlap.hpp"
 
-#include "commands.hpp"
+#include "all_versions.hpp"
 #include "modes.hpp"
 #include "pipeline.hpp"
 #include "run.hpp"
+#include "session.hpp"
 
 #include "kdflow/affinity/pinning.hpp"
 #include "kdflow/core/atomic_file.hpp"
@@ -115,12 +116,13 @@ json h2d_report(const RunInputs& run, std::uint32_t slots) {
 } // namespace
 
 int bench_overlap_command(const OverlapArgs& args) {
-  const Config config = resolve_config(args.config, args.sets, args.cores);
   // Under torchrun every rank measures every mode on its share (the student's modes averaging
   // gradients over the ranks); rank 0 reports each rank's figures and the job's.
-  const DistEnv dist = dist_env().value_or(DistEnv{});
-  const std::unique_ptr<student::ProcessGroup> group = join_job(config, dist);
-  const bool writer = dist.rank == 0;
+  Session session(args.config, args.sets, args.cores);
+  const Config& config = session.config();
+  const DistEnv& dist = session.dist();
+  student::ProcessGroup* const group = session.group();
+  const bool writer = session.writer();
   if (!(config.get_double("kd.alpha") > 0))
     throw InputError("kd.alpha = 0: bench-overlap measures distillation, which needs a teacher "
                      "(set kd.alpha > 0)");
@@ -128,24 +130,22 @@ int bench_overlap_command(const OverlapArgs& args) {
     throw InputError(
         "--steps and --repeats must be at least 1, --warmup and --min-seconds at least 0");
   // Refuse unwritable outputs before minutes of measuring.
-  agreed(group.get(), [&] {
+  session.agreed([&] {
     for (const std::string& f : {args.json, args.trace, args.plot})
       if (writer && !f.empty() && !fs::is_directory(fs::absolute(f).parent_path()))
         throw InputError(fmt::format("{}: its folder does not exist", f));
     return 0;
   });
 
-  const RunInputs run = agreed(group.get(), [&] {
-    return prepare_run(config, dist, {.cache = true}); // the cache for overlapped-cached
-  });
-  const Sampler sampler(run.train.size(), run.sampler);
-  const auto slots = static_cast<std::uint32_t>(config.get_int("ring.slots"));
+  session.prepare({.cache = true}); // the cache for overlapped-cached
+  const RunInputs& run = session.run();
+  const Sampler& sampler = session.sampler();
+  const std::uint32_t slots = session.slots();
   // At least a lap of the ring before measuring: the replay modes load each slot once there.
   const auto warmup = std::max<std::uint64_t>(static_cast<std::uint64_t>(args.warmup), slots);
   const auto steps = static_cast<std::uint64_t>(args.steps);
   if (warmup + steps > sampler.batches_per_epoch() * 1000)
     throw InputError("--steps: more steps than the sampler has batches for");
-  affinity::pin_this_thread(run.topology, run.plan.student, "kd-student");
 
   Setup setup{run,
               sampler,
@@ -156,7 +156,7 @@ int bench_overlap_command(const OverlapArgs& args) {
               trainer_options(run, static_cast<std::int64_t>(warmup + steps)),
               {},
               {}};
-  setup.options.group = group.get();
+  setup.options.group = group;
   for (std::size_t t = 0; t < run.teachers.size(); ++t)
     setup.colocated.push_back(
         {std::make_shared<const student::TorchTeacher>(run.teachers[t].model->graph(), run.device,

@@ -31,14 +31,6 @@ int print_versions() {
 
 } // namespace
 
-VersionLines all_versions() {
-  VersionLines lines = core_versions();
-  for (auto more :
-       {student::student_versions(), teacher::teacher_versions(), affinity::affinity_versions()})
-    lines.insert(lines.end(), more.begin(), more.end());
-  return lines;
-}
-
 Commands::Commands(CLI::App& app) : app_(app) {
   app.add_flag("--version", version_, "print the versions of kdflow and every library it loaded");
   app.require_subcommand(0, 1);
@@ -157,7 +149,7 @@ Commands::Commands(CLI::App& app) : app_(app) {
   cores->add_option("--config", cores_.config, "TOML configuration file (cores.* and kd.alpha)")
       ->check(CLI::ExistingFile);
   cores->add_option("--set", cores_.sets, "override one key: section.key=value (repeatable)");
-  cores->callback([this] { action_ = [this] { return show_cores(); }; });
+  cores->callback([this] { action_ = [this] { return cores_command(cores_); }; });
 
   auto* tune = app.add_subcommand(
       "tune-cores", "find the core plan (loaders, teacher replicas x threads, precision) that "
@@ -196,90 +188,6 @@ Commands::Commands(CLI::App& app) : app_(app) {
                       "write a Chrome/Perfetto trace here (open in ui.perfetto.dev)");
   overlap->add_option("--plot", overlap_.plot, "write a bar chart of the modes here (PNG)");
   overlap->callback([this] { action_ = [this] { return bench_overlap_command(overlap_); }; });
-}
-
-int Commands::show_cores() {
-  const Config config = resolve_config(cores_.config, cores_.sets);
-  const bool synthetic = !cores_.synthetic.empty();
-  const affinity::Topology topology =
-      synthetic ? affinity::Topology::synthetic(cores_.synthetic) : affinity::Topology::load();
-  // GPU k is local rank k's.
-  std::vector<affinity::GpuLocality> gpus;
-  if (synthetic && !cores_.gpu_numa.empty()) {
-    std::stringstream in(cores_.gpu_numa);
-    for (std::string item; std::getline(in, item, ',');) {
-      int node = -1;
-      const auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), node);
-      if (ec != std::errc() || end != item.data() + item.size() || node < 0 ||
-          node >= topology.numa_nodes())
-        throw InputError(fmt::format("--gpu-numa {}: '{}' is not a NUMA node of the topology (it "
-                                     "has {})",
-                                     cores_.gpu_numa, item, topology.numa_nodes()));
-      gpus.push_back({fmt::format("described GPU {} (NUMA node {})", gpus.size(), node),
-                      topology.numa_cpus(node)});
-    }
-  } else if (!synthetic) {
-    gpus = gpu_localities(topology);
-  }
-  nlohmann::json gpu_json = nlohmann::json::array();
-  for (const auto& g : gpus) gpu_json.push_back({{"name", g.name}, {"local_cpus", g.local_cpus}});
-  const auto local_world = static_cast<std::size_t>(cores_.local_world);
-  std::vector<std::optional<affinity::CpuList>> near(local_world);
-  for (std::size_t r = 0; r < local_world && r < gpus.size(); ++r) near[r] = gpus[r].local_cpus;
-
-  // Several teachers share the teacher cores by their costs, which their inputs decide.
-  std::vector<double> costs;
-  if (config.get_double("kd.alpha") > 0 && affinity::teacher_count(config) > 1) {
-    const Dataset train = Dataset::load(config.get_string("data.dataset"),
-                                        config.get_string("data.path"), Split::train,
-                                        {static_cast<int>(config.get_int("data.image_size")),
-                                         static_cast<int>(config.get_int("data.resize"))});
-    costs = teacher_costs(config, teacher_specs(config),
-                          {train.channels(), train.height(), train.width()});
-  }
-  if (local_world == 1) {
-    const affinity::Plan plan =
-        affinity::plan_from_config(config, topology, near[0], std::nullopt, costs);
-    if (cores_.json) {
-      nlohmann::json topo = affinity::to_json(topology);
-      topo["gpus"] = gpu_json;
-      fmt::print("{}\n",
-                 nlohmann::json{{"topology", topo}, {"plan", affinity::to_json(plan)}}.dump(2));
-      return kExitOk;
-    }
-    fmt::print("{}", affinity::format_plan(plan, topology));
-  } else {
-    const auto shares = affinity::rank_shares(topology, cores_.local_world, near);
-    nlohmann::json ranks = nlohmann::json::array();
-    for (std::size_t r = 0; r < local_world; ++r) {
-      const affinity::Plan plan =
-          affinity::plan_from_config(config, topology, near[r], shares[r].cpus, costs);
-      ranks.push_back({{"local_rank", r},
-                       {"gpu", r < gpus.size() ? nlohmann::json(gpus[r].name) : nlohmann::json()},
-                       {"share", shares[r].cpus},
-                       {"shared", shares[r].shared},
-                       {"plan", affinity::to_json(plan)}});
-      if (!cores_.json)
-        fmt::print("local rank {}{}: share {}{}\n{}", r,
-                   r < gpus.size() ? " (" + gpus[r].name + ")" : std::string(),
-                   affinity::format_cpus(shares[r].cpus),
-                   shares[r].shared ? " (shared with other ranks: fewer cores than ranks)" : "",
-                   affinity::format_plan(plan, topology));
-    }
-    if (cores_.json) {
-      nlohmann::json topo = affinity::to_json(topology);
-      topo["gpus"] = gpu_json;
-      fmt::print(
-          "{}\n",
-          nlohmann::json{{"topology", topo}, {"local_world_size", local_world}, {"ranks", ranks}}
-              .dump(2));
-      return kExitOk;
-    }
-  }
-  for (const auto& g : gpus)
-    fmt::print("gpu: {} local CPUs {}\n", g.name, affinity::format_cpus(g.local_cpus));
-  if (gpus.empty()) fmt::print("gpu: none\n");
-  return kExitOk;
 }
 
 int Commands::run() {

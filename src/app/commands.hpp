@@ -5,7 +5,9 @@
 #include <string>
 #include <vector>
 
+#include "all_versions.hpp"
 #include "bench_overlap.hpp"
+#include "cores_command.hpp"
 #include "eval.hpp"
 #include "export.hpp"
 #include "kdflow/core/versions.hpp"
@@ -17,9 +19,6 @@
 
 namespace kdflow::app {
 
-// Every module's version lines (kdflow --version, and the benchmarks' JSON).
-VersionLines all_versions();
-
 class Commands {
 public:
   explicit Commands(CLI::App& app);
@@ -27,17 +26,6 @@ public:
   int run();
 
 private:
-  int show_cores();
-
-  struct CoresArgs {
-    std::string synthetic;
-    bool json = false;
-    std::string gpu_numa; // with synthetic: NUMA node of each GPU, "0" or "0,0,1,1"
-    int local_world = 1;  // torchrun's ranks on the node: each one's share and plan
-    std::string config;
-    std::vector<std::string> sets;
-  };
-
   CLI::App& app_;
   bool version_ = false;
   TrainArgs train_;

@@ -3,7 +3,9 @@
 // precision, the student's device). Start: one helper assembles the pipeline and the student.
 #pragma once
 
+#include "evaluation.hpp"
 #include "run_inputs.hpp"
+#include "run_teachers.hpp"
 
 #include "kdflow/core/config.hpp"
 #include "kdflow/gpu_student/torch_teacher.hpp"
@@ -68,34 +70,6 @@ struct RunRequest {
 RunInputs prepare_run(const Config& config, const DistEnv& dist = {},
                       const RunRequest& request = {});
 
-// The values teacher `teacher` computes beside its logits ([teacher]'s: teacher.features, then
-// each kd.features pair's value from it not among them; teacher.others[k]'s: its row's features,
-// then those of the pairs from k). InputError for a pair without its teacher value or student tap,
-// or from a teacher the run lacks.
-std::vector<std::string> teacher_feature_names(const Config& config, std::size_t teacher = 0);
-
-// Every teacher a configuration names: [teacher] (with its features), then each teacher.others
-// row. InputError for a row without its model.
-std::vector<TeacherSpec> teacher_specs(const Config& config);
-// [teacher] as the configuration writes it, without the features the run asks of it.
-TeacherSpec configured_teacher(const Config& config);
-
-// The teacher `spec` names at the run's batch in `precision`, with every check prepare_run makes:
-// its file exists, its input is the model's own (its input_size binds what it leaves open, the
-// data's shape the rest), its logits are the dataset's classes (InputError naming the key).
-// `threads`: its replicas' (tuning times the plans at it).
-std::shared_ptr<const teacher::Teacher> load_run_teacher(const RunInputs& run,
-                                                         const TeacherSpec& spec,
-                                                         teacher::Precision precision, int threads);
-// With several teachers, each one's cost per sample (its FLOPs, `data` being the data's sample
-// shape [channels, height, width]), by which the teacher cores are shared out; empty with one.
-std::vector<double> teacher_costs(const Config& config, const std::vector<TeacherSpec>& specs,
-                                  const teacher::Shape& data);
-// How a teacher reads the slot's images (its input_size, mean and std; one line on stderr saying
-// what is done to them when anything is). InputError naming the teacher file when its input is
-// not an image the data can become.
-ImageAdapter teacher_input(const RunInputs& run, const TeacherSpec& spec,
-                           const teacher::Teacher& model);
 // kd.cache: run.cache for run.train (run.cache_file and run.cache_key too with kd.cache = disk,
 // and what the file holds loaded), or nothing with kd.cache = none. InputError where a cache would
 // serve wrong or no outputs (random augmentation, an image folder, several ranks), would not fit a
@@ -110,23 +84,6 @@ std::vector<affinity::GpuLocality> gpu_localities(const affinity::Topology& topo
 
 // The student's options from the run's configuration; `total_steps` is the schedule's length.
 student::TrainerOptions trainer_options(const RunInputs& run, std::int64_t total_steps);
-
-// Evaluations read the test split this many samples at a time (their memory: one chunk).
-inline constexpr std::size_t kEvalChunk = 1024;
-
-// Samples [first, first + count) of the test split as evaluation sees them (normalized, no
-// augmentation; an image folder's decoded now), into `out`: one thread per CPU of `cpus`
-// (kd-eval-N, pinned; the loaders' CPUs, idle while the student evaluates). Throws what a sample
-// threw (an InputError naming an image that does not decode).
-void evaluation_images(const RunInputs& run, const affinity::CpuList& cpus, std::size_t first,
-                       std::size_t count, std::vector<float>& out);
-
-// How many of the test split's samples [first, first + count) the teacher classifies right
-// (`images`: normalized_images of those samples), on `arena`'s cores. With several teachers: what
-// their mix (the target) gets right, then what each teacher does alone.
-std::vector<std::size_t> teacher_test_hits(const RunInputs& run, std::span<const float> images,
-                                           std::size_t first, std::size_t count,
-                                           oneapi::tbb::task_arena& arena);
 
 // The started parts of a run: the CPU pipeline on its ring (page-locked for the GPU where there is
 // one, bound to the student's NUMA node) and the student reading that ring.

@@ -1,9 +1,17 @@
 // A training run's figures, each derived once from what its step loop measured: summary.json's
-// rates and shares and each rank's line in it read them from here.
+// rates and shares, each rank's line in it, and metrics.jsonl's interval lines read them from here.
 #pragma once
 
+#include "kdflow/affinity/plan.hpp"
+#include "kdflow/core/dist_env.hpp"
+#include "kdflow/gpu_student/trainer.hpp"
+
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <string>
+
+#include <nlohmann/json.hpp>
 
 namespace kdflow::app {
 
@@ -39,5 +47,23 @@ inline RunFigures figures_of(const RunMeasures& m) {
         static_cast<double>(m.teacher_work_ns) / (m.loop_s * 1e9 * static_cast<double>(m.replicas));
   return f;
 }
+
+// A rank's own figures in summary.json's `ranks`.
+nlohmann::json rank_line(const DistEnv& dist, const std::string& device, const RunFigures& figures,
+                         const affinity::Plan& plan, const std::string& state_digest);
+
+// One metrics.jsonl interval: the steps' losses and hits since the last line, weighted by their
+// samples.
+struct MetricsInterval {
+  double loss = 0, kd = 0, ce = 0, feature = 0;
+  std::int64_t correct = 0, samples = 0, steps = 0;
+  std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+
+  void add(const student::StepStats& step);
+  [[nodiscard]] double seconds() const; // since `start`
+  // The interval's means: loss, kd_loss, ce_loss, feature_loss (kd.features' weighted sum, 0
+  // without), train_accuracy and samples_per_s.
+  [[nodiscard]] nlohmann::json line() const;
+};
 
 } // namespace kdflow::app

@@ -5,6 +5,7 @@
 #include "modes.hpp"
 #include "pipeline.hpp"
 #include "run.hpp"
+#include "session.hpp"
 
 #include "kdflow/affinity/pinning.hpp"
 #include "kdflow/core/atomic_file.hpp"
@@ -213,21 +214,22 @@ int tune_cores_command(const TuneArgs& args) {
   const auto elapsed = [&] {
     return std::chrono::duration<double>(Clock::now() - started).count();
   };
-  const Config config = resolve_config(args.config, args.sets);
   if (const auto dist = dist_env(); dist && dist->world > 1)
     throw InputError(fmt::format("tune-cores under torchrun (WORLD_SIZE = {}): a plan file plans "
                                  "one process's node; several ranks each plan their share with "
                                  "cores.plan = auto (kdflow cores --local-world-size N shows them)",
                                  dist->world));
+  Session session(args.config, args.sets);
+  const Config& config = session.config();
   if (!(args.budget_s > 0)) throw InputError("--budget-s must be positive");
   if (args.verify < 1) throw InputError("--verify must be at least 1");
   if (!fs::is_directory(fs::absolute(args.out).parent_path()))
     throw InputError(fmt::format("--out {}: its folder does not exist", args.out));
 
-  RunInputs run = prepare_run(config);
-  const Sampler sampler(run.train.size(), run.sampler);
-  const auto slots = static_cast<std::uint32_t>(config.get_int("ring.slots"));
-  affinity::pin_this_thread(run.topology, run.plan.student, "kd-student");
+  session.prepare({});
+  RunInputs& run = session.run();
+  const Sampler& sampler = session.sampler();
+  const std::uint32_t slots = session.slots();
 
   // The teacher in each precision to try: bf16 only where the CPU runs it natively. Several
   // teachers each keep their configured precision; their costs share out the cores when the ways

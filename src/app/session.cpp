@@ -1,0 +1,24 @@
+// The start-up every pipeline command shares (session.hpp).
+#include "session.hpp"
+
+#include "kdflow/affinity/pinning.hpp"
+
+namespace kdflow::app {
+
+Session::Session(const std::string& config_file, const std::vector<std::string>& sets,
+                 const std::string& cores)
+    : config_(resolve_config(config_file, sets, cores)), dist_(dist_env().value_or(DistEnv{})),
+      group_(join_job(config_, dist_)),
+      slots_(static_cast<std::uint32_t>(config_.get_int("ring.slots"))) {}
+
+void Session::prepare(const RunRequest& request, const std::function<void()>& then) {
+  run_.emplace(agreed([&] {
+    RunInputs run = prepare_run(config_, dist_, request);
+    if (then) then();
+    return run;
+  }));
+  sampler_.emplace(run_->train.size(), run_->sampler);
+  affinity::pin_this_thread(run_->topology, run_->plan.student, "kd-student");
+}
+
+} // namespace kdflow::app
