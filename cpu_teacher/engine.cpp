@@ -3,6 +3,7 @@
 // only where a consumer wants another layout (in practice: at the graph input and outputs),
 // everything allocated before the first batch.
 #include "kdflow/cpu_teacher/engine.hpp"
+#include "kdflow/cpu_teacher/precision_names.hpp"
 
 #include "kdflow/core/error.hpp"
 #include "kdflow/cpu_teacher/versions.hpp"
@@ -21,9 +22,14 @@
 
 namespace kdflow::teacher {
 
+const std::vector<std::string>& precision_names() {
+  static const std::vector<std::string> names = {"fp32", "bf16"};
+  return names;
+}
+
 Precision parse_precision(const std::string& text) {
-  if (text == "fp32") return Precision::fp32;
-  if (text == "bf16") return Precision::bf16;
+  if (text == precision_names()[0]) return Precision::fp32;
+  if (text == precision_names()[1]) return Precision::bf16;
   throw InputError(fmt::format("precision '{}' is not fp32 or bf16", text));
 }
 

@@ -2,6 +2,7 @@
 #include "kdflow/gpu_student/device.hpp"
 
 #include "kdflow/core/error.hpp"
+#include "kdflow/gpu_student/settings.hpp"
 #include "kdflow/gpu_student/versions.hpp"
 
 #include <torch/cuda.h>
@@ -11,8 +12,7 @@
 namespace kdflow::student {
 
 Device resolve_device(const std::string& wanted, int local_rank) {
-  if (wanted != "auto" && wanted != "cpu" && wanted != "cuda")
-    throw InputError("student.device = " + wanted + ": not auto, cpu or cuda");
+  check_name("student.device", wanted, device_names());
   const bool cuda = torch::cuda::is_available();
   if (wanted == "cuda" && !cuda)
     throw InputError("student.device = cuda: no CUDA device is visible to this process");

@@ -4,6 +4,7 @@
 
 #include "kdflow/core/error.hpp"
 #include "kdflow/core/log.hpp"
+#include "kdflow/gpu_student/settings.hpp"
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
@@ -65,8 +66,7 @@ ProcessGroup::ProcessGroup(const DistEnv& env, const DistOptions& options, const
   Impl& m = *impl_;
   m.env = env;
   m.options = options;
-  if (options.backend != "auto" && options.backend != "gloo" && options.backend != "nccl")
-    throw InputError(fmt::format("dist.backend = {}: not auto, nccl or gloo", options.backend));
+  check_name("dist.backend", options.backend, backend_names());
   m.backend_name =
       options.backend == "auto" ? (device.is_cuda() ? "nccl" : "gloo") : options.backend;
   if (m.backend_name == "nccl" && !device.is_cuda())

@@ -7,6 +7,7 @@
 #include "kdflow/core/error.hpp"
 #include "kdflow/core/log.hpp"
 #include "kdflow/core/trace.hpp"
+#include "kdflow/gpu_student/settings.hpp"
 #include "losses.hpp"
 #include "models.hpp"
 #include "slot_feeder.hpp"
@@ -64,6 +65,7 @@ constexpr int kBf16CapabilityMajor = 8;
 
 std::string resolve_amp(const std::string& requested, int capability_major,
                         const std::string& gpu) {
+  check_name("train.amp", requested, amp_names());
   if (capability_major == 0) return "off"; // the CPU student trains in fp32
   const bool bf16 = capability_major >= kBf16CapabilityMajor;
   if (requested == "auto") return bf16 ? "bf16" : "fp16";
@@ -106,6 +108,95 @@ struct FeatureTerm {
   }
 };
 
+// What a step learns from, beside the labels: the target logits (undefined with kd.alpha = 0)
+// and each feature loss's teacher value.
+struct StepTargets {
+  torch::Tensor logits;
+  std::vector<torch::Tensor> features;
+};
+struct StudentOutputs {
+  torch::Tensor logits;
+  std::vector<torch::Tensor> adapted; // each feature loss's student side
+};
+struct StepLosses {
+  torch::Tensor loss, kd, ce, feature, hits;
+};
+
+// Where a step's targets come from, chosen once: nowhere (kd.alpha = 0), the ring's slot regions
+// (what the CPU teachers wrote), or the co-located teachers run on the student's device before its
+// step (the usual way to distil, bench-overlap's baseline).
+class TargetSource {
+public:
+  virtual ~TargetSource() = default;
+  // Batch number `number`'s targets for its first `n` rows (`inputs`: the network's input).
+  virtual StepTargets get(const DeviceBatch& batch, const torch::Tensor& inputs, std::int64_t n,
+                          std::uint64_t number) const = 0;
+};
+
+class NoTargets final : public TargetSource {
+public:
+  StepTargets get(const DeviceBatch&, const torch::Tensor&, std::int64_t,
+                  std::uint64_t) const override {
+    return {};
+  }
+};
+
+class RingTargets final : public TargetSource {
+public:
+  RingTargets(std::size_t logits, std::vector<std::size_t> features, std::size_t losses)
+      : logits_(logits), features_(std::move(features)) {
+    if (features_.size() != losses)
+      throw std::logic_error("the step needs one teacher region per feature loss");
+  }
+  StepTargets get(const DeviceBatch& batch, const torch::Tensor&, std::int64_t n,
+                  std::uint64_t) const override {
+    StepTargets t;
+    t.logits = batch.regions[logits_].slice(0, 0, n);
+    for (const std::size_t r : features_) t.features.push_back(batch.regions[r].slice(0, 0, n));
+    return t;
+  }
+
+private:
+  std::size_t logits_;
+  std::vector<std::size_t> features_;
+};
+
+class ColocatedTargets final : public TargetSource {
+public:
+  // `log_weights`: the normalized weights' logs, [teachers, 1, 1], on the device.
+  ColocatedTargets(std::vector<ColocatedTeacher> teachers, torch::Tensor log_weights,
+                   double temperature, std::vector<FeatureLoss> features)
+      : teachers_(std::move(teachers)), log_weights_(std::move(log_weights)),
+        temperature_(temperature), features_(std::move(features)) {}
+  StepTargets get(const DeviceBatch&, const torch::Tensor& inputs, std::int64_t n,
+                  std::uint64_t number) const override {
+    trace::Span forward("teacher", number);
+    StepTargets t;
+    std::vector<torch::Tensor> each;
+    t.features.resize(features_.size());
+    for (std::size_t k = 0; k < teachers_.size(); ++k) {
+      const ColocatedTeacher& c = teachers_[k];
+      const torch::Tensor own = c.input ? adapt_images(*c.input, inputs) : inputs;
+      const std::vector<torch::Tensor> outs = c.teacher->impl().forward(own);
+      each.push_back(outs[0].slice(0, 0, n).to(torch::kFloat));
+      for (std::size_t f = 0; f < features_.size(); ++f)
+        if (features_[f].teacher_index == k)
+          t.features[f] = outs.at(features_[f].teacher_output).slice(0, 0, n).to(torch::kFloat);
+    }
+    // Several: the logits whose softmax at T is their weighted mix, as the pipeline's.
+    t.logits = each.size() == 1
+                   ? each[0]
+                   : mix_teacher_logits(torch::stack(each), log_weights_, temperature_);
+    return t;
+  }
+
+private:
+  std::vector<ColocatedTeacher> teachers_;
+  torch::Tensor log_weights_;
+  double temperature_;
+  std::vector<FeatureLoss> features_;
+};
+
 struct Trainer::Impl {
   Impl(const TrainerOptions& o, SlotRing& ring, StepRegions r)
       : options(o), device(to_torch(o.device)), regions(r), feeder(ring, device) {
@@ -129,6 +220,11 @@ struct Trainer::Impl {
     net = make_student(o.model);
     net->to(device);
     make_feature_terms();
+    if (o.kd_alpha > 0 && regions.teacher_logits)
+      targets = std::make_unique<RingTargets>(*regions.teacher_logits, regions.teacher_features,
+                                              features.size());
+    else
+      targets = std::make_unique<NoTargets>();
     adapters->to(device);
     // The optimizer and the ranks' averaging see the adapters as part of the student.
     params = net->parameters();
@@ -236,6 +332,129 @@ struct Trainer::Impl {
     for (auto& group : optimizer->param_groups()) group.options().set_lr(lr);
   }
 
+  // The student's forward pass (under autocast on CUDA): its logits and each feature loss's
+  // student side, adapted.
+  StudentOutputs forward_student(const torch::Tensor& x) {
+    StudentOutputs out;
+    AutocastScope amp(autocast, amp_dtype);
+    Taps taps(tap_order);
+    out.logits = net->forward(x, taps);
+    for (std::size_t k = 0; k < features.size(); ++k) {
+      if (!taps.got()[k].defined())
+        throw InputError(fmt::format("{}.student = '{}': the student did not give it in training "
+                                     "(it did in eval mode)",
+                                     features[k].spec.key, features[k].spec.student));
+      out.adapted.push_back(features[k].adapt(taps.got()[k]).to(torch::kFloat));
+    }
+    return out;
+  }
+
+  // kd.alpha * KD + (1 - kd.alpha) * CE + the weighted feature losses, and the top-1 hits.
+  StepLosses losses(const torch::Tensor& s, const torch::Tensor& y,
+                    const std::vector<torch::Tensor>& adapted, const StepTargets& targets) {
+    StepLosses l;
+    l.ce = torch::nn::functional::cross_entropy(s, y);
+    l.kd = torch::zeros({}, s.options());
+    if (targets.logits.defined())
+      l.kd = kd_loss->fn({s, targets.logits, y, options.kd_temperature, kd_params});
+    l.feature = torch::zeros({}, s.options());
+    for (std::size_t k = 0; k < targets.features.size(); ++k)
+      l.feature =
+          l.feature + features[k].spec.weight * features[k].loss(adapted[k], targets.features[k]);
+    l.loss = options.kd_alpha * l.kd + (1.0 - options.kd_alpha) * l.ce + l.feature;
+    l.hits = (s.argmax(1) == y).sum().to(torch::kFloat);
+    return l;
+  }
+
+  // The step's figures in its single synchronisation: this rank's, or the job's (`job`, summed
+  // over the ranks).
+  StepStats stats_of(const StepLosses& l, const torch::Tensor& job, std::int64_t n, double lr,
+                     bool stop) {
+    std::vector<torch::Tensor> norms;
+    for (const auto& p : params)
+      if (p.grad().defined()) {
+        if (loss_scaling) p.mutable_grad().mul_(1.0 / loss_scale);
+        norms.push_back(p.grad().norm());
+      }
+    const torch::Tensor grad_norm = torch::stack(norms).norm();
+    const torch::Tensor host = torch::stack({l.loss.detach(), l.kd.detach(), l.ce.detach(),
+                                             grad_norm, l.hits, l.feature.detach()})
+                                   .to(torch::kCPU);
+    const auto* v = host.data_ptr<float>();
+    StepStats stats;
+    stats.loss = v[0];
+    stats.kd_loss = v[1];
+    stats.ce_loss = v[2];
+    stats.lr = lr;
+    stats.grad_norm = v[3];
+    stats.feature_loss = v[5];
+    stats.correct = static_cast<std::int64_t>(v[4]);
+    stats.samples = static_cast<std::uint32_t>(n);
+    stats.rank_samples = static_cast<std::uint32_t>(n);
+    stats.stop = stop;
+    if (job.defined()) {
+      const auto* j = job.data_ptr<double>();
+      stats.loss = j[0] / j[4];
+      stats.kd_loss = j[1] / j[4];
+      stats.ce_loss = j[2] / j[4];
+      stats.feature_loss = j[6] / j[4];
+      stats.correct = static_cast<std::int64_t>(j[3]);
+      stats.samples = static_cast<std::uint32_t>(j[4]);
+      stats.stop = j[5] > 0;
+    }
+    return stats;
+  }
+
+  // The optimizer's step (gradients clipped), or, for a non-finite loss or gradient, the fp16
+  // scale's back-off, a skipped step (train.on_nonfinite = skip) or NonFiniteError naming what
+  // was not finite.
+  void apply(StepStats& stats, const StepTargets& targets, const torch::Tensor& x,
+             std::uint64_t batch) {
+    const bool loss_ok = std::isfinite(stats.loss);
+    const bool grads_ok = std::isfinite(stats.grad_norm);
+    if (loss_ok && !grads_ok && loss_scaling) {
+      // An fp16 overflow of the scaled gradients: the usual dynamic loss-scaling back-off.
+      loss_scale = std::max(1.0, loss_scale / 2);
+      good_since_growth = 0;
+      stats.skipped = true;
+      return;
+    }
+    if (!loss_ok || !grads_ok) {
+      std::string cause = !loss_ok ? "loss" : "gradient norm";
+      const auto& tf = targets.features;
+      const auto feature_at = std::find_if(tf.begin(), tf.end(), [](const torch::Tensor& t) {
+        return !torch::isfinite(t).all().item<bool>();
+      });
+      if (targets.logits.defined() && !torch::isfinite(targets.logits).all().item<bool>())
+        cause = "teacher output (logits)";
+      else if (feature_at != tf.end())
+        cause =
+            fmt::format("teacher output ({})",
+                        features[static_cast<std::size_t>(feature_at - tf.begin())].spec.teacher);
+      else if (!torch::isfinite(x).all().item<bool>())
+        cause = "input batch";
+      if (!options.skip_nonfinite)
+        throw NonFiniteError(
+            fmt::format("non-finite {} at step {} (batch {}); the last checkpoint is kept. Set "
+                        "train.on_nonfinite = \"skip\" to skip such steps",
+                        cause, step, batch));
+      ++skipped;
+      stats.skipped = true;
+      log_warn(fmt::format("non-finite {} at step {} (batch {}): step skipped ({} so far)", cause,
+                           step, batch, skipped));
+      return;
+    }
+    if (options.clip_grad_norm > 0 && stats.grad_norm > options.clip_grad_norm)
+      for (const auto& p : params)
+        if (p.grad().defined())
+          p.mutable_grad().mul_(options.clip_grad_norm / (stats.grad_norm + 1e-6));
+    optimizer->step();
+    if (loss_scaling && ++good_since_growth == 2000) {
+      loss_scale *= 2;
+      good_since_growth = 0;
+    }
+  }
+
   TrainerOptions options;
   // The distillation loss's row and its parameters (the row's defaults where none are given).
   const KdLossDef* kd_loss = &kd_loss_def(options.kd_loss);
@@ -268,8 +487,8 @@ struct Trainer::Impl {
   std::int64_t good_since_growth = 0;
   std::int64_t step = 0;
   std::int64_t skipped = 0;
-  std::vector<ColocatedTeacher> colocated;
-  torch::Tensor colocated_log_weights; // several: the normalized weights' logs, [teachers, 1, 1]
+  // Where each step's targets come from (set_colocated_teachers replaces it).
+  std::unique_ptr<TargetSource> targets;
   // The student's identity in checkpoints (describe(): a TorchScript module's file is read once).
   std::string identity = describe(options);
   torch::Tensor input_scale, input_shift; // uint8 slots: normalized here, [1, C, 1, 1]
@@ -302,7 +521,6 @@ std::optional<StepStats> Trainer::step(std::uint64_t batch, bool stop) {
   wait.end();
   trace::Span span("step", batch);
   const std::int64_t n = b->samples;
-  const auto& o = m.options;
   const torch::Tensor inputs = m.network_input(b->regions[m.regions.inputs]);
   const torch::Tensor x = inputs.slice(0, 0, n);
   const torch::Tensor y = b->regions[m.regions.labels].slice(0, 0, n);
@@ -310,146 +528,27 @@ std::optional<StepStats> Trainer::step(std::uint64_t batch, bool stop) {
   m.set_lr(lr);
   m.net->train();
 
-  torch::Tensor logits;
-  std::vector<torch::Tensor> adapted; // the student's side of each feature loss
-  {
-    AutocastScope amp(m.autocast, m.amp_dtype);
-    Taps taps(m.tap_order);
-    logits = m.net->forward(x, taps);
-    for (std::size_t k = 0; k < m.features.size(); ++k) {
-      if (!taps.got()[k].defined())
-        throw InputError(fmt::format("{}.student = '{}': the student did not give it in training "
-                                     "(it did in eval mode)",
-                                     m.features[k].spec.key, m.features[k].spec.student));
-      adapted.push_back(m.features[k].adapt(taps.got()[k]).to(torch::kFloat));
-    }
-  }
-  const torch::Tensor s = logits.to(torch::kFloat);
-  const torch::Tensor ce = torch::nn::functional::cross_entropy(s, y);
-  torch::Tensor kd = torch::zeros({}, s.options());
-  torch::Tensor teacher;
-  std::vector<torch::Tensor> teacher_features; // one per feature loss
-  if (o.kd_alpha > 0 && !m.colocated.empty()) {
-    // The colocated baseline: the teachers' forward passes on this device, before the student's.
-    trace::Span forward("teacher", batch);
-    std::vector<torch::Tensor> each;
-    teacher_features.resize(m.features.size());
-    for (std::size_t t = 0; t < m.colocated.size(); ++t) {
-      const ColocatedTeacher& c = m.colocated[t];
-      const torch::Tensor own = c.input ? adapt_images(*c.input, inputs) : inputs;
-      const std::vector<torch::Tensor> outs = c.teacher->impl().forward(own);
-      each.push_back(outs[0].slice(0, 0, n).to(torch::kFloat));
-      for (std::size_t k = 0; k < m.features.size(); ++k)
-        if (m.features[k].spec.teacher_index == t)
-          teacher_features[k] =
-              outs.at(m.features[k].spec.teacher_output).slice(0, 0, n).to(torch::kFloat);
-    }
-    // Several: the logits whose softmax at T is their weighted mix, as the pipeline's.
-    teacher = each.size() == 1 ? each[0]
-                               : mix_teacher_logits(torch::stack(each), m.colocated_log_weights,
-                                                    o.kd_temperature);
-  } else if (o.kd_alpha > 0 && m.regions.teacher_logits) {
-    teacher = b->regions[*m.regions.teacher_logits].slice(0, 0, n);
-    if (m.regions.teacher_features.size() != m.features.size())
-      throw std::logic_error("the step needs one teacher region per feature loss");
-    for (const std::size_t r : m.regions.teacher_features)
-      teacher_features.push_back(b->regions[r].slice(0, 0, n));
-  }
-  if (teacher.defined()) kd = m.kd_loss->fn({s, teacher, y, o.kd_temperature, m.kd_params});
-  torch::Tensor feature = torch::zeros({}, s.options());
-  for (std::size_t k = 0; k < teacher_features.size(); ++k)
-    feature =
-        feature + m.features[k].spec.weight * m.features[k].loss(adapted[k], teacher_features[k]);
-  const torch::Tensor loss = o.kd_alpha * kd + (1.0 - o.kd_alpha) * ce + feature;
-  const torch::Tensor hits = (s.argmax(1) == y).sum().to(torch::kFloat);
+  const StudentOutputs student = m.forward_student(x);
+  const torch::Tensor s = student.logits.to(torch::kFloat);
+  const StepTargets targets = m.targets->get(*b, inputs, n, batch);
+  const StepLosses losses = m.losses(s, y, student.adapted, targets);
   if (m.sync) {
     // The job's losses, hits, samples and stop requests, summed over the ranks beside the
     // gradients: [loss * n, kd * n, ce * n, hits, n, stop, feature * n].
     const auto count = static_cast<double>(n);
     const torch::Tensor control =
-        torch::stack({loss.detach() * count, kd.detach() * count, ce.detach() * count, hits,
-                      torch::full({}, count, s.options()),
-                      torch::full({}, stop ? 1.0 : 0.0, s.options()), feature.detach() * count})
+        torch::stack({losses.loss.detach() * count, losses.kd.detach() * count,
+                      losses.ce.detach() * count, losses.hits, torch::full({}, count, s.options()),
+                      torch::full({}, stop ? 1.0 : 0.0, s.options()),
+                      losses.feature.detach() * count})
             .to(torch::kDouble);
     m.sync->begin(control, m.step);
   }
-
   m.optimizer->zero_grad(true);
-  (m.loss_scaling ? loss * m.loss_scale : loss).backward();
+  (m.loss_scaling ? losses.loss * m.loss_scale : losses.loss).backward();
   const torch::Tensor job = m.sync ? m.sync->finish() : torch::Tensor();
-  std::vector<torch::Tensor> norms;
-  for (const auto& p : m.params)
-    if (p.grad().defined()) {
-      if (m.loss_scaling) p.mutable_grad().mul_(1.0 / m.loss_scale);
-      norms.push_back(p.grad().norm());
-    }
-  const torch::Tensor grad_norm = torch::stack(norms).norm();
-  // The step's single synchronisation.
-  const torch::Tensor host =
-      torch::stack({loss.detach(), kd.detach(), ce.detach(), grad_norm, hits, feature.detach()})
-          .to(torch::kCPU);
-  const auto* v = host.data_ptr<float>();
-  StepStats stats;
-  stats.loss = v[0];
-  stats.kd_loss = v[1];
-  stats.ce_loss = v[2];
-  stats.lr = lr;
-  stats.grad_norm = v[3];
-  stats.feature_loss = v[5];
-  stats.correct = static_cast<std::int64_t>(v[4]);
-  stats.samples = static_cast<std::uint32_t>(n);
-  stats.rank_samples = static_cast<std::uint32_t>(n);
-  stats.stop = stop;
-  if (job.defined()) {
-    const auto* j = job.data_ptr<double>();
-    stats.loss = j[0] / j[4];
-    stats.kd_loss = j[1] / j[4];
-    stats.ce_loss = j[2] / j[4];
-    stats.feature_loss = j[6] / j[4];
-    stats.correct = static_cast<std::int64_t>(j[3]);
-    stats.samples = static_cast<std::uint32_t>(j[4]);
-    stats.stop = j[5] > 0;
-  }
-
-  const bool loss_ok = std::isfinite(stats.loss);
-  const bool grads_ok = std::isfinite(stats.grad_norm);
-  if (loss_ok && !grads_ok && m.loss_scaling) {
-    // An fp16 overflow of the scaled gradients: the usual dynamic loss-scaling back-off.
-    m.loss_scale = std::max(1.0, m.loss_scale / 2);
-    m.good_since_growth = 0;
-    stats.skipped = true;
-  } else if (!loss_ok || !grads_ok) {
-    std::string cause = !loss_ok ? "loss" : "gradient norm";
-    const auto feature_at =
-        std::find_if(teacher_features.begin(), teacher_features.end(),
-                     [](const torch::Tensor& t) { return !torch::isfinite(t).all().item<bool>(); });
-    if (teacher.defined() && !torch::isfinite(teacher).all().item<bool>())
-      cause = "teacher output (logits)";
-    else if (feature_at != teacher_features.end())
-      cause = fmt::format(
-          "teacher output ({})",
-          m.features[static_cast<std::size_t>(feature_at - teacher_features.begin())].spec.teacher);
-    else if (!torch::isfinite(x).all().item<bool>())
-      cause = "input batch";
-    if (!o.skip_nonfinite)
-      throw NonFiniteError(
-          fmt::format("non-finite {} at step {} (batch {}); the last checkpoint is kept. Set "
-                      "train.on_nonfinite = \"skip\" to skip such steps",
-                      cause, m.step, batch));
-    ++m.skipped;
-    stats.skipped = true;
-    log_warn(fmt::format("non-finite {} at step {} (batch {}): step skipped ({} so far)", cause,
-                         m.step, batch, m.skipped));
-  } else {
-    if (o.clip_grad_norm > 0 && stats.grad_norm > o.clip_grad_norm)
-      for (const auto& p : m.params)
-        if (p.grad().defined()) p.mutable_grad().mul_(o.clip_grad_norm / (stats.grad_norm + 1e-6));
-    m.optimizer->step();
-    if (m.loss_scaling && ++m.good_since_growth == 2000) {
-      m.loss_scale *= 2;
-      m.good_since_growth = 0;
-    }
-  }
+  StepStats stats = m.stats_of(losses, job, n, lr, stop);
+  m.apply(stats, targets, x, batch);
   m.optimizer->zero_grad(true);
   ++m.step;
   m.feeder.finish_step();
@@ -466,13 +565,16 @@ void Trainer::set_colocated_teachers(std::vector<ColocatedTeacher> teachers) {
     if (!(c.weight > 0)) throw std::invalid_argument("a colocated teacher's weight must be > 0");
     sum += c.weight;
   }
+  if (teachers.empty() || !(impl_->options.kd_alpha > 0)) return;
   std::vector<double> logs;
   for (const ColocatedTeacher& c : teachers) logs.push_back(std::log(c.weight / sum));
-  impl_->colocated_log_weights = torch::tensor(logs, torch::kDouble)
-                                     .to(torch::kFloat)
-                                     .view({static_cast<std::int64_t>(logs.size()), 1, 1})
-                                     .to(impl_->device);
-  impl_->colocated = std::move(teachers);
+  torch::Tensor log_weights = torch::tensor(logs, torch::kDouble)
+                                  .to(torch::kFloat)
+                                  .view({static_cast<std::int64_t>(logs.size()), 1, 1})
+                                  .to(impl_->device);
+  impl_->targets = std::make_unique<ColocatedTargets>(std::move(teachers), std::move(log_weights),
+                                                      impl_->options.kd_temperature,
+                                                      impl_->options.feature_losses);
 }
 
 double Trainer::evaluate(std::span<const float> images, std::span<const std::int64_t> labels) {

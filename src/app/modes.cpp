@@ -5,7 +5,9 @@
 #include "kdflow/core/trace.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <optional>
 #include <random>
 #include <stdexcept>
 
@@ -32,6 +34,86 @@ const char* mode_name(Mode m) {
 bool student_runs(Mode m) { return m != Mode::teacher_alone && m != Mode::loader_alone; }
 
 namespace {
+
+// One teacher batch done, begun at `since`: its time counts as teacher work.
+void count_teacher_batch(CpuPipeline& pipeline, Clock::time_point since) {
+  StageTotals& totals = pipeline.teacher_totals();
+  totals.busy_ns.fetch_add(
+      static_cast<std::uint64_t>(
+          std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - since).count()),
+      std::memory_order_relaxed);
+  totals.batches.fetch_add(1, std::memory_order_relaxed);
+}
+
+// The serial baseline's teacher work: each teacher's first replica's forward pass on `slot` on
+// its cores, one after the other, then their mix, for the calling thread, which waits (a
+// hand-written loop's order of work); counted as teacher work.
+void teach_now(CpuPipeline& pipeline, const Slot& slot) {
+  const auto t0 = Clock::now();
+  const std::size_t teachers = std::max<std::size_t>(pipeline.run().teachers.size(), 1);
+  for (std::size_t t = 0; t < teachers; ++t) {
+    TeacherUnit* unit = nullptr;
+    for (std::size_t k = 0; (unit = pipeline.unit(k)) != nullptr && unit->teacher() != t; ++k) {
+    }
+    run_in_arena(unit->arena(), [&] {
+      trace::Span span("teacher", slot.header().batch);
+      pipeline.targets().teach(*unit, slot);
+    });
+  }
+  pipeline.targets().finish(slot);
+  count_teacher_batch(pipeline, t0);
+}
+
+// The contention ceiling's load: every replica runs its forward pass again and again on its own
+// cores, on a batch of its own (no ring), until stop() (or destruction), which waits for them.
+// Their work counts as teacher work.
+class BackgroundTeachers {
+public:
+  explicit BackgroundTeachers(CpuPipeline& pipeline) {
+    const RunInputs& run = pipeline.run();
+    std::size_t units = 0;
+    for (TeacherUnit* u = nullptr; (u = pipeline.unit(units)) != nullptr; ++units) {
+      running_.fetch_add(1);
+      u->arena().enqueue([this, &pipeline, &run, u] {
+        started_.fetch_add(1);
+        started_.notify_all();
+        // An unrelated batch: fixed values, the replica's own input and output buffers.
+        const teacher::Teacher& model = *run.teachers[u->teacher()].model;
+        const std::size_t in =
+            static_cast<std::size_t>(model.batch()) *
+            static_cast<std::size_t>(run.teachers[u->teacher()].input.to().numel());
+        std::vector<float> inputs(in, 0.5f);
+        teacher::OutputBuffers outputs(model);
+        for (std::uint64_t n = 0; !stop_.load(std::memory_order_relaxed); ++n) {
+          const auto t0 = Clock::now();
+          try {
+            trace::Span span("teacher", n);
+            u->forward(inputs.data(), outputs.pointers);
+          } catch (...) {
+            break; // the same replica fails in the measured modes, which report it
+          }
+          count_teacher_batch(pipeline, t0);
+        }
+        if (running_.fetch_sub(1) == 1) running_.notify_all();
+      });
+    }
+    // Every replica is at work when the measured steps begin.
+    for (std::size_t n = started_.load(); n < units; n = started_.load()) started_.wait(n);
+  }
+  ~BackgroundTeachers() { stop(); }
+  BackgroundTeachers(const BackgroundTeachers&) = delete;
+  BackgroundTeachers& operator=(const BackgroundTeachers&) = delete;
+
+  void stop() {
+    stop_.store(true);
+    for (int n = running_.load(); n != 0; n = running_.load()) running_.wait(n);
+  }
+
+private:
+  std::atomic<bool> stop_{false};
+  std::atomic<int> running_{0};
+  std::atomic<std::size_t> started_{0};
+};
 
 // The benchmark's own producers, in place of the loader stage: what the modes that measure the
 // stages after the loaders, or a hand-written loop, need. Their loading counts as loader work.
@@ -93,7 +175,7 @@ public:
     if (!teacher) return;
     slot = ring.acquire_filled(b);
     if (!slot) return;
-    pipeline_.teach_now(*slot);
+    teach_now(pipeline_, *slot);
     ring.publish(*slot, SlotState::teaching, SlotState::ready);
   }
 
@@ -133,15 +215,7 @@ Rep run_rep(const Setup& setup, Mode mode) {
   BenchProducer producer(pipeline, setup.sampler);
   // The contention ceiling's replicas stop however the repetition ends (before the producer and
   // the pipeline go).
-  struct Background {
-    CpuPipeline* pipeline = nullptr;
-    Background() = default;
-    Background(const Background&) = delete;
-    Background& operator=(const Background&) = delete;
-    ~Background() {
-      if (pipeline) pipeline->stop_background_teachers();
-    }
-  } background;
+  std::optional<BackgroundTeachers> background;
   // Fast modes (a loader alone runs thousands of batches a second) continue past `steps` until the
   // window has lasted min_seconds; the ring is closed then, which stops the producers.
   const std::uint64_t total = setup.warmup + setup.steps * 1000;
@@ -150,10 +224,7 @@ Rep run_rep(const Setup& setup, Mode mode) {
   case Mode::student_contended:
     pipeline.start(0, total, {.loaders = false, .teacher = false});
     producer.start_replay(total, false);
-    if (mode == Mode::student_contended) {
-      pipeline.start_background_teachers();
-      background.pipeline = &pipeline;
-    }
+    if (mode == Mode::student_contended) background.emplace(pipeline);
     break;
   case Mode::teacher_alone:
     pipeline.start(0, total,
@@ -229,10 +300,7 @@ Rep run_rep(const Setup& setup, Mode mode) {
   const RingStats after = ring.stats();
   const std::uint64_t loader_busy = loader_busy_ns() - loader_before;
   const std::uint64_t teacher_busy = pipeline.teacher_totals().busy_ns.load() - teacher_before;
-  if (background.pipeline) {
-    pipeline.stop_background_teachers();
-    background.pipeline = nullptr;
-  }
+  background.reset();
   pipeline.stop();
   ring.rethrow_if_failed();
   if (rep.steps < setup.steps)

@@ -8,44 +8,69 @@
 #include "kdflow/affinity/pinning.hpp"
 #include "kdflow/core/error.hpp"
 #include "kdflow/core/log.hpp"
+#include "kdflow/cpu_teacher/precision_names.hpp"
 #include "kdflow/gpu_student/loss_table.hpp"
 #include "kdflow/gpu_student/pinned_host.hpp"
+#include "kdflow/gpu_student/settings.hpp"
 #include "kdflow/gpu_student/versions.hpp"
 
 #include <algorithm>
 #include <exception>
+#include <map>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 namespace kdflow::app {
 
+namespace {
+
+std::vector<std::string> names_of(const auto& rows) {
+  std::vector<std::string> out;
+  for (const auto& row : rows) out.push_back(row.name);
+  return out;
+}
+
+// "the distillation loss: kl (...), dkd (...)": a key's doc with each row's own.
+std::string doc_with(const std::string& doc, const auto& rows, const char* open,
+                     const char* close) {
+  std::string out = doc;
+  for (const auto& row : rows)
+    out += fmt::format("{} {}{}{}{}", &row == &rows.front() ? ":" : ",", row.name, open, row.doc,
+                       close);
+  return out;
+}
+
+} // namespace
+
 const std::vector<ConfigKey>& run_schema() {
   static const std::vector<ConfigKey> schema = [] {
+    // The keys whose values name a module's vocabulary take their choices from that module.
+    const std::map<std::string, std::vector<std::string>> vocabularies = {
+        {"student.arch", student::student_names()},
+        {"student.device", student::device_names()},
+        {"train.amp", student::amp_names()},
+        {"dist.backend", student::backend_names()},
+        {"teacher.precision", teacher::precision_names()},
+        {"teacher.others.precision", teacher::precision_names()},
+        {"kd.loss", names_of(student::kd_losses())},
+        {"kd.features.loss", names_of(student::feature_losses())}};
+    const auto choose = [&](const std::string& name, ConfigKey& key) {
+      if (const auto it = vocabularies.find(name); it != vocabularies.end())
+        key.choices = it->second;
+    };
     std::vector<ConfigKey> keys;
     for (ConfigKey key : config_schema()) {
-      if (key.name == "student.arch") key.choices = student::student_names();
+      choose(key.name, key);
+      for (ConfigKey& field : key.fields) choose(key.name + "." + field.name, field);
+      if (key.name == "kd.loss") key.doc = doc_with(key.doc, student::kd_losses(), " (", ")");
       if (key.name == "kd.features")
         for (ConfigKey& field : key.fields)
-          if (field.name == "loss") {
-            field.choices.clear();
-            for (const auto& loss : student::feature_losses()) field.choices.push_back(loss.name);
-            field.doc = "the feature loss";
-            for (const auto& loss : student::feature_losses())
-              field.doc += fmt::format("{} {}: {}", loss.name == field.choices.front() ? ":" : ";",
-                                       loss.name, loss.doc);
-          }
+          if (field.name == "loss")
+            field.doc = doc_with(field.doc, student::feature_losses(), " (", ")");
       const bool kd_loss = key.name == "kd.loss";
-      if (kd_loss) {
-        key.doc = "the distillation loss";
-        for (const auto& loss : student::kd_losses()) {
-          key.choices.push_back(loss.name);
-          key.doc += fmt::format("{} {} ({})", loss.name == key.choices.front() ? ":" : ",",
-                                 loss.name, loss.doc);
-        }
-      }
       keys.push_back(std::move(key));
-      // Each loss's parameters follow kd.loss, named kd.<loss>_<param>.
+      // Each distillation loss's parameters follow kd.loss, named kd.<loss>_<param>.
       if (kd_loss)
         for (const auto& loss : student::kd_losses())
           for (const auto& param : loss.params)
@@ -148,13 +173,13 @@ std::vector<affinity::GpuLocality> gpu_localities(const affinity::Topology& topo
   return out;
 }
 
-std::unique_ptr<student::ProcessGroup> join_job(const Config& config, const DistEnv& dist) {
+std::unique_ptr<student::ProcessGroup> join_job(const Config& config, const DistEnv& dist,
+                                                const student::Device& device) {
   if (dist.world < 2) return nullptr;
   const student::DistOptions options{config.get_string("dist.backend"),
                                      config.get_double("dist.timeout_s"),
                                      config.get_double("dist.bucket_mb")};
-  return std::make_unique<student::ProcessGroup>(
-      dist, options, student::resolve_device(config.get_string("student.device"), dist.local_rank));
+  return std::make_unique<student::ProcessGroup>(dist, options, device);
 }
 
 RunInputs prepare_run(const Config& config, const DistEnv& dist, const RunRequest& request) {
@@ -169,7 +194,9 @@ RunInputs prepare_run(const Config& config, const DistEnv& dist, const RunReques
                 {},
                 affinity::Topology::load(),
                 {},
-                student::resolve_device(config.get_string("student.device"), dist.local_rank),
+                request.device
+                    ? *request.device
+                    : student::resolve_device(config.get_string("student.device"), dist.local_rank),
                 dist};
   // The teachers: the configuration's (checked field by field), or the command's.
   const bool configured = !request.teachers;

@@ -33,9 +33,10 @@ const std::vector<ConfigKey>& run_schema();
 Config resolve_config(const std::string& file, const std::vector<std::string>& sets,
                       const std::string& cores = {});
 
-// Under torchrun: this rank's place in the job, a process group for two ranks or more (dist.*);
-// null for one process.
-std::unique_ptr<student::ProcessGroup> join_job(const Config& config, const DistEnv& dist);
+// Under torchrun: this rank's place in the job, a process group for two ranks or more (dist.*)
+// whose backend follows the student's `device`; null for one process.
+std::unique_ptr<student::ProcessGroup> join_job(const Config& config, const DistEnv& dist,
+                                                const student::Device& device);
 
 // `f()`, with a failure agreed over the ranks: when any rank's throws, every rank throws (one
 // process, a null group: `f()` as it is).
@@ -61,6 +62,9 @@ struct RunRequest {
   std::optional<std::vector<TeacherSpec>> teachers;
   // kd.cache made ready for the teachers (prepare_teacher_cache): train and bench-overlap.
   bool cache = false;
+  // The student's device, when the caller resolved student.device already (the Session: once,
+  // for its process group and the run); unset, prepare_run resolves it.
+  std::optional<student::Device> device;
 };
 
 // Loads and checks everything the configuration names; InputError (exit 2) naming the key, the

@@ -8,12 +8,15 @@ namespace kdflow::app {
 Session::Session(const std::string& config_file, const std::vector<std::string>& sets,
                  const std::string& cores)
     : config_(resolve_config(config_file, sets, cores)), dist_(dist_env().value_or(DistEnv{})),
-      group_(join_job(config_, dist_)),
+      device_(student::resolve_device(config_.get_string("student.device"), dist_.local_rank)),
+      group_(join_job(config_, dist_, device_)),
       slots_(static_cast<std::uint32_t>(config_.get_int("ring.slots"))) {}
 
 void Session::prepare(const RunRequest& request, const std::function<void()>& then) {
   run_.emplace(agreed([&] {
-    RunInputs run = prepare_run(config_, dist_, request);
+    RunRequest resolved = request;
+    resolved.device = device_;
+    RunInputs run = prepare_run(config_, dist_, resolved);
     if (then) then();
     return run;
   }));

@@ -51,6 +51,7 @@ public:
 private:
   const Config config_;
   const DistEnv dist_;
+  const student::Device device_; // student.device, resolved once for the group and the run
   std::unique_ptr<student::ProcessGroup> group_;
   std::optional<RunInputs> run_;
   std::optional<Sampler> sampler_;

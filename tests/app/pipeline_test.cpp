@@ -11,8 +11,10 @@
 #include "torch_teacher_impl.hpp"
 
 #include "kdflow/affinity/pinning.hpp"
+#include "kdflow/cpu_teacher/precision_names.hpp"
 #include "kdflow/gpu_student/loss_table.hpp"
 #include "kdflow/gpu_student/pinned_host.hpp"
+#include "kdflow/gpu_student/settings.hpp"
 
 #include <oneapi/tbb/task_arena.h>
 
@@ -922,6 +924,17 @@ TEST(RunSchema, LossChoicesAndParameterKeysComeFromTheLossTables) {
   EXPECT_EQ(loss_field->choices, feature_names);
   EXPECT_EQ(key("kd.dkd_beta").name, "kd.dkd_beta") << "the keys users already write";
 
+  // The modules' other vocabularies, the same way (core's schema lists none of them).
+  for (const auto& [name, names] : std::vector<std::pair<std::string, std::vector<std::string>>>{
+           {"student.device", student::device_names()},
+           {"train.amp", student::amp_names()},
+           {"dist.backend", student::backend_names()},
+           {"teacher.precision", teacher::precision_names()}}) {
+    EXPECT_EQ(key(name).choices, names) << name;
+    const std::string e = test::error_of([&] { (void)resolve_config("", {name + "=tpu"}); });
+    EXPECT_NE(e.find(name), std::string::npos) << e;
+    EXPECT_NE(e.find(names.front()), std::string::npos) << e;
+  }
   const std::string bad = test::error_of([] { (void)resolve_config("", {"kd.loss=l3"}); });
   EXPECT_NE(bad.find("kd.loss"), std::string::npos) << bad;
   Config c(run_schema());

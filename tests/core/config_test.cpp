@@ -250,8 +250,8 @@ TEST(Config, BadInputNamesTheKey) {
   expect_input_error([&] { c.merge_toml("[kd]\ntemperature = -nan\n", "f.toml"); },
                      {"kd.temperature"});
   expect_input_error([&] { c.merge_toml("[train]\nlr = inf\n", "f.toml"); }, {"train.lr"});
-  expect_input_error([&] { c.merge_toml("[student]\ndevice = \"tpu\"\n", "f.toml"); },
-                     {"student.device", "tpu", "auto"});
+  expect_input_error([&] { c.merge_toml("[data]\nslot_dtype = \"float16\"\n", "f.toml"); },
+                     {"data.slot_dtype", "float16", "float32"});
   expect_input_error([&] { c.merge_toml("[train\nepochs=1", "broken.toml"); }, {"broken.toml:1"});
   expect_input_error([&] { c.set("nope.key=1"); }, {"nope.key"});
   expect_input_error([&] { c.set("train.epochs=1.5"); }, {"train.epochs", "1.5"});
