@@ -36,6 +36,16 @@ Commands::Commands(CLI::App& app) : app_(app) {
   app.require_subcommand(0, 1);
   app.fallthrough(false);
 
+  add_train(app);
+  add_eval(app);
+  add_export(app);
+  add_teacher(app);
+  add_cores(app);
+  add_tune(app);
+  add_overlap(app);
+}
+
+void Commands::add_train(CLI::App& app) {
   auto* train = app.add_subcommand("train", "train a student by distillation");
   train->add_option("--config", train_.config, "TOML configuration file")->check(CLI::ExistingFile);
   train->add_option("--set", train_.sets, "override one key: section.key=value (repeatable)");
@@ -44,7 +54,9 @@ Commands::Commands(CLI::App& app) : app_(app) {
   train->add_option("--resume", train_.resume, "continue from a checkpoint: auto or a path");
   train->add_option("--cores", train_.cores, "core plan JSON written by kdflow tune-cores");
   train->callback([this] { action_ = [this] { return train_command(train_); }; });
+}
 
+void Commands::add_eval(CLI::App& app) {
   auto* eval = app.add_subcommand(
       "eval", "a model's top-1 (and top-5) accuracy on the data's test split, and its images/s");
   eval->add_option("--model", eval_.model,
@@ -56,7 +68,9 @@ Commands::Commands(CLI::App& app) : app_(app) {
   eval->add_option("--set", eval_.sets, "override one key: section.key=value (repeatable)");
   eval->add_option("--json", eval_.json, "write the result as JSON here");
   eval->callback([this] { action_ = [this] { return eval_command(eval_); }; });
+}
 
+void Commands::add_export(CLI::App& app) {
   auto* exp = app.add_subcommand(
       "export", "a run's trained student as ONNX or TorchScript, checked against the student");
   exp->add_option("--run", export_.run, "run folder (config.toml, checkpoints/)")->required();
@@ -67,7 +81,9 @@ Commands::Commands(CLI::App& app) : app_(app) {
       ->capture_default_str();
   exp->add_option("--out", export_.out, "file to write")->required();
   exp->callback([this] { action_ = [this] { return export_command(export_); }; });
+}
 
+void Commands::add_teacher(CLI::App& app) {
   auto* teacher =
       app.add_subcommand("teacher", "inspect, run and benchmark an ONNX teacher on oneDNN");
   teacher->require_subcommand(1);
@@ -134,7 +150,9 @@ Commands::Commands(CLI::App& app) : app_(app) {
                    "time each node's ways at load and keep the fastest (default: auto)")
       ->check(CLI::IsMember({"auto", "off"}));
   tbench->callback([this] { action_ = [this] { return teacher_bench(teacher_); }; });
+}
 
+void Commands::add_cores(CLI::App& app) {
   auto* cores = app.add_subcommand("cores", "show the topology and the core plan");
   cores->add_option("--synthetic", cores_.synthetic,
                     "plan for a synthetic hwloc topology, e.g. \"pack:2 numa:1 core:8 pu:2\"");
@@ -150,7 +168,9 @@ Commands::Commands(CLI::App& app) : app_(app) {
       ->check(CLI::ExistingFile);
   cores->add_option("--set", cores_.sets, "override one key: section.key=value (repeatable)");
   cores->callback([this] { action_ = [this] { return cores_command(cores_); }; });
+}
 
+void Commands::add_tune(CLI::App& app) {
   auto* tune = app.add_subcommand(
       "tune-cores", "find the core plan (loaders, teacher replicas x threads, precision) that "
                     "maximizes distillation throughput here");
@@ -165,7 +185,9 @@ Commands::Commands(CLI::App& app) : app_(app) {
   tune->add_option("--out", tune_.out, "plan JSON to write (for train/bench-overlap --cores)")
       ->required();
   tune->callback([this] { action_ = [this] { return tune_cores_command(tune_); }; });
+}
 
+void Commands::add_overlap(CLI::App& app) {
   auto* overlap = app.add_subcommand(
       "bench-overlap", "the CPU-vs-GPU overlap benchmark: kdflow's pipeline against its parts "
                        "and the serial and colocated baselines");

@@ -26,6 +26,15 @@ public:
   int run();
 
 private:
+  // Each subcommand's options and action, registered on `app`.
+  void add_train(CLI::App& app);
+  void add_eval(CLI::App& app);
+  void add_export(CLI::App& app);
+  void add_teacher(CLI::App& app);
+  void add_cores(CLI::App& app);
+  void add_tune(CLI::App& app);
+  void add_overlap(CLI::App& app);
+
   CLI::App& app_;
   bool version_ = false;
   TrainArgs train_;

@@ -8,6 +8,7 @@
 
 #include "kdflow/core/error.hpp"
 #include "kdflow/core/loader.hpp"
+#include "kdflow/core/log.hpp"
 #include "kdflow/cpu_teacher/engine.hpp"
 #include "kdflow/gpu_student/pinned_host.hpp"
 
@@ -76,6 +77,21 @@ ExportCheck export_student(student::Trainer& trainer, const student::TrainerOpti
   check.max_normalized_error = worst / scale;
   check.top1_agreement = count > 0 ? static_cast<double>(agree) / static_cast<double>(count) : 0;
   check.ok = check.max_normalized_error <= 1e-3 && check.top1_agreement >= 0.99;
+  return check;
+}
+
+ExportCheck export_run_student(student::Trainer& trainer, const student::TrainerOptions& options,
+                               const std::string& format, const std::filesystem::path& path,
+                               const RunInputs& run) {
+  AugmentConfig eval = run.augment;
+  eval.augment = false;
+  const std::size_t n = std::min(kExportCheckSamples, run.test.size());
+  const ExportCheck check =
+      export_student(trainer, options, format, path, normalized_images(run.test, eval, 0, n));
+  log_info(fmt::format("student exported: {} ({}), checked on {} test images with {}: max "
+                       "normalized error {:.2e}, top-1 agreement {:.4f}",
+                       path.string(), format, check.samples, check.runner,
+                       check.max_normalized_error, check.top1_agreement));
   return check;
 }
 

@@ -3,6 +3,8 @@
 // run again on test images and compared with the student's own logits.
 #pragma once
 
+#include "run_inputs.hpp"
+
 #include "kdflow/core/config.hpp"
 #include "kdflow/gpu_student/trainer.hpp"
 
@@ -39,6 +41,12 @@ inline constexpr std::size_t kExportCheckSamples = 256;
 ExportCheck export_student(student::Trainer& trainer, const student::TrainerOptions& options,
                            const std::string& format, const std::filesystem::path& path,
                            std::span<const float> images);
+
+// A run's trained student written to `path` and checked on the first test images of `run`'s data
+// (as evaluation sees them); logs the check.
+ExportCheck export_run_student(student::Trainer& trainer, const student::TrainerOptions& options,
+                               const std::string& format, const std::filesystem::path& path,
+                               const RunInputs& run);
 
 // `kdflow export --run DIR [--step N] [--format F] --out FILE`: a run's checkpoint (the latest,
 // or step N's) exported and checked as the run's end does; one JSON line on stdout.

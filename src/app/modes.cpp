@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <memory>
 #include <optional>
 #include <random>
 #include <stdexcept>
@@ -73,10 +74,11 @@ public:
     const RunInputs& run = pipeline.run();
     std::size_t units = 0;
     for (TeacherUnit* u = nullptr; (u = pipeline.unit(units)) != nullptr; ++units) {
-      running_.fetch_add(1);
-      u->arena().enqueue([this, &pipeline, &run, u] {
-        started_.fetch_add(1);
-        started_.notify_all();
+      state_->running.fetch_add(1);
+      // The workers hold the state: the last one's notify may come after stop() returned.
+      u->arena().enqueue([state = state_, &pipeline, &run, u] {
+        state->started.fetch_add(1);
+        state->started.notify_all();
         // An unrelated batch: fixed values, the replica's own input and output buffers.
         const teacher::Teacher& model = *run.teachers[u->teacher()].model;
         const std::size_t in =
@@ -84,7 +86,7 @@ public:
             static_cast<std::size_t>(run.teachers[u->teacher()].input.to().numel());
         std::vector<float> inputs(in, 0.5f);
         teacher::OutputBuffers outputs(model);
-        for (std::uint64_t n = 0; !stop_.load(std::memory_order_relaxed); ++n) {
+        for (std::uint64_t n = 0; !state->stop.load(std::memory_order_relaxed); ++n) {
           const auto t0 = Clock::now();
           try {
             trace::Span span("teacher", n);
@@ -94,25 +96,30 @@ public:
           }
           count_teacher_batch(pipeline, t0);
         }
-        if (running_.fetch_sub(1) == 1) running_.notify_all();
+        if (state->running.fetch_sub(1) == 1) state->running.notify_all();
       });
     }
     // Every replica is at work when the measured steps begin.
-    for (std::size_t n = started_.load(); n < units; n = started_.load()) started_.wait(n);
+    for (std::size_t n = state_->started.load(); n < units; n = state_->started.load())
+      state_->started.wait(n);
   }
   ~BackgroundTeachers() { stop(); }
   BackgroundTeachers(const BackgroundTeachers&) = delete;
   BackgroundTeachers& operator=(const BackgroundTeachers&) = delete;
 
   void stop() {
-    stop_.store(true);
-    for (int n = running_.load(); n != 0; n = running_.load()) running_.wait(n);
+    state_->stop.store(true);
+    for (int n = state_->running.load(); n != 0; n = state_->running.load())
+      state_->running.wait(n);
   }
 
 private:
-  std::atomic<bool> stop_{false};
-  std::atomic<int> running_{0};
-  std::atomic<std::size_t> started_{0};
+  struct State {
+    std::atomic<bool> stop{false};
+    std::atomic<int> running{0};
+    std::atomic<std::size_t> started{0};
+  };
+  std::shared_ptr<State> state_ = std::make_shared<State>();
 };
 
 // The benchmark's own producers, in place of the loader stage: what the modes that measure the

@@ -45,20 +45,14 @@ public:
   // The slot layout a run of `run` needs (for sizing the memory before construction).
   static SlotLayout layout_for(const RunInputs& run);
 
+  // Which stages run: no loaders (a benchmark's own producer fills the slots, publishing
+  // filling -> after_load()); no teacher (loaded batches go to ready); of several teachers, one
+  // alone (each batch waits for it, no mix); kd.cache read and filled (run.cache: a training
+  // run, bench-overlap's cached mode); the loaders on the teacher's CPUs too from the start.
   struct StartOptions {
-    // false: the loader stage does not run, and the caller fills the slots itself (a benchmark's
-    // own producer), publishing filling -> after_load().
-    bool loaders = true;
-    bool teacher = true; // false: no teacher stage runs (loaded batches go to ready)
-    // With several teachers: only this one's replicas run (each batch waits for it alone, and the
-    // target is not mixed).
+    bool loaders = true, teacher = true;
     std::optional<std::size_t> only_teacher;
-    // The run's teacher-output cache (run.cache) is read and filled (a training run,
-    // bench-overlap's cached mode); false: the teacher runs for every batch.
-    bool cache = false;
-    // The loaders start on the teacher's CPUs too (share_teacher_cpus(), for a cache that already
-    // holds every sample).
-    bool share_teacher_cpus = false;
+    bool cache = false, share_teacher_cpus = false;
   };
   void start(std::uint64_t first_batch, std::uint64_t batches) {
     start(first_batch, batches, StartOptions{});
@@ -92,9 +86,6 @@ public:
   // start() or on the thread that calls reassign()).
   [[nodiscard]] TeacherUnit* unit(std::size_t k) {
     return k < units_.size() ? units_[k].get() : nullptr;
-  }
-  [[nodiscard]] oneapi::tbb::task_arena* teacher_arena(std::size_t k) {
-    return k < units_.size() ? &units_[k]->arena() : nullptr;
   }
   [[nodiscard]] oneapi::tbb::task_arena& loader_arena() { return loader_arena_->arena(); }
   [[nodiscard]] std::size_t replicas() const {

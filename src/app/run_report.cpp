@@ -7,6 +7,8 @@
 #include <unistd.h>
 
 namespace kdflow::app {
+using nlohmann::json;
+
 namespace {
 
 std::string host_name() {
@@ -29,6 +31,65 @@ nlohmann::json rank_line(const DistEnv& dist, const std::string& device, const R
           {"teacher_busy_fraction", figures.teacher_busy_fraction},
           {"plan", affinity::to_json(plan)},
           {"state_digest", state_digest}};
+}
+
+json run_summary(const SummaryParts& p) {
+  const RunFigures figures = figures_of(p.measured);
+  const DistEnv& dist = p.run.dist;
+  const student::ProcessGroup* group = p.group;
+  const student::Trainer& trainer = p.trainer;
+  const auto& teacher = p.state.teacher_test_accuracy;
+  return {
+      {"test_accuracy", p.state.test_accuracy},
+      {"best_test_accuracy", p.state.best_test_accuracy},
+      {"teacher_test_accuracy", teacher ? json(*teacher) : json(nullptr)},
+      {"epochs", static_cast<double>(trainer.steps_done()) / static_cast<double>(p.per_epoch)},
+      {"steps", trainer.steps_done()},
+      {"wall_s", p.wall_s},
+      {"train_loop_s", p.measured.loop_s},
+      {"evaluation_s", p.measured.eval_s},
+      {"checkpoint_s", p.measured.save_s},
+      // Training throughput: the steps' time, evaluations and checkpoint writes left out.
+      {"samples_per_s", figures.samples_per_s},
+      {"student_stall_fraction", figures.stall_fraction},
+      {"teacher_busy_fraction", figures.teacher_busy_fraction},
+      {"device", trainer.device()},
+      {"precision", trainer.precision()},
+      {"student",
+       {{"arch", p.options.model.arch},
+        {"path", p.options.model.path.empty() ? json(nullptr) : json(p.options.model.path)},
+        {"width", p.options.model.width},
+        {"parameters", trainer.parameters()}}},
+      {"export", p.exported},
+      {"teacher", p.run.teacher_runs() ? json(p.run.teachers.front().spec.path) : json(nullptr)},
+      // Several teachers: each alone (teacher_test_accuracy is their mixture's, the target).
+      {"teachers", p.state.teachers},
+      {"teacher_cache", p.cache},
+      {"plan", affinity::to_json(p.run.plan)},
+      {"elastic", p.elastic},
+      {"ring",
+       {{"slots", p.slots},
+        {"slot_bytes", p.ring.layout().slot_bytes()},
+        {"memory", memory_kind_name(p.ring.memory_kind())}}},
+      {"skipped_steps", trainer.skipped_steps()},
+      {"interrupted", p.interrupted},
+      {"evaluations", p.state.evaluations},
+      {"world_size", dist.world},
+      {"batch_size", p.run.sampler.batch_size},
+      {"global_batch_size", p.run.sampler.batch_size * static_cast<std::size_t>(dist.world)},
+      {"dist",
+       group ? json{{"backend", group->backend()},
+                    {"timeout_s", group->options().timeout_s},
+                    {"bucket_mb", group->options().bucket_mb},
+                    {"buckets", trainer.bucket_stats()->buckets},
+                    {"buckets_launched_in_backward", trainer.bucket_stats()->launched_in_backward},
+                    {"buckets_launched_after_backward",
+                     trainer.bucket_stats()->launched_after_backward},
+                    {"batchnorm", "each rank's batch statistics; running statistics "
+                                  "rank 0's (broadcast after every step)"}}
+             : json(nullptr)},
+      {"ranks", p.ranks},
+      {"state_digest", p.state_digest}};
 }
 
 void MetricsInterval::add(const student::StepStats& step) {

@@ -2,8 +2,13 @@
 // rates and shares, each rank's line in it, and metrics.jsonl's interval lines read them from here.
 #pragma once
 
+#include "run_inputs.hpp"
+#include "run_state.hpp"
+
 #include "kdflow/affinity/plan.hpp"
 #include "kdflow/core/dist_env.hpp"
+#include "kdflow/core/slot_ring.hpp"
+#include "kdflow/gpu_student/process_group.hpp"
 #include "kdflow/gpu_student/trainer.hpp"
 
 #include <chrono>
@@ -51,6 +56,25 @@ inline RunFigures figures_of(const RunMeasures& m) {
 // A rank's own figures in summary.json's `ranks`.
 nlohmann::json rank_line(const DistEnv& dist, const std::string& device, const RunFigures& figures,
                          const affinity::Plan& plan, const std::string& state_digest);
+
+// What summary.json says beside the figures: the run's state and measures, the student, the ring,
+// the job, and what the run's other parts report of themselves.
+struct SummaryParts {
+  const RunState& state;
+  const RunMeasures& measured;
+  const student::Trainer& trainer;
+  const student::TrainerOptions& options;
+  const RunInputs& run;
+  const SlotRing& ring;
+  std::uint32_t slots;
+  std::uint64_t per_epoch;
+  double wall_s;
+  bool interrupted;
+  const student::ProcessGroup* group; // null for one process
+  nlohmann::json exported, cache, elastic, ranks;
+  std::string state_digest;
+};
+nlohmann::json run_summary(const SummaryParts& parts);
 
 // One metrics.jsonl interval: the steps' losses and hits since the last line, weighted by their
 // samples.

@@ -103,9 +103,6 @@ private:
   void save_teacher_cache();
   // The trained student exported and checked (null when it is not exported); throws when the
   // written file does not give the student's logits, after summary.json.
-  [[nodiscard]] json export_trained(std::optional<ExportCheck>& check);
-  [[nodiscard]] json summary(const RunMeasures& measured, const json& exported, const json& ranks,
-                             const std::string& state_digest);
   // The teacher replicas' working time so far: their bodies' time less their waits on the ring
   // for a loaded slot (as bench-overlap and kd-ctl count it).
   [[nodiscard]] std::uint64_t teacher_work_ns();
@@ -173,7 +170,7 @@ void TrainRun::start() {
   if (writer_) folder_.open(config_.to_toml(), resume_from_.has_value());
   if (run().teacher_runs() && !state_.teacher_test_accuracy) {
     const TeacherAccuracy measured = measure_teachers(
-        run(), pipeline().assignment().loader, *pipeline().teacher_arena(0), pipeline().replicas(),
+        run(), pipeline().assignment().loader, pipeline().unit(0)->arena(), pipeline().replicas(),
         [&](std::span<double> hits) { job_sum(hits, "the teacher's evaluation"); });
     state_.teacher_test_accuracy = measured.target;
     state_.teachers = measured.teachers;
@@ -311,6 +308,7 @@ void TrainRun::step_loop() {
   start_steps(begin);
   const std::uint64_t wait_before = student_wait_ns(pipeline().ring().stats());
   interval_wait_ns_ = wait_before;
+  interval_ = MetricsInterval{}; // the first interval's clock starts with the steps
   for (std::uint64_t b = begin; b < last_; ++b) {
     if (watchdog_) watchdog_->expect(b);
     const auto stats = student_step(b, b - begin);
@@ -409,22 +407,6 @@ std::uint64_t TrainRun::teacher_work_ns() {
   return busy > wait ? busy - wait : 0;
 }
 
-json TrainRun::export_trained(std::optional<ExportCheck>& check) {
-  if (!writer_ || interrupted_ || export_format_ == "off") return nullptr;
-  const fs::path file = folder_.export_file(export_format_);
-  AugmentConfig eval = run().augment;
-  eval.augment = false;
-  const std::size_t n = std::min(kExportCheckSamples, run().test.size());
-  check = export_student(trainer(), options_, export_format_, file,
-                         normalized_images(run().test, eval, 0, n));
-  log_info(fmt::format("student exported: {} ({}), checked on {} test images with {}: max "
-                       "normalized error {:.2e}, top-1 agreement {:.4f}",
-                       file.string(), export_format_, check->samples, check->runner,
-                       check->max_normalized_error, check->top1_agreement));
-  return {
-      {"file", file.filename().string()}, {"format", export_format_}, {"check", to_json(*check)}};
-}
-
 int TrainRun::finish() {
   // A stop asked for after the last step (agreed by the ranks): its checkpoint is saved; the
   // final evaluation and the export are left out.
@@ -440,7 +422,14 @@ int TrainRun::finish() {
   measured.teacher_work_ns = run().teacher_runs() ? teacher_work_ns() : 0;
   measured.replicas = run().teacher_runs() ? pipeline().replicas() : 0;
   std::optional<ExportCheck> check;
-  const json exported = export_trained(check);
+  json exported = nullptr;
+  if (writer_ && !interrupted_ && export_format_ != "off") {
+    check = export_run_student(trainer(), options_, export_format_,
+                               folder_.export_file(export_format_), run());
+    exported = {{"file", folder_.export_file(export_format_).filename().string()},
+                {"format", export_format_},
+                {"check", to_json(*check)}};
+  }
   // Every rank's own figures, in rank 0's summary.
   const std::string state_digest = fmt::format("{:016x}", digest_of(trainer().state_vector()));
   const json mine = rank_line(session_.dist(), trainer().device(), figures_of(measured), run().plan,
@@ -457,7 +446,12 @@ int TrainRun::finish() {
                                     session_.dist().rank, trainer().steps_done()));
     return kExitOk;
   }
-  const json written = summary(measured, exported, ranks, state_digest);
+  const json written = run_summary(
+      {state_, measured, trainer(), options_, run(), pipeline().ring(), session_.slots(),
+       per_epoch_, wall_s(), interrupted_, session_.group(), exported, cache_->summary(),
+       elastic_off_ ? json{{"active", false}, {"reason", *elastic_off_}}
+                    : json{{"active", true}, {"kd_ctl", kd_ctl_->summary()}},
+       ranks, state_digest});
   folder_.write_summary(written);
   if (check && !check->ok)
     throw std::runtime_error(fmt::format(
@@ -474,66 +468,6 @@ int TrainRun::finish() {
                        trainer().steps_done(), state_.test_accuracy, state_.best_test_accuracy,
                        written["samples_per_s"].get<double>(), folder_.path().string()));
   return kExitOk;
-}
-
-json TrainRun::summary(const RunMeasures& measured, const json& exported, const json& ranks,
-                       const std::string& state_digest) {
-  const RunFigures figures = figures_of(measured);
-  const DistEnv& dist = session_.dist();
-  const student::ProcessGroup* group = session_.group();
-  const auto& teacher = state_.teacher_test_accuracy;
-  return {
-      {"test_accuracy", state_.test_accuracy},
-      {"best_test_accuracy", state_.best_test_accuracy},
-      {"teacher_test_accuracy", teacher ? json(*teacher) : json(nullptr)},
-      {"epochs", static_cast<double>(trainer().steps_done()) / static_cast<double>(per_epoch_)},
-      {"steps", trainer().steps_done()},
-      {"wall_s", wall_s()},
-      {"train_loop_s", measured.loop_s},
-      {"evaluation_s", measured.eval_s},
-      {"checkpoint_s", measured.save_s},
-      // Training throughput: the steps' time, evaluations and checkpoint writes left out.
-      {"samples_per_s", figures.samples_per_s},
-      {"student_stall_fraction", figures.stall_fraction},
-      {"teacher_busy_fraction", figures.teacher_busy_fraction},
-      {"device", trainer().device()},
-      {"precision", trainer().precision()},
-      {"student",
-       {{"arch", options_.model.arch},
-        {"path", options_.model.path.empty() ? json(nullptr) : json(options_.model.path)},
-        {"width", options_.model.width},
-        {"parameters", trainer().parameters()}}},
-      {"export", exported},
-      {"teacher", run().teacher_runs() ? json(run().teachers.front().spec.path) : json(nullptr)},
-      // Several teachers: each alone (teacher_test_accuracy is their mixture's, the target).
-      {"teachers", state_.teachers},
-      {"teacher_cache", cache_->summary()},
-      {"plan", affinity::to_json(run().plan)},
-      {"elastic", elastic_off_ ? json{{"active", false}, {"reason", *elastic_off_}}
-                               : json{{"active", true}, {"kd_ctl", kd_ctl_->summary()}}},
-      {"ring",
-       {{"slots", session_.slots()},
-        {"slot_bytes", pipeline().ring().layout().slot_bytes()},
-        {"memory", memory_kind_name(pipeline().ring().memory_kind())}}},
-      {"skipped_steps", trainer().skipped_steps()},
-      {"interrupted", interrupted_},
-      {"evaluations", state_.evaluations},
-      {"world_size", dist.world},
-      {"batch_size", run().sampler.batch_size},
-      {"global_batch_size", run().sampler.batch_size * static_cast<std::size_t>(dist.world)},
-      {"dist", group ? json{{"backend", group->backend()},
-                            {"timeout_s", group->options().timeout_s},
-                            {"bucket_mb", group->options().bucket_mb},
-                            {"buckets", trainer().bucket_stats()->buckets},
-                            {"buckets_launched_in_backward",
-                             trainer().bucket_stats()->launched_in_backward},
-                            {"buckets_launched_after_backward",
-                             trainer().bucket_stats()->launched_after_backward},
-                            {"batchnorm", "each rank's batch statistics; running statistics "
-                                          "rank 0's (broadcast after every step)"}}
-                     : json(nullptr)},
-      {"ranks", ranks},
-      {"state_digest", state_digest}};
 }
 
 } // namespace

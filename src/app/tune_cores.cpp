@@ -207,195 +207,242 @@ std::vector<Candidate> candidates(const RunInputs& run,
   return out;
 }
 
-} // namespace
+// One tuning: the session, the candidate plans and the stage configurations to profile, then the
+// phases in order (each stage alone, predictions, verifications, the report).
+class CoreTuner {
+public:
+  explicit CoreTuner(const TuneArgs& args);
+  // 1. Each stage alone: the student (its rate does not depend on the plan), the loader sets up
+  // to the first that outruns the student, then the teacher configurations the plans left use.
+  void profile();
+  // 2. Predictions: each plan's slowest stage. 3. The best predictions measured as the real
+  // pipeline (budget permitting: at least one); the winner.
+  void predict_and_verify();
+  [[nodiscard]] json report();
+  // --exhaustive: every valid plan as a real pipeline run, the same window as a verification.
+  void exhaustive(json& report);
+  [[nodiscard]] const Candidate& winner() const { return *winner_; }
 
-int tune_cores_command(const TuneArgs& args) {
-  const auto started = Clock::now();
-  const auto elapsed = [&] {
-    return std::chrono::duration<double>(Clock::now() - started).count();
-  };
-  if (const auto dist = dist_env(); dist && dist->world > 1)
-    throw InputError(fmt::format("tune-cores under torchrun (WORLD_SIZE = {}): a plan file plans "
-                                 "one process's node; several ranks each plan their share with "
-                                 "cores.plan = auto (kdflow cores --local-world-size N shows them)",
-                                 dist->world));
-  Session session(args.config, args.sets);
-  const Config& config = session.config();
+private:
+  [[nodiscard]] double elapsed() const {
+    return std::chrono::duration<double>(Clock::now() - started_).count();
+  }
+  [[nodiscard]] Setup setup_for(double seconds) {
+    RunInputs& run = session_.run();
+    return Setup{run,
+                 session_.sampler(),
+                 session_.slots(),
+                 session_.slots(),
+                 10,
+                 seconds,
+                 trainer_options(run, 1 << 20),
+                 {},
+                 {}};
+  }
+  // The run measured as candidate `c` plans it (its plan, its teacher precision).
+  void use(const Candidate& c);
+  void profile_loaders();
+  void profile_teachers();
+  [[nodiscard]] bool has_stage(const Candidate& c, const TeacherStage& stage) const {
+    const auto stages = stages_of(c, nteachers_);
+    return std::find(stages.begin(), stages.end(), stage) != stages.end();
+  }
+
+  const TuneArgs& args_;
+  const Clock::time_point started_ = Clock::now();
+  Session session_;
+  std::size_t nteachers_ = 0;
+  // The first teacher in each precision tried: bf16 only where the CPU runs it natively.
+  std::map<teacher::Precision, std::shared_ptr<const teacher::Teacher>> teachers_;
+  std::vector<Candidate> all_, every_; // every_: what --exhaustive measures
+  // Distinct stage configurations to profile (loader sets ordered by size: each extends the last).
+  std::map<affinity::CpuList, double> loader_rate_;
+  std::map<TeacherStage, double> teacher_rate_; // each teacher's stage alone
+  json dominated_ = json::array();
+  double student_rate_ = 0, window_ = 0, tuning_s_ = 0;
+  std::size_t verifies_ = 0;
+  std::vector<Candidate>::const_iterator winner_;
+};
+
+CoreTuner::CoreTuner(const TuneArgs& args)
+    : args_(args), session_([&]() -> Session {
+        if (const auto dist = dist_env(); dist && dist->world > 1)
+          throw InputError(fmt::format(
+              "tune-cores under torchrun (WORLD_SIZE = {}): a plan file plans one process's "
+              "node; several ranks each plan their share with cores.plan = auto (kdflow cores "
+              "--local-world-size N shows them)",
+              dist->world));
+        return Session(args.config, args.sets);
+      }()) {
   if (!(args.budget_s > 0)) throw InputError("--budget-s must be positive");
   if (args.verify < 1) throw InputError("--verify must be at least 1");
   if (!fs::is_directory(fs::absolute(args.out).parent_path()))
     throw InputError(fmt::format("--out {}: its folder does not exist", args.out));
-
-  session.prepare({});
-  RunInputs& run = session.run();
-  const Sampler& sampler = session.sampler();
-  const std::uint32_t slots = session.slots();
-
-  // The teacher in each precision to try: bf16 only where the CPU runs it natively. Several
-  // teachers each keep their configured precision; their costs share out the cores when the ways
-  // to share them are too many to try.
+  session_.prepare({});
+  RunInputs& run = session_.run();
+  nteachers_ = run.teachers.size();
+  // Several teachers each keep their configured precision; their costs share out the cores when
+  // the ways to share them are too many to try.
   std::vector<teacher::Precision> precisions = {teacher::Precision::fp32};
   if (run.teacher_runs() && teacher::has_native_bf16())
     precisions.push_back(teacher::Precision::bf16);
-  if (run.teachers.size() > 1) precisions = {run.teachers.front().spec.precision};
-  std::map<teacher::Precision, std::shared_ptr<const teacher::Teacher>> teachers;
+  if (nteachers_ > 1) precisions = {run.teachers.front().spec.precision};
   for (const auto p : precisions) {
     if (!run.teacher_runs()) break;
     // prepare_run already loaded the configured precision.
     const RunTeacher& first = run.teachers.front();
-    teachers[p] = p == first.spec.precision
-                      ? first.model
-                      : load_run_teacher(run, first.spec, p,
-                                         static_cast<int>(run.plan.teacher.front().size()));
+    teachers_[p] = p == first.spec.precision
+                       ? first.model
+                       : load_run_teacher(run, first.spec, p,
+                                          static_cast<int>(run.plan.teacher.front().size()));
   }
-  std::vector<Candidate> all = candidates(run, precisions, run.teacher_costs);
-  if (all.empty())
+  all_ = candidates(run, precisions, run.teacher_costs);
+  if (all_.empty())
     throw InputError("tune-cores: no valid plan on this machine's allowed CPUs (one core: every "
                      "role shares it; use cores.plan = auto)");
-
-  // Distinct stage configurations to profile (at most: loader sets beyond the first that outruns
-  // the student are skipped, and so are the teacher configurations only their plans use).
-  std::map<affinity::CpuList, double> loader_rate; // ordered by size: each set extends the last
-  std::map<TeacherStage, double> teacher_rate;     // each teacher's stage alone
-  const std::size_t nteachers = run.teachers.size();
-  for (const auto& c : all) {
-    loader_rate[c.plan.loader] = 0;
+  for (const auto& c : all_) {
+    loader_rate_[c.plan.loader] = 0;
     if (c.precision)
-      for (const TeacherStage& stage : stages_of(c, nteachers)) teacher_rate[stage] = 0;
+      for (const TeacherStage& stage : stages_of(c, nteachers_)) teacher_rate_[stage] = 0;
   }
-  const std::vector<Candidate> every = all; // what --exhaustive measures
-  const std::size_t profiles = 1 + loader_rate.size() + teacher_rate.size();
-  const std::size_t verifies =
-      std::min<std::size_t>(static_cast<std::size_t>(args.verify), all.size());
+  every_ = all_;
+  const std::size_t profiles = 1 + loader_rate_.size() + teacher_rate_.size();
+  verifies_ = std::min<std::size_t>(static_cast<std::size_t>(args.verify), all_.size());
   // Window lengths from the budget: a profile half as long as a verification run, and the warm-up
   // (a lap of the ring) on top of each, guessed at a fifth of a window.
-  const double window = std::clamp(
-      args.budget_s / (1.2 * (0.5 * static_cast<double>(profiles) + static_cast<double>(verifies))),
-      0.3, 5.0);
-  const auto setup_for = [&](double seconds) {
-    return Setup{run, sampler, slots, slots, 10, seconds, trainer_options(run, 1 << 20), {}, {}};
-  };
-  const auto use = [&](const Candidate& c) {
-    run.plan = c.plan;
-    if (c.precision) {
-      run.teachers.front().model = teachers.at(*c.precision);
-      run.teachers.front().spec.precision = *c.precision;
-    }
-  };
+  window_ =
+      std::clamp(args.budget_s /
+                     (1.2 * (0.5 * static_cast<double>(profiles) + static_cast<double>(verifies_))),
+                 0.3, 5.0);
   log_info(fmt::format("tune-cores: {} valid plan(s); profiling {} stage configuration(s), then "
                        "verifying {}; budget {:.0f} s",
-                       all.size(), profiles, verifies, args.budget_s));
+                       all_.size(), profiles, verifies_, args.budget_s));
+}
 
-  // 1. Each stage alone. The student's rate does not depend on the plan (its CPUs are fixed).
-  use(all.front());
-  const double student_rate = run_rep(setup_for(0.5 * window), Mode::student_alone).rate();
-  log_info(fmt::format("[{:5.1f} s] student alone: {:.0f} samples/s", elapsed(), student_rate));
+void CoreTuner::use(const Candidate& c) {
+  RunInputs& run = session_.run();
+  run.plan = c.plan;
+  if (c.precision) {
+    run.teachers.front().model = teachers_.at(*c.precision);
+    run.teachers.front().spec.precision = *c.precision;
+  }
+}
+
+void CoreTuner::profile() {
+  use(all_.front());
+  student_rate_ = run_rep(setup_for(0.5 * window_), Mode::student_alone).rate();
+  log_info(fmt::format("[{:5.1f} s] student alone: {:.0f} samples/s", elapsed(), student_rate_));
+  profile_loaders();
+  profile_teachers();
+}
+
+void CoreTuner::profile_loaders() {
   // More loader CPUs than it takes to outrun the student cannot raise a plan's rate (the slowest
   // stage's) but take CPUs from the teacher: once a loader set is faster than the student by
   // kLoaderHeadroom, the larger sets are dominated, and neither they nor the teacher
   // configurations only their plans use are profiled. --exhaustive measures them all the same.
   constexpr double kLoaderHeadroom = 1.25;
-  json dominated = json::array();
-  for (auto it = loader_rate.begin(); it != loader_rate.end(); ++it) {
-    Candidate c = all.front();
+  for (auto it = loader_rate_.begin(); it != loader_rate_.end(); ++it) {
+    Candidate c = all_.front();
     c.plan.loader = it->first;
     use(c);
-    it->second = run_rep(setup_for(0.5 * window), Mode::loader_alone).rate();
+    it->second = run_rep(setup_for(0.5 * window_), Mode::loader_alone).rate();
     log_info(fmt::format("[{:5.1f} s] loaders on {}: {:.0f} samples/s", elapsed(),
                          affinity::format_cpus(it->first), it->second));
-    if (it->second >= kLoaderHeadroom * student_rate) {
-      for (auto rest = std::next(it); rest != loader_rate.end(); ++rest)
-        dominated.push_back(rest->first);
-      loader_rate.erase(std::next(it), loader_rate.end());
+    if (it->second >= kLoaderHeadroom * student_rate_) {
+      for (auto rest = std::next(it); rest != loader_rate_.end(); ++rest)
+        dominated_.push_back(rest->first);
+      loader_rate_.erase(std::next(it), loader_rate_.end());
       break;
     }
   }
-  std::erase_if(all, [&](const Candidate& c) { return !loader_rate.contains(c.plan.loader); });
-  std::erase_if(teacher_rate, [&](const auto& entry) {
-    return std::none_of(all.begin(), all.end(), [&](const Candidate& c) {
-      const auto stages = stages_of(c, nteachers);
-      return std::find(stages.begin(), stages.end(), entry.first) != stages.end();
-    });
+  std::erase_if(all_, [&](const Candidate& c) { return !loader_rate_.contains(c.plan.loader); });
+  std::erase_if(teacher_rate_, [&](const auto& entry) {
+    return std::none_of(all_.begin(), all_.end(),
+                        [&](const Candidate& c) { return has_stage(c, entry.first); });
   });
-  if (!dominated.empty())
+  if (!dominated_.empty())
     log_info(fmt::format("tune-cores: {} larger loader set(s) dominated (the loaders on {} "
                          "already outrun the student); {} plan(s) and {} teacher profile(s) left",
-                         dominated.size(), affinity::format_cpus(loader_rate.rbegin()->first),
-                         all.size(), teacher_rate.size()));
-  for (auto& [key, rate] : teacher_rate) {
+                         dominated_.size(), affinity::format_cpus(loader_rate_.rbegin()->first),
+                         all_.size(), teacher_rate_.size()));
+}
+
+void CoreTuner::profile_teachers() {
+  for (auto& [key, rate] : teacher_rate_) {
     // A plan with this teacher stage, measured with that teacher alone.
-    const auto with = std::find_if(all.begin(), all.end(), [&](const Candidate& c) {
-      const auto stages = stages_of(c, nteachers);
-      return std::find(stages.begin(), stages.end(), key) != stages.end();
-    });
-    use(*with);
-    Setup setup = setup_for(0.5 * window);
-    if (nteachers > 1) setup.only_teacher = static_cast<std::size_t>(key.teacher);
+    use(*std::find_if(all_.begin(), all_.end(),
+                      [&](const Candidate& c) { return has_stage(c, key); }));
+    Setup setup = setup_for(0.5 * window_);
+    if (nteachers_ > 1) setup.only_teacher = static_cast<std::size_t>(key.teacher);
     rate = run_rep(setup, Mode::teacher_alone).rate();
     log_info(fmt::format("[{:5.1f} s] teacher {}{} x{} {}: {:.0f} samples/s", elapsed(),
-                         nteachers > 1 ? fmt::format("{}: ", key.teacher) : std::string(),
+                         nteachers_ > 1 ? fmt::format("{}: ", key.teacher) : std::string(),
                          key.replicas.size(), key.replicas[0].size(),
                          teacher::precision_name(key.precision), rate));
   }
-  // 2. Predictions: the slowest stage's rate. Ties keep the order below (fewer loader cores,
-  // fewer replicas, fp32 first), so equal measurements give the same choice.
-  for (auto& c : all) {
-    c.predicted = std::min(student_rate, loader_rate.at(c.plan.loader));
-    c.bottleneck = c.predicted == student_rate ? "student" : "loader";
-    if (run.teacher_runs()) {
-      // Each teacher works on every batch: the slowest of them, or, where they share CPUs, the
-      // time they take one after the other.
-      const auto stages = stages_of(c, nteachers);
-      double t = INFINITY, shared_s = 0;
-      std::size_t slowest = 0;
-      for (std::size_t k = 0; k < stages.size(); ++k) {
-        const double r = teacher_rate.at(stages[k]);
-        shared_s += 1 / r;
-        if (r < t) {
-          t = r;
-          slowest = k;
-        }
+}
+
+void CoreTuner::predict_and_verify() {
+  // Ties keep the candidates' order (fewer loader cores, fewer replicas, fp32 first), so equal
+  // measurements give the same choice.
+  for (auto& c : all_) {
+    c.predicted = std::min(student_rate_, loader_rate_.at(c.plan.loader));
+    c.bottleneck = c.predicted == student_rate_ ? "student" : "loader";
+    if (!session_.run().teacher_runs()) continue;
+    // Each teacher works on every batch: the slowest of them, or, where they share CPUs, the
+    // time they take one after the other.
+    const auto stages = stages_of(c, nteachers_);
+    double t = INFINITY, shared_s = 0;
+    std::size_t slowest = 0;
+    for (std::size_t k = 0; k < stages.size(); ++k) {
+      const double r = teacher_rate_.at(stages[k]);
+      shared_s += 1 / r;
+      if (r < t) {
+        t = r;
+        slowest = k;
       }
-      const bool share = nteachers > 1 && stages[0].replicas == stages[1].replicas;
-      if (share) t = 1 / shared_s;
-      if (t < c.predicted) {
-        c.predicted = t;
-        c.bottleneck = nteachers == 1 ? std::string("teacher")
-                       : share        ? std::string("teachers")
-                                      : fmt::format("teacher {}", slowest);
-      }
+    }
+    const bool share = nteachers_ > 1 && stages[0].replicas == stages[1].replicas;
+    if (share) t = 1 / shared_s;
+    if (t < c.predicted) {
+      c.predicted = t;
+      c.bottleneck = nteachers_ == 1 ? std::string("teacher")
+                     : share         ? std::string("teachers")
+                                     : fmt::format("teacher {}", slowest);
     }
   }
-  std::stable_sort(all.begin(), all.end(), [](const Candidate& a, const Candidate& b) {
+  std::stable_sort(all_.begin(), all_.end(), [](const Candidate& a, const Candidate& b) {
     return a.predicted > b.predicted * 1.02;
   });
-  // 3. The best predictions, measured as the real pipeline (budget permitting: at least one).
-  for (std::size_t i = 0; i < verifies; ++i) {
-    if (i > 0 && elapsed() + window * 1.2 > args.budget_s) {
-      log_warn(fmt::format("tune-cores: budget reached; {} of {} verifications run", i, verifies));
+  for (std::size_t i = 0; i < verifies_; ++i) {
+    if (i > 0 && elapsed() + window_ * 1.2 > args_.budget_s) {
+      log_warn(fmt::format("tune-cores: budget reached; {} of {} verifications run", i, verifies_));
       break;
     }
-    use(all[i]);
-    all[i].measured = run_rep(setup_for(window), Mode::overlapped).rate();
+    use(all_[i]);
+    all_[i].measured = run_rep(setup_for(window_), Mode::overlapped).rate();
     log_info(fmt::format("[{:5.1f} s] {}: predicted {:.0f}, measured {:.0f} samples/s", elapsed(),
-                         all[i].label(), all[i].predicted, all[i].measured));
+                         all_[i].label(), all_[i].predicted, all_[i].measured));
   }
   // The winner: the best measured; within 2% of it, the better prediction (earlier) wins.
   double best_measured = 0;
-  for (const auto& c : all) best_measured = std::max(best_measured, c.measured);
-  const auto winner = std::find_if(all.begin(), all.end(), [&](const Candidate& c) {
+  for (const auto& c : all_) best_measured = std::max(best_measured, c.measured);
+  winner_ = std::find_if(all_.begin(), all_.end(), [&](const Candidate& c) {
     return c.measured > 0 && c.measured >= 0.98 * best_measured;
   });
-  const double tuning_s = elapsed();
-
+  tuning_s_ = elapsed();
   fmt::print("\n{:<4} {:<52} {:>10} {:>10} {:>10}\n", "", "plan", "predicted", "measured",
              "bottleneck");
-  for (const auto& c : all)
-    fmt::print("{:<4} {:<52} {:>10.0f} {:>10} {:>10}\n", &c == &*winner ? "->" : "", c.label(),
+  for (const auto& c : all_)
+    fmt::print("{:<4} {:<52} {:>10.0f} {:>10} {:>10}\n", &c == &*winner_ ? "->" : "", c.label(),
                c.predicted, c.measured > 0 ? fmt::format("{:.0f}", c.measured) : "-", c.bottleneck);
+}
 
+json CoreTuner::report() {
+  const RunInputs& run = session_.run();
   json candidates_json = json::array();
-  for (const auto& c : all)
+  for (const auto& c : all_)
     candidates_json.push_back(
         {{"plan", affinity::to_json(c.plan)},
          {"teacher_precision", c.precision_text()},
@@ -403,70 +450,79 @@ int tune_cores_command(const TuneArgs& args) {
          {"measured_samples_per_s", c.measured > 0 ? json(c.measured) : json()},
          {"bottleneck", c.bottleneck}});
   json loaders = json::array(), teachers_json = json::array();
-  for (const auto& [cpus, rate] : loader_rate)
+  for (const auto& [cpus, rate] : loader_rate_)
     loaders.push_back({{"cpus", cpus}, {"samples_per_s", rate}});
-  for (const auto& [key, rate] : teacher_rate)
+  for (const auto& [key, rate] : teacher_rate_)
     teachers_json.push_back({{"teacher", key.teacher},
                              {"replicas", key.replicas},
                              {"precision", teacher::precision_name(key.precision)},
                              {"samples_per_s", rate}});
   // The plan file's own keys (the one format --cores reads), then the tuner's report beside them.
   json report = affinity::plan_file_json(
-      winner->plan, winner->precision ? teacher::precision_name(*winner->precision) : "");
+      winner_->plan, winner_->precision ? teacher::precision_name(*winner_->precision) : "");
   report.update(
-      json{{"predicted_samples_per_s", winner->predicted},
-           {"measured_samples_per_s", winner->measured},
-           {"bottleneck", winner->bottleneck},
+      json{{"predicted_samples_per_s", winner_->predicted},
+           {"measured_samples_per_s", winner_->measured},
+           {"bottleneck", winner_->bottleneck},
            {"profiles",
-            {{"student_samples_per_s", student_rate},
+            {{"student_samples_per_s", student_rate_},
              {"loader", loaders},
              {"teacher", teachers_json},
-             {"dominated_loader_sets", dominated}}},
-           {"valid_plans", every.size()},
+             {"dominated_loader_sets", dominated_}}},
+           {"valid_plans", every_.size()},
            {"candidates", candidates_json},
-           {"tuning_s", tuning_s},
-           {"budget_s", args.budget_s},
-           {"window_s", window},
+           {"tuning_s", tuning_s_},
+           {"budget_s", args_.budget_s},
+           {"window_s", window_},
            {"setup",
             {{"teacher", run.teacher_runs() ? run.teachers.front().spec.path : std::string()},
-             {"student", config.get_string("student.arch")},
+             {"student", session_.config().get_string("student.arch")},
              {"batch", run.sampler.batch_size},
-             {"ring_slots", slots}}}});
+             {"ring_slots", session_.slots()}}}});
+  return report;
+}
 
-  if (args.exhaustive) {
-    // Every valid plan as a real pipeline run, the same window as a verification.
-    const auto t0 = Clock::now();
-    double best = 0;
-    std::string best_label;
-    json tried = json::array();
-    double winner_there = 0;
-    for (const auto& c : every) {
-      use(c);
-      const double rate = run_rep(setup_for(window), Mode::overlapped).rate();
-      log_info(fmt::format("exhaustive: {}: {:.0f} samples/s", c.label(), rate));
-      tried.push_back({{"plan", c.label()}, {"measured_samples_per_s", rate}});
-      if (rate > best) {
-        best = rate;
-        best_label = c.label();
-      }
-      if (c.label() == winner->label()) winner_there = rate;
+void CoreTuner::exhaustive(json& report) {
+  const auto t0 = Clock::now();
+  double best = 0, winner_there = 0;
+  std::string best_label;
+  json tried = json::array();
+  for (const auto& c : every_) {
+    use(c);
+    const double rate = run_rep(setup_for(window_), Mode::overlapped).rate();
+    log_info(fmt::format("exhaustive: {}: {:.0f} samples/s", c.label(), rate));
+    tried.push_back({{"plan", c.label()}, {"measured_samples_per_s", rate}});
+    if (rate > best) {
+      best = rate;
+      best_label = c.label();
     }
-    const double exhaustive_s = std::chrono::duration<double>(Clock::now() - t0).count();
-    report["exhaustive"] = {{"plans", tried},
-                            {"best_plan", best_label},
-                            {"best_samples_per_s", best},
-                            {"tuned_plan_samples_per_s", winner_there},
-                            {"tuned_vs_best", winner_there / best},
-                            {"exhaustive_s", exhaustive_s},
-                            {"time_ratio", tuning_s / exhaustive_s}};
-    fmt::print("\nexhaustive: best {} at {:.0f} samples/s; the tuned plan ran at {:.0f} ({:.3f} of "
-               "the best); tuning took {:.1f} s, the exhaustive search {:.1f} s (ratio {:.2f})\n",
-               best_label, best, winner_there, winner_there / best, tuning_s, exhaustive_s,
-               tuning_s / exhaustive_s);
+    if (c.label() == winner_->label()) winner_there = rate;
   }
+  const double exhaustive_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  report["exhaustive"] = {{"plans", tried},
+                          {"best_plan", best_label},
+                          {"best_samples_per_s", best},
+                          {"tuned_plan_samples_per_s", winner_there},
+                          {"tuned_vs_best", winner_there / best},
+                          {"exhaustive_s", exhaustive_s},
+                          {"time_ratio", tuning_s_ / exhaustive_s}};
+  fmt::print("\nexhaustive: best {} at {:.0f} samples/s; the tuned plan ran at {:.0f} ({:.3f} of "
+             "the best); tuning took {:.1f} s, the exhaustive search {:.1f} s (ratio {:.2f})\n",
+             best_label, best, winner_there, winner_there / best, tuning_s_, exhaustive_s,
+             tuning_s_ / exhaustive_s);
+}
+
+} // namespace
+
+int tune_cores_command(const TuneArgs& args) {
+  CoreTuner tuner(args);
+  tuner.profile();
+  tuner.predict_and_verify();
+  json report = tuner.report();
+  if (args.exhaustive) tuner.exhaustive(report);
   write_file_atomic(args.out, report.dump(2) + "\n");
-  fmt::print("\nplan: {} ({:.0f} samples/s measured, {} bound), written to {}\n", winner->label(),
-             winner->measured, winner->bottleneck, args.out);
+  fmt::print("\nplan: {} ({:.0f} samples/s measured, {} bound), written to {}\n",
+             tuner.winner().label(), tuner.winner().measured, tuner.winner().bottleneck, args.out);
   return kExitOk;
 }
 

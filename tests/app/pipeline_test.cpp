@@ -177,7 +177,7 @@ TEST(CpuPipeline, PoolsMovedWhileBatchesFlowLoseNothingAndRunOnTheirNewCpus) {
   EXPECT_EQ(cpus_seen_in(pipeline.loader_arena()), last.loader);
   ASSERT_EQ(pipeline.replicas(), last.teacher.size());
   for (std::size_t r = 0; r < last.teacher.size(); ++r)
-    EXPECT_EQ(cpus_seen_in(*pipeline.teacher_arena(r)), last.teacher[r]) << "replica " << r;
+    EXPECT_EQ(cpus_seen_in(pipeline.unit(r)->arena()), last.teacher[r]) << "replica " << r;
 
   EXPECT_EQ(consumed, kBatches);
   EXPECT_LE(worst, 1e-5) << "the logits in the slots are the teacher's for the slot's images";
