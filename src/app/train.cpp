@@ -226,6 +226,7 @@ void TrainRun::save(std::uint64_t next_batch) {
 }
 
 void TrainRun::save_teacher_cache() {
+  if (run().cache_file.empty()) return; // kd.cache = disk only
   const auto t0 = Clock::now();
   cache_->save();
   measures_.save_s += std::chrono::duration<double>(Clock::now() - t0).count();
@@ -305,6 +306,7 @@ void TrainRun::step_loop() {
   Progress progress(writer_ && ::isatty(STDERR_FILENO) == 1);
   loop_start_ = Clock::now();
   const std::uint64_t begin = state_.next_batch;
+  const auto log_every = static_cast<std::uint64_t>(config_.get_int("train.log_every"));
   start_steps(begin);
   const std::uint64_t wait_before = student_wait_ns(pipeline().ring().stats());
   interval_wait_ns_ = wait_before;
@@ -320,7 +322,7 @@ void TrainRun::step_loop() {
     const double elapsed = std::chrono::duration<double>(Clock::now() - loop_start_).count();
     const double rate = static_cast<double>(measures_.samples) / std::max(1e-9, elapsed);
     const bool epoch_end = (b + 1) % per_epoch_ == 0;
-    if ((b + 1) % config_.get_int("train.log_every") == 0 || epoch_end || b + 1 == last_)
+    if ((b + 1) % log_every == 0 || epoch_end || b + 1 == last_)
       log_interval(b, *stats, progress.terminal());
     if (progress.due())
       progress.show(fmt::format(
