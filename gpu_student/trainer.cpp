@@ -11,6 +11,7 @@
 #include "losses.hpp"
 #include "models.hpp"
 #include "slot_feeder.hpp"
+#include "step_targets.hpp"
 #include "torch_teacher_impl.hpp"
 #include "torch_util.hpp"
 
@@ -108,93 +109,12 @@ struct FeatureTerm {
   }
 };
 
-// What a step learns from, beside the labels: the target logits (undefined with kd.alpha = 0)
-// and each feature loss's teacher value.
-struct StepTargets {
-  torch::Tensor logits;
-  std::vector<torch::Tensor> features;
-};
 struct StudentOutputs {
   torch::Tensor logits;
   std::vector<torch::Tensor> adapted; // each feature loss's student side
 };
 struct StepLosses {
   torch::Tensor loss, kd, ce, feature, hits;
-};
-
-// Where a step's targets come from, chosen once: nowhere (kd.alpha = 0), the ring's slot regions
-// (what the CPU teachers wrote), or the co-located teachers run on the student's device before its
-// step (the usual way to distil, bench-overlap's baseline).
-class TargetSource {
-public:
-  virtual ~TargetSource() = default;
-  // Batch number `number`'s targets for its first `n` rows (`inputs`: the network's input).
-  virtual StepTargets get(const DeviceBatch& batch, const torch::Tensor& inputs, std::int64_t n,
-                          std::uint64_t number) const = 0;
-};
-
-class NoTargets final : public TargetSource {
-public:
-  StepTargets get(const DeviceBatch&, const torch::Tensor&, std::int64_t,
-                  std::uint64_t) const override {
-    return {};
-  }
-};
-
-class RingTargets final : public TargetSource {
-public:
-  RingTargets(std::size_t logits, std::vector<std::size_t> features, std::size_t losses)
-      : logits_(logits), features_(std::move(features)) {
-    if (features_.size() != losses)
-      throw std::logic_error("the step needs one teacher region per feature loss");
-  }
-  StepTargets get(const DeviceBatch& batch, const torch::Tensor&, std::int64_t n,
-                  std::uint64_t) const override {
-    StepTargets t;
-    t.logits = batch.regions[logits_].slice(0, 0, n);
-    for (const std::size_t r : features_) t.features.push_back(batch.regions[r].slice(0, 0, n));
-    return t;
-  }
-
-private:
-  std::size_t logits_;
-  std::vector<std::size_t> features_;
-};
-
-class ColocatedTargets final : public TargetSource {
-public:
-  // `log_weights`: the normalized weights' logs, [teachers, 1, 1], on the device.
-  ColocatedTargets(std::vector<ColocatedTeacher> teachers, torch::Tensor log_weights,
-                   double temperature, std::vector<FeatureLoss> features)
-      : teachers_(std::move(teachers)), log_weights_(std::move(log_weights)),
-        temperature_(temperature), features_(std::move(features)) {}
-  StepTargets get(const DeviceBatch&, const torch::Tensor& inputs, std::int64_t n,
-                  std::uint64_t number) const override {
-    trace::Span forward("teacher", number);
-    StepTargets t;
-    std::vector<torch::Tensor> each;
-    t.features.resize(features_.size());
-    for (std::size_t k = 0; k < teachers_.size(); ++k) {
-      const ColocatedTeacher& c = teachers_[k];
-      const torch::Tensor own = c.input ? adapt_images(*c.input, inputs) : inputs;
-      const std::vector<torch::Tensor> outs = c.teacher->impl().forward(own);
-      each.push_back(outs[0].slice(0, 0, n).to(torch::kFloat));
-      for (std::size_t f = 0; f < features_.size(); ++f)
-        if (features_[f].teacher_index == k)
-          t.features[f] = outs.at(features_[f].teacher_output).slice(0, 0, n).to(torch::kFloat);
-    }
-    // Several: the logits whose softmax at T is their weighted mix, as the pipeline's.
-    t.logits = each.size() == 1
-                   ? each[0]
-                   : mix_teacher_logits(torch::stack(each), log_weights_, temperature_);
-    return t;
-  }
-
-private:
-  std::vector<ColocatedTeacher> teachers_;
-  torch::Tensor log_weights_;
-  double temperature_;
-  std::vector<FeatureLoss> features_;
 };
 
 struct Trainer::Impl {
@@ -558,23 +478,12 @@ std::optional<StepStats> Trainer::step(std::uint64_t batch, bool stop) {
 void Trainer::drain() { impl_->feeder.drain(); }
 
 void Trainer::set_colocated_teachers(std::vector<ColocatedTeacher> teachers) {
-  double sum = 0;
-  for (const ColocatedTeacher& c : teachers) {
+  for (const ColocatedTeacher& c : teachers)
     if (!c.teacher || c.teacher->impl().device != impl_->device)
       throw std::invalid_argument("a colocated teacher must run on the student's device");
-    if (!(c.weight > 0)) throw std::invalid_argument("a colocated teacher's weight must be > 0");
-    sum += c.weight;
-  }
   if (teachers.empty() || !(impl_->options.kd_alpha > 0)) return;
-  std::vector<double> logs;
-  for (const ColocatedTeacher& c : teachers) logs.push_back(std::log(c.weight / sum));
-  torch::Tensor log_weights = torch::tensor(logs, torch::kDouble)
-                                  .to(torch::kFloat)
-                                  .view({static_cast<std::int64_t>(logs.size()), 1, 1})
-                                  .to(impl_->device);
-  impl_->targets = std::make_unique<ColocatedTargets>(std::move(teachers), std::move(log_weights),
-                                                      impl_->options.kd_temperature,
-                                                      impl_->options.feature_losses);
+  impl_->targets = std::make_unique<ColocatedTargets>(
+      std::move(teachers), impl_->options.kd_temperature, impl_->options.feature_losses);
 }
 
 double Trainer::evaluate(std::span<const float> images, std::span<const std::int64_t> labels) {

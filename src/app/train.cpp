@@ -214,12 +214,11 @@ void TrainRun::restore_checkpoint() {
 void TrainRun::save(std::uint64_t next_batch) {
   if (!writer_) return; // every rank holds the same state: rank 0's checkpoint is the job's
   const auto t0 = Clock::now();
-  RunState now = state_;
-  now.next_batch = next_batch;
+  state_.next_batch = next_batch; // where the run is
   folder_.save_checkpoint(
       trainer().steps_done(),
       [&](const fs::path& file) {
-        trainer().save(file, now.text(config_, session_.dist().world, wall_s()));
+        trainer().save(file, state_.text(config_, session_.dist().world, wall_s()));
       },
       static_cast<std::size_t>(config_.get_int("train.keep_checkpoints")));
   measures_.save_s += std::chrono::duration<double>(Clock::now() - t0).count();
