@@ -99,11 +99,28 @@ def main():
     out["train_cuda"] = {k: s.get(k) for k in ("device", "precision", "steps", "test_accuracy", "samples_per_s",
                                                 "student_stall_fraction", "wall_s")} if s else None
     out["cuda_follows_cpu"] = follow(work)
-    digests = {name: (load(os.path.join(work, name, "summary.json")) or {}).get("state_digest")
-               for name in ("plain_a", "plain_b", "torchrun_1")}
-    out["torchrun_one_gpu"] = {"digests": digests,
-                               "plain_runs_equal": digests["plain_a"] is not None and digests["plain_a"] == digests["plain_b"],
-                               "torchrun_equals_plain": digests["torchrun_1"] is not None and digests["torchrun_1"] == digests["plain_a"]}
+    machine = ""
+    try:
+        machine = open(os.path.join(work, "machine.txt")).read()
+    except OSError:
+        pass
+    m = re.search(r"^GPUs: +(\d+)", machine, re.M)
+    out["gpus"] = int(m.group(1)) if m else None
+    try:
+        out["failed_phases"] = [l for l in open(os.path.join(work, "failed_phases.txt")).read().split("\n") if l]
+    except OSError:
+        out["failed_phases"] = None
+    runs = {name: load(os.path.join(work, name, "summary.json")) or {}
+            for name in ("plain_a", "plain_b", "torchrun_auto", "torchrun_gloo", "torchrun_nccl")}
+    digests = {name: r.get("state_digest") for name, r in runs.items()}
+    group = {name: (r.get("dist") or {}).get("backend") for name, r in runs.items()}
+    plain = digests["plain_a"]
+    out["torchrun_one_gpu"] = {
+        "digests": digests, "group_backend": group,
+        "device": runs["plain_a"].get("device"),
+        "plain_runs_equal": plain is not None and plain == digests["plain_b"],
+        **{f"{name}_equals_plain": (digests[name] == plain if digests[name] and plain else None)
+           for name in ("torchrun_auto", "torchrun_gloo", "torchrun_nccl")}}
     t = load(os.path.join(work, "tune_default.json"))
     out["tune_exhaustive"] = t.get("exhaustive") if t else None
     if out["tune_exhaustive"]:
@@ -142,7 +159,10 @@ def main():
                 lines.append(f"  H2D {which} ({h['bytes_per_copy']:,} B): slots {h['slots_gb_per_s']:.1f} GB/s, pinned cudaMemcpy "
                              f"{h['memcpy_pinned_gb_per_s']:.1f} GB/s, ratio {h['ratio']:.3f} (target >= 0.85: "
                              f"{'met' if h['ratio'] >= 0.85 else 'NOT met'})")
+    no_gpu = out["gpus"] == 0
     t = out["train_cuda"]
+    if no_gpu:
+        lines.append("train (CUDA), CUDA vs CPU student, NCCL group, GPU-sized job: skipped: no GPU")
     if t:
         lines.append(f"train (CUDA, {t['precision']}): {t['steps']} steps, test accuracy {100 * t['test_accuracy']:.2f}%, "
                      f"{t['samples_per_s']:,.0f} samples/s, stall {100 * (t['student_stall_fraction'] or 0):.1f}%")
@@ -151,14 +171,21 @@ def main():
         lines.append(f"CUDA vs CPU student, same seed, {f['steps']} steps: loss rel. diff max {f['max_rel_loss_diff']:.4f}, "
                      f"median {f['median_rel_loss_diff']:.4f}, first step {f['first_step_rel_diff']:.5f}")
     g = out["torchrun_one_gpu"]
-    lines.append(f"torchrun, one GPU, 100 steps: equals the plain run {g['torchrun_equals_plain']} "
-                 f"(two plain runs equal each other: {g['plain_runs_equal']})")
+    lines.append(f"torchrun, one rank ({g['device']}): equals the plain run: no group "
+                 f"{g['torchrun_auto_equals_plain']}, gloo group of one {g['torchrun_gloo_equals_plain']}, "
+                 f"nccl group of one {g['torchrun_nccl_equals_plain']} (groups joined: "
+                 f"{', '.join(str(v) for v in g['group_backend'].values())}; two plain runs equal each other: "
+                 f"{g['plain_runs_equal']})")
     lines.append(f"elastic/pipeline/tuner tests: {out['ctest_elastic_pipeline_tuner']}")
     e = out["tune_exhaustive"]
     if e:
         lines.append(f"tune-cores vs exhaustive ({e['plans']} plans): tuned plan at {e['tuned_vs_best']:.3f} of the best "
                      f"(target >= 0.95: {'met' if e['tuned_vs_best'] >= 0.95 else 'NOT met'}), time ratio {e['time_ratio']:.2f} "
                      f"(target <= 0.33: {'met' if e['time_ratio'] <= 1 / 3 else 'NOT met'})")
+    if out["failed_phases"]:
+        lines.append(f"FAILED phases: {', '.join(out['failed_phases'])}")
+    elif out["failed_phases"] is not None:
+        lines.append("every phase passed")
     print("\n".join(lines))
     with open(os.path.join(work, "summary.json"), "w") as fh:
         json.dump(out, fh, indent=2, default=lambda x: None if isinstance(x, float) and math.isnan(x) else x)

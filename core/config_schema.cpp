@@ -312,7 +312,8 @@ const std::vector<ConfigKey>& config_schema() {
        0.0,
        10.0},
       {"dist.backend", T::string, std::string("auto"),
-       "several ranks (torchrun): c10d's process group, auto (nccl for a CUDA student, else gloo)"},
+       "several ranks (torchrun): c10d's process group, auto (nccl for a CUDA student, else gloo); "
+       "named, one rank under torchrun joins a group of one"},
       {"dist.timeout_s",
        T::real,
        300.0,

@@ -45,7 +45,8 @@ std::optional<DistEnv> dist_env_from(const std::function<const char*(const char*
   env.local_rank = number(get, "LOCAL_RANK", 0, env.local_world - 1, 0);
   env.node = number(get, "GROUP_RANK", 0, kMaxRanks, 0);
   env.restart = number(get, "TORCHELASTIC_RESTART_COUNT", 0, kMaxRanks, 0);
-  if (env.world > 1) {
+  // One rank needs the store only to join a group of its own (a named dist.backend).
+  if (env.world > 1 || set("MASTER_ADDR")) {
     if (!set("MASTER_ADDR"))
       throw InputError("environment: MASTER_ADDR is not set (torchrun sets it: the address of the "
                        "job's rendezvous store)");

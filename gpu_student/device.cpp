@@ -5,25 +5,28 @@
 #include "kdflow/gpu_student/settings.hpp"
 #include "kdflow/gpu_student/versions.hpp"
 
-#include <torch/cuda.h>
-
 #include <fmt/format.h>
 
 namespace kdflow::student {
 
-Device resolve_device(const std::string& wanted, int local_rank) {
+Device choose_device(const std::string& wanted, int cuda_devices, int local_rank,
+                     int local_world) {
   check_name("student.device", wanted, device_names());
-  const bool cuda = torch::cuda::is_available();
-  if (wanted == "cuda" && !cuda)
+  if (wanted == "cuda" && cuda_devices == 0)
     throw InputError("student.device = cuda: no CUDA device is visible to this process");
-  if (wanted == "cuda" || (wanted == "auto" && cuda)) {
-    if (local_rank >= cuda_device_count())
-      throw InputError(fmt::format("LOCAL_RANK = {}: this node has {} CUDA device(s), one per "
-                                   "local rank (torchrun --nproc-per-node at most {})",
-                                   local_rank, cuda_device_count(), cuda_device_count()));
-    return {Device::Kind::cuda, local_rank};
-  }
-  return {};
+  if (wanted == "cpu" || cuda_devices == 0) return {};
+  if (local_world > cuda_devices)
+    throw InputError(fmt::format(
+        "LOCAL_WORLD_SIZE = {}: this node has {} CUDA device(s) for {} local ranks, and ranks do "
+        "not share a GPU (torchrun --nproc-per-node at most {}, or student.device = cpu)",
+        local_world, cuda_devices, local_world, cuda_devices));
+  return {Device::Kind::cuda, local_rank};
+}
+
+Device resolve_device(const std::string& wanted, int local_rank, int local_world) {
+  check_name("student.device", wanted, device_names());
+  const int devices = wanted == "cpu" ? 0 : cuda_device_count();
+  return choose_device(wanted, devices, local_rank, local_world);
 }
 
 } // namespace kdflow::student

@@ -1,31 +1,41 @@
 #!/usr/bin/env bash
 # The GPU check (../shared/GPU.md) in one script, in two halves:
 #   here (no GPU):       bash scripts/gpu_check.sh pack
-#     builds the release preset and bundles into .gpu/ (git-ignored) the build tree (no objects),
-#     every shared library the binaries load that is not torch's or the C/C++ runtime's, and
-#     Fashion-MNIST;
+#     builds the release preset and bundles into .gpu/ (git-ignored; $KD_GPU_BUNDLE) the build tree
+#     (no objects), every shared library the binaries load that is not torch's or the C/C++
+#     runtime's, and Fashion-MNIST;
 #   on the lent machine: bash scripts/gpu_check.sh run [PHASE...]     (device tool, carry [".gpu"])
 #     recreates the dependency venv's paths that the binaries' RPATH names (its site-packages is the
-#     machine's own, so LibTorch is the machine's torch 2.11.0+cu130), then runs the phases:
-#       tests    the whole ctest suite (the CUDA feeder and trainer tests must not skip there)
+#     machine's own, so LibTorch is the machine's torch 2.11.0+cu130; bin/python and bin/torchrun
+#     call the machine's python3), then runs the phases, most valuable first:
+#       tests    the whole ctest suite (on a GPU machine a skipped test is a failure: every CUDA test
+#                must run there)
+#       train    a short CUDA run (bf16 autocast), CPU vs CUDA losses for the same seed, and the
+#                one-GPU torchrun runs (no group, a Gloo group of one, an NCCL group of one) against
+#                two plain runs
 #       default  kdflow bench-overlap on the default job (with H2D bandwidth: slots vs cudaMemcpy)
 #       gpu      tune-cores, then bench-overlap with its plan, on bench/overlap_gpu.toml
-#       train    a short CUDA run (bf16 autocast), CPU vs CUDA losses for the same seed, and a
-#                one-GPU torchrun run against the plain run
 #       tune     the elastic / pipeline / tuner tests, tune-cores --exhaustive on the default job,
 #                and bench-overlap of the default job on the tuned plan
 #       placement  (not in the default set) the GPU-sized job with its loader and teacher on CPUs
 #                far from the student's
 #       install  (not in the default set) nothing but the set-up, for commands run after it
-#     (all but the last two when none is named). Everything lands in $OUT/gpu_check.tar.gz; the table printed last
-#     (bench/gpu_summary.py, also $OUT/summary.txt) summarises it.
+#     Each phase runs under its own time limit (KD_LIMIT_<PHASE> seconds), and none starts past
+#     KD_GPU_DEADLINE_S (540) since the start, so the script ends inside one device call. Everything
+#     lands in $OUT/gpu_check.tar.gz; the table printed last (bench/gpu_summary.py, also
+#     $OUT/summary.txt) summarises it. Any failed phase or test: the table names it and the script
+#     exits 1.
+#   here again, as CI does: bash scripts/gpu_check.sh dry
+#     packs the built tree into a scratch bundle and runs every phase at toy size on this machine:
+#     the CUDA parts say "skipped: no GPU"; the archive, the table and the failure path are checked.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
-bundle=$root/.gpu
+bundle=${KD_GPU_BUNDLE:-$root/.gpu}
+kdflow=build/release/src/kdflow
 
 pack() {
-  bash scripts/build.sh release
+  [ "${KD_GPU_NO_BUILD:-0}" = 1 ] || bash scripts/build.sh release
   rm -rf "$bundle"
   mkdir -p "$bundle/lib"
   local venv
@@ -43,12 +53,18 @@ pack() {
     grep -v -E '/torch/lib/|/nvidia/|/(libc|libm|libdl|librt|libpthread|libstdc\+\+|libgcc_s|ld-linux-x86-64)\.so' |
     while read -r lib; do cp -L "$lib" "$bundle/lib/"; done
   # Compressed: what travels to the lent machine is limited to 64 MiB (libdnnl alone is 63 MB).
-  tar -C "$bundle" -cJf "$bundle/lib.tar.xz" lib
+  XZ_OPT=${XZ_OPT:--T0 -6} tar -C "$bundle" -cJf "$bundle/lib.tar.xz" lib
   rm -rf "$bundle/lib"
-  tar -C build -cJf "$bundle/build.tar.xz" \
+  XZ_OPT=${XZ_OPT:--T0 -6} tar -C build -cJf "$bundle/build.tar.xz" \
     --exclude='*.o' --exclude='*.a' --exclude='.ninja_*' --exclude='build.ninja' \
     --exclude='release/tests/fixtures' release
   cp -r /usr/share/datasets/fashion-mnist "$bundle/fashion-mnist"
+  local size
+  size=$(du -sm "$bundle" | cut -f1)
+  if [ "$size" -ge 64 ]; then
+    echo "gpu_check pack: the bundle is $size MiB; a device call carries 64 MiB in all" >&2
+    exit 1
+  fi
   du -sh "$bundle"/* | sed 's/^/gpu_check pack: /'
 }
 
@@ -58,13 +74,21 @@ install_bundle() {
   venv=$(cat "$bundle/venv")
   site=$(cat "$bundle/site_packages")
   source=$(cat "$bundle/source_dir")
+  if [ -f "$venv/pyvenv.cfg" ]; then
+    # The machine that packed it (a dry run): its venv, source and build are the bundle's.
+    tar -tJf "$bundle/lib.tar.xz" >/dev/null
+    tar -tJf "$bundle/build.tar.xz" >/dev/null
+    echo "gpu_check: the bundle's venv is this machine's ($venv): archives checked, nothing unpacked"
+    return
+  fi
   python=$(command -v python3)
   torch_site=$("$python" -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))')
   mkdir -p "$venv/bin" "$venv/$(dirname "$site")"
   tar -C "$venv" -xJf "$bundle/lib.tar.xz"
   ln -sfn "$torch_site" "$venv/$site"
   printf '#!/bin/sh\nexec %s "$@"\n' "$python" >"$venv/bin/python"
-  chmod +x "$venv/bin/python"
+  printf '#!/bin/sh\nexec %s -m torch.distributed.run "$@"\n' "$python" >"$venv/bin/torchrun"
+  chmod +x "$venv/bin/python" "$venv/bin/torchrun"
   if [ "$source" != "$root" ]; then
     if [ -e "$source" ] && [ ! -L "$source" ]; then
       echo "gpu_check: $source (the source path the build names) exists on this machine" >&2
@@ -74,7 +98,7 @@ install_bundle() {
     ln -sfn "$root" "$source"
   fi
   mkdir -p /usr/share/datasets
-  ln -sfn "$bundle/fashion-mnist" /usr/share/datasets/fashion-mnist
+  [ -e /usr/share/datasets/fashion-mnist ] || ln -sfn "$bundle/fashion-mnist" /usr/share/datasets/fashion-mnist
   mkdir -p build
   tar -C build -xJf "$bundle/build.tar.xz"
   if ldd build/release/src/kdflow | grep -q 'not found'; then
@@ -84,86 +108,210 @@ install_bundle() {
   fi
 }
 
-kdflow=build/release/src/kdflow
+# Toy sizes for a dry run (KD_GPU_DRY=1): every step runs, none takes long.
+size() { if [ "${KD_GPU_DRY:-0}" = 1 ]; then echo "$2"; else echo "$1"; fi; }
+
+have_gpu() { "$kdflow" --version 2>/dev/null | grep -qE '^GPUs: +[1-9]'; }
+
+# step NAME COMMAND...: the command's output in $work/NAME.log; on failure its tail, and the phase
+# fails.
+step() {
+  local name=$1
+  shift
+  if ! "$@" >"$work/$name.log" 2>&1; then
+    echo "gpu_check: step $name failed: $*" >&2
+    tail -n 15 "$work/$name.log" >&2
+    return 1
+  fi
+}
 
 phase_install() { :; }
 
 phase_tests() {
-  timeout "${KD_CTEST_LIMIT_S:-360}" ctest --test-dir build/release -j 8 --timeout 300 --output-on-failure \
-    --output-junit "$work/ctest.xml" >"$work/ctest.log" 2>&1 || true
-  tail -n 40 "$work/ctest.log"
+  local only=()
+  [ -z "${KD_CTEST_REGEX:-}" ] || only=(-R "$KD_CTEST_REGEX")
+  local rc=0
+  ctest --test-dir build/release -j "${KD_CTEST_JOBS:-8}" --timeout 300 --no-tests=error \
+    --output-on-failure --output-junit "$work/ctest.xml" "${only[@]}" >"$work/ctest.log" 2>&1 ||
+    rc=$?
+  grep -E 'tests passed|tests failed|\(Failed|\(Timeout|\(SEGFAULT|Skipped|Not Run' "$work/ctest.log" |
+    tail -n 30 || true
+  if [ "$rc" -ne 0 ]; then
+    echo "gpu_check: ctest exit $rc" >&2
+    return 1
+  fi
+  # Every CUDA test must run where a GPU is: a skip there is a test that did not check anything.
+  if have_gpu && grep -qE 'Skipped|Not Run' "$work/ctest.log"; then
+    echo "gpu_check: tests skipped on a GPU machine" >&2
+    return 1
+  fi
+}
+
+phase_train() {
+  local gpu=0
+  have_gpu && gpu=1
+  if [ $gpu = 1 ]; then
+    step train_cuda "$kdflow" train --out "$work/train_cuda" --set train.max_steps="$(size 300 10)"
+    # The same seed, batches and teacher on both students, every step logged.
+    for device in cuda cpu; do
+      step "follow_$device" "$kdflow" train --out "$work/follow_$device" --set student.device=$device \
+        --set train.max_steps="$(size 40 5)" --set train.log_every=1 --set cores.elastic=false
+    done
+  else
+    echo "train: the CUDA run and CUDA vs CPU: skipped: no GPU"
+  fi
+  # torchrun with one GPU: no group (the plain run), a Gloo group of one (CUDA tensors through the
+  # host), an NCCL group of one; two plain runs say whether CUDA is bit-reproducible here at all.
+  local same=(--set train.max_steps="$(size 100 10)" --set cores.elastic=false --set train.export=off)
+  step plain_a "$kdflow" train --out "$work/plain_a" "${same[@]}"
+  step plain_b "$kdflow" train --out "$work/plain_b" "${same[@]}"
+  local backends=(auto gloo)
+  if [ $gpu = 1 ]; then backends+=(nccl); else echo "train: the NCCL group of one: skipped: no GPU"; fi
+  for backend in "${backends[@]}"; do
+    step "torchrun_$backend" "$(cat "$bundle/venv")/bin/torchrun" --standalone --nproc-per-node 1 \
+      --no-python "$kdflow" train --out "$work/torchrun_$backend" "${same[@]}" \
+      --set dist.backend=$backend
+  done
 }
 
 phase_default() {
-  "$kdflow" bench-overlap --steps 50 --repeats 3 --json "$work/overlap_default.json" \
-    --trace "$work/overlap_default.trace.json" 2>&1 | tee "$work/overlap_default.log" | tail -n 14
+  step overlap_default "$kdflow" bench-overlap --steps "$(size 50 4)" --repeats "$(size 3 1)" \
+    --min-seconds "$(size 2 0)" --json "$work/overlap_default.json" \
+    --trace "$work/overlap_default.trace.json"
+  tail -n 14 "$work/overlap_default.log"
 }
 
 phase_gpu() {
-  "$kdflow" tune-cores --config bench/overlap_gpu.toml --budget-s 60 --out "$work/plan_gpu.json" \
-    >"$work/tune_gpu.log" 2>&1 || { tail -n 20 "$work/tune_gpu.log"; return 1; }
-  "$kdflow" bench-overlap --config bench/overlap_gpu.toml --cores "$work/plan_gpu.json" \
-    --steps 50 --repeats 3 --json "$work/overlap_gpu.json" \
-    --trace "$work/overlap_gpu.trace.json" 2>&1 | tee "$work/overlap_gpu.log" | tail -n 14
+  if ! have_gpu; then
+    echo "gpu: the GPU-sized job: skipped: no GPU"
+    return 0
+  fi
+  step tune_gpu "$kdflow" tune-cores --config bench/overlap_gpu.toml --budget-s 60 \
+    --out "$work/plan_gpu.json"
+  step overlap_gpu "$kdflow" bench-overlap --config bench/overlap_gpu.toml \
+    --cores "$work/plan_gpu.json" --steps 50 --repeats 3 --json "$work/overlap_gpu.json" \
+    --trace "$work/overlap_gpu.trace.json"
+  tail -n 14 "$work/overlap_gpu.log"
 }
 
 # The GPU-sized job on the tuned plan with the loader and the teacher moved to CPUs far from the
 # student's (same roles and counts): whether the student's host thread feels its CPU neighbours.
 phase_placement() {
+  if ! have_gpu; then
+    echo "placement: skipped: no GPU"
+    return 0
+  fi
   local far=(--set cores.plan=auto --set cores.student_cpus=0 --set cores.loader_cpus=8
     --set cores.teacher_cpus=12 --set teacher.precision=bf16)
-  "$kdflow" bench-overlap --config bench/overlap_gpu.toml "${far[@]}" --steps 50 --repeats 3 \
-    --min-seconds 2 --json "$work/overlap_gpu_far.json" 2>&1 | tee "$work/overlap_gpu_far.log" |
-    tail -n 12
-}
-
-phase_train() {
-  "$kdflow" train --out "$work/train_cuda" --set train.max_steps=300 >"$work/train_cuda.log" 2>&1
-  # The same seed, batches and teacher on both students, every step logged.
-  for device in cuda cpu; do
-    "$kdflow" train --out "$work/follow_$device" --set student.device=$device \
-      --set train.max_steps=40 --set train.log_every=1 --set cores.elastic=false \
-      >"$work/follow_$device.log" 2>&1
-  done
-  # torchrun with one GPU is the plain run (issue 18): two plain runs (is CUDA bit-reproducible
-  # here at all?) and one under torchrun, compared by their parameters' digest.
-  local same=(--set train.max_steps=100 --set cores.elastic=false)
-  "$kdflow" train --out "$work/plain_a" "${same[@]}" >"$work/plain_a.log" 2>&1
-  "$kdflow" train --out "$work/plain_b" "${same[@]}" >"$work/plain_b.log" 2>&1
-  python3 -m torch.distributed.run --standalone --nproc-per-node 1 --no-python "$kdflow" train \
-    --out "$work/torchrun_1" "${same[@]}" >"$work/torchrun_1.log" 2>&1
+  step overlap_gpu_far "$kdflow" bench-overlap --config bench/overlap_gpu.toml "${far[@]}" \
+    --steps 50 --repeats 3 --min-seconds 2 --json "$work/overlap_gpu_far.json"
+  tail -n 12 "$work/overlap_gpu_far.log"
 }
 
 phase_tune() {
-  ctest --test-dir build/release -R 'Elastic|CpuPipeline|TuneCores|Pipeline' --timeout 600 \
-    --output-on-failure >"$work/ctest_tune.log" 2>&1 || true
-  tail -n 8 "$work/ctest_tune.log"
-  "$kdflow" tune-cores --budget-s 60 --exhaustive --out "$work/tune_default.json" \
-    >"$work/tune_default.log" 2>&1 || { tail -n 20 "$work/tune_default.log"; return 1; }
+  if [ "${KD_GPU_DRY:-0}" != 1 ]; then
+    step ctest_tune ctest --test-dir build/release -R 'Elastic|CpuPipeline|TuneCores|Pipeline' \
+      --timeout 600 --output-on-failure
+    tail -n 4 "$work/ctest_tune.log"
+  fi
+  step tune_default "$kdflow" tune-cores --budget-s "$(size 60 4)" --exhaustive \
+    --out "$work/tune_default.json"
   grep -E '^exhaustive|^plan' "$work/tune_default.log" || true
   # The default job on the tuned plan (which may pick the bf16 teacher where the CPU has AMX).
-  "$kdflow" bench-overlap --cores "$work/tune_default.json" --steps 50 --repeats 3 \
-    --json "$work/overlap_default_tuned.json" 2>&1 | tee "$work/overlap_default_tuned.log" | tail -n 14
+  step overlap_default_tuned "$kdflow" bench-overlap --cores "$work/tune_default.json" \
+    --steps "$(size 50 4)" --repeats "$(size 3 1)" --min-seconds "$(size 2 0)" \
+    --json "$work/overlap_default_tuned.json"
+  tail -n 14 "$work/overlap_default_tuned.log"
+}
+
+# Seconds each phase may take on the lent machine (KD_LIMIT_<PHASE> overrides).
+limit_of() {
+  local var="KD_LIMIT_${1^^}" fallback
+  case $1 in
+  tests) fallback=330 ;; train) fallback=120 ;; default) fallback=75 ;; gpu) fallback=150 ;;
+  tune) fallback=180 ;; placement) fallback=75 ;; *) fallback=60 ;;
+  esac
+  echo "${!var:-$fallback}"
 }
 
 run() {
   local phases=("$@")
-  [ ${#phases[@]} -gt 0 ] || phases=(tests default gpu train tune)
+  [ ${#phases[@]} -gt 0 ] || phases=(tests train default gpu tune)
   : "${OUT:?run on the lent machine: \$OUT is where results go}"
   work=$OUT/gpu_check
+  export work
   mkdir -p "$work"
   # Whatever happens, the results come back as one archive (the device tool returns few files).
   trap 'tar -C "$OUT" -czf "$OUT/gpu_check.tar.gz" gpu_check; rm -rf "$work"' EXIT
   install_bundle
   { nvidia-smi; lscpu; "$kdflow" --version; "$kdflow" cores; } >"$work/machine.txt" 2>&1 || true
-  grep -E 'Model name|^CPU\(s\)|NVIDIA H|Flags' "$work/machine.txt" | cut -c1-160 || true
+  grep -E 'Model name|^CPU\(s\)|NVIDIA H|^GPUs' "$work/machine.txt" | cut -c1-160 || true
+  local deadline=${KD_GPU_DEADLINE_S:-540} failed=() p limit left rc
   for p in "${phases[@]}"; do
+    limit=$(limit_of "$p")
+    left=$((deadline - SECONDS))
+    [ "$left" -ge "$limit" ] || limit=$left
+    if [ "$limit" -lt 15 ]; then
+      echo "== $p: not started: ${left} s left of the ${deadline} s deadline"
+      failed+=("$p:not-started")
+      continue
+    fi
     local t0=$SECONDS
-    echo "== $p"
-    "phase_$p" || echo "gpu_check: phase $p failed"
+    echo "== $p (limit $limit s)"
+    rc=0
+    timeout -k 5 "$limit" bash "$0" _phase "$p" || rc=$?
+    if [ "$rc" -ne 0 ]; then
+      [ "$rc" -eq 124 ] && failed+=("$p:over-${limit}s") || failed+=("$p:exit-$rc")
+      echo "gpu_check: phase $p FAILED (exit $rc)"
+    fi
     echo "== $p: $((SECONDS - t0)) s"
   done
+  printf '%s\n' "${failed[@]}" >"$work/failed_phases.txt"
   python3 bench/gpu_summary.py "$work" | tee "$OUT/summary.txt"
+  if [ ${#failed[@]} -gt 0 ]; then
+    echo "gpu_check: FAILED: ${failed[*]}" >&2
+    exit 1
+  fi
+}
+
+# The dry run (CI, this machine): pack the built tree into a scratch bundle, run every phase at
+# toy size, check what comes back; then a run whose tests match nothing must fail and say so.
+dry() {
+  scratch=$(mktemp -d /tmp/kdflow-gpu-dry.XXXXXX)
+  trap 'rm -rf "$scratch"' EXIT
+  export KD_GPU_BUNDLE=$scratch/bundle KD_GPU_NO_BUILD=1 KD_GPU_DRY=1 XZ_OPT="-T0 -1"
+  local t0=$SECONDS
+  bash "$0" pack
+  echo "gpu_check dry: pack $((SECONDS - t0)) s"
+  t0=$SECONDS
+  mkdir -p "$scratch/out"
+  OUT=$scratch/out KD_CTEST_REGEX="${KD_DRY_CTEST_REGEX:-^DistEnv[.]}" \
+    bash "$0" run tests train default gpu tune placement
+  echo "gpu_check dry: run $((SECONDS - t0)) s"
+  local listing
+  listing=$(tar -tzf "$scratch/out/gpu_check.tar.gz")
+  for f in machine.txt ctest.log ctest.xml summary.json failed_phases.txt plain_a/summary.json \
+    torchrun_gloo/summary.json overlap_default.json tune_default.json overlap_default_tuned.json; do
+    grep -qx "gpu_check/$f" <<<"$listing" || {
+      echo "gpu_check dry: gpu_check/$f is not in the archive" >&2
+      exit 1
+    }
+  done
+  grep -q 'skipped: no GPU' "$scratch/out/summary.txt" || {
+    echo "gpu_check dry: the table does not say the CUDA parts were skipped" >&2
+    exit 1
+  }
+  rm -rf "$scratch/out"/*
+  if OUT=$scratch/out KD_CTEST_REGEX='^NoSuchTest$' bash "$0" run tests >"$scratch/fail.log" 2>&1; then
+    echo "gpu_check dry: a run whose tests did not run exited 0" >&2
+    exit 1
+  fi
+  grep -q 'FAILED: tests:exit' "$scratch/fail.log" || {
+    cat "$scratch/fail.log" >&2
+    echo "gpu_check dry: the failed run did not name its phase" >&2
+    exit 1
+  }
+  echo "gpu_check dry: passed"
 }
 
 case "${1:-}" in
@@ -172,8 +320,10 @@ run)
   shift
   run "$@"
   ;;
+dry) dry ;;
+_phase) "phase_$2" ;;
 *)
-  echo "usage: scripts/gpu_check.sh pack | run [tests default gpu train tune]" >&2
+  echo "usage: scripts/gpu_check.sh pack | run [tests train default gpu tune placement install] | dry" >&2
   exit 2
   ;;
 esac

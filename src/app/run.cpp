@@ -175,7 +175,10 @@ std::vector<affinity::GpuLocality> gpu_localities(const affinity::Topology& topo
 
 std::unique_ptr<student::ProcessGroup> join_job(const Config& config, const DistEnv& dist,
                                                 const student::Device& device) {
-  if (dist.world < 2) return nullptr;
+  // One rank joins a group only when a backend is named (the plain run otherwise): its
+  // collectives are then those of a larger job, checked at world size 1.
+  if (dist.world < 2 && (config.get_string("dist.backend") == "auto" || dist.master_addr.empty()))
+    return nullptr;
   const student::DistOptions options{config.get_string("dist.backend"),
                                      config.get_double("dist.timeout_s"),
                                      config.get_double("dist.bucket_mb")};
@@ -196,7 +199,8 @@ RunInputs prepare_run(const Config& config, const DistEnv& dist, const RunReques
                 {},
                 request.device
                     ? *request.device
-                    : student::resolve_device(config.get_string("student.device"), dist.local_rank),
+                    : student::resolve_device(config.get_string("student.device"), dist.local_rank,
+                                              dist.local_world),
                 dist};
   // The teachers: the configuration's (checked field by field), or the command's.
   const bool configured = !request.teachers;

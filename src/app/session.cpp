@@ -8,7 +8,8 @@ namespace kdflow::app {
 Session::Session(const std::string& config_file, const std::vector<std::string>& sets,
                  const std::string& cores)
     : config_(resolve_config(config_file, sets, cores)), dist_(dist_env().value_or(DistEnv{})),
-      device_(student::resolve_device(config_.get_string("student.device"), dist_.local_rank)),
+      device_(student::resolve_device(config_.get_string("student.device"), dist_.local_rank,
+                                      dist_.local_world)),
       group_(join_job(config_, dist_, device_)),
       slots_(static_cast<std::uint32_t>(config_.get_int("ring.slots"))) {}
 

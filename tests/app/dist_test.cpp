@@ -32,10 +32,22 @@ using namespace kdflow_test;
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
-// The fast run of train_test.cpp (MLP student, MLP fixture teacher) with `sets`.
+// The fast run of train_test.cpp (MLP student, MLP fixture teacher) with `sets`, its students on
+// the CPU wherever the test runs: several local ranks average through Gloo on the host, and a node
+// with one GPU has none for a second rank.
 std::vector<std::string> train_args(const fs::path& out, int batch,
                                     std::initializer_list<std::string> sets) {
-  return with(fast_train_args(out, batch), sets);
+  return with(with(fast_train_args(out, batch), {"student.device=cpu"}), sets);
+}
+
+// How many CUDA devices kdflow sees here (its --version line).
+int visible_gpus() {
+  const fs::path out = scratch("dist_version.txt");
+  const Child c = spawn({"--version"}, out.string() + ".stderr", out);
+  EXPECT_EQ(wait_exit(c), 0) << read_text(c.err);
+  std::smatch m;
+  const std::string text = read_text(out);
+  return std::regex_search(text, m, std::regex("GPUs: +([0-9]+)")) ? std::stoi(m[1]) : 0;
 }
 
 // torchrun's own options, then kdflow's: each rank's output in <logs>/.../<local rank>/.
@@ -163,6 +175,17 @@ TEST(Dist, TwoRanksTrainAsOneProcessOnTheGlobalBatch) {
   ASSERT_EQ(r1.code, 0) << r1.err << rank_stderr(one.string() + ".logs", 0);
   EXPECT_EQ(summary(one)["state_digest"], summary(plain)["state_digest"]);
   EXPECT_EQ(summary(one)["world_size"], 1);
+  EXPECT_TRUE(summary(one)["dist"].is_null());
+  // One rank that names its backend joins a group of one and reduces through it: still the plain
+  // run, bit for bit.
+  const fs::path grouped = scratch("one_rank_gloo");
+  const Result g = torchrun(
+      launch(local(1), grouped.string() + ".logs", train_args(grouped, 64, {steps, "dist.backend=gloo"})),
+      grouped);
+  ASSERT_EQ(g.code, 0) << g.err << rank_stderr(grouped.string() + ".logs", 0);
+  EXPECT_EQ(summary(grouped)["dist"]["backend"], "gloo");
+  EXPECT_GT(summary(grouped)["dist"]["buckets"].get<std::uint64_t>(), 0u);
+  EXPECT_EQ(summary(grouped)["state_digest"], summary(plain)["state_digest"]);
 
   // Two ranks of 32: the same global batch of 64.
   const fs::path logs = two.string() + ".logs";
@@ -249,6 +272,27 @@ TEST(Dist, TwoRanksEachCacheTheirShard) {
   EXPECT_LE(cache["batches_from_cache"].get<int>(), 10) << cache.dump();
   for (const char* rank : {".rank0-of-2", ".rank1-of-2"})
     EXPECT_TRUE(fs::exists(file.string() + rank)) << rank;
+}
+
+// Two local ranks that want a GPU each on a node with fewer: every rank refuses alike with one line
+// before any rendezvous (not rank 1 alone, leaving rank 0 to wait for it until dist.timeout_s).
+TEST(Dist, FewerGpusThanLocalRanksIsRefusedByEveryRankBeforeTheyMeet) {
+  const int gpus = visible_gpus();
+  if (gpus >= 2) GTEST_SKIP() << gpus << " GPUs: two local ranks have one each";
+  const fs::path out = scratch("dist_too_few_gpus"), logs = out.string() + ".logs";
+  auto args = with(fast_train_args(out, 32), {"student.device=cuda", "dist.timeout_s=120"});
+  const auto start = Clock::now();
+  const Result r = torchrun(launch(local(2), logs, args), out);
+  const double took = std::chrono::duration<double>(Clock::now() - start).count();
+  EXPECT_NE(r.code, 0);
+  EXPECT_LT(took, 60.0) << "a rank waited for the other";
+  const std::string expected = gpus == 0 ? "student.device = cuda: no CUDA device is visible"
+                                         : "LOCAL_WORLD_SIZE = 2: this node has 1 CUDA device(s)";
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::string err = rank_stderr(logs, rank);
+    EXPECT_NE(err.find(expected), std::string::npos) << "local rank " << rank << ": " << err;
+  }
+  EXPECT_FALSE(fs::exists(out / "checkpoints"));
 }
 
 TEST(Dist, TwoNodesOnOneHostEqualTwoLocalRanks) {
@@ -424,7 +468,8 @@ TEST(Dist, BenchOverlapReportsEveryRankAndTheJob) {
   const auto bench = with({"bench-overlap", "--steps", "6", "--repeats", "1", "--min-seconds", "0",
                            "--json", (dir / "overlap.json").string()},
                           {"teacher.model=" + fixture("mlp_opset13.onnx").string(),
-                           "student.arch=mlp", "student.width=0.25", "ring.slots=4"});
+                           "student.arch=mlp", "student.width=0.25", "ring.slots=4",
+                           "student.device=cpu"});
   const Result r = torchrun(launch(local(2), dir / "logs", bench), dir / "run");
   ASSERT_EQ(r.code, 0) << r.err << rank_stderr(dir / "logs", 0) << rank_stderr(dir / "logs", 1);
   const json report = json::parse(read_text(dir / "overlap.json"));

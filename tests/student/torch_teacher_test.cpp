@@ -8,10 +8,10 @@
 #include "kdflow/cpu_teacher/npy.hpp"
 #include "kdflow/cpu_teacher/ops.hpp"
 #include "kdflow/gpu_student/torch_teacher.hpp"
+#include "kdflow/gpu_student/versions.hpp"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
-#include <torch/cuda.h>
 
 #include <algorithm>
 #include <cmath>
@@ -101,12 +101,37 @@ TEST(TorchTeacher, PyTorchExportsMatchPyTorch) {
   }
 }
 
-// The device is decided once, before any executor is built: cuda without a GPU is refused there.
-TEST(TorchTeacher, RefusesCudaWithoutADevice) {
-  if (torch::cuda::is_available()) GTEST_SKIP() << "a GPU is visible";
-  EXPECT_THROW(resolve_device("cuda"), InputError);
-  EXPECT_THROW(resolve_device("gpu"), InputError);
-  EXPECT_EQ(resolve_device("auto"), Device{});
+// The device is decided once, before any executor is built or any rank meets another: the rule
+// for every count of GPUs (none, one, two), so that it is checked on any machine.
+TEST(TorchTeacher, DeviceRuleForEveryCountOfGpusAndRanks) {
+  EXPECT_THROW(choose_device("cuda", 0), InputError);
+  EXPECT_THROW(choose_device("gpu", 1), InputError);
+  EXPECT_EQ(choose_device("auto", 0), Device{});
+  EXPECT_EQ(choose_device("cpu", 2, 1, 2), Device{});
+  EXPECT_EQ(choose_device("auto", 1), (Device{Device::Kind::cuda, 0}));
+  EXPECT_EQ(choose_device("cuda", 2, 1, 2), (Device{Device::Kind::cuda, 1}));
+  // Two local ranks, one GPU: both refuse alike (rank 0 as well, which has a GPU of its own),
+  // naming LOCAL_WORLD_SIZE; on the CPU they run.
+  for (const char* wanted : {"auto", "cuda"})
+    for (int rank = 0; rank < 2; ++rank) {
+      try {
+        (void)choose_device(wanted, 1, rank, 2);
+        ADD_FAILURE() << wanted << " on local rank " << rank << " was not refused";
+      } catch (const InputError& e) {
+        EXPECT_NE(std::string(e.what()).find("LOCAL_WORLD_SIZE = 2"), std::string::npos)
+            << e.what();
+      }
+    }
+  EXPECT_EQ(choose_device("cpu", 1, 1, 2), Device{});
+  // What this machine sees follows the same rule.
+  const int gpus = cuda_device_count();
+  if (gpus == 0) {
+    EXPECT_THROW(resolve_device("cuda"), InputError);
+    EXPECT_EQ(resolve_device("auto"), Device{});
+  } else {
+    EXPECT_EQ(resolve_device("auto"), (Device{Device::Kind::cuda, 0}));
+    EXPECT_THROW(resolve_device("cuda", 0, gpus + 1), InputError);
+  }
 }
 
 } // namespace

@@ -14,9 +14,15 @@ struct Device {
   friend bool operator==(const Device&, const Device&) = default;
 };
 
-// auto: CUDA device `local_rank` (torchrun's LOCAL_RANK; 0 for one process) where LibTorch sees
-// one, else the CPU. InputError naming student.device for cuda without a visible device, or a
-// name that is none of the three, and naming LOCAL_RANK when it has no device of its own.
-Device resolve_device(const std::string& wanted, int local_rank = 0);
+// The rule, given how many CUDA devices the process sees: auto is CUDA device `local_rank`
+// (torchrun's LOCAL_RANK; 0 for one process) where there is one, else the CPU. A node's local
+// ranks never share a GPU: with fewer devices than local ranks (LOCAL_WORLD_SIZE) every rank
+// refuses alike, before any rendezvous, whichever its own LOCAL_RANK. InputError naming
+// student.device for cuda without a visible device or a name that is none of the three, and
+// naming LOCAL_WORLD_SIZE when the node's GPUs are too few for its ranks.
+Device choose_device(const std::string& wanted, int cuda_devices, int local_rank = 0,
+                     int local_world = 1);
+// The same against what LibTorch sees.
+Device resolve_device(const std::string& wanted, int local_rank = 0, int local_world = 1);
 
 } // namespace kdflow::student
