@@ -210,8 +210,12 @@ phase_placement() {
 
 phase_tune() {
   if [ "${KD_GPU_DRY:-0}" != 1 ]; then
+    # The fixtures the tests phase made are kept (a selection would otherwise remake them).
+    local kept=()
+    [ -z "$(ls -A build/release/tests/fixtures/models 2>/dev/null)" ] ||
+      kept=(--fixture-exclude-setup teacher_fixtures)
     step ctest_tune ctest --test-dir build/release -R 'Elastic|CpuPipeline|TuneCores|Pipeline' \
-      --timeout 600 --output-on-failure
+      "${kept[@]}" --timeout 600 --output-on-failure
     tail -n 4 "$work/ctest_tune.log"
   fi
   step tune_default "$kdflow" tune-cores --budget-s "$(size 60 4)" --exhaustive \

@@ -20,11 +20,16 @@ using nlohmann::json;
 const char* const kModes[] = {"student-alone", "student-contended", "teacher-alone", "loader-alone",
                               "serial-cpu",    "colocated",         "overlapped"};
 
+// setup.sh installs gnuplot; the lent GPU machine has none (../shared/GPU.md), and there the
+// test checks everything but the picture.
+bool have_gnuplot() { return std::system("command -v gnuplot >/dev/null 2>&1") == 0; }
+
 // The committed Fashion-MNIST teacher (~20 ms a batch on one core) against a tiny student: the
 // overlapped pipeline is teacher-bound, so its teacher is busy through every student step and the
 // overlap check below does not depend on how the scheduler treats a busy test machine.
+// --plot only where gnuplot is.
 std::vector<std::string> small_run(const fs::path& dir) {
-  return {"bench-overlap",
+  std::vector<std::string> args = {"bench-overlap",
           "--set",
           "teacher.model=" +
               (fs::path(KDFLOW_SOURCE_DIR) / "models" / "fmnist_teacher.onnx").string(),
@@ -46,11 +51,9 @@ std::vector<std::string> small_run(const fs::path& dir) {
           (dir / "trace.json").string(),
           "--plot",
           (dir / "modes.png").string()};
+  if (!have_gnuplot()) args.resize(args.size() - 2);
+  return args;
 }
-
-// setup.sh installs gnuplot; the lent GPU machine has none (../shared/GPU.md), and there the
-// test checks everything but the picture.
-bool have_gnuplot() { return std::system("command -v gnuplot >/dev/null 2>&1") == 0; }
 
 struct Span {
   std::string name;
@@ -100,7 +103,6 @@ TEST(BenchOverlap, WritesJsonTraceAndPlotThatAgreeWithTheModes) {
   const fs::path dir = scratch("overlap");
   fs::create_directories(dir);
   auto args = small_run(dir);
-  if (!have_gnuplot()) args.resize(args.size() - 2);
   const Result r = run(args, dir / "run");
   ASSERT_EQ(r.code, 0) << r.err;
 

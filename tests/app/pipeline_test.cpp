@@ -190,16 +190,21 @@ TEST(CpuPipeline, PoolsMovedWhileBatchesFlowLoseNothingAndRunOnTheirNewCpus) {
       << "each batch taught once";
 }
 
-// The run's Config for a fixture teacher on the default data, student and loaders on the first
-// allowed CPU and the teacher on the second.
+// The student on the first allowed CPU and the teacher on the second; the loaders on the third,
+// or beside the student where there are two (a plan shares them only on machines that small).
+void place_roles(const CpuList& cpus, std::vector<std::string>& sets) {
+  sets.push_back("cores.student_cpus=" + std::to_string(cpus.at(0)));
+  sets.push_back("cores.loader_cpus=" + std::to_string(cpus.at(cpus.size() >= 3 ? 2 : 0)));
+  sets.push_back("cores.teacher_cpus=" + std::to_string(cpus.at(1)));
+}
+
+// The run's Config for a fixture teacher on the default data, its roles placed by place_roles.
 Config teacher_config(const std::string& model, std::vector<std::string> sets) {
   const CpuList cpus = allowed_cpus();
   const char* fixtures = std::getenv("KDFLOW_FIXTURES");
   sets.push_back("teacher.model=" + std::string(fixtures ? fixtures : ".") + "/ops/" + model);
   sets.push_back("teacher.tune=off");
-  sets.push_back("cores.student_cpus=" + std::to_string(cpus.at(0)));
-  sets.push_back("cores.loader_cpus=" + std::to_string(cpus.at(0)));
-  sets.push_back("cores.teacher_cpus=" + std::to_string(cpus.at(1)));
+  place_roles(cpus, sets);
   return resolve_config("", sets);
 }
 
@@ -301,14 +306,13 @@ Dataset first_samples(const Dataset& d, std::size_t n) {
           d.width(),         d.classes(),       d.source()};
 }
 
-// The shipped teacher on one CPU (one replica: batches are taught in order).
+// The shipped teacher on one CPU (one replica: batches are taught in order), its roles placed by
+// place_roles.
 Config shipped_teacher_config(std::vector<std::string> sets) {
   const CpuList cpus = allowed_cpus();
   sets.push_back("teacher.model=" + std::string(KDFLOW_SOURCE_DIR) + "/models/fmnist_teacher.onnx");
   sets.push_back("teacher.tune=off");
-  sets.push_back("cores.student_cpus=" + std::to_string(cpus.at(0)));
-  sets.push_back("cores.loader_cpus=" + std::to_string(cpus.at(0)));
-  sets.push_back("cores.teacher_cpus=" + std::to_string(cpus.at(1)));
+  place_roles(cpus, sets);
   return resolve_config("", sets);
 }
 
