@@ -40,12 +40,13 @@ def ctest_summary(work):
         text = open(os.path.join(work, "ctest.log")).read()
     except OSError:
         return None
-    m = re.search(r"(\d+)% tests passed, (\d+) tests failed out of (\d+)", text)
+    # "100% tests passed, 0 tests failed out of N", or (newer ctest) "100% tests passed out of N"
+    m = re.search(r"(\d+)% tests passed(?:, (\d+) tests failed)? out of (\d+)", text)
     failed = re.findall(r"^\s*\d+ - (\S+) \((Failed|Timeout|Not Run|SEGFAULT|Subprocess aborted)", text, re.M)
     skipped = re.findall(r"Test\s+#\d+: (\S+) \.+\*+Skipped", text)
     if not m:
         return {"parsed": False}
-    total, nfail = int(m.group(3)), int(m.group(2))
+    total, nfail = int(m.group(3)), int(m.group(2) or 0)
     return {"total": total, "failed": nfail, "failed_tests": [f[0] for f in failed],
             "skipped_tests": skipped}
 
@@ -128,7 +129,7 @@ def main():
         out["tune_exhaustive"]["plans"] = len(t["exhaustive"]["plans"])
     try:
         tune_log = open(os.path.join(work, "ctest_tune.log")).read()
-        m = re.search(r"(\d+)% tests passed, (\d+) tests failed out of (\d+)", tune_log)
+        m = re.search(r"(\d+)% tests passed(?:, (\d+) tests failed)? out of (\d+)", tune_log)
         out["ctest_elastic_pipeline_tuner"] = m.group(0) if m else "not parsed"
     except OSError:
         out["ctest_elastic_pipeline_tuner"] = None
