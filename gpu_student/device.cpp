@@ -9,8 +9,7 @@
 
 namespace kdflow::student {
 
-Device choose_device(const std::string& wanted, int cuda_devices, int local_rank,
-                     int local_world) {
+Device choose_device(const std::string& wanted, int cuda_devices, int local_rank, int local_world) {
   check_name("student.device", wanted, device_names());
   if (wanted == "cuda" && cuda_devices == 0)
     throw InputError("student.device = cuda: no CUDA device is visible to this process");

@@ -7,6 +7,7 @@
 #include "modes.hpp"
 #include "pipeline.hpp"
 #include "run.hpp"
+#include "run_report.hpp"
 #include "session.hpp"
 
 #include "kdflow/affinity/pinning.hpp"
@@ -385,9 +386,7 @@ json OverlapBench::report() {
       {"plan", report["plan"]},
       {"efficiency", report["efficiency"]},
       {"efficiency_vs_contention_ceiling", report["efficiency_vs_contention_ceiling"]}};
-  json ranks = json::array();
-  for (const auto& text : group->all_gather(mine.dump(), "gathering the ranks' figures"))
-    ranks.push_back(json::parse(text));
+  const json ranks = all_ranks(group, mine);
   if (!session_.writer()) return nullptr;
   json job = json::object();
   for (const Mode m : kModes) {

@@ -51,14 +51,11 @@ void count_teacher_batch(CpuPipeline& pipeline, Clock::time_point since) {
 // hand-written loop's order of work); counted as teacher work.
 void teach_now(CpuPipeline& pipeline, const Slot& slot) {
   const auto t0 = Clock::now();
-  const std::size_t teachers = std::max<std::size_t>(pipeline.run().teachers.size(), 1);
-  for (std::size_t t = 0; t < teachers; ++t) {
-    TeacherUnit* unit = nullptr;
-    for (std::size_t k = 0; (unit = pipeline.unit(k)) != nullptr && unit->teacher() != t; ++k) {
-    }
-    run_in_arena(unit->arena(), [&] {
+  for (std::size_t t = 0; t < pipeline.teachers(); ++t) {
+    TeacherUnit& unit = pipeline.teacher(t).unit(0);
+    run_in_arena(unit.arena(), [&] {
       trace::Span span("teacher", slot.header().batch);
-      pipeline.targets().teach(*unit, slot);
+      pipeline.targets().teach(unit, slot);
     });
   }
   pipeline.targets().finish(slot);
@@ -72,8 +69,11 @@ class BackgroundTeachers {
 public:
   explicit BackgroundTeachers(CpuPipeline& pipeline) {
     const RunInputs& run = pipeline.run();
-    std::size_t units = 0;
-    for (TeacherUnit* u = nullptr; (u = pipeline.unit(units)) != nullptr; ++units) {
+    std::vector<TeacherUnit*> units;
+    for (std::size_t t = 0; t < pipeline.teachers(); ++t)
+      for (std::size_t r = 0; r < pipeline.teacher(t).replicas(); ++r)
+        units.push_back(&pipeline.teacher(t).unit(r));
+    for (TeacherUnit* u : units) {
       state_->running.fetch_add(1);
       // The workers hold the state: the last one's notify may come after stop() returned.
       u->arena().enqueue([state = state_, &pipeline, &run, u] {
@@ -100,7 +100,7 @@ public:
       });
     }
     // Every replica is at work when the measured steps begin.
-    for (std::size_t n = state_->started.load(); n < units; n = state_->started.load())
+    for (std::size_t n = state_->started.load(); n < units.size(); n = state_->started.load())
       state_->started.wait(n);
   }
   ~BackgroundTeachers() { stop(); }
@@ -346,7 +346,7 @@ CacheFill fill_teacher_cache(const Setup& setup) {
     }
     pipeline.stop();
     pipeline.ring().rethrow_if_failed();
-    fill.batches = epoch - pipeline.cached_batches();
+    fill.batches = epoch - pipeline.targets().cached_batches();
   }
   fill.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   fill.samples_added = cache.stored() - before;

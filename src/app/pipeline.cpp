@@ -81,43 +81,36 @@ CpuPipeline::CpuPipeline(const RunInputs& run, const Sampler& sampler, std::uint
   loader_arena_ = std::make_unique<affinity::PinnedArena>(run.topology, run.plan.loader, "loader");
   assignment_.loader = run.plan.loader;
   if (run.teacher_runs()) {
+    for (std::size_t t = 0; t < run.teachers.size(); ++t)
+      teachers_.push_back(std::make_unique<TeacherStage>(run, t));
     int first_index = 0;
     for (std::size_t r = 0; r < run.plan.teacher.size(); ++r) {
       const auto& cpus = run.plan.teacher[r];
-      units_.push_back(std::make_unique<TeacherUnit>(
-          run, static_cast<std::size_t>(run.plan.teacher_of.at(r)), cpus, first_index));
+      teachers_.at(static_cast<std::size_t>(run.plan.teacher_of.at(r)))->add(cpus, first_index);
       first_index += static_cast<int>(cpus.size());
     }
     assignment_.teacher = run.plan.teacher;
   }
-  replica_count_.store(units_.size());
+  replica_count_.store(run.teacher_runs() ? run.plan.teacher.size() : 0);
 }
 
 CpuPipeline::~CpuPipeline() { stop(); }
 
-void CpuPipeline::start_teacher(TeacherUnit& unit) {
+bool CpuPipeline::teach(TeacherUnit& unit, std::uint64_t b) {
   SlotRing& ring = *ring_;
-  const auto lane = static_cast<std::uint32_t>(unit.teacher());
-  unit.graph = std::make_unique<StageGraph>(
-      run_.teachers.size() > 1 ? fmt::format("teacher {}", unit.teacher()) : std::string("teacher"),
-      unit.arena(), 1, ring, RingStage::teacher, end_,
-      [this, &ring, u = &unit, lane](std::uint64_t b, int) {
-        auto slot = ring.acquire_filled(b, lane);
-        if (!slot) return false;
-        fault::at(fault::Site::teacher, first_batch_ + b, ring);
-        {
-          trace::Span span("teacher", b);
-          targets_->teach(*u, *slot);
-        }
-        // With several teachers the last one to finish the batch mixes them and hands it on.
-        if (ring.finish_teaching(*slot)) {
-          targets_->finish(*slot);
-          ring.publish(*slot, SlotState::teaching, SlotState::ready);
-        }
-        return true;
-      },
-      &teacher_totals_, first_batch_, lane);
-  unit.graph->start();
+  auto slot = ring.acquire_filled(b, static_cast<std::uint32_t>(unit.teacher()));
+  if (!slot) return false;
+  fault::at(fault::Site::teacher, first_batch_ + b, ring);
+  {
+    trace::Span span("teacher", b);
+    targets_->teach(unit, *slot);
+  }
+  // With several teachers the last one to finish the batch mixes them and hands it on.
+  if (ring.finish_teaching(*slot)) {
+    targets_->finish(*slot);
+    ring.publish(*slot, SlotState::teaching, SlotState::ready);
+  }
+  return true;
 }
 
 void CpuPipeline::start_loader_graph() {
@@ -153,8 +146,10 @@ void CpuPipeline::start(std::uint64_t first_batch, std::uint64_t batches,
     start_loader_graph();
   }
   if (!teacher) return;
-  for (auto& unit : units_)
-    if (!options.only_teacher || unit->teacher() == *options.only_teacher) start_teacher(*unit);
+  for (auto& stage : teachers_)
+    if (!options.only_teacher || stage->teacher() == *options.only_teacher)
+      stage->start({ring_.get(), first_batch_, end_, &teacher_totals_,
+                    [this](TeacherUnit& unit, std::uint64_t b) { return teach(unit, b); }});
 }
 
 void CpuPipeline::stop() {
@@ -162,8 +157,7 @@ void CpuPipeline::stop() {
   ring_->close();
   std::lock_guard lock(structure_mutex_);
   stopped_ = true;
-  for (auto& unit : units_)
-    if (unit->graph) unit->graph->wait();
+  for (auto& stage : teachers_) stage->wait();
   if (loaders_) loaders_->wait();
 }
 
@@ -237,28 +231,9 @@ bool CpuPipeline::rebuild_loaders(const affinity::CpuList& cpus) {
 }
 
 bool CpuPipeline::rebuild_teachers(const std::vector<affinity::CpuList>& replicas) {
-  int first_index = 0;
-  for (std::size_t k = 0; k < std::max(replicas.size(), units_.size()); ++k) {
-    const bool keep = k < replicas.size() && k < units_.size() && units_[k]->cpus() == replicas[k];
-    if (!keep && k < units_.size()) {
-      units_[k]->graph->request_stop();
-      units_[k]->graph->wait();
-      if (ring_->closed()) return false;
-    }
-    if (k < replicas.size()) {
-      if (!keep) {
-        auto unit = std::make_unique<TeacherUnit>(run_, 0, replicas[k], first_index);
-        start_teacher(*unit);
-        if (k < units_.size())
-          units_[k] = std::move(unit);
-        else
-          units_.push_back(std::move(unit));
-      }
-      first_index += static_cast<int>(replicas[k].size());
-    }
-  }
-  units_.resize(replicas.size());
-  replica_count_.store(units_.size(), std::memory_order_relaxed);
+  // One teacher (reassign() refuses several).
+  if (!teachers_.front()->rebuild(replicas, 0)) return false;
+  replica_count_.store(replicas.size(), std::memory_order_relaxed);
   return true;
 }
 

@@ -1,13 +1,13 @@
 // The CPU half of the pipeline: the slot ring in pinned memory, the pinned loader stage and one
-// unit per teacher replica (teacher_unit.hpp), the slot's targets through kd.cache
+// stage per teacher (teacher_stage.hpp: its replicas), the slot's targets through kd.cache
 // (teacher_targets.hpp), and the moves of CPUs between the stages. It knows nothing of the
 // student (the run assembles both, run.hpp), of kd-ctl's policy (kd_ctl.hpp drives reassign()),
 // nor of the benchmarks' own producers (modes.cpp drives the units itself).
 #pragma once
 
 #include "run_inputs.hpp"
+#include "teacher_stage.hpp"
 #include "teacher_targets.hpp"
-#include "teacher_unit.hpp"
 
 #include "kdflow/affinity/elastic.hpp"
 #include "kdflow/affinity/pinning.hpp"
@@ -32,6 +32,16 @@ std::string feature_region(const std::string& value, std::size_t teacher = 0);
 // The slot region of teacher k's own logits, with several teachers.
 std::string teacher_logits_region(std::size_t k);
 
+// Which stages CpuPipeline::start() runs: no loaders (a benchmark's own producer fills the slots,
+// publishing filling -> after_load()); no teacher (loaded batches go to ready); of several
+// teachers, one alone (each batch waits for it, no mix); kd.cache read and filled (run.cache: a
+// training run, bench-overlap's cached mode); the loaders on the teacher's CPUs too from the start.
+struct StartOptions {
+  bool loaders = true, teacher = true;
+  std::optional<std::size_t> only_teacher;
+  bool cache = false, share_teacher_cpus = false;
+};
+
 // Construction builds the ring and the pinned arenas (and the teacher replicas); start() starts
 // the stage graphs: ring batches [0, batches) carry the sampler's batches first_batch + b.
 class CpuPipeline {
@@ -45,19 +55,7 @@ public:
   // The slot layout a run of `run` needs (for sizing the memory before construction).
   static SlotLayout layout_for(const RunInputs& run);
 
-  // Which stages run: no loaders (a benchmark's own producer fills the slots, publishing
-  // filling -> after_load()); no teacher (loaded batches go to ready); of several teachers, one
-  // alone (each batch waits for it, no mix); kd.cache read and filled (run.cache: a training
-  // run, bench-overlap's cached mode); the loaders on the teacher's CPUs too from the start.
-  struct StartOptions {
-    bool loaders = true, teacher = true;
-    std::optional<std::size_t> only_teacher;
-    bool cache = false, share_teacher_cpus = false;
-  };
-  void start(std::uint64_t first_batch, std::uint64_t batches) {
-    start(first_batch, batches, StartOptions{});
-  }
-  void start(std::uint64_t first_batch, std::uint64_t batches, const StartOptions& options);
+  void start(std::uint64_t first_batch, std::uint64_t batches, const StartOptions& options = {});
   // Where a loaded batch goes in the run start() began: filled (the teacher's next) or ready.
   [[nodiscard]] SlotState after_load() const { return after_load_; }
   // Closes the ring and waits for every stage. Idempotent.
@@ -65,37 +63,30 @@ public:
 
   // The CPUs each pool holds now.
   [[nodiscard]] affinity::PoolAssignment assignment() const;
-  // Moves the pools to `to` now: the giving pool is rebuilt first, then the taking one, each while
-  // the other stage runs (a stage being stopped finishes its batches only while the stages around
-  // it go on). `to` may hold no more CPUs in all than the plan's loaders and teachers (oneTBB's
-  // pool is sized for them), or the run has several teachers: std::invalid_argument. False when
-  // the pipeline stopped meanwhile. Serialized with other moves and with stop().
+  // Moves the pools to `to` now, the giving pool first, each while the other stage runs. More CPUs
+  // than the plan's loaders and teachers (oneTBB's pool is sized for them), or several teachers:
+  // std::invalid_argument. False when the pipeline stopped meanwhile. Serialized with stop().
   bool reassign(const affinity::PoolAssignment& to);
-  // kd.cache, once it holds what the teacher stage is asked for: the loaders run on the teacher's
-  // CPUs too, beside the replicas (which then mostly copy kept outputs, or compute a sample the
-  // cache lacks, on the CPUs they had); reassign() makes no move after it (it returns false).
-  // Like a move it waits for the loaders to drain, which needs the student to go on: call it from
-  // another thread while the student steps. False when there is nothing to share, no loaders
-  // run, or the pipeline stopped meanwhile. (StartOptions::share_teacher_cpus starts so.)
+  // kd.cache full: the loaders run on the teacher's CPUs too, beside the replicas (which mostly
+  // copy kept outputs); no move after it. Like a move it waits for the loaders to drain, which
+  // needs the student to go on (call it from another thread). False when there is nothing to
+  // share, no loaders run, or the pipeline stopped. (StartOptions::share_teacher_cpus starts so.)
   bool share_teacher_cpus();
   [[nodiscard]] bool shared() const { return shared_.load(std::memory_order_relaxed); }
 
   [[nodiscard]] SlotRing& ring() { return *ring_; }
   [[nodiscard]] const SlotRegions& regions() const { return regions_; }
-  // The teacher replicas' units and the loaders' arena (a move replaces them: read them before
-  // start() or on the thread that calls reassign()).
-  [[nodiscard]] TeacherUnit* unit(std::size_t k) {
-    return k < units_.size() ? units_[k].get() : nullptr;
-  }
+  // Teacher t's stage (its replicas) and the loaders' arena (a move replaces replicas and arena:
+  // read them before start() or on the thread that calls reassign()).
+  [[nodiscard]] TeacherStage& teacher(std::size_t t) { return *teachers_.at(t); }
+  [[nodiscard]] std::size_t teachers() const { return teachers_.size(); }
   [[nodiscard]] oneapi::tbb::task_arena& loader_arena() { return loader_arena_->arena(); }
+  // Every teacher's replicas, now.
   [[nodiscard]] std::size_t replicas() const {
     return replica_count_.load(std::memory_order_relaxed);
   }
-  // The slot's targets from the teachers (kd.cache: the cache start() uses, null without, and the
-  // batches read from it).
+  // The slot's targets from the teachers (with kd.cache: the cache start() uses).
   [[nodiscard]] TeacherTargets& targets() { return *targets_; }
-  [[nodiscard]] const TeacherOutputCache* cache() const { return targets_->cache(); }
-  [[nodiscard]] std::uint64_t cached_batches() const { return targets_->cached_batches(); }
   // What each stage did so far (busy time summed over its workers, batches), across every graph
   // a move replaced; a benchmark's own teacher work is added to the teacher's.
   [[nodiscard]] const StageTotals& loader_totals() const { return loader_totals_; }
@@ -106,7 +97,8 @@ public:
   [[nodiscard]] bool loaders_run() const { return loaders_run_; }
 
 private:
-  void start_teacher(TeacherUnit& unit);
+  // What a replica does with ring batch b: teach its filled slot; the last teacher mixes.
+  bool teach(TeacherUnit& unit, std::uint64_t b);
   void start_loader_graph();
   bool rebuild_loaders(const affinity::CpuList& cpus);
   // The loaders' CPUs and the teacher's together, oneTBB's pool raised for them, recorded as the
@@ -122,7 +114,7 @@ private:
   std::unique_ptr<oneapi::tbb::global_control> parallelism_;
   std::unique_ptr<affinity::PinnedArena> loader_arena_;
   std::unique_ptr<StageGraph> loaders_;
-  std::vector<std::unique_ptr<TeacherUnit>> units_;
+  std::vector<std::unique_ptr<TeacherStage>> teachers_; // one per teacher (a stage's address holds)
   StageTotals loader_totals_, teacher_totals_;
   std::atomic<std::size_t> replica_count_{0};
 

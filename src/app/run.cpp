@@ -197,10 +197,9 @@ RunInputs prepare_run(const Config& config, const DistEnv& dist, const RunReques
                 {},
                 affinity::Topology::load(),
                 {},
-                request.device
-                    ? *request.device
-                    : student::resolve_device(config.get_string("student.device"), dist.local_rank,
-                                              dist.local_world),
+                request.device ? *request.device
+                               : student::resolve_device(config.get_string("student.device"),
+                                                         dist.local_rank, dist.local_world),
                 dist};
   // The teachers: the configuration's (checked field by field), or the command's.
   const bool configured = !request.teachers;

@@ -83,7 +83,7 @@ void RunCache::save() {
 }
 
 json RunCache::summary() const {
-  const TeacherOutputCache* cache = run_.teacher_runs() ? pipeline_.cache() : nullptr;
+  const TeacherOutputCache* cache = run_.teacher_runs() ? pipeline_.targets().cache() : nullptr;
   if (!cache) return nullptr;
   return {
       {"mode", run_.config.get_string("kd.cache")},
@@ -93,7 +93,7 @@ json RunCache::summary() const {
       {"samples", cache->samples()},
       {"samples_kept", cache->stored()},
       {"bytes", cache->bytes()},
-      {"batches_from_cache", pipeline_.cached_batches()},
+      {"batches_from_cache", pipeline_.targets().cached_batches()},
       {"loaders_on_teacher_cpus_from_batch", shared_from_ ? json(*shared_from_) : json(nullptr)},
       {"loader_cpus", pipeline_.assignment().loader}};
 }

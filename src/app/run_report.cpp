@@ -92,6 +92,14 @@ json run_summary(const SummaryParts& p) {
       {"state_digest", p.state_digest}};
 }
 
+json all_ranks(student::ProcessGroup* group, const json& mine) {
+  if (group == nullptr) return json::array({mine});
+  json ranks = json::array();
+  for (const auto& text : group->all_gather(mine.dump(), "gathering the ranks' figures"))
+    ranks.push_back(json::parse(text));
+  return ranks;
+}
+
 void MetricsInterval::add(const student::StepStats& step) {
   loss += step.loss * step.samples;
   kd += step.kd_loss * step.samples;

@@ -57,6 +57,9 @@ inline RunFigures figures_of(const RunMeasures& m) {
 nlohmann::json rank_line(const DistEnv& dist, const std::string& device, const RunFigures& figures,
                          const affinity::Plan& plan, const std::string& state_digest);
 
+// Every rank's line (each rank's `mine`, in rank order); one process: its own alone.
+nlohmann::json all_ranks(student::ProcessGroup* group, const nlohmann::json& mine);
+
 // What summary.json says beside the figures: the run's state and measures, the student, the ring,
 // the job, and what the run's other parts report of themselves.
 struct SummaryParts {

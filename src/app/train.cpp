@@ -10,7 +10,6 @@
 #include "export.hpp"
 #include "kd_ctl.hpp"
 #include "pipeline.hpp"
-#include "progress.hpp"
 #include "run.hpp"
 #include "run_cache.hpp"
 #include "run_folder.hpp"
@@ -18,6 +17,7 @@
 #include "run_state.hpp"
 #include "session.hpp"
 #include "stop_signals.hpp"
+#include "train_log.hpp"
 
 #include "kdflow/affinity/pinning.hpp"
 #include "kdflow/core/atomic_file.hpp"
@@ -27,8 +27,6 @@
 #include "kdflow/core/log.hpp"
 #include "kdflow/core/watchdog.hpp"
 #include "kdflow/gpu_student/trainer.hpp"
-
-#include <unistd.h>
 
 #include <algorithm>
 #include <array>
@@ -46,18 +44,9 @@ namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 using nlohmann::json;
 
-// The trained state's digest (parameters, buffers, optimizer): equal digests, equal runs.
-std::uint64_t digest_of(const std::vector<float>& state) {
-  return fnv1a(std::as_bytes(std::span(state.data(), state.size())));
-}
-
 std::vector<std::byte> text_bytes(const std::string& text) {
   const auto* p = reinterpret_cast<const std::byte*>(text.data());
   return {p, p + text.size()};
-}
-
-std::uint64_t student_wait_ns(const RingStats& stats) {
-  return stats.stages[static_cast<int>(RingStage::student)].wait_ns;
 }
 
 // One training run. The constructor opens it (the session, the run folder's checks, the
@@ -91,9 +80,6 @@ private:
   // The student's step on the run's batch `batch` (ring batch `ring_batch`); what it throws
   // names the student and the batch.
   std::optional<student::StepStats> student_step(std::uint64_t batch, std::uint64_t ring_batch);
-  // metrics.jsonl's line for the interval that ends after batch `b` (and the log line without a
-  // terminal).
-  void log_interval(std::uint64_t b, const student::StepStats& last, bool terminal);
   // Checkpoint, cache file and the loaders' move after batch `b`; false at a stop.
   bool after_batch(std::uint64_t b, const student::StepStats& stats);
   // `last`: the final evaluation, which one process leaves at a stop signal (the run's last
@@ -101,11 +87,6 @@ private:
   void evaluate(double epoch, bool last = false);
   void save(std::uint64_t next_batch);
   void save_teacher_cache();
-  // The trained student exported and checked (null when it is not exported); throws when the
-  // written file does not give the student's logits, after summary.json.
-  // The teacher replicas' working time so far: their bodies' time less their waits on the ring
-  // for a loaded slot (as bench-overlap and kd-ctl count it).
-  [[nodiscard]] std::uint64_t teacher_work_ns();
   [[nodiscard]] double wall_s() const {
     return state_.wall_s + std::chrono::duration<double>(Clock::now() - started_).count();
   }
@@ -133,8 +114,7 @@ private:
   RunState state_;
   RunMeasures measures_;           // this rank's loop; loop_s at finish
   Clock::time_point loop_start_{}; // the step loop's start: its clock runs to the last evaluation
-  MetricsInterval interval_;
-  std::uint64_t interval_wait_ns_ = 0, interval_teacher_ns_ = 0; // at the interval's start
+  std::optional<TrainLog> log_;    // while the steps run
   bool interrupted_ = false;
 };
 
@@ -170,7 +150,8 @@ void TrainRun::start() {
   if (writer_) folder_.open(config_.to_toml(), resume_from_.has_value());
   if (run().teacher_runs() && !state_.teacher_test_accuracy) {
     const TeacherAccuracy measured = measure_teachers(
-        run(), pipeline().assignment().loader, pipeline().unit(0)->arena(), pipeline().replicas(),
+        run(), pipeline().assignment().loader, pipeline().teacher(0).unit(0).arena(),
+        pipeline().replicas(),
         [&](std::span<double> hits) { job_sum(hits, "the teacher's evaluation"); });
     state_.teacher_test_accuracy = measured.target;
     state_.teachers = measured.teachers;
@@ -302,14 +283,13 @@ void TrainRun::start_steps(std::uint64_t begin) {
 
 void TrainRun::step_loop() {
   // The pipeline runs from the resume point to the end.
-  Progress progress(writer_ && ::isatty(STDERR_FILENO) == 1);
   loop_start_ = Clock::now();
   const std::uint64_t begin = state_.next_batch;
-  const auto log_every = static_cast<std::uint64_t>(config_.get_int("train.log_every"));
   start_steps(begin);
-  const std::uint64_t wait_before = student_wait_ns(pipeline().ring().stats());
-  interval_wait_ns_ = wait_before;
-  interval_ = MetricsInterval{}; // the first interval's clock starts with the steps
+  log_.emplace(pipeline(), trainer(), writer_ ? &folder_ : nullptr,
+               TrainLog::Extent{per_epoch_, epochs_, last_, session_.slots(),
+                                static_cast<std::uint64_t>(config_.get_int("train.log_every"))});
+  log_->start(begin);
   for (std::uint64_t b = begin; b < last_; ++b) {
     if (watchdog_) watchdog_->expect(b);
     const auto stats = student_step(b, b - begin);
@@ -317,68 +297,19 @@ void TrainRun::step_loop() {
     if (!stats) break;
     measures_.samples += stats->samples;
     measures_.rank_samples += stats->rank_samples;
-    interval_.add(*stats);
-    const double elapsed = std::chrono::duration<double>(Clock::now() - loop_start_).count();
-    const double rate = static_cast<double>(measures_.samples) / std::max(1e-9, elapsed);
-    const bool epoch_end = (b + 1) % per_epoch_ == 0;
-    if ((b + 1) % log_every == 0 || epoch_end || b + 1 == last_)
-      log_interval(b, *stats, progress.terminal());
-    if (progress.due())
-      progress.show(fmt::format(
-          "epoch {}/{} step {}/{} loss {:.4f} acc {:.1f}% {:.0f} samples/s ETA {} ring {}/{}",
-          b / per_epoch_ + 1, epochs_, b + 1, last_, stats->loss,
-          100.0 * static_cast<double>(stats->correct) / std::max<std::uint32_t>(1, stats->samples),
-          rate,
-          clock_text(static_cast<double>(last_ - b - 1) *
-                     (elapsed / static_cast<double>(b + 1 - begin))),
-          pipeline().ring().stats().occupancy[static_cast<int>(SlotState::ready)],
-          session_.slots()));
-    if (epoch_end) {
+    log_->step(b, *stats, measures_.samples);
+    if ((b + 1) % per_epoch_ == 0) {
       evaluate(static_cast<double>(b / per_epoch_ + 1));
-      const auto& teacher = state_.teacher_test_accuracy;
-      if (writer_)
-        progress.line(fmt::format(
-            "epoch {}/{}: test accuracy {:.4f}{} ({:.0f} samples/s)", b / per_epoch_ + 1, epochs_,
-            state_.test_accuracy,
-            teacher ? fmt::format(" (teacher {:.4f})", *teacher) : std::string(), rate));
+      log_->epoch(b, state_.test_accuracy, state_.teacher_test_accuracy);
     }
     if (!after_batch(b, *stats)) break;
   }
   pipeline().stop();
   cache_->join(); // the closed ring ends a move in progress
   trainer().drain();
-  progress.finish();
+  log_->finish();
   pipeline().ring().rethrow_if_failed();
-  measures_.stall_ns = student_wait_ns(pipeline().ring().stats()) - wait_before;
-}
-
-void TrainRun::log_interval(std::uint64_t b, const student::StepStats& last, bool terminal) {
-  const RingStats ring = pipeline().ring().stats();
-  const std::uint64_t wait_ns = student_wait_ns(ring), teacher_ns = teacher_work_ns();
-  const double span = interval_.seconds();
-  const double replicas = static_cast<double>(std::max<std::size_t>(1, pipeline().replicas()));
-  json line = interval_.line();
-  line["step"] = trainer().steps_done();
-  line["epoch"] = b / per_epoch_;
-  line["lr"] = last.lr;
-  line["student_wait_ms"] = static_cast<double>(wait_ns - interval_wait_ns_) / 1e6;
-  line["teacher_busy"] =
-      run().teacher_runs()
-          ? static_cast<double>(teacher_ns - interval_teacher_ns_) / (span * 1e9 * replicas)
-          : 0.0;
-  line["ring_ready"] = ring.occupancy[static_cast<int>(SlotState::ready)];
-  line["skipped_steps"] = trainer().skipped_steps();
-  // Teacher batches read from kd.cache so far (null without a cache).
-  line["teacher_cached_batches"] =
-      pipeline().cache() ? json(pipeline().cached_batches()) : json(nullptr);
-  if (writer_) folder_.write_metrics(line);
-  if (writer_ && !terminal)
-    log_info(fmt::format("step {}/{} epoch {} loss {:.4f} lr {:.4f} {:.0f} samples/s",
-                         trainer().steps_done(), last_, b / per_epoch_ + 1,
-                         line["loss"].get<double>(), last.lr, line["samples_per_s"].get<double>()));
-  interval_wait_ns_ = wait_ns;
-  interval_teacher_ns_ = teacher_ns;
-  interval_ = MetricsInterval{};
+  measures_.stall_ns = log_->student_wait_ns();
 }
 
 bool TrainRun::after_batch(std::uint64_t b, const student::StepStats& stats) {
@@ -395,17 +326,8 @@ bool TrainRun::after_batch(std::uint64_t b, const student::StepStats& stats) {
     save(b + 1);
   if (epoch_end || b + 1 == last_) save_teacher_cache();
   if (epoch_end) cache_->share_when_full(b + 1, kd_ctl_ != nullptr);
-  // An interval's samples/s is the steps': an evaluation or a checkpoint just after its start is
-  // left out.
-  if (interval_.steps == 0) interval_.start = Clock::now();
+  log_->restart_empty_interval();
   return true;
-}
-
-std::uint64_t TrainRun::teacher_work_ns() {
-  const std::uint64_t busy = pipeline().teacher_totals().busy_ns.load();
-  const std::uint64_t wait =
-      pipeline().ring().stats().stages[static_cast<int>(RingStage::teacher)].wait_ns;
-  return busy > wait ? busy - wait : 0;
 }
 
 int TrainRun::finish() {
@@ -420,7 +342,7 @@ int TrainRun::finish() {
   // leaves out.
   RunMeasures measured = measures_;
   measured.loop_s = std::chrono::duration<double>(Clock::now() - loop_start_).count();
-  measured.teacher_work_ns = run().teacher_runs() ? teacher_work_ns() : 0;
+  measured.teacher_work_ns = run().teacher_runs() ? log_->teacher_work_ns() : 0;
   measured.replicas = run().teacher_runs() ? pipeline().replicas() : 0;
   std::optional<ExportCheck> check;
   json exported = nullptr;
@@ -432,15 +354,13 @@ int TrainRun::finish() {
                 {"check", to_json(*check)}};
   }
   // Every rank's own figures, in rank 0's summary.
-  const std::string state_digest = fmt::format("{:016x}", digest_of(trainer().state_vector()));
+  // The trained state's digest (parameters, buffers, optimizer): equal digests, equal runs.
+  const std::vector<float> state = trainer().state_vector();
+  const std::string state_digest =
+      fmt::format("{:016x}", fnv1a(std::as_bytes(std::span(state.data(), state.size()))));
   const json mine = rank_line(session_.dist(), trainer().device(), figures_of(measured), run().plan,
                               state_digest);
-  json ranks = json::array({mine});
-  if (student::ProcessGroup* group = session_.group()) {
-    ranks = json::array();
-    for (const auto& text : group->all_gather(mine.dump(), "gathering the ranks' figures"))
-      ranks.push_back(json::parse(text));
-  }
+  const json ranks = all_ranks(session_.group(), mine);
   if (!writer_) {
     if (interrupted_)
       throw Interrupted(fmt::format("rank {} interrupted at step {}: rank 0 saved the checkpoint",

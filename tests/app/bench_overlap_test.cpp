@@ -29,28 +29,28 @@ bool have_gnuplot() { return std::system("command -v gnuplot >/dev/null 2>&1") =
 // overlap check below does not depend on how the scheduler treats a busy test machine.
 // --plot only where gnuplot is.
 std::vector<std::string> small_run(const fs::path& dir) {
-  std::vector<std::string> args = {"bench-overlap",
-          "--set",
-          "teacher.model=" +
-              (fs::path(KDFLOW_SOURCE_DIR) / "models" / "fmnist_teacher.onnx").string(),
-          "--set",
-          "student.arch=mlp",
-          "--set",
-          "student.width=0.25",
-          "--set",
-          "ring.slots=4",
-          "--steps",
-          "6",
-          "--repeats",
-          "1",
-          "--min-seconds",
-          "0",
-          "--json",
-          (dir / "overlap.json").string(),
-          "--trace",
-          (dir / "trace.json").string(),
-          "--plot",
-          (dir / "modes.png").string()};
+  std::vector<std::string> args = {
+      "bench-overlap",
+      "--set",
+      "teacher.model=" + (fs::path(KDFLOW_SOURCE_DIR) / "models" / "fmnist_teacher.onnx").string(),
+      "--set",
+      "student.arch=mlp",
+      "--set",
+      "student.width=0.25",
+      "--set",
+      "ring.slots=4",
+      "--steps",
+      "6",
+      "--repeats",
+      "1",
+      "--min-seconds",
+      "0",
+      "--json",
+      (dir / "overlap.json").string(),
+      "--trace",
+      (dir / "trace.json").string(),
+      "--plot",
+      (dir / "modes.png").string()};
   if (!have_gnuplot()) args.resize(args.size() - 2);
   return args;
 }

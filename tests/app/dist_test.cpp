@@ -179,9 +179,9 @@ TEST(Dist, TwoRanksTrainAsOneProcessOnTheGlobalBatch) {
   // One rank that names its backend joins a group of one and reduces through it: still the plain
   // run, bit for bit.
   const fs::path grouped = scratch("one_rank_gloo");
-  const Result g = torchrun(
-      launch(local(1), grouped.string() + ".logs", train_args(grouped, 64, {steps, "dist.backend=gloo"})),
-      grouped);
+  const Result g = torchrun(launch(local(1), grouped.string() + ".logs",
+                                   train_args(grouped, 64, {steps, "dist.backend=gloo"})),
+                            grouped);
   ASSERT_EQ(g.code, 0) << g.err << rank_stderr(grouped.string() + ".logs", 0);
   EXPECT_EQ(summary(grouped)["dist"]["backend"], "gloo");
   EXPECT_GT(summary(grouped)["dist"]["buckets"].get<std::uint64_t>(), 0u);
@@ -465,11 +465,11 @@ TEST(Dist, BenchOverlapReportsEveryRankAndTheJob) {
   const fs::path dir = scratch("dist_overlap");
   fs::create_directories(dir);
   // The fast run's student and teacher, six measured steps per mode.
-  const auto bench = with({"bench-overlap", "--steps", "6", "--repeats", "1", "--min-seconds", "0",
-                           "--json", (dir / "overlap.json").string()},
-                          {"teacher.model=" + fixture("mlp_opset13.onnx").string(),
-                           "student.arch=mlp", "student.width=0.25", "ring.slots=4",
-                           "student.device=cpu"});
+  const auto bench =
+      with({"bench-overlap", "--steps", "6", "--repeats", "1", "--min-seconds", "0", "--json",
+            (dir / "overlap.json").string()},
+           {"teacher.model=" + fixture("mlp_opset13.onnx").string(), "student.arch=mlp",
+            "student.width=0.25", "ring.slots=4", "student.device=cpu"});
   const Result r = torchrun(launch(local(2), dir / "logs", bench), dir / "run");
   ASSERT_EQ(r.code, 0) << r.err << rank_stderr(dir / "logs", 0) << rank_stderr(dir / "logs", 1);
   const json report = json::parse(read_text(dir / "overlap.json"));

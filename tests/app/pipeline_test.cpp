@@ -177,7 +177,8 @@ TEST(CpuPipeline, PoolsMovedWhileBatchesFlowLoseNothingAndRunOnTheirNewCpus) {
   EXPECT_EQ(cpus_seen_in(pipeline.loader_arena()), last.loader);
   ASSERT_EQ(pipeline.replicas(), last.teacher.size());
   for (std::size_t r = 0; r < last.teacher.size(); ++r)
-    EXPECT_EQ(cpus_seen_in(pipeline.unit(r)->arena()), last.teacher[r]) << "replica " << r;
+    EXPECT_EQ(cpus_seen_in(pipeline.teacher(0).unit(r).arena()), last.teacher[r])
+        << "replica " << r;
 
   EXPECT_EQ(consumed, kBatches);
   EXPECT_LE(worst, 1e-5) << "the logits in the slots are the teacher's for the slot's images";
@@ -370,7 +371,7 @@ TEST(CpuPipeline, TeacherOutputCacheServesLaterEpochsWithWhatTheTeacherComputed)
     EXPECT_EQ(run.cache->features(), per_sample);
     double worst = 0, largest = 0, worst_feature = 0, largest_feature = 0;
     pipeline.start(0, 2 * per_epoch, {.cache = true});
-    ASSERT_EQ(pipeline.cache(), run.cache.get());
+    ASSERT_EQ(pipeline.targets().cache(), run.cache.get());
     // With every sample kept, the loaders take the teacher's CPU too: a move made on another
     // thread while the student goes on (it waits for the loaders to drain).
     std::thread sharer;
@@ -448,8 +449,8 @@ TEST(CpuPipeline, TeacherOutputCacheServesLaterEpochsWithWhatTheTeacherComputed)
     pipeline.stop();
     pipeline.ring().rethrow_if_failed();
     EXPECT_EQ(taught.size(), 96u);
-    EXPECT_EQ(pipeline.cache()->stored(), 96u);
-    EXPECT_EQ(pipeline.cached_batches(), per_epoch) << "the second epoch ran the teacher";
+    EXPECT_EQ(pipeline.targets().cache()->stored(), 96u);
+    EXPECT_EQ(pipeline.targets().cached_batches(), per_epoch) << "the second epoch ran the teacher";
     // A pipeline started on a full cache: the loaders on the teacher's CPU from the start, every
     // batch served from the cache.
     CpuPipeline again_on(run, sampler, kSlots,
@@ -473,7 +474,7 @@ TEST(CpuPipeline, TeacherOutputCacheServesLaterEpochsWithWhatTheTeacherComputed)
     }
     again_on.stop();
     again_on.ring().rethrow_if_failed();
-    EXPECT_EQ(again_on.cached_batches(), per_epoch);
+    EXPECT_EQ(again_on.targets().cached_batches(), per_epoch);
     EXPECT_GT(largest_feature, 1e-2) << "features that say something";
     EXPECT_LE(worst_feature, 1e-4 * std::max(1.0, largest_feature)) << "the teacher's features";
     if (top_k == 0) {
@@ -759,8 +760,8 @@ TEST(CpuPipeline, TwoTeachersReachTheirRegionsAndTheTargetIsTheirMix) {
     EXPECT_LE(worst, 1e-5) << "the target, mixed or read, is the teachers' mix";
     EXPECT_EQ(mixed.size(), 96u);
     EXPECT_EQ(with_cache.cache->stored(), 96u);
-    EXPECT_GE(pipeline.cached_batches(), per_epoch - (kSlots - 1)) << "the teachers ran";
-    EXPECT_LE(pipeline.cached_batches(), per_epoch);
+    EXPECT_GE(pipeline.targets().cached_batches(), per_epoch - (kSlots - 1)) << "the teachers ran";
+    EXPECT_LE(pipeline.targets().cached_batches(), per_epoch);
     CpuPipeline full(with_cache, few, kSlots,
                      student::allocate_pinned_for_device(
                          kSlots * CpuPipeline::layout_for(with_cache).slot_bytes()));
@@ -779,7 +780,7 @@ TEST(CpuPipeline, TwoTeachersReachTheirRegionsAndTheTargetIsTheirMix) {
     }
     full.stop();
     full.ring().rethrow_if_failed();
-    EXPECT_EQ(full.cached_batches(), per_epoch) << "a full cache ran the teachers";
+    EXPECT_EQ(full.targets().cached_batches(), per_epoch) << "a full cache ran the teachers";
     EXPECT_THROW(pipeline.start(0, 1, {.only_teacher = 1, .cache = true}), std::invalid_argument)
         << "the cache holds the mix, not one teacher's outputs";
   }

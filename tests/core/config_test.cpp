@@ -308,8 +308,8 @@ TEST(DistEnv, ReadsTorchrunsVariables) {
   EXPECT_EQ(env->master_port, 29500);
   EXPECT_TRUE(env->agent_store);
   // One rank (torchrun --nproc-per-node 1): the store's address is kept, for a group of one.
-  const auto one = env_of({{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"MASTER_ADDR", "127.0.0.1"},
-                           {"MASTER_PORT", "29400"}});
+  const auto one = env_of(
+      {{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "29400"}});
   ASSERT_TRUE(one.has_value());
   EXPECT_EQ(one->master_addr, "127.0.0.1");
   EXPECT_EQ(one->master_port, 29400);
