@@ -2,6 +2,7 @@
 #include "kdflow/affinity/plan.hpp"
 
 #include "kdflow/core/error.hpp"
+#include "kdflow/core/input_file.hpp"
 
 #include <algorithm>
 #include <fstream>
@@ -276,6 +277,7 @@ void validate(Plan& plan, const Topology& topology, bool teacher_runs,
 }
 
 PlanFile read_plan_file(const std::filesystem::path& path) {
+  check_input_file(path, "core plan file", std::uint64_t{64} << 20);
   std::ifstream in(path);
   if (!in) throw InputError(fmt::format("{}: cannot read the core plan file", path.string()));
   nlohmann::json doc;

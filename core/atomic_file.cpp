@@ -3,6 +3,7 @@
 #include "kdflow/core/atomic_file.hpp"
 
 #include "kdflow/core/error.hpp"
+#include "kdflow/core/input_file.hpp"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -112,6 +113,7 @@ void write_checked_file(const std::filesystem::path& path, std::span<const std::
 
 std::vector<std::byte> read_checked_file(const std::filesystem::path& path, std::string_view what,
                                          std::uint64_t max_payload) {
+  check_input_file(path, what);
   std::ifstream in(path, std::ios::binary);
   if (!in) throw InputError(fmt::format("{} {}: cannot be opened", what, path.string()));
   in.seekg(0, std::ios::end);

@@ -3,6 +3,7 @@
 #include "kdflow/core/config.hpp"
 
 #include "kdflow/core/error.hpp"
+#include "kdflow/core/input_file.hpp"
 
 #include <algorithm>
 #include <charconv>
@@ -284,6 +285,10 @@ std::vector<ConfigRow> rows_of(const ConfigKey& key, const toml::node& node,
       check_value(rule, *parsed, origin, name);
       row[rule.name] = narrow(*parsed);
     }
+    for (const auto& field : key.fields)
+      if (field.required && !table->contains(field.name))
+        throw InputError(fmt::format("{}: {}.{} is missing (every row names its {})", origin,
+                                     row_name, field.name, field.name));
     rows.push_back(std::move(row));
   }
   return rows;
@@ -365,6 +370,7 @@ void Config::merge_toml(std::string_view text, const std::string& origin) {
 }
 
 void Config::merge_file(const std::filesystem::path& path) {
+  check_input_file(path, "config file", std::uint64_t{16} << 20);
   std::ifstream in(path, std::ios::binary);
   if (!in) throw InputError(fmt::format("{}: cannot read the config file", path.string()));
   std::ostringstream text;

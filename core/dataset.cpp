@@ -4,6 +4,7 @@
 #include "kdflow/core/digest.hpp"
 
 #include "kdflow/core/error.hpp"
+#include "kdflow/core/input_file.hpp"
 
 #include <zlib.h>
 
@@ -25,8 +26,10 @@ std::uint32_t big_endian(const std::vector<std::uint8_t>& b, std::size_t at) {
 
 // The first of `names` that exists in `dir`, or an InputError listing where kdflow looked.
 std::string find_file(const std::string& dir, const std::vector<std::string>& names) {
+  // A link counts as there (a loop or a dangling one is refused by name when it is read).
+  std::error_code ec;
   for (const auto& n : names)
-    if (fs::exists(fs::path(dir) / n)) return (fs::path(dir) / n).string();
+    if (fs::exists(fs::symlink_status(fs::path(dir) / n, ec))) return (fs::path(dir) / n).string();
   std::string looked;
   for (const auto& n : names) looked += (looked.empty() ? "" : ", ") + (fs::path(dir) / n).string();
   throw InputError(fmt::format("dataset not found: looked for {}", looked));
@@ -120,6 +123,7 @@ std::string folder_split(const std::string& dir, Split split) {
 } // namespace
 
 std::vector<std::uint8_t> read_file_maybe_gz(const std::string& path, std::uint64_t max_bytes) {
+  check_input_file(path, "dataset file");
   std::vector<std::uint8_t> out;
   const auto too_big = [&] {
     return InputError(
@@ -255,8 +259,7 @@ const DatasetFormat& dataset_format(const std::string& name) {
 Dataset Dataset::load(const std::string& format, const std::string& path, Split split,
                       const ImageGeometry& geometry) {
   const DatasetFormat& reader = dataset_format(format);
-  if (!fs::is_directory(path))
-    throw InputError(fmt::format("data.path = '{}': no such folder", path));
+  check_input_folder(path, "data.path");
   return reader.load(path, split, geometry);
 }
 

@@ -117,6 +117,10 @@ void Lowering::build(const std::vector<std::string>& features) {
     outs.push_back(f);
   }
   for (std::size_t k = 0; k < outs.size(); ++k) {
+    if (!loc_.count(outs[k]))
+      throw InputError(fmt::format("{}: graph output '{}' does not depend on the input (the "
+                                   "exporter or kdflow folded it to a constant): not a teacher",
+                                   g_.file, outs[k]));
     const Shape& s = g_.shape(outs[k]);
     const memory::desc user = plain(s, dt::f32);
     p_.outputs.push_back({outs[k], s, user});

@@ -1,7 +1,9 @@
 // .npy reading and writing (format versions 1.0 to 3.0 read, 1.0 written).
 #include "kdflow/cpu_teacher/npy.hpp"
 
+#include "kdflow/core/atomic_file.hpp"
 #include "kdflow/core/error.hpp"
+#include "kdflow/core/input_file.hpp"
 
 #include <algorithm>
 #include <cstdint>
@@ -13,6 +15,7 @@
 namespace kdflow::teacher {
 
 NpyArray read_npy(const std::string& path) {
+  check_input_file(path, ".npy file");
   std::ifstream in(path, std::ios::binary | std::ios::ate);
   if (!in) throw InputError(fmt::format("{}: cannot read the .npy file", path));
   // What a header may claim is bounded by what the file holds: nothing is allocated past it.
@@ -118,14 +121,14 @@ void write_npy(const std::string& path, const Shape& shape, const float* data) {
       fmt::format("{{'descr': '<f4', 'fortran_order': False, 'shape': ({}), }}", dims);
   const std::size_t total = 10 + header.size() + 1;
   header += std::string((64 - total % 64) % 64, ' ') + "\n";
-  std::ofstream out(path, std::ios::binary);
-  if (!out) throw InputError(fmt::format("{}: cannot write", path));
-  out.write("\x93NUMPY\x01\x00", 8);
+  // Whole or not at all (a full disk leaves no partial file): written beside it, then renamed.
+  std::string bytes = "\x93NUMPY\x01\x00";
+  bytes.resize(8);
   const auto len = static_cast<std::uint16_t>(header.size());
-  out.write(reinterpret_cast<const char*>(&len), 2);
-  out.write(header.data(), static_cast<std::streamsize>(header.size()));
-  out.write(reinterpret_cast<const char*>(data), static_cast<std::streamsize>(numel(shape) * 4));
-  if (!out) throw std::runtime_error(path + ": write failed");
+  bytes.append(reinterpret_cast<const char*>(&len), 2);
+  bytes += header;
+  bytes.append(reinterpret_cast<const char*>(data), static_cast<std::size_t>(numel(shape)) * 4);
+  write_file_atomic(path, bytes);
 }
 
 } // namespace kdflow::teacher

@@ -7,6 +7,7 @@
 #include "kdflow/cpu_teacher/reference.hpp"
 
 #include "kdflow/core/error.hpp"
+#include "kdflow/core/input_file.hpp"
 #include "ops/op_table.hpp"
 
 #include <kdflow_onnx.pb.h>
@@ -74,16 +75,10 @@ std::int64_t external_int(const std::string& value, const std::string& what) {
   return v;
 }
 
-// The model's external data must stay beside it: a relative path with no '..'.
+// The model's external data must stay inside its folder, every link resolved.
 std::filesystem::path external_path(const std::filesystem::path& model_dir,
                                     const std::string& location, const std::string& what) {
-  const std::filesystem::path rel(location);
-  bool escapes = location.empty() || rel.is_absolute();
-  for (const auto& part : rel.lexically_normal()) escapes = escapes || part == "..";
-  if (escapes)
-    throw InputError(fmt::format("{}: external data location '{}' is not a file beside the model",
-                                 what, location));
-  return model_dir / rel;
+  return confined_file(model_dir, location, fmt::format("{}: external data", what));
 }
 
 Tensor to_tensor(const pb::TensorProto& t, const std::filesystem::path& model_dir,
@@ -343,9 +338,7 @@ private:
 
 pb::ModelProto parse(const std::string& path) {
   const std::filesystem::path file(path);
-  if (!std::filesystem::exists(file))
-    throw InputError(fmt::format("{}: no such teacher model file", path));
-  const std::string bytes = read_bytes(file);
+  const std::string bytes = read_input_file(file, "teacher model");
   pb::ModelProto model;
   if (!model.ParseFromString(bytes))
     throw InputError(

@@ -267,7 +267,20 @@ def rejects(out):
     m.graph.initializer[0].data_location = TensorProto.EXTERNAL
     for key, value in [("location", "../outside.bin"), ("length", "16")]:
         m.graph.initializer[0].external_data.add(key=key, value=value)
-    bad["external_data_outside"] = (m, "not a file beside the model")
+    bad["external_data_outside"] = (m, "not a file inside the model's folder")
+    m = model([node("Mul", ["x", "k"])], X, [const("k", rand(1, 4, 1, 1))], out_shape=["N", 4, 9, 11])
+    m.graph.initializer[0].ClearField("raw_data")
+    m.graph.initializer[0].data_location = TensorProto.EXTERNAL
+    for key, value in [("location", "."), ("length", "16")]:
+        m.graph.initializer[0].external_data.add(key=key, value=value)
+    bad["external_data_location_dot"] = (m, "a folder, not a file")
+    one = helper.make_tensor("v", TensorProto.FLOAT, [1], [1.0])
+    m = model([node("ConstantOfShape", ["k"], ["c"], value=one), helper.make_node("Add", ["x", "c"], ["y"], name="add")], X,
+              [const("k", np.array([-2, 4, 9, 11], dtype=np.int64))], out_shape=["N", 4, 9, 11])
+    bad["constant_of_shape_negative"] = (m, "negative dimension")
+    m = model([node("ConstantOfShape", ["k"], ["c"], value=one), helper.make_node("Relu", ["c"], ["y"], name="relu")], X,
+              [const("k", np.array([2, 4, 9, 11], dtype=np.int64))], out_shape=[2, 4, 9, 11])
+    bad["output_folded_to_constant"] = (m, "does not depend on the input")
     m = model([node("Mul", ["x", "k"])], X, [const("k", rand(1, 4, 1, 1))], out_shape=["N", 4, 9, 11])
     m.graph.initializer[0].dims[:] = [1 << 40, 1 << 30]  # a lying header: 2^70 elements, 16 bytes
     bad["lying_initializer_header"] = (m, "more elements than can be addressed")

@@ -9,6 +9,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include <fmt/format.h>
+
 namespace kdflow::teacher {
 namespace {
 
@@ -117,6 +119,13 @@ std::vector<Tensor> evaluate_constant(const Node& node, const std::vector<const 
 
 std::vector<InferredOutput> infer_constant_of_shape(Node& node, const InferArgs& a) {
   const auto shape = need_constant(node, a.constants, 0, "shape").as_ints();
+  // Folded into a constant here: a negative or huge shape is the model's error, not an allocation.
+  constexpr std::int64_t kMaxFolded = std::int64_t{1} << 28;
+  for (const std::int64_t d : shape)
+    if (d < 0) bad(node, fmt::format("shape {} has a negative dimension", format_shape(shape)));
+  if (numel(shape) > kMaxFolded)
+    bad(node, fmt::format("shape {} has more than the {} elements a folded constant may hold",
+                          format_shape(shape), kMaxFolded));
   ElemType t = ElemType::f32;
   if (node.has("value") && node.attrs.at("value").t) t = node.attrs.at("value").t->type;
   return {{shape, t}};

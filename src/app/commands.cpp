@@ -13,6 +13,8 @@
 #include "kdflow/gpu_student/versions.hpp"
 
 #include <charconv>
+#include <cmath>
+#include <cstdlib>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -27,6 +29,20 @@ int print_versions() {
   lines.emplace_back("ring", fmt::format("{} host memory", memory_kind_name(probe.kind())));
   for (const auto& [name, text] : lines) fmt::print("{:<9} {}\n", name + ":", text);
   return kExitOk;
+}
+
+// A number of seconds: finite and above 0 (`zero`: at least 0). NaN and infinity are refused.
+CLI::Validator seconds(bool zero) {
+  return {[zero](std::string& text) -> std::string {
+            char* end = nullptr;
+            const double v = std::strtod(text.c_str(), &end);
+            if (text.empty() || end != text.c_str() + text.size() || !std::isfinite(v) || v < 0 ||
+                (v == 0 && !zero))
+              return fmt::format("'{}' is not a number of seconds {} 0", text,
+                                 zero ? "of at least" : "above");
+            return {};
+          },
+          zero ? "SECONDS>=0" : "SECONDS>0"};
 }
 
 } // namespace
@@ -74,12 +90,16 @@ void Commands::add_export(CLI::App& app) {
   auto* exp = app.add_subcommand(
       "export", "a run's trained student as ONNX or TorchScript, checked against the student");
   exp->add_option("--run", export_.run, "run folder (config.toml, checkpoints/)")->required();
-  exp->add_option("--step", export_.step, "the checkpoint of this step (default: the latest)");
+  exp->add_option("--step", export_.step, "the checkpoint of this step (default: the latest)")
+      ->check(CLI::NonNegativeNumber);
   exp->add_option("--format", export_.format,
                   "onnx (built-in students), torchscript (TorchScript students), auto")
       ->check(CLI::IsMember({"auto", "onnx", "torchscript"}))
       ->capture_default_str();
-  exp->add_option("--out", export_.out, "file to write")->required();
+  exp->add_option("--out", export_.out,
+                  "file to write (not a file of a run folder; an existing one only with --force)")
+      ->required();
+  exp->add_flag("--force", export_.force, "replace --out if it exists");
   exp->callback([this] { action_ = [this] { return export_command(export_); }; });
 }
 
@@ -138,7 +158,9 @@ void Commands::add_teacher(CLI::App& app) {
   tbench->add_option("--threads", teacher_.threads, "threads (0: every allowed physical core)");
   tbench->add_option("--precision", teacher_.precision, "fp32 or bf16")
       ->check(CLI::IsMember({"fp32", "bf16"}));
-  tbench->add_option("--seconds", teacher_.seconds, "measuring time")->capture_default_str();
+  tbench->add_option("--seconds", teacher_.seconds, "measuring time")
+      ->check(seconds(false))
+      ->capture_default_str();
   tbench->add_option("--json", teacher_.json, "write the result as JSON here");
   tbench->add_option("--feature", teacher_.features,
                      "also return this intermediate value, as teacher.features does: its cost "
@@ -177,6 +199,7 @@ void Commands::add_tune(CLI::App& app) {
   tune->add_option("--config", tune_.config, "TOML configuration file")->check(CLI::ExistingFile);
   tune->add_option("--set", tune_.sets, "override one key: section.key=value (repeatable)");
   tune->add_option("--budget-s", tune_.budget_s, "time budget of the tuning in seconds")
+      ->check(seconds(false))
       ->capture_default_str();
   tune->add_option("--verify", tune_.verify, "best predictions to verify with real runs")
       ->capture_default_str();
@@ -204,6 +227,7 @@ void Commands::add_overlap(CLI::App& app) {
   overlap
       ->add_option("--min-seconds", overlap_.min_seconds,
                    "each measured window lasts at least this long (fast modes run more steps)")
+      ->check(seconds(true))
       ->capture_default_str();
   overlap->add_option("--json", overlap_.json, "write every figure as JSON here");
   overlap->add_option("--trace", overlap_.trace,

@@ -9,6 +9,7 @@
 #include "kdflow/affinity/pinning.hpp"
 #include "kdflow/core/atomic_file.hpp"
 #include "kdflow/core/error.hpp"
+#include "kdflow/core/input_file.hpp"
 #include "kdflow/core/loader.hpp"
 #include "kdflow/cpu_teacher/engine.hpp"
 #include "kdflow/gpu_student/students.hpp"
@@ -46,8 +47,7 @@ int eval_command(const EvalArgs& args) {
     throw InputError(fmt::format("--model {}: want an ONNX model (.onnx) or a TorchScript "
                                  "module (.pt)",
                                  args.model));
-  if (!fs::is_regular_file(args.model))
-    throw InputError(fmt::format("--model {}: no such file", args.model));
+  check_input_file(args.model, "--model");
   const bool onnx = ext == ".onnx";
   const Config config = resolve_config(args.config, args.sets);
   // The data and the plan; an ONNX model is loaded alone as a teacher is, with [teacher]'s input

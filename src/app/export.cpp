@@ -7,6 +7,7 @@
 #include "run_folder.hpp"
 
 #include "kdflow/core/error.hpp"
+#include "kdflow/core/input_file.hpp"
 #include "kdflow/core/loader.hpp"
 #include "kdflow/core/log.hpp"
 #include "kdflow/cpu_teacher/engine.hpp"
@@ -103,9 +104,27 @@ nlohmann::json to_json(const ExportCheck& check) {
           {"ok", check.ok}};
 }
 
+// --out: never a file of a run folder (a checkpoint, its config, metrics or summary: the run could
+// no longer resume), never a folder, an existing file only with --force.
+void check_export_target(const RunFolder& folder, const std::filesystem::path& out, bool force) {
+  check_output_path(out, "--out");
+  std::error_code ec;
+  const auto status = std::filesystem::symlink_status(out, ec);
+  const bool exists = !ec && std::filesystem::exists(status);
+  if (folder.owns(out) || (exists && RunFolder::owned_by_a_run(out)))
+    throw InputError(fmt::format("--out {}: a file of a run folder (a checkpoint, config.toml, "
+                                 "metrics.jsonl or summary.json); choose another file",
+                                 out.string()));
+  if (exists && std::filesystem::is_directory(out, ec))
+    throw InputError(fmt::format("--out {}: a folder, not a file", out.string()));
+  if (exists && !force)
+    throw InputError(fmt::format("--out {}: exists (add --force to replace it)", out.string()));
+}
+
 int export_command(const ExportArgs& args) {
   const RunFolder folder = RunFolder::existing(args.run, "--run");
   if (args.out.empty()) throw InputError("--out: the file to write is required");
+  check_export_target(folder, args.out, args.force);
   // The run's student and data. Its teachers are not needed to export the student, unless the
   // checkpoints hold kd.features adapters: their shapes are the teachers' values'.
   const Config config = resolve_config(folder.config_file().string(), {});

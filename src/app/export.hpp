@@ -52,7 +52,8 @@ ExportCheck export_run_student(student::Trainer& trainer, const student::Trainer
 // or step N's) exported and checked as the run's end does; one JSON line on stdout.
 struct ExportArgs {
   std::string run, out, format = "auto";
-  std::int64_t step = -1; // -1: the latest checkpoint
+  std::int64_t step = -1; // -1 (not given): the latest checkpoint
+  bool force = false;     // replace --out if it exists
 };
 int export_command(const ExportArgs& args);
 

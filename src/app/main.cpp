@@ -20,6 +20,10 @@ int main(int argc, char** argv) {
   CLI::App app{"kdflow: knowledge distillation with the teacher on CPU cores, overlapped with the "
                "student on the GPU",
                "kdflow"};
+  // A command-line error is one line, as every other bad input is.
+  app.failure_message([](const CLI::App*, const CLI::Error& e) {
+    return fmt::format("kdflow: {} (kdflow --help lists the options)\n", e.what());
+  });
   app::Commands commands(app);
   try {
     app.parse(argc, argv);

@@ -211,6 +211,13 @@ RunInputs prepare_run(const Config& config, const DistEnv& dist, const RunReques
   if (run.train.class_names() != run.test.class_names())
     throw InputError(fmt::format("{} and {} have different class folders: labels would disagree",
                                  run.train.source(), run.test.source()));
+  if (run.train.channels() != run.test.channels() || run.train.height() != run.test.height() ||
+      run.train.width() != run.test.width())
+    throw InputError(fmt::format(
+        "{} has images of {}x{}x{} (channels x height x width) and {} of {}x{}x{}: the splits must "
+        "agree",
+        run.train.source(), run.train.channels(), run.train.height(), run.train.width(),
+        run.test.source(), run.test.channels(), run.test.height(), run.test.width()));
   const auto channels = static_cast<std::size_t>(run.train.channels());
   const std::string mean = config.get_string("data.mean"), std_dev = config.get_string("data.std");
   const auto& defaults = dataset_format(format).normalization;

@@ -3,6 +3,7 @@
 
 #include "kdflow/core/atomic_file.hpp"
 #include "kdflow/core/error.hpp"
+#include "kdflow/core/input_file.hpp"
 #include "kdflow/core/log.hpp"
 
 #include <algorithm>
@@ -37,6 +38,7 @@ RunFolder::RunFolder(const std::string& out, const std::string& config_file)
   if (out.empty())
     throw InputError("--out '': name the run folder (it gets config.toml, metrics.jsonl, "
                      "summary.json and checkpoints/; the default is runs/latest)");
+  check_output_path(path_, "--out");
   std::error_code ec;
   if (!config_file.empty() && fs::equivalent(config_file, this->config_file(), ec))
     throw InputError(fmt::format("--out {}: its config.toml is the --config file, which the run "
@@ -46,13 +48,40 @@ RunFolder::RunFolder(const std::string& out, const std::string& config_file)
 }
 
 RunFolder RunFolder::existing(const std::string& dir, const std::string& option) {
-  if (!fs::is_regular_file(fs::path(dir) / "config.toml"))
+  check_input_folder(dir, option);
+  std::error_code ec;
+  if (!fs::is_regular_file(fs::path(dir) / "config.toml", ec))
     throw InputError(fmt::format("{} {}: no config.toml (not a kdflow run folder)", option, dir));
   return RunFolder(fs::path(dir));
 }
 
 fs::path RunFolder::export_file(const std::string& format) const {
   return path_ / (format == "onnx" ? "student.onnx" : "student.pt");
+}
+
+namespace {
+
+// `file` lies in `run` as config.toml, metrics.jsonl, summary.json or under checkpoints/ (links
+// resolved as far as the paths exist).
+bool is_run_file(const fs::path& run, const fs::path& file) {
+  std::error_code ec;
+  const fs::path f = fs::weakly_canonical(fs::absolute(file, ec), ec);
+  const fs::path r = fs::weakly_canonical(fs::absolute(run, ec), ec);
+  const fs::path rel = f.lexically_relative(r);
+  if (rel.empty() || *rel.begin() == ".." || rel == ".") return false;
+  return rel == "config.toml" || rel == "metrics.jsonl" || rel == "summary.json" ||
+         *rel.begin() == "checkpoints";
+}
+
+} // namespace
+
+bool RunFolder::owns(const fs::path& file) const { return is_run_file(path_, file); }
+
+bool RunFolder::owned_by_a_run(const fs::path& file) {
+  std::error_code ec;
+  const fs::path parent = fs::weakly_canonical(fs::absolute(file, ec), ec).parent_path();
+  const fs::path run = parent.filename() == "checkpoints" ? parent.parent_path() : parent;
+  return fs::is_regular_file(run / "config.toml", ec) && is_run_file(run, file);
 }
 
 fs::path RunFolder::checkpoint(std::int64_t step) const {
@@ -62,7 +91,8 @@ fs::path RunFolder::checkpoint(std::int64_t step) const {
     return found.back();
   }
   fs::path file = checkpoint_name(checkpoints_, step);
-  if (!fs::is_regular_file(file))
+  std::error_code ec;
+  if (!fs::is_regular_file(file, ec))
     throw InputError(fmt::format("--step {}: {} has no such checkpoint (it has {})", step,
                                  path_.string(), found.size()));
   return file;
@@ -75,8 +105,7 @@ std::optional<fs::path> RunFolder::checkpoint_to_resume(const std::string& resum
     return std::nullopt;
   }
   if (!resume.empty()) {
-    if (!fs::is_regular_file(resume))
-      throw InputError(fmt::format("--resume {}: no such checkpoint file", resume));
+    check_input_file(resume, "--resume");
     // Into a folder that holds another run's checkpoints, it would overwrite that run's files.
     const auto own = list_checkpoints(checkpoints_);
     std::error_code ec;

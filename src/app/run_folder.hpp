@@ -37,6 +37,11 @@ public:
   [[nodiscard]] const std::filesystem::path& path() const { return path_; }
   [[nodiscard]] std::filesystem::path config_file() const { return path_ / "config.toml"; }
   [[nodiscard]] const std::filesystem::path& checkpoints() const { return checkpoints_; }
+  // Whether `file` is one of the run's own files (config.toml, metrics.jsonl, summary.json, what
+  // is under checkpoints/), which another command must never replace; and whether it is one of any
+  // run folder's (the same names beside a config.toml).
+  [[nodiscard]] bool owns(const std::filesystem::path& file) const;
+  [[nodiscard]] static bool owned_by_a_run(const std::filesystem::path& file);
   // The exported student's file for `format` (onnx or torchscript).
   [[nodiscard]] std::filesystem::path export_file(const std::string& format) const;
   // The checkpoint of `step` (InputError naming --step and the folder when there is none), or the

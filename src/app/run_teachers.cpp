@@ -4,6 +4,7 @@
 #include "run_teachers.hpp"
 
 #include "kdflow/core/error.hpp"
+#include "kdflow/core/input_file.hpp"
 #include "kdflow/cpu_teacher/graph.hpp"
 #include "kdflow/cpu_teacher/passes.hpp"
 
@@ -180,11 +181,13 @@ teacher::TeacherOptions teacher_options(const RunInputs& run, const TeacherSpec&
 }
 
 void check_teacher_file(const TeacherSpec& spec) {
-  if (!std::filesystem::exists(spec.path))
+  std::error_code ec;
+  if (!std::filesystem::exists(std::filesystem::symlink_status(spec.path, ec)))
     throw InputError(
         fmt::format("{}.model = {}: no such file (from {}: the default teacher is trained by "
                     "scripts/train_fmnist_teacher.py; kd.alpha = 0 trains without one)",
                     spec.key, spec.path, std::filesystem::current_path().string()));
+  check_input_file(spec.path, spec.key + ".model");
 }
 
 } // namespace

@@ -5,6 +5,7 @@
 #include "kdflow/core/cache_home.hpp"
 #include "kdflow/core/digest.hpp"
 #include "kdflow/core/error.hpp"
+#include "kdflow/core/input_file.hpp"
 #include "kdflow/core/log.hpp"
 
 #include <algorithm>
@@ -159,6 +160,7 @@ void prepare_teacher_cache_into(RunInputs& run) {
   // any later run with the same key.
   if (run.dist.world > 1)
     run.cache_file += fmt::format(".rank{}-of-{}", run.dist.rank, run.dist.world);
+  check_output_path(run.cache_file, "kd.cache_path");
   if (fs::is_directory(run.cache_file))
     throw InputError(fmt::format("kd.cache_path = {}: a folder, not a file", named));
   const fs::path folder = fs::absolute(run.cache_file).parent_path();

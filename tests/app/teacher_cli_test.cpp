@@ -141,6 +141,15 @@ TEST(TeacherCli, BadInputIsOneLineAndExitCode2) {
   r = run({"teacher", "bench", "--model", model, "--batch", "0"}, dir / "batch");
   EXPECT_EQ(r.code, 2);
   expect_one_line_naming(r.err, "--batch");
+  for (const char* seconds : {"nan", "inf", "-1", "0", "1s"}) {
+    r = run({"teacher", "bench", "--model", model, "--seconds", seconds}, dir / "seconds");
+    EXPECT_EQ(r.code, 2) << seconds;
+    expect_one_line_naming(r.err, "--seconds");
+  }
+  // A folder where the model belongs.
+  r = run({"teacher", "info", "--model", dir.string()}, dir / "folder");
+  EXPECT_EQ(r.code, 2);
+  expect_one_line_naming(r.err, dir.string() + ": a folder, not a file");
 
   const std::string input = (dir / "missing.npy").string();
   r = run({"teacher", "infer", "--model", model, "--input", input, "--output",

@@ -503,6 +503,41 @@ TEST(Train, FullDiskDuringAnExportNamesTheFileAndLeavesNothing) {
   EXPECT_TRUE(temporaries_in(out).empty());
 }
 
+// export --out never replaces a run folder's own files (the run could no longer resume), and
+// replaces another existing file only with --force; --step names a checkpoint, never -1.
+TEST(Train, ExportNeverOverwritesARunsFilesAndOthersOnlyWithForce) {
+  const fs::path out = scratch("export_targets");
+  ASSERT_EQ(run(with(fast_train_args(out), {"train.max_steps=4", "train.export=off"}), out).code,
+            0);
+  const fs::path ckpt = checkpoints(out).back();
+  const std::string config = read_text(out / "config.toml"), saved = read_text(ckpt);
+  const auto exported = [&](const fs::path& file, std::vector<std::string> more = {}) {
+    std::vector<std::string> args = {"export", "--run", out.string(), "--out", file.string()};
+    args.insert(args.end(), more.begin(), more.end());
+    return run(args, scratch("export_targets_cmd"));
+  };
+  for (const fs::path& own :
+       {out / "config.toml", ckpt, out / "summary.json", out / "checkpoints" / "new.onnx"}) {
+    const Result r = exported(own, {"--force"});
+    EXPECT_EQ(r.code, 2) << own << r.err;
+    expect_one_line_naming(r.err, "a file of a run folder");
+  }
+  EXPECT_EQ(read_text(out / "config.toml"), config);
+  EXPECT_EQ(read_text(ckpt), saved);
+  const fs::path other = scratch("export_targets_other.onnx");
+  std::ofstream(other) << "keep me";
+  Result r = exported(other);
+  EXPECT_EQ(r.code, 2) << r.err;
+  expect_one_line_naming(r.err, "exists (add --force to replace it)");
+  EXPECT_EQ(read_text(other), "keep me");
+  r = exported(other, {"--force"});
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(read_text(other), "keep me");
+  r = exported(scratch("export_targets_step.onnx"), {"--step", "-1"});
+  EXPECT_EQ(r.code, 2) << r.err;
+  expect_one_line_naming(r.err, "--step");
+}
+
 TEST(Train, CorruptCheckpointIsExit2AndNothingIsOverwritten) {
   const fs::path out = scratch("corrupt");
   ASSERT_EQ(run(with(fast_train_args(out), {"train.max_steps=10"}), out).code, 0);
@@ -618,6 +653,75 @@ TEST(Train, BadInputsAreExit2WithOneLine) {
   EXPECT_FALSE(fs::exists(out / "checkpoints")); // nothing was started
 }
 
+// Every path kdflow reads is resolved before it is read: a folder where a file belongs, a loop of
+// symbolic links, a file too large for what it claims to be, each exit 2 naming the path; nothing
+// started.
+TEST(Train, PathsOfEveryKindAreResolvedBeforeReading) {
+  const fs::path out = scratch("paths"), dir = scratch("paths_inputs");
+  fs::create_directories(dir / "folder");
+  fs::create_symlink(dir / "loop_b", dir / "loop_a");
+  fs::create_symlink(dir / "loop_a", dir / "loop_b");
+  // A large file of nothing (sparse: no disk) where a TorchScript archive belongs.
+  { std::ofstream(dir / "big.pt") << "x"; }
+  fs::resize_file(dir / "big.pt", std::uintmax_t{8} << 30);
+  const std::string folder = (dir / "folder").string(), loop = (dir / "loop_a").string();
+  const std::pair<std::string, std::string> cases[] = {
+      {"teacher.model=" + folder, folder + ": a folder, not a file"},
+      {"teacher.model=" + loop, loop + ": a loop of symbolic links"},
+      {"data.path=" + loop, loop + ": a loop of symbolic links"},
+      {"kd.cache_path=" + loop, loop},
+      {"student.path=" + folder, folder + ": a folder, not a file"},
+  };
+  for (const auto& [set, what] : cases) {
+    auto args = with(fast_train_args(out), {set});
+    if (set.rfind("kd.cache", 0) == 0) args = with(args, {"kd.cache=disk"});
+    if (set.rfind("student.path", 0) == 0) args = with(args, {"student.arch=torchscript"});
+    const Result r = run(args, out);
+    EXPECT_EQ(r.code, 2) << set << "\n" << r.err;
+    expect_one_line_naming(r.err, what);
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  const Result big = run(with(fast_train_args(out), {"student.arch=torchscript",
+                                                     "student.path=" + (dir / "big.pt").string()}),
+                         out);
+  EXPECT_EQ(big.code, 2) << big.err;
+  expect_one_line_naming(big.err, "not a TorchScript archive");
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(20)) << "read whole?";
+  auto cores = fast_train_args(out);
+  cores.insert(cores.end(), {"--cores", folder});
+  Result r = run(cores, out);
+  EXPECT_EQ(r.code, 2) << r.err;
+  expect_one_line_naming(r.err, folder + ": a folder, not a file");
+  r = run(fast_train_args(dir / "loop_a"), out);
+  EXPECT_EQ(r.code, 2) << r.err;
+  expect_one_line_naming(r.err, "a loop of symbolic links");
+  EXPECT_FALSE(fs::exists(out / "checkpoints"));
+
+  // IDX splits of different image sizes: exit 2 naming both, before any step.
+  const fs::path data = scratch("paths_idx");
+  write_fmnist_subset(data, 64, 32);
+  {
+    // The training images' header says 28x29: 28 rows of 29 (the pixels re-cut, same count).
+    std::fstream f(data / "train-images-idx3-ubyte",
+                   std::ios::in | std::ios::out | std::ios::binary);
+    std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    const std::uint32_t n = 64 * 28 * 28 / (28 * 29);
+    bytes.resize(16 + std::size_t{n} * 28 * 29);
+    bytes[4] = 0, bytes[5] = 0, bytes[6] = 0, bytes[7] = static_cast<char>(n);
+    bytes[15] = 29;
+    f.close();
+    std::ofstream(data / "train-images-idx3-ubyte", std::ios::binary | std::ios::trunc) << bytes;
+    std::string labels = read_text(data / "train-labels-idx1-ubyte");
+    labels.resize(8 + n);
+    labels[7] = static_cast<char>(n);
+    std::ofstream(data / "train-labels-idx1-ubyte", std::ios::binary | std::ios::trunc) << labels;
+  }
+  r = run(with(fast_train_args(out), {"data.path=" + data.string()}), out);
+  EXPECT_EQ(r.code, 2) << r.err;
+  expect_one_line_naming(r.err, "1x28x29");
+  EXPECT_NE(r.err.find("1x28x28"), std::string::npos) << r.err;
+}
+
 // kd.features from the configuration: the teacher's values carried in the slots, a hint through
 // a trained adapter and a similarity-preserving loss in every step (metrics.jsonl's
 // feature_loss), the adapters in the checkpoints: N steps straight and N/2 + resume give
@@ -674,7 +778,8 @@ TEST(Train, FeatureLossesFromTheConfigTrainAndResumeBitIdentically) {
            {"kd.features=[{teacher = \"/nope\", student = \"stage1\"}]", "'/nope'"},
            {"kd.features=[{teacher = \"/Relu_output_0\", student = \"stage1\", loss = \"at\"}]",
             "attention transfer"},
-           {"kd.features=[{student = \"stage1\"}]", "kd.features[1].teacher"}}) {
+           {"kd.features=[{student = \"stage1\"}]", "kd.features[1].teacher is missing"},
+           {"kd.features=[{teacher = \"/Relu_output_0\"}]", "kd.features[1].student is missing"}}) {
     r = run(with(fast_train_args(bad), {set}), bad);
     EXPECT_EQ(r.code, 2) << set << "\n" << r.err;
     expect_one_line_naming(r.err, what);

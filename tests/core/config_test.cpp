@@ -152,8 +152,15 @@ TEST(Config, AnArrayOfTablesFromBlocksInlineAndSet) {
   // (A loss no table row names is refused by the app's schema, which takes the choices from the
   // student's loss table: RunSchema.LossChoicesAndParameterKeysComeFromTheLossTables.)
   expect_input_error(
-      [&] { c.merge_toml("[[kd.features]]\n[[kd.features]]\nwieght = 1.0\n", "f.toml"); },
+      [&] {
+        c.merge_toml("[[kd.features]]\nteacher = \"a\"\nstudent = \"b\"\n[[kd.features]]\n"
+                     "wieght = 1.0\n",
+                     "f.toml");
+      },
       {"kd.features[2].wieght", "unknown"});
+  // A row names its teacher's value and its student's tap (the rest have defaults).
+  expect_input_error([&] { c.merge_toml("[[kd.features]]\nteacher = \"a\"\n", "f.toml"); },
+                     {"f.toml", "kd.features[1].student is missing"});
   expect_input_error([&] { c.merge_toml("[[kd.features]]\nweight = -1.0\n", "f.toml"); },
                      {"kd.features[1].weight", "outside"});
   expect_input_error([&] { c.merge_toml("[[kd.features]]\nweight = \"big\"\n", "f.toml"); },

@@ -255,6 +255,36 @@ TEST(TeacherBadInput, IsAnInputErrorThatSaysWhat) {
             std::string::npos);
 }
 
+// External data is read only from inside the model's folder, every link resolved: a link to a file
+// or a folder outside is refused before a byte of it is read; a link that stays inside loads.
+TEST(TeacherBadInput, ExternalDataLinkedOutOfTheModelsFolderIsRefused) {
+  const fs::path fixtures = fixture_dir("ops");
+  const fs::path root = fs::temp_directory_path() / "kdflow_external_links";
+  fs::remove_all(root);
+  const fs::path model = root / "model", outside = root / "outside";
+  fs::create_directories(model / "inner");
+  fs::create_directories(outside);
+  fs::copy_file(fixtures / "conv_external_data.onnx", model / "conv_external_data.onnx");
+  fs::copy_file(fixtures / "conv_external_data.bin", outside / "conv_external_data.bin");
+  fs::copy_file(fixtures / "conv_external_data.bin", model / "inner" / "real.bin");
+  TeacherOptions opts;
+  opts.batch = 2;
+  const std::string file = (model / "conv_external_data.onnx").string();
+  const fs::path data = model / "conv_external_data.bin";
+  fs::create_symlink(outside / "conv_external_data.bin", data); // to a file outside
+  std::string msg = input_error([&] { (void)Teacher::load(file, opts); });
+  EXPECT_NE(msg.find("leads out of the model's folder"), std::string::npos) << msg;
+  EXPECT_NE(msg.find(file), std::string::npos) << msg;
+  fs::remove(data);
+  fs::create_symlink("/etc/passwd", data); // to a system file: refused before it is read
+  msg = input_error([&] { (void)Teacher::load(file, opts); });
+  EXPECT_NE(msg.find("leads out of the model's folder (to /etc/passwd)"), std::string::npos) << msg;
+  fs::remove(data);
+  fs::create_symlink("inner/real.bin", data); // inside: loads
+  EXPECT_NO_THROW((void)Teacher::load(file, opts));
+  fs::remove_all(root);
+}
+
 TEST(TeacherModels, MatchPyTorchInFp32AndBf16) {
   const fs::path dir = fixture_dir("models");
   const auto m = manifest(dir);

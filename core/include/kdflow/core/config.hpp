@@ -37,6 +37,7 @@ struct ConfigKey {
   double min = -1e300;
   double max = 1e300;
   std::vector<ConfigKey> fields = {}; // tables: each row's fields (leaf names), no tables
+  bool required = false;              // a table's field every row must give (no default)
 };
 
 // Every key kdflow knows, in the order the resolved file lists them. Keys whose values name a
