@@ -187,17 +187,19 @@ def npy_seeds(d):
 
 def teacher_cache_seeds(d):
     # The payload TeacherOutputCache::save writes (8 samples x 5 classes, the fuzz target's key),
-    # after a first byte that picks every logit (even) or the 2 largest (odd).
+    # after a first byte that picks every logit (bit 0 clear) or the 2 largest (set), and 3
+    # feature floats per sample beside the logits (bit 1).
     key = b"kdflow teacher outputs\nfuzz=1\n"
-    for first, kept in ((0, 5), (1, 2)):
-        stride = 5 if kept == 5 else kept + 1
+    for first, kept in ((0, 5), (1, 2), (2, 5), (3, 2)):
+        stride = (5 if kept == 5 else kept + 1) + (3 if first & 2 else 0)
         flags = bytes([1, 0, 1, 1, 0, 0, 1, 1])
         values = rng.standard_normal(8 * stride).astype("<f4").tobytes()
         indices = b"" if kept == 5 else np.tile(np.array([3, 1], "<u4"), 8).tobytes()
         payload = (b"KDTCACHE" + struct.pack("<II", 1, len(key)) + key +
                    struct.pack("<QQQ", 8, 5, kept) + flags + values + indices)
-        put(d, f"kept{kept}", bytes([first]) + payload)
-        put(d, f"kept{kept}_other_key", bytes([first]) + payload.replace(b"fuzz=1", b"fuzz=2"))
+        name = f"kept{kept}" + ("_features" if first & 2 else "")
+        put(d, name, bytes([first]) + payload)
+        put(d, f"{name}_other_key", bytes([first]) + payload.replace(b"fuzz=1", b"fuzz=2"))
 
 
 if __name__ == "__main__":
