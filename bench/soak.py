@@ -43,10 +43,15 @@ def last_epoch(metrics):
 
 
 def cpu_name():
+    """The model name and the vector ISAs that decide the teacher's kernels."""
+    name, flags = platform.processor(), []
     for line in open("/proc/cpuinfo"):
         if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor()
+            name = line.split(":", 1)[1].strip()
+        elif line.startswith("flags"):
+            flags = [f for f in line.split(":", 1)[1].split() if f.startswith(("avx2", "avx512", "amx"))]
+            break
+    return f"{name} ({', '.join(flags) or 'no AVX2'})"
 
 
 def subset(src, dst, n):

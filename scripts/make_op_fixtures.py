@@ -262,18 +262,17 @@ def rejects(out):
     bad["ir_too_new"] = (m, "IR version 99")
     m = model([node("Relu", ["x"], ["r"]), helper.make_node("Sigmoid", ["x"], ["r"], name="again"), helper.make_node("Relu", ["r"], ["y"], name="last")], X)
     bad["value_assigned_twice"] = (m, "already assigned")
-    m = model([node("Mul", ["x", "k"])], X, [const("k", rand(1, 4, 1, 1))], out_shape=["N", 4, 9, 11])
-    m.graph.initializer[0].ClearField("raw_data")
-    m.graph.initializer[0].data_location = TensorProto.EXTERNAL
-    for key, value in [("location", "../outside.bin"), ("length", "16")]:
-        m.graph.initializer[0].external_data.add(key=key, value=value)
-    bad["external_data_outside"] = (m, "not a file inside the model's folder")
-    m = model([node("Mul", ["x", "k"])], X, [const("k", rand(1, 4, 1, 1))], out_shape=["N", 4, 9, 11])
-    m.graph.initializer[0].ClearField("raw_data")
-    m.graph.initializer[0].data_location = TensorProto.EXTERNAL
-    for key, value in [("location", "."), ("length", "16")]:
-        m.graph.initializer[0].external_data.add(key=key, value=value)
-    bad["external_data_location_dot"] = (m, "a folder, not a file")
+
+    def external_at(location):
+        """A Mul whose constant is external data at `location`."""
+        m = model([node("Mul", ["x", "k"])], X, [const("k", rand(1, 4, 1, 1))], out_shape=["N", 4, 9, 11])
+        m.graph.initializer[0].ClearField("raw_data")
+        m.graph.initializer[0].data_location = TensorProto.EXTERNAL
+        for key, value in [("location", location), ("length", "16")]:
+            m.graph.initializer[0].external_data.add(key=key, value=value)
+        return m
+    bad["external_data_outside"] = (external_at("../outside.bin"), "not a file inside the model's folder")
+    bad["external_data_location_dot"] = (external_at("."), "a folder, not a file")
     one = helper.make_tensor("v", TensorProto.FLOAT, [1], [1.0])
     m = model([node("ConstantOfShape", ["k"], ["c"], value=one), helper.make_node("Add", ["x", "c"], ["y"], name="add")], X,
               [const("k", np.array([-2, 4, 9, 11], dtype=np.int64))], out_shape=["N", 4, 9, 11])

@@ -104,6 +104,8 @@ nlohmann::json to_json(const ExportCheck& check) {
           {"ok", check.ok}};
 }
 
+namespace {
+
 // --out: never a file of a run folder (a checkpoint, its config, metrics or summary: the run could
 // no longer resume), never a folder, an existing file only with --force.
 void check_export_target(const RunFolder& folder, const std::filesystem::path& out, bool force) {
@@ -120,6 +122,8 @@ void check_export_target(const RunFolder& folder, const std::filesystem::path& o
   if (exists && !force)
     throw InputError(fmt::format("--out {}: exists (add --force to replace it)", out.string()));
 }
+
+} // namespace
 
 int export_command(const ExportArgs& args) {
   const RunFolder folder = RunFolder::existing(args.run, "--run");

@@ -40,6 +40,8 @@ RunFolder::RunFolder(const std::string& out, const std::string& config_file)
                      "summary.json and checkpoints/; the default is runs/latest)");
   check_output_path(path_, "--out");
   std::error_code ec;
+  if (fs::exists(path_, ec) && !fs::is_directory(path_, ec))
+    throw InputError(fmt::format("--out {}: a file, not a run folder", out));
   if (!config_file.empty() && fs::equivalent(config_file, this->config_file(), ec))
     throw InputError(fmt::format("--out {}: its config.toml is the --config file, which the run "
                                  "would overwrite with the resolved configuration (choose another "

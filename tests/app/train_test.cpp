@@ -695,6 +695,9 @@ TEST(Train, PathsOfEveryKindAreResolvedBeforeReading) {
   r = run(fast_train_args(dir / "loop_a"), out);
   EXPECT_EQ(r.code, 2) << r.err;
   expect_one_line_naming(r.err, "a loop of symbolic links");
+  r = run(fast_train_args(dir / "big.pt"), out); // --out a file
+  EXPECT_EQ(r.code, 2) << r.err;
+  expect_one_line_naming(r.err, "a file, not a run folder");
   EXPECT_FALSE(fs::exists(out / "checkpoints"));
 
   // IDX splits of different image sizes: exit 2 naming both, before any step.
