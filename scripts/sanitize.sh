@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # ASan+UBSan over every kdflow library (LibTorch built in, not instrumented) with the torch-free
-# tests and the pipeline's whole runs with injected faults, and TSan over the concurrent core (the
-# tests labelled `tsan`: ring and pipeline). Usage: scripts/sanitize.sh [asan|tsan]...
+# tests and the pipeline's whole runs with injected faults, and TSan over the lock-free core (the
+# tests labelled `tsan`, kdflow_ring_tests: the slot ring, its protocol model and the teacher-output
+# cache, driven by plain threads). The flow-graph pipeline is not under TSan: oneTBB from PyPI is
+# not instrumented, so TSan cannot see its tasks' hand-offs. Usage: scripts/sanitize.sh [asan|tsan]...
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
