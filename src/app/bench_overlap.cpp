@@ -168,6 +168,11 @@ OverlapBench::OverlapBench(const OverlapArgs& args)
     for (const std::string& f : {args.json, args.trace, args.plot})
       if (session_.writer() && !f.empty() && !fs::is_directory(fs::absolute(f).parent_path()))
         throw InputError(fmt::format("{}: its folder does not exist", f));
+    if (session_.writer() && !args.plot.empty() &&
+        std::system("command -v gnuplot >/dev/null 2>&1") != 0)
+      throw InputError(fmt::format("--plot {}: gnuplot is not installed here (scripts/setup.sh "
+                                   "installs gnuplot-nox); leave --plot out to measure without it",
+                                   args.plot));
     return 0;
   });
   session_.prepare({.cache = true}); // the cache for overlapped-cached

@@ -302,6 +302,19 @@ TEST(BenchOverlap, BadInputIsExitTwoWithOneLine) {
   r = run(args, dir / "teacher");
   EXPECT_EQ(r.code, 2);
   expect_one_line_naming(r.err, "none.onnx");
+
+  // --plot where gnuplot is not: refused before anything is measured (a machine without it, as
+  // the lent GPU machines are: PATH without gnuplot here).
+  args = small_run(dir);
+  if (std::find(args.begin(), args.end(), "--plot") == args.end())
+    args.insert(args.end(), {"--plot", (dir / "modes.png").string()});
+  const std::string path = std::getenv("PATH") ? std::getenv("PATH") : "";
+  ::setenv("PATH", "/nonexistent", 1);
+  r = run(args, dir / "plot");
+  ::setenv("PATH", path.c_str(), 1);
+  EXPECT_EQ(r.code, 2);
+  expect_one_line_naming(r.err, "gnuplot is not installed");
+  EXPECT_FALSE(fs::exists(dir / "trace.json"));
 }
 
 } // namespace
