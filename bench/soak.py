@@ -27,7 +27,10 @@ def proc_figures(pid):
         fds = len(os.listdir(f"/proc/{pid}/fd"))
     except OSError:
         return None
-    field = lambda name: int(re.search(rf"^{name}:\s+(\d+)", status, re.M).group(1))
+    found = {name: re.search(rf"^{name}:\s+(\d+)", status, re.M) for name in ("VmRSS", "VmLck", "Threads")}
+    if not all(found.values()):
+        return None  # exited meanwhile: a zombie has no memory lines
+    field = lambda name: int(found[name].group(1))
     return {"rss_kib": field("VmRSS"), "locked_kib": field("VmLck"), "threads": field("Threads"),
             "open_files": fds}
 
@@ -79,6 +82,7 @@ def main():
     ap.add_argument("--commit", default="")
     a = ap.parse_args()
     work = a.work or tempfile.mkdtemp(prefix="kdflow-soak-")
+    scratch = a.work is None  # a folder of its own: removed at the end
     run = os.path.join(work, "run")
     sets = ["train.epochs=10000", "kd.cache=disk", f"kd.cache_path={os.path.join(work, 'teacher.kdcache')}",
             "teacher.others=[{model = \"models/fmnist_teacher_w16.onnx\", weight = 0.5}]",
@@ -144,6 +148,9 @@ def main():
     }
     with open(a.out, "w") as f:
         json.dump(report, f, indent=1)
+    if scratch:
+        import shutil
+        shutil.rmtree(work, ignore_errors=True)
     for key, v in verdict.items():
         print(f"{key:11s} after epoch 1 {v['after_epoch_1_median']:>9} last quarter {v['last_quarter_median']:>9} "
               f"peak {v['peak']:>9} growth {v['growth']:>7}: {'flat' if v['flat'] else 'GROWS'}")

@@ -10,9 +10,11 @@ kdflow=build/release/src/kdflow
 commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 if [ "${1:-}" = ci ]; then
   out=$(mktemp /tmp/kdflow-soak.XXXXXX.json)
+  rc=0
   "$venv/bin/python" bench/soak.py "$kdflow" --minutes 3 --interval 2 --subset 4096 \
-    --out "$out" --commit "$commit"
-  exit $?
+    --out "$out" --commit "$commit" || rc=$?
+  rm -f "$out"
+  exit $rc
 fi
 minutes=${1:-30}
 out=${2:-bench/results/soak_$(uname -m).json}

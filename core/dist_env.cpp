@@ -45,8 +45,9 @@ std::optional<DistEnv> dist_env_from(const std::function<const char*(const char*
   env.local_rank = number(get, "LOCAL_RANK", 0, env.local_world - 1, 0);
   env.node = number(get, "GROUP_RANK", 0, kMaxRanks, 0);
   env.restart = number(get, "TORCHELASTIC_RESTART_COUNT", 0, kMaxRanks, 0);
-  // One rank needs the store only to join a group of its own (a named dist.backend).
-  if (env.world > 1 || set("MASTER_ADDR")) {
+  // One rank needs the store only to join a group of its own (a named dist.backend): read where
+  // torchrun gives both (a plain run that has MASTER_ADDR alone is still a plain run).
+  if (env.world > 1 || (set("MASTER_ADDR") && set("MASTER_PORT"))) {
     if (!set("MASTER_ADDR"))
       throw InputError("environment: MASTER_ADDR is not set (torchrun sets it: the address of the "
                        "job's rendezvous store)");

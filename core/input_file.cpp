@@ -19,8 +19,9 @@ namespace {
 }
 
 // What `path` is after its links; refuses what cannot be resolved (no such path, a loop, a
-// dangling link, no permission).
-fs::file_status resolved_status(const fs::path& path, std::string_view what) {
+// dangling link, no permission). `noun`: what a missing one is called.
+fs::file_status resolved_status(const fs::path& path, std::string_view what,
+                                std::string_view noun = "file") {
   std::error_code ec;
   const fs::file_status st = fs::status(path, ec);
   if (!ec) return st;
@@ -30,7 +31,7 @@ fs::file_status resolved_status(const fs::path& path, std::string_view what) {
     std::error_code link_ec;
     if (fs::is_symlink(fs::symlink_status(path, link_ec)))
       refuse(path, what, "a symbolic link to nothing");
-    refuse(path, what, "no such file");
+    refuse(path, what, fmt::format("no such {}", noun));
   }
   if (ec == std::errc::not_a_directory) refuse(path, what, "a part of the path is not a folder");
   refuse(path, what, ec.message());
@@ -62,7 +63,7 @@ std::uint64_t check_input_file(const fs::path& path, std::string_view what,
 }
 
 void check_input_folder(const fs::path& path, std::string_view what) {
-  const fs::file_status st = resolved_status(path, what);
+  const fs::file_status st = resolved_status(path, what, "folder");
   if (!fs::is_directory(st)) refuse(path, what, "not a folder");
 }
 
@@ -101,6 +102,10 @@ void check_output_path(const fs::path& path, std::string_view what) {
     const fs::file_status st = fs::status(p, ec);
     if (ec == std::errc::too_many_symbolic_link_levels)
       refuse(path, what, fmt::format("{} is a loop of symbolic links", p.string()));
+    std::error_code link_ec;
+    if (ec == std::errc::no_such_file_or_directory &&
+        fs::is_symlink(fs::symlink_status(p, link_ec)))
+      refuse(path, what, fmt::format("{} is a symbolic link to nothing", p.string()));
     if (!ec && p != path && !fs::is_directory(st))
       refuse(path, what, fmt::format("{} is not a folder", p.string()));
     if (p == p.parent_path()) break;

@@ -338,7 +338,8 @@ private:
 
 pb::ModelProto parse(const std::string& path) {
   const std::filesystem::path file(path);
-  const std::string bytes = read_input_file(file, "teacher model");
+  // protobuf parses at most 2 GiB - 1: a larger file is refused before it is read.
+  const std::string bytes = read_input_file(file, "teacher model", std::numeric_limits<int>::max());
   pb::ModelProto model;
   if (!model.ParseFromString(bytes))
     throw InputError(

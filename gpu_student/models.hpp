@@ -13,6 +13,7 @@
 #include <ostream>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace kdflow::student {
@@ -95,6 +96,9 @@ std::shared_ptr<Net> make_student(const StudentSpec& spec);
 // file, for checkpoints; and the module saved back (trained, in eval mode) to `out`.
 std::shared_ptr<Net> make_script_net(const StudentSpec& spec);
 std::string script_digest(const std::string& path);
+// A TorchScript module is a zip archive: its first local header and end record, checked before
+// LibTorch reads the file whole (InputError "<what> <path>: ..." for anything else, at once).
+void check_script_archive(const std::string& path, std::string_view what);
 // The logits in what a TorchScript student's forward returns: the tensor itself, a tuple's first
 // entry, a dict's "logits" entry (else its first); InputError naming `path` otherwise.
 torch::Tensor script_logits(const c10::IValue& out, const std::string& path);

@@ -50,34 +50,12 @@ std::string registered_name(std::string name) {
   return name;
 }
 
-// A TorchScript module is a zip archive: its first local header and its end record are checked
-// before LibTorch reads it whole, so a large file of anything else is refused at once.
-void check_archive(const std::string& path) {
-  const std::uint64_t size = check_input_file(path, "student.path");
-  std::ifstream in(path, std::ios::binary);
-  char head[4] = {};
-  in.read(head, sizeof(head));
-  bool zip = in && std::memcmp(head, "PK\x03\x04", 4) == 0;
-  if (zip) {
-    // The end of central directory record lies in the last 22 bytes plus a comment of at most
-    // 65535.
-    const std::uint64_t tail = std::min<std::uint64_t>(size, 22 + 65535);
-    std::string bytes(static_cast<std::size_t>(tail), '\0');
-    in.seekg(static_cast<std::streamoff>(size - tail));
-    in.read(bytes.data(), static_cast<std::streamsize>(tail));
-    zip = in && bytes.rfind(std::string("PK\x05\x06", 4)) != std::string::npos;
-  }
-  if (!zip)
-    throw InputError(fmt::format(
-        "student.path = {}: not a TorchScript archive (not a zip file, {} bytes)", path, size));
-}
-
 struct ScriptNet : Net {
   explicit ScriptNet(const StudentSpec& spec) : path(spec.path) {
     if (path.empty())
       throw InputError("student.arch = torchscript needs student.path (a module saved by "
                        "torch.jit.script(m).save(...) or torch.jit.trace)");
-    check_archive(path);
+    check_script_archive(path, "student.path");
     try {
       module = torch::jit::load(path, torch::kCPU);
     } catch (const c10::Error& e) {
@@ -162,6 +140,28 @@ struct ScriptNet : Net {
 
 } // namespace
 
+// A TorchScript module is a zip archive: its first local header and its end record are checked
+// before LibTorch reads it whole, so a large file of anything else is refused at once.
+void check_script_archive(const std::string& path, std::string_view what) {
+  const std::uint64_t size = check_input_file(path, what);
+  std::ifstream in(path, std::ios::binary);
+  char head[4] = {};
+  in.read(head, sizeof(head));
+  bool zip = in && std::memcmp(head, "PK\x03\x04", 4) == 0;
+  if (zip) {
+    // The end of central directory record lies in the last 22 bytes plus a comment of at most
+    // 65535.
+    const std::uint64_t tail = std::min<std::uint64_t>(size, 22 + 65535);
+    std::string bytes(static_cast<std::size_t>(tail), '\0');
+    in.seekg(static_cast<std::streamoff>(size - tail));
+    in.read(bytes.data(), static_cast<std::streamsize>(tail));
+    zip = in && bytes.rfind(std::string("PK\x05\x06", 4)) != std::string::npos;
+  }
+  if (!zip)
+    throw InputError(fmt::format("{} {}: not a TorchScript archive (not a zip file, {} bytes)",
+                                 what, path, size));
+}
+
 torch::Tensor script_logits(const c10::IValue& out, const std::string& path) {
   if (out.isTensor()) return out.toTensor();
   if (out.isTuple() && !out.toTupleRef().elements().empty() &&
@@ -185,7 +185,7 @@ std::shared_ptr<Net> make_script_net(const StudentSpec& spec) {
 }
 
 std::string script_digest(const std::string& path) {
-  check_archive(path);
+  check_script_archive(path, "student.path");
   std::ifstream in(path, std::ios::binary);
   const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   return fmt::format("{:016x}", fnv1a(std::as_bytes(std::span(bytes.data(), bytes.size()))));

@@ -135,6 +135,7 @@ struct ScriptRunner::Impl {
 
 ScriptRunner::ScriptRunner(const std::string& path, const StudentSpec& spec, const Device& device)
     : impl_(std::make_unique<Impl>(Impl{path, spec, to_torch(device), {}})) {
+  check_script_archive(path, "--model");
   try {
     impl_->m = torch::jit::load(path, impl_->where);
   } catch (const c10::Error& e) {

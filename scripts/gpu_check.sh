@@ -29,6 +29,7 @@
 #     packs the built tree into a scratch bundle and runs every phase at toy size on this machine:
 #     the CUDA parts say "skipped: no GPU"; the archive, the table and the failure path are checked.
 set -euo pipefail
+self=$(realpath "$0") # the phases and the dry run call it again, from the repository's root
 cd "$(dirname "$0")/.."
 root=$(pwd)
 bundle=${KD_GPU_BUNDLE:-$root/.gpu}
@@ -263,9 +264,10 @@ run() {
     local t0=$SECONDS
     echo "== $p (limit $limit s)"
     rc=0
-    timeout -k 5 "$limit" bash "$0" _phase "$p" || rc=$?
+    timeout -k 5 "$limit" bash "$self" _phase "$p" || rc=$?
     if [ "$rc" -ne 0 ]; then
-      [ "$rc" -eq 124 ] && failed+=("$p:over-${limit}s") || failed+=("$p:exit-$rc")
+      # 124: timeout's TERM; 137: its KILL after the grace.
+      if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then failed+=("$p:over-${limit}s"); else failed+=("$p:exit-$rc"); fi
       echo "gpu_check: phase $p FAILED (exit $rc)"
     fi
     echo "== $p: $((SECONDS - t0)) s"
@@ -285,12 +287,12 @@ dry() {
   trap 'rm -rf "$scratch"' EXIT
   export KD_GPU_BUNDLE=$scratch/bundle KD_GPU_NO_BUILD=1 KD_GPU_DRY=1 XZ_OPT="-T0 -1"
   local t0=$SECONDS
-  bash "$0" pack
+  bash "$self" pack
   echo "gpu_check dry: pack $((SECONDS - t0)) s"
   t0=$SECONDS
   mkdir -p "$scratch/out"
   OUT=$scratch/out KD_CTEST_REGEX="${KD_DRY_CTEST_REGEX:-^DistEnv[.]}" \
-    bash "$0" run tests train default gpu tune placement
+    bash "$self" run tests train default gpu tune placement
   echo "gpu_check dry: run $((SECONDS - t0)) s"
   local listing
   listing=$(tar -tzf "$scratch/out/gpu_check.tar.gz")
@@ -306,7 +308,7 @@ dry() {
     exit 1
   }
   rm -rf "$scratch/out"/*
-  if OUT=$scratch/out KD_CTEST_REGEX='^NoSuchTest$' bash "$0" run tests >"$scratch/fail.log" 2>&1; then
+  if OUT=$scratch/out KD_CTEST_REGEX='^NoSuchTest$' bash "$self" run tests >"$scratch/fail.log" 2>&1; then
     echo "gpu_check dry: a run whose tests did not run exited 0" >&2
     exit 1
   fi

@@ -113,7 +113,7 @@ void check_export_target(const RunFolder& folder, const std::filesystem::path& o
   std::error_code ec;
   const auto status = std::filesystem::symlink_status(out, ec);
   const bool exists = !ec && std::filesystem::exists(status);
-  if (folder.owns(out) || (exists && RunFolder::owned_by_a_run(out)))
+  if (folder.owns(out) || RunFolder::owned_by_a_run(out))
     throw InputError(fmt::format("--out {}: a file of a run folder (a checkpoint, config.toml, "
                                  "metrics.jsonl or summary.json); choose another file",
                                  out.string()));

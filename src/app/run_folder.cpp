@@ -132,7 +132,11 @@ void RunFolder::open(const std::string& config_toml, bool resumed) {
   for (const fs::path& folder : {path_, checkpoints_})
     if (const std::size_t n = sweep_atomic_temporaries(folder); n > 0)
       log_info(fmt::format("removed {} unfinished temporary file(s) from {}", n, folder.string()));
-  fs::create_directories(checkpoints_);
+  std::error_code ec;
+  fs::create_directories(checkpoints_, ec);
+  if (ec)
+    throw InputError(fmt::format("--out {}: cannot make {} ({})", path_.string(),
+                                 checkpoints_.string(), ec.message()));
   write_file_atomic(config_file(), config_toml);
   const fs::path metrics = path_ / "metrics.jsonl";
   metrics_.open(metrics, resumed ? std::ios::app : std::ios::trunc);

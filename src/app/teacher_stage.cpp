@@ -1,6 +1,8 @@
 // One teacher's replicas and their stage graphs (teacher_stage.hpp).
 #include "teacher_stage.hpp"
 
+#include <stdexcept>
+
 #include <fmt/format.h>
 
 namespace kdflow::app {
@@ -30,6 +32,7 @@ void TeacherStage::wait() {
 }
 
 bool TeacherStage::rebuild(const std::vector<affinity::CpuList>& replicas, int first_index) {
+  if (launch_.ring == nullptr) throw std::logic_error("TeacherStage::rebuild: not started");
   for (std::size_t k = 0; k < std::max(replicas.size(), units_.size()); ++k) {
     const bool keep = k < replicas.size() && k < units_.size() && units_[k]->cpus() == replicas[k];
     if (!keep && k < units_.size()) {

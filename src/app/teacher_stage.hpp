@@ -38,7 +38,7 @@ public:
   void wait();
   // Replicas on `replicas` (CPU lists, workers numbered from `first_index`): each whose CPUs
   // change is stopped, then made and started anew on its new ones. False when the ring closed
-  // meanwhile.
+  // meanwhile; std::logic_error before start().
   bool rebuild(const std::vector<affinity::CpuList>& replicas, int first_index);
 
 private:
@@ -46,8 +46,8 @@ private:
 
   const RunInputs& run_;
   const std::size_t teacher_;
+  Launch launch_; // before the units: their graphs' bodies call its body until they are destroyed
   std::vector<std::unique_ptr<TeacherUnit>> units_;
-  Launch launch_;
 };
 
 } // namespace kdflow::app

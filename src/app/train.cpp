@@ -289,7 +289,7 @@ void TrainRun::step_loop() {
   log_.emplace(pipeline(), trainer(), writer_ ? &folder_ : nullptr,
                TrainLog::Extent{per_epoch_, epochs_, last_, session_.slots(),
                                 static_cast<std::uint64_t>(config_.get_int("train.log_every"))});
-  log_->start(begin);
+  log_->start(begin, loop_start_);
   for (std::uint64_t b = begin; b < last_; ++b) {
     if (watchdog_) watchdog_->expect(b);
     const auto stats = student_step(b, b - begin);

@@ -32,9 +32,9 @@ std::uint64_t TrainLog::teacher_work_ns() const {
   return busy > wait ? busy - wait : 0;
 }
 
-void TrainLog::start(std::uint64_t begin) {
+void TrainLog::start(std::uint64_t begin, Clock::time_point loop_start) {
   begin_ = begin;
-  started_ = Clock::now();
+  started_ = loop_start;
   wait_before_ = ring_wait_ns();
   interval_wait_ns_ = wait_before_;
   interval_teacher_ns_ = teacher_work_ns();
@@ -85,9 +85,11 @@ void TrainLog::write_interval(std::uint64_t b, const student::StepStats& last) {
   line["epoch"] = b / extent_.per_epoch;
   line["lr"] = last.lr;
   line["student_wait_ms"] = static_cast<double>(wait_ns - interval_wait_ns_) / 1e6;
-  line["teacher_busy"] = teacher_runs ? static_cast<double>(teacher_ns - interval_teacher_ns_) /
-                                            (span * 1e9 * replicas)
-                                      : 0.0;
+  // Work is busy time less waits, and a wait is counted before its body's busy time: the
+  // difference may dip between two readings.
+  const std::uint64_t work =
+      teacher_ns > interval_teacher_ns_ ? teacher_ns - interval_teacher_ns_ : 0;
+  line["teacher_busy"] = teacher_runs ? static_cast<double>(work) / (span * 1e9 * replicas) : 0.0;
   line["ring_ready"] = ring.occupancy[static_cast<int>(SlotState::ready)];
   line["skipped_steps"] = trainer_.skipped_steps();
   // Teacher batches read from kd.cache so far (null without a cache).

@@ -29,8 +29,9 @@ public:
   // `folder`: rank 0's run folder; null on the other ranks (they write and show nothing).
   TrainLog(CpuPipeline& pipeline, student::Trainer& trainer, RunFolder* folder, Extent extent);
 
-  // The steps start at batch `begin`: the first interval's clock and counters start now.
-  void start(std::uint64_t begin);
+  // The steps start at batch `begin`: the first interval's clock and counters start now; the
+  // rates count from `loop_start` (the step loop's, as summary.json's loop_s does).
+  void start(std::uint64_t begin, std::chrono::steady_clock::time_point loop_start);
   // After batch b's step (`samples`: the job's so far): the interval, its line when due, the
   // live line.
   void step(std::uint64_t b, const student::StepStats& stats, std::uint64_t samples);

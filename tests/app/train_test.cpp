@@ -695,6 +695,10 @@ TEST(Train, PathsOfEveryKindAreResolvedBeforeReading) {
   r = run(fast_train_args(dir / "loop_a"), out);
   EXPECT_EQ(r.code, 2) << r.err;
   expect_one_line_naming(r.err, "a loop of symbolic links");
+  // eval --model reads a TorchScript module the same way.
+  r = run({"eval", "--model", (dir / "big.pt").string()}, out);
+  EXPECT_EQ(r.code, 2) << r.err;
+  expect_one_line_naming(r.err, "--model " + (dir / "big.pt").string() + ": not a TorchScript");
   r = run(fast_train_args(dir / "big.pt"), out); // --out a file
   EXPECT_EQ(r.code, 2) << r.err;
   expect_one_line_naming(r.err, "a file, not a run folder");

@@ -106,7 +106,12 @@ TEST(InputFile, OutputPathsThroughLoopsOrFilesAreRefused) {
   std::ofstream(dir / "file") << "f";
   fs::create_symlink(dir / "loop_b", dir / "loop_a");
   fs::create_symlink(dir / "loop_a", dir / "loop_b");
+  fs::create_symlink(dir / "gone", dir / "dangling");
   check_output_path(dir / "new" / "run", "--out"); // folders made later
+  expect_refused([&] { check_output_path(dir / "dangling" / "run", "--out"); },
+                 dir / "dangling" / "run", "is a symbolic link to nothing");
+  expect_refused([&] { check_input_folder(dir / "none", "data.path"); }, dir / "none",
+                 "no such folder");
   expect_refused([&] { check_output_path(dir / "loop_a", "--out"); }, dir / "loop_a",
                  "a loop of symbolic links");
   expect_refused([&] { check_output_path(dir / "loop_a" / "run", "--out"); },

@@ -26,8 +26,8 @@ std::string read_input_file(const std::filesystem::path& path, std::string_view 
 // '..', names the folder itself, or a link out of the folder is refused naming `what`.
 std::filesystem::path confined_file(const std::filesystem::path& folder,
                                     const std::filesystem::path& relative, std::string_view what);
-// An output path's parent folders, checked: a link loop or a file where a folder belongs is
-// refused naming `what` (a missing folder is fine: it is made later).
+// An output path and its parent folders, checked: a link loop, a link to nothing or a file where
+// a folder belongs is refused naming `what` (a missing folder is fine: it is made later).
 void check_output_path(const std::filesystem::path& path, std::string_view what);
 
 } // namespace kdflow
