@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The libFuzzer targets (fuzz/, one per reader of outside input), built by the `fuzz` preset.
-#   scripts/fuzz.sh ci                       each target 30 s, one after another (CI)
+#   scripts/fuzz.sh ci                       each target 30 s, one per CPU at a time (CI)
 #   scripts/fuzz.sh long SECONDS [target...] the targets at once (niced: other work comes first),
 #                                            each SECONDS of wall time; writes bench/results/fuzz.json
 # Each run starts from the committed seeds (fuzz/corpus/<target>, never modified) and a scratch
@@ -36,9 +36,16 @@ run_one() { # target -> exit status of the fuzzer; its log in $work/$1.log
 failed=()
 nice=""
 if [ "$mode" = ci ]; then
-  for t in "${targets[@]}"; do
-    if run_one "$t"; then echo "fuzz: $t ok ($(grep -o 'cov: [0-9]* ft: [0-9]*' "$work/$t.log" | tail -1))"
-    else failed+=("$t"); echo "fuzz: $t FAILED"; tail -40 "$work/$t.log"; fi
+  # As many targets at once as there are CPUs (each its own CPU, its own 30 s), in turn.
+  width=$(nproc)
+  for ((i = 0; i < ${#targets[@]}; i += width)); do
+    batch=("${targets[@]:i:width}")
+    declare -A pids=()
+    for t in "${batch[@]}"; do run_one "$t" & pids[$t]=$!; done
+    for t in "${batch[@]}"; do
+      if wait "${pids[$t]}"; then echo "fuzz: $t ok ($(grep -o 'cov: [0-9]* ft: [0-9]*' "$work/$t.log" | tail -1))"
+      else failed+=("$t"); echo "fuzz: $t FAILED"; tail -40 "$work/$t.log"; fi
+    done
   done
 else
   nice="nice -n 19"
