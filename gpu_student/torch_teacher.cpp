@@ -228,6 +228,75 @@ std::vector<torch::Tensor> gather(const Values& value, const Node& node) {
               .reshape(to_vector(value.m.graph.shape(node.outputs[0])))};
 }
 
+// GatherND / ScatterND with their (constant) index tuples as one advanced index: batch axes as
+// aranges broadcast against the tuples, negative indices wrapped.
+c10::List<std::optional<torch::Tensor>> nd_index(const torch::Tensor& x, const torch::Tensor& idx,
+                                                 std::int64_t batch_dims) {
+  c10::List<std::optional<torch::Tensor>> index;
+  for (std::int64_t d = 0; d < batch_dims; ++d) {
+    std::vector<std::int64_t> shape(static_cast<std::size_t>(idx.dim() - 1), 1);
+    shape[static_cast<std::size_t>(d)] = x.size(d);
+    index.push_back(torch::arange(x.size(d), idx.options()).view(shape));
+  }
+  for (std::int64_t j = 0; j < idx.size(-1); ++j) {
+    const torch::Tensor t = idx.select(-1, j);
+    index.push_back(torch::where(t < 0, t + x.size(batch_dims + j), t));
+  }
+  return index;
+}
+
+std::vector<torch::Tensor> gather_nd(const Values& value, const Node& node) {
+  const torch::Tensor& x = value(node.inputs[0]);
+  const torch::Tensor idx = value(node.inputs[1]).to(x.device(), torch::kLong);
+  return {x.index(nd_index(x, idx, node.int_attr("batch_dims", 0)))};
+}
+
+std::vector<torch::Tensor> scatter_nd(const Values& value, const Node& node) {
+  const torch::Tensor& x = value(node.inputs[0]);
+  const torch::Tensor idx = value(node.inputs[1]).to(x.device(), torch::kLong);
+  const torch::Tensor& updates = value(node.inputs[2]);
+  const std::string reduction = node.string_attr("reduction", "none");
+  torch::Tensor y = x.clone();
+  const auto index = nd_index(x, idx, 0);
+  if (reduction == "none" || reduction == "add") {
+    y.index_put_(index, updates.to(y.scalar_type()), reduction == "add");
+    return {y};
+  }
+  // mul, max, min: the tuples in order, as the reference applies them.
+  const torch::Tensor flat = idx.reshape({-1, idx.size(-1)}).cpu();
+  const torch::Tensor rows = updates.reshape({flat.size(0), -1});
+  for (std::int64_t t = 0; t < flat.size(0); ++t) {
+    torch::Tensor slot = y;
+    for (std::int64_t j = 0; j < flat.size(1); ++j) {
+      std::int64_t q = flat[t][j].item<std::int64_t>();
+      if (q < 0) q += x.size(j);
+      slot = slot.select(0, q);
+    }
+    const torch::Tensor u = rows[t].view(slot.sizes()).to(y.scalar_type());
+    slot.copy_(reduction == "mul"   ? slot * u
+               : reduction == "max" ? torch::maximum(slot, u)
+                                    : torch::minimum(slot, u));
+  }
+  return {y};
+}
+
+std::vector<torch::Tensor> einsum(const Values& value, const Node& node) {
+  std::vector<torch::Tensor> operands;
+  for (const std::string& v : node.inputs) operands.push_back(value(v));
+  return {torch::einsum(node.string_attr("equation", ""), operands)};
+}
+
+// InstanceNormalization (a group per channel) and GroupNormalization (scale and bias per channel).
+std::vector<torch::Tensor> group_norm(const Values& value, const Node& node) {
+  const torch::Tensor& x = value(node.inputs[0]);
+  const std::int64_t c = x.size(1);
+  const std::int64_t groups =
+      node.op == "InstanceNormalization" ? c : node.int_attr("num_groups", 1);
+  const auto per_channel = [&](std::size_t k) { return value(node.inputs[k]).flatten(); };
+  return {torch::group_norm(x, groups, per_channel(1).to(x.scalar_type()),
+                            per_channel(2).to(x.scalar_type()), node.float_attr("epsilon", 1e-5f))};
+}
+
 // Resize: the taps the oneDNN engine's kernel samples with, as gathers and blends, columns then
 // rows as that kernel blends them.
 std::vector<torch::Tensor> resize(const Values& value, const Node& node) {
@@ -294,6 +363,11 @@ const std::map<std::string, TorchOp, std::less<>>& torch_ops() {
       {"Resize", {resize}},
       {"LayerNormalization", {layer_norm}},
       {"Gather", {gather}},
+      {"GatherND", {gather_nd}},
+      {"ScatterND", {scatter_nd}},
+      {"Einsum", {einsum}},
+      {"InstanceNormalization", {group_norm}},
+      {"GroupNormalization", {group_norm}},
       {"Add", {arithmetic<'+'>}},
       {"Sub", {arithmetic<'-'>}},
       {"Mul", {arithmetic<'*'>}},

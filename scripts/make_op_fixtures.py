@@ -227,6 +227,50 @@ def cases():
     c["where_mod_fmod_float"] = model([
         node("Mod", ["k", "d"], ["md"], fmod=1), helper.make_node("Add", ["x", "md"], ["y"], name="add")], X,
         [const("k", rand(11) * 5), const("d", np.float32(1.5))], opset=13, out_shape=["N", 4, 9, 11])
+    # Indexing with constant indices: GatherND as the dynamo exporter writes an adaptive pooling
+    # (positions gathered from a transposed map), ScatterND folded (a mask built by slice
+    # assignment, Swin's) and at run time (into computed data, each reduction).
+    tr = lambda i, o: helper.make_node("Transpose", [i], [o], name=f"tr_{o}", perm=[2, 3, 0, 1])
+    c["gather_nd_runtime"] = model([tr("x", "t"), node("GatherND", ["t", "i"], ["g"]), tr("g", "y")], X,
+                                   [const("i", np.array([[[0, 1], [8, 10], [-1, 0]], [[4, 4], [2, -3], [0, 0]]], np.int64))],
+                                   out_shape=["N", 4, 2, 3])
+    c["scatter_nd_folded_mask"] = model([
+        helper.make_node("ConstantOfShape", ["shape"], ["z"], name="zeros", value=numpy_helper.from_array(np.zeros(1, np.float32))),
+        node("ScatterND", ["z", "i", "u"], ["mask"]), helper.make_node("Add", ["x", "mask"], ["y"], name="add")], X,
+        [const("shape", np.array([9, 11], np.int64)), const("i", np.array([[0], [3], [-2]], np.int64)), const("u", rand(3, 11))],
+        opset=16, out_shape=["N", 4, 9, 11])
+    for red in ("none", "add", "mul", "max"):
+        c[f"scatter_nd_runtime_{red}"] = model([
+            tr("x", "t"), helper.make_node("Slice", ["t", "s0", "s1", "ax"], ["part"], name="slice"),
+            helper.make_node("Mul", ["part", "two"], ["u"], name="mul"),
+            node("ScatterND", ["t", "i", "u"], ["sc"], reduction=red), tr("sc", "y")], X,
+            [const("s0", np.array([2], np.int64)), const("s1", np.array([5], np.int64)), const("ax", np.array([0], np.int64)),
+             const("two", np.float32(-1.5)), const("i", np.array([[5], [-1], [2 if red == "none" else 5]], np.int64))],
+            opset=18, out_shape=["N", 4, 9, 11])
+    # Einsum as attention blocks write it: both operands computed (through strides or reordered),
+    # a constant operand, an ellipsis, a permuted output, one operand (a permutation).
+    c["einsum_qk"] = model([node("Einsum", ["x", "x"], equation="bhnc,bhmc->bhnm")], X, opset=12, out_shape=["N", 4, 9, 9])
+    c["einsum_av_permuted_out"] = model([node("Einsum", ["x", "x"], ["a"], equation="bhnc,bhnd->bhcd"),
+                                         helper.make_node("Einsum", ["a", "x"], ["y"], name="einsum2", equation="bhcd, bhnc -> bnhd")], X,
+                                        opset=12, out_shape=["N", 9, 4, 11])
+    c["einsum_constant_ellipsis"] = model([node("Einsum", ["x", "w"], equation="...c,dc->...d")], X, [const("w", rand(5, 11))], opset=12,
+                                          out_shape=["N", 4, 9, 5])
+    c["einsum_implicit_contract_two"] = model([node("Einsum", ["x", "w"], equation="bhnc,hcd")], X, [const("w", rand(4, 11, 3))], opset=12,
+                                              out_shape=["N", 3, 9])
+    c["einsum_permutation"] = model([node("Einsum", ["x"], equation="bhnc->bchn")], X, opset=12, out_shape=["N", 11, 4, 9])
+    # Normalization over channel groups: InstanceNormalization over a reshape (the legacy
+    # exporter's GroupNorm) and plain; GroupNormalization (opset 21: scale and bias per channel).
+    c["instance_norm_groupnorm_pattern"] = model([
+        helper.make_node("Reshape", ["x", "s3"], ["r"], name="reshape"),
+        node("InstanceNormalization", ["r", "ones", "zeros"], ["n"], epsilon=1e-5),
+        helper.make_node("Reshape", ["n", "s4"], ["nr"], name="reshape_back"),
+        helper.make_node("Mul", ["nr", "g"], ["m"], name="mul"), helper.make_node("Add", ["m", "b"], ["y"], name="add")], X,
+        [const("s3", np.array([0, 2, -1], np.int64)), const("s4", np.array([0, 4, 9, 11], np.int64)),
+         const("ones", np.ones(2, np.float32)), const("zeros", np.zeros(2, np.float32)),
+         const("g", rand(4, 1, 1)), const("b", rand(4, 1, 1))], opset=17, out_shape=["N", 4, 9, 11])
+    c["instance_norm_affine"] = model([node("InstanceNormalization", ["x", "s", "b"], epsilon=1e-3)], X, [const("s", rand(4)), const("b", rand(4))])
+    c["group_norm_per_channel_opset21"] = model([node("GroupNormalization", ["x", "s", "b"], num_groups=2, epsilon=1e-4)], X,
+                                                [const("s", rand(4)), const("b", rand(4))], opset=21, out_shape=["N", 4, 9, 11])
     # A model-local function with an attribute reference, as exporters write modules.
     fn = helper.make_function("kdflow.test", "ScaledLeaky", ["inp"], ["out"],
                               [helper.make_node("LeakyRelu", ["inp"], ["t"], alpha=0.0),

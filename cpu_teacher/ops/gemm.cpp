@@ -1,8 +1,14 @@
-// Matrix products (Gemm, MatMul): oneDNN's inner product where B is a constant (the weights,
-// reordered once; alpha, beta and transB folded into them), its matmul where B is computed.
+// Matrix products (Gemm, MatMul, Einsum): oneDNN's inner product where B is a constant (the
+// weights, reordered once; alpha, beta and transB folded into them), its matmul where B is
+// computed.
 #include "common.hpp"
 #include "lowering.hpp"
 #include "op_table.hpp"
+
+#include <algorithm>
+#include <cctype>
+#include <map>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -201,6 +207,310 @@ void lower_matmul(Lowering& plan, const Node& node) {
   matmul(plan, node);
 }
 
+// --- Einsum --------------------------------------------------------------------------------------
+// The contractions attention blocks write (MaxViT's "bghnc,bghmc->bghnm"): one or two operands,
+// each label either shared by both operands and the output (a batch axis), by both operands only
+// (summed over), or by one operand and the output. Lowered to oneDNN's batched matmul over the
+// operands seen as [batch, rows, inner] and [batch, inner, cols]: read through strides where the
+// labels' order allows it, else reordered once per batch into that order.
+
+// One label per axis of each operand and of the output, ellipses expanded (into digits, which
+// ONNX's letters never are); written by the shape rule as "ab,bc->ac" in `kdflow_labels`.
+struct EinsumLabels {
+  std::vector<std::string> in;
+  std::string out;
+};
+
+EinsumLabels parse_einsum(const Node& node, const std::vector<Shape>& shapes) {
+  std::string eq;
+  for (const char c : node.string_attr("equation", ""))
+    if (c != ' ') eq += c;
+  const auto arrow = eq.find("->");
+  const std::string lhs = eq.substr(0, arrow);
+  std::vector<std::string> terms(1);
+  for (const char c : lhs) {
+    if (c == ',')
+      terms.emplace_back();
+    else
+      terms.back() += c;
+  }
+  if (terms.size() != shapes.size())
+    bad(node, fmt::format("equation '{}' names {} operands, the node has {}", eq, terms.size(),
+                          shapes.size()));
+  if (shapes.size() > 2) bad(node, "more than two operands are not supported");
+  const auto letters = [&](const std::string& t) {
+    std::size_t n = 0;
+    for (std::size_t i = 0; i < t.size(); ++i) {
+      if (t.compare(i, 3, "...") == 0) {
+        i += 2;
+        continue;
+      }
+      if (!std::isalpha(static_cast<unsigned char>(t[i])))
+        bad(node, fmt::format("equation '{}': '{}' is not a label", eq, t[i]));
+      ++n;
+    }
+    return n;
+  };
+  std::size_t ellipsis = 0; // the widest ellipsis
+  for (std::size_t k = 0; k < terms.size(); ++k)
+    if (terms[k].find("...") != std::string::npos) {
+      const std::size_t n = letters(terms[k]);
+      if (shapes[k].size() < n)
+        bad(node, fmt::format("equation '{}' does not fit the operands", eq));
+      ellipsis = std::max(ellipsis, shapes[k].size() - n);
+    }
+  if (ellipsis > 10) bad(node, "an ellipsis over more than 10 axes is not supported");
+  const auto expand = [&](const std::string& t, std::size_t width) {
+    std::string r;
+    for (std::size_t i = 0; i < t.size(); ++i) {
+      if (t.compare(i, 3, "...") == 0) {
+        for (std::size_t j = ellipsis - width; j < ellipsis; ++j) r += static_cast<char>('0' + j);
+        i += 2;
+      } else {
+        r += t[i];
+      }
+    }
+    return r;
+  };
+  EinsumLabels r;
+  for (std::size_t k = 0; k < terms.size(); ++k) {
+    const std::size_t n = letters(terms[k]);
+    const bool has = terms[k].find("...") != std::string::npos;
+    r.in.push_back(expand(terms[k], has ? shapes[k].size() - n : 0));
+    if (r.in.back().size() != shapes[k].size())
+      bad(node, fmt::format("equation '{}': operand {} has {} axes, not {}", eq, k,
+                            shapes[k].size(), r.in.back().size()));
+    for (std::size_t i = 0; i < r.in.back().size(); ++i)
+      if (r.in.back().find(r.in.back()[i], i + 1) != std::string::npos)
+        bad(node, fmt::format("equation '{}': a label repeated in one operand (a diagonal) is "
+                              "not supported",
+                              eq));
+  }
+  if (arrow != std::string::npos) {
+    const std::string rhs = eq.substr(arrow + 2);
+    (void)letters(rhs);
+    r.out = expand(rhs, ellipsis);
+  } else { // implicit: the ellipsis, then the labels used once, in alphabetical order
+    r.out = expand(ellipsis > 0 ? "..." : "", ellipsis);
+    std::string once;
+    for (const std::string& t : r.in)
+      for (const char c : t)
+        if (!std::isdigit(static_cast<unsigned char>(c)) &&
+            std::count(r.in[0].begin(), r.in[0].end(), c) +
+                    (r.in.size() > 1 ? std::count(r.in[1].begin(), r.in[1].end(), c) : 0) ==
+                1)
+          once += c;
+    std::sort(once.begin(), once.end());
+    r.out += once;
+  }
+  for (std::size_t i = 0; i < r.out.size(); ++i) {
+    if (r.out.find(r.out[i], i + 1) != std::string::npos)
+      bad(node, fmt::format("equation '{}': output label '{}' repeated", eq, r.out[i]));
+    if (std::none_of(r.in.begin(), r.in.end(),
+                     [&](const std::string& t) { return t.find(r.out[i]) != std::string::npos; }))
+      bad(node, fmt::format("equation '{}': output label '{}' is in no operand", eq, r.out[i]));
+  }
+  for (std::size_t k = 0; k < r.in.size(); ++k)
+    for (const char c : r.in[k]) {
+      const bool other = r.in.size() > 1 && r.in[1 - k].find(c) != std::string::npos;
+      if (!other && r.out.find(c) == std::string::npos)
+        bad(node, fmt::format("equation '{}': summing label '{}' of one operand only is not "
+                              "supported",
+                              eq, c));
+    }
+  return r;
+}
+
+EinsumLabels stored_labels(const Node& node) {
+  const std::string s = node.string_attr("kdflow_labels", "");
+  EinsumLabels r;
+  const auto arrow = s.find("->");
+  const std::string lhs = s.substr(0, arrow);
+  r.in.emplace_back();
+  for (const char c : lhs) {
+    if (c == ',')
+      r.in.emplace_back();
+    else
+      r.in.back() += c;
+  }
+  r.out = s.substr(arrow + 2);
+  return r;
+}
+
+// Each label's extent.
+std::map<char, std::int64_t> label_sizes(const Node& node, const EinsumLabels& l,
+                                         const std::vector<Shape>& shapes) {
+  std::map<char, std::int64_t> size;
+  for (std::size_t k = 0; k < l.in.size(); ++k)
+    for (std::size_t i = 0; i < l.in[k].size(); ++i) {
+      const auto [it, fresh] = size.emplace(l.in[k][i], shapes[k][i]);
+      if (!fresh && it->second != shapes[k][i])
+        bad(node, fmt::format("label '{}' is {} in one operand and {} in another (broadcasting "
+                              "is not supported)",
+                              l.in[k][i], it->second, shapes[k][i]));
+    }
+  return size;
+}
+
+std::vector<InferredOutput> infer_einsum(Node& node, const InferArgs& a) {
+  const EinsumLabels l = parse_einsum(node, a.in);
+  const auto size = label_sizes(node, l, a.in);
+  Shape out;
+  for (const char c : l.out) out.push_back(size.at(c));
+  std::string stored = l.in[0];
+  if (l.in.size() > 1) stored += "," + l.in[1];
+  node.attrs["kdflow_labels"].kind = Attribute::Kind::s;
+  node.attrs["kdflow_labels"].s = stored + "->" + l.out;
+  return {{out, ElemType::f32}};
+}
+
+// Strides of `labels`' axes (a plain tensor) by label.
+std::map<char, std::int64_t> label_strides(const std::string& labels, const Shape& shape) {
+  const Shape st = strides_of(shape);
+  std::map<char, std::int64_t> r;
+  for (std::size_t i = 0; i < labels.size(); ++i) r[labels[i]] = st[i];
+  return r;
+}
+
+std::vector<Tensor> evaluate_einsum(const Node& node, const std::vector<const Tensor*>& x,
+                                    const std::vector<InferredOutput>& outs) {
+  const EinsumLabels l = stored_labels(node);
+  std::vector<Shape> shapes;
+  for (const Tensor* t : x) shapes.push_back(t->shape);
+  const auto size = label_sizes(node, l, shapes);
+  std::string all = l.out; // output labels, then the summed ones
+  for (const std::string& t : l.in)
+    for (const char c : t)
+      if (all.find(c) == std::string::npos) all += c;
+  Shape extent;
+  for (const char c : all) extent.push_back(size.at(c));
+  std::vector<std::map<char, std::int64_t>> st;
+  for (std::size_t k = 0; k < x.size(); ++k) st.push_back(label_strides(l.in[k], shapes[k]));
+  const std::int64_t summed =
+      numel(Shape(extent.begin() + static_cast<std::ptrdiff_t>(l.out.size()), extent.end()));
+  std::vector<double> acc(static_cast<std::size_t>(numel(outs[0].shape)), 0.0);
+  for_each_index(extent, [&](std::int64_t flat, const std::vector<std::int64_t>& idx) {
+    double v = 1;
+    for (std::size_t k = 0; k < x.size(); ++k) {
+      std::int64_t off = 0;
+      for (std::size_t i = 0; i < all.size(); ++i)
+        if (const auto it = st[k].find(all[i]); it != st[k].end()) off += idx[i] * it->second;
+      v *= x[k]->f[static_cast<std::size_t>(off)];
+    }
+    acc[static_cast<std::size_t>(flat / summed)] += v;
+  });
+  return {Tensor::floats(outs[0].shape, std::vector<float>(acc.begin(), acc.end()))};
+}
+
+// `value` (labels `have`, plain) seen with its axes in the order `want`: each run of labels in
+// `groups` merged into one axis when its strides allow, else nullopt.
+std::optional<memory::desc> grouped_view(const memory::desc& plain_md, const std::string& have,
+                                         const std::vector<std::string>& groups,
+                                         const std::map<char, std::int64_t>& size) {
+  const memory::dims pst = plain_md.get_strides();
+  memory::dims dims, strides;
+  for (const std::string& grp : groups) {
+    std::int64_t n = 1, stride = 1;
+    for (std::size_t i = grp.size(); i-- > 0;) {
+      const std::int64_t s = pst[have.find(grp[i])];
+      if (i + 1 < grp.size() && s != stride * n) return std::nullopt;
+      if (i + 1 == grp.size()) stride = s;
+      n *= size.at(grp[i]);
+    }
+    dims.push_back(n);
+    strides.push_back(stride);
+  }
+  return memory::desc(dims, plain_md.get_data_type(), strides);
+}
+
+void lower_einsum(Lowering& plan, const Node& node) {
+  const Graph& g = plan.graph();
+  const dt act = plan.act();
+  const EinsumLabels l = stored_labels(node);
+  std::vector<Shape> shapes;
+  for (const std::string& v : node.inputs) shapes.push_back(g.shape(v));
+  const auto size = label_sizes(node, l, shapes);
+  const auto operand = [&](std::size_t k) {
+    const std::string& v = node.inputs[k];
+    return g.is_constant(v) ? plan.constant(v, shapes[k], plain(shapes[k], act))
+                            : plan.get_plain(v, act);
+  };
+  // `have` (a plain tensor in `src`) written in the order of `want`'s labels, a new buffer.
+  const auto permuted = [&](const ArgRef& src, const std::string& have, const std::string& want) {
+    std::vector<int> perm(have.size());
+    Shape shape;
+    for (std::size_t i = 0; i < have.size(); ++i) perm[i] = static_cast<int>(want.find(have[i]));
+    for (const char c : want) shape.push_back(size.at(c));
+    const ArgRef dst = plan.new_buffer(plain(shape, act));
+    plan.add_reorder(ArgRef{src.kind, src.index, src.offset, src.md.permute_axes(perm)}, dst,
+                     node.describe());
+    return dst;
+  };
+  const Shape& os = g.shape(node.outputs[0]);
+  if (l.in.size() == 1) { // a permutation
+    plan.set(node.outputs[0], permuted(operand(0), l.in[0], l.out));
+    return;
+  }
+  std::string batch, rows, cols, inner;
+  for (const char c : l.out) {
+    const bool in_a = l.in[0].find(c) != std::string::npos;
+    const bool in_b = l.in[1].find(c) != std::string::npos;
+    (in_a && in_b ? batch : in_a ? rows : cols) += c;
+  }
+  for (const char c : l.in[0])
+    if (l.out.find(c) == std::string::npos) inner += c;
+  const auto extent = [&](const std::string& labels) {
+    std::int64_t n = 1;
+    for (const char c : labels) n *= size.at(c);
+    return n;
+  };
+  const memory::desc a3 = plain({extent(batch), extent(rows), extent(inner)}, act);
+  const memory::desc b3 = plain({extent(batch), extent(inner), extent(cols)}, act);
+  const memory::desc d3 = plain({extent(batch), extent(rows), extent(cols)}, act);
+  ArgRef a = operand(0), b = operand(1);
+  const auto va = grouped_view(a.md, l.in[0], {batch, rows, inner}, size);
+  const auto vb = grouped_view(b.md, l.in[1], {batch, inner, cols}, size);
+  dnnl::matmul::primitive_desc pd;
+  bool strided = va && vb;
+  if (strided) {
+    try {
+      pd = dnnl::matmul::primitive_desc(plan.eng(), *va, *vb, d3, Lowering::plain_attr());
+      a.md = *va;
+      b.md = *vb;
+    } catch (const dnnl::error&) {
+      strided = false;
+    }
+  }
+  if (!strided) {
+    a = permuted(a, l.in[0], batch + rows + inner);
+    b = permuted(b, l.in[1], batch + inner + cols);
+    a.md = a3;
+    b.md = b3;
+    pd = dnnl::matmul::primitive_desc(plan.eng(), a3, b3, d3, Lowering::plain_attr());
+  }
+  const std::string product = batch + rows + cols;
+  Shape ps;
+  for (const char c : product) ps.push_back(size.at(c));
+  ArgRef dst = plan.new_buffer(plain(ps, act));
+  plan.add_primitive(dnnl::matmul(pd),
+                     {{DNNL_ARG_SRC, a},
+                      {DNNL_ARG_WEIGHTS, b},
+                      {DNNL_ARG_DST, ArgRef{dst.kind, dst.index, dst.offset, d3}}},
+                     node.describe(), pd.scratchpad_desc());
+  if (product != l.out) dst = permuted(dst, product, l.out);
+  dst.md = plain(os, act);
+  plan.set(node.outputs[0], dst);
+}
+
+double einsum_flops(const Graph& g, const Node& node) {
+  const EinsumLabels l = stored_labels(node);
+  std::vector<Shape> shapes;
+  for (const std::string& v : node.inputs) shapes.push_back(g.shape(v));
+  double n = 2;
+  for (const auto& [label, extent] : label_sizes(node, l, shapes)) n *= static_cast<double>(extent);
+  return n / static_cast<double>(g.batch);
+}
+
 // The activation after a product joins it (oneDNN's inner product or matmul post-op).
 PostOps product_post_ops(const Graph&, const Node&) { return PostOps::eltwise; }
 
@@ -220,6 +530,11 @@ constexpr OpDef kOps[] = {
      .lower = lower_gemm,
      .post_ops = product_post_ops,
      .flops_per_sample = product_flops},
+    {.name = "Einsum",
+     .infer = infer_einsum,
+     .evaluate = evaluate_einsum,
+     .lower = lower_einsum,
+     .flops_per_sample = einsum_flops},
     {.name = "MatMul",
      .min_inputs = 2,
      .infer = infer_matmul,

@@ -1,9 +1,11 @@
 // LayerNormalization (opset 17; the exporters' decomposed form is fused into it by the passes):
-// oneDNN's layer normalization over the trailing axes from `axis` on, seen as one axis.
+// oneDNN's layer normalization over the trailing axes from `axis` on, seen as one axis; and
+// InstanceNormalization and GroupNormalization through the same primitive (below).
 #include "common.hpp"
 #include "lowering.hpp"
 #include "op_table.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 #include <fmt/format.h>
@@ -103,6 +105,120 @@ void lower_layer_norm(Lowering& plan, const Node& node) {
   plan.set(node.outputs[0], ArgRef{dst.kind, dst.index, dst.offset, plain(xs, type)});
 }
 
+// --- InstanceNormalization, GroupNormalization
+// ----------------------------------------------------- Statistics per sample over each group of
+// channels and all positions (InstanceNormalization: a group per channel, as the legacy exporter
+// writes GroupNorm over a reshape), then a per-channel scale and bias. oneDNN 3.2 has no group
+// normalization: its layer normalization over the rows [N * groups, channels / groups * positions],
+// then one binary primitive, the scale times the row-normalized value with the bias added as its
+// post-op (left out where they are 1 and 0).
+
+std::int64_t groups_of(const Node& node, std::int64_t channels) {
+  return node.op == "InstanceNormalization" ? channels : node.int_attr("num_groups", 0);
+}
+
+std::vector<InferredOutput> infer_group_norm(Node& node, const InferArgs& a) {
+  const Shape& xs = a.in[0];
+  if (xs.size() < 3)
+    bad(node, fmt::format("input {} has no channel and position axes", format_shape(xs)));
+  const std::int64_t c = xs[1];
+  if (node.op == "GroupNormalization") {
+    if (!node.has("num_groups")) bad(node, "num_groups is missing");
+    const std::int64_t g = node.int_attr("num_groups", 0);
+    if (g < 1 || c % g != 0)
+      bad(node, fmt::format("{} channels do not split into {} groups", c, g));
+  }
+  const std::int64_t groups = groups_of(node, c);
+  for (std::size_t k = 1; k < 3; ++k) {
+    const Tensor& t = need_constant(node, a.constants, k, k == 1 ? "scale" : "bias");
+    if (t.size() != c)
+      bad(node,
+          fmt::format("{} has {} values for {} channels{}", k == 1 ? "scale" : "bias", t.size(), c,
+                      t.size() == groups ? " (one per group: GroupNormalization before "
+                                           "opset 21, deprecated; export at opset 21 or later)"
+                                         : ""));
+  }
+  node.attrs["epsilon"] = float_attribute(node.float_attr("epsilon", 1e-5f));
+  return {{xs, ElemType::f32}};
+}
+
+// Scale or bias, one per channel.
+std::vector<float> per_channel(const Tensor& t) {
+  std::vector<float> r(static_cast<std::size_t>(t.size()));
+  for (std::int64_t ch = 0; ch < t.size(); ++ch)
+    r[static_cast<std::size_t>(ch)] = static_cast<float>(t.at(ch));
+  return r;
+}
+
+std::vector<Tensor> evaluate_group_norm(const Node& node, const std::vector<const Tensor*>& x,
+                                        const std::vector<InferredOutput>& outs) {
+  const Shape& xs = x[0]->shape;
+  const std::int64_t n = xs[0], c = xs[1], groups = groups_of(node, c);
+  const std::int64_t len = c / groups * numel(Shape(xs.begin() + 2, xs.end()));
+  const std::int64_t positions = len * groups / c;
+  const std::vector<float> scale = per_channel(*x[1]), bias = per_channel(*x[2]);
+  const double eps = node.float_attr("epsilon", 1e-5f);
+  std::vector<float> r(x[0]->f.size());
+  for (std::int64_t row = 0; row < n * groups; ++row) {
+    const float* src = x[0]->f.data() + row * len;
+    double mean = 0, var = 0;
+    for (std::int64_t k = 0; k < len; ++k) mean += src[k];
+    mean /= static_cast<double>(len);
+    for (std::int64_t k = 0; k < len; ++k) var += (src[k] - mean) * (src[k] - mean);
+    var /= static_cast<double>(len);
+    const double inv = 1.0 / std::sqrt(var + eps);
+    for (std::int64_t k = 0; k < len; ++k) {
+      const auto ch = static_cast<std::size_t>((row % groups) * (c / groups) + k / positions);
+      r[static_cast<std::size_t>(row * len + k)] =
+          static_cast<float>((src[k] - mean) * inv * scale[ch] + bias[ch]);
+    }
+  }
+  return {Tensor::floats(outs[0].shape, std::move(r))};
+}
+
+void lower_group_norm(Lowering& plan, const Node& node) {
+  const Graph& g = plan.graph();
+  const Shape& xs = g.shape(node.inputs[0]);
+  const std::int64_t n = xs[0], c = xs[1], groups = groups_of(node, c);
+  const std::int64_t positions = numel(Shape(xs.begin() + 2, xs.end()));
+  const dt type = plan.at(node.inputs[0]).md.get_data_type();
+  ArgRef src = plan.get_plain(node.inputs[0], type);
+  src.md = plain({n * groups, c / groups * positions}, type);
+  const auto pd = dnnl::layer_normalization_forward::primitive_desc(
+      plan.eng(), dnnl::prop_kind::forward_inference, src.md, src.md,
+      node.float_attr("epsilon", 1e-5f), dnnl::normalization_flags::none, Lowering::plain_attr());
+  const ArgRef normalized = plan.new_buffer(src.md);
+  plan.add_primitive(dnnl::layer_normalization_forward(pd),
+                     {{DNNL_ARG_SRC, src}, {DNNL_ARG_DST, normalized}}, node.describe(),
+                     pd.scratchpad_desc());
+  const std::vector<float> scale = per_channel(g.constants.at(node.inputs[1]));
+  const std::vector<float> bias = per_channel(g.constants.at(node.inputs[2]));
+  const bool identity = std::all_of(scale.begin(), scale.end(), [](float v) { return v == 1; }) &&
+                        std::all_of(bias.begin(), bias.end(), [](float v) { return v == 0; });
+  if (identity) {
+    plan.set(node.outputs[0],
+             ArgRef{normalized.kind, normalized.index, normalized.offset, plain(xs, type)});
+    return;
+  }
+  const memory::desc x3 = plain({n, c, positions}, type);
+  const memory::desc per_c = plain({1, c, 1}, dt::f32);
+  dnnl::post_ops po;
+  po.append_binary(dnnl::algorithm::binary_add, per_c);
+  dnnl::primitive_attr attr = Lowering::plain_attr();
+  attr.set_post_ops(po);
+  const auto bpd =
+      dnnl::binary::primitive_desc(plan.eng(), dnnl::algorithm::binary_mul, x3, per_c, x3, attr);
+  const ArgRef dst = plan.new_buffer(x3);
+  plan.add_primitive(
+      dnnl::binary(bpd),
+      {{DNNL_ARG_SRC_0, ArgRef{normalized.kind, normalized.index, normalized.offset, x3}},
+       {DNNL_ARG_SRC_1, plan.weight(scale, per_c, per_c)},
+       {DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1, plan.weight(bias, per_c, per_c)},
+       {DNNL_ARG_DST, dst}},
+      node.describe(), bpd.scratchpad_desc());
+  plan.set(node.outputs[0], ArgRef{dst.kind, dst.index, dst.offset, plain(xs, type)});
+}
+
 constexpr OpDef kOps[] = {
     {.name = "LayerNormalization",
      .min_inputs = 2,
@@ -110,6 +226,16 @@ constexpr OpDef kOps[] = {
      .evaluate = evaluate_layer_norm,
      .lower = lower_layer_norm,
      .training_outputs = true},
+    {.name = "InstanceNormalization",
+     .min_inputs = 3,
+     .infer = infer_group_norm,
+     .evaluate = evaluate_group_norm,
+     .lower = lower_group_norm},
+    {.name = "GroupNormalization",
+     .min_inputs = 3,
+     .infer = infer_group_norm,
+     .evaluate = evaluate_group_norm,
+     .lower = lower_group_norm},
 };
 
 } // namespace

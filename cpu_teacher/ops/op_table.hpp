@@ -86,6 +86,7 @@ std::span<const OpDef> binary_ops();
 std::span<const OpDef> conv_ops();
 std::span<const OpDef> folding_ops();
 std::span<const OpDef> gemm_ops();
+std::span<const OpDef> indexing_ops();
 std::span<const OpDef> norm_ops();
 std::span<const OpDef> pool_ops();
 std::span<const OpDef> resize_ops();

@@ -17,7 +17,7 @@ using Table = std::map<std::string_view, const OpDef*, std::less<>>;
 const Table& table() {
   static const Table t = [] {
     constexpr std::span<const OpDef> (*kFamilies[])() = {
-        activation_ops, binary_ops, conv_ops,   folding_ops, gemm_ops,
+        activation_ops, binary_ops, conv_ops,   folding_ops, gemm_ops,    indexing_ops,
         norm_ops,       pool_ops,   resize_ops, shape_ops,   softmax_ops,
     };
     Table r;
