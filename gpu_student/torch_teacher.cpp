@@ -135,6 +135,31 @@ std::vector<torch::Tensor> reduce_mean(const Values& value, const Node& node) {
               .reshape(to_vector(value.m.graph.shape(node.outputs[0])))};
 }
 
+std::vector<torch::Tensor> reduce_l2(const Values& value, const Node& node) {
+  return {value(node.inputs[0])
+              .square()
+              .sum(node.ints_attr("axes"), true)
+              .sqrt()
+              .reshape(to_vector(value.m.graph.shape(node.outputs[0])))};
+}
+
+std::vector<torch::Tensor> reduce_sum(const Values& value, const Node& node) {
+  return {value(node.inputs[0])
+              .sum(node.ints_attr("axes"), true)
+              .reshape(to_vector(value.m.graph.shape(node.outputs[0])))};
+}
+
+std::vector<torch::Tensor> reduce_max(const Values& value, const Node& node) {
+  torch::Tensor y = value(node.inputs[0]);
+  for (const auto a : node.ints_attr("axes")) y = std::get<0>(y.max(a, true));
+  return {y.reshape(to_vector(value.m.graph.shape(node.outputs[0])))};
+}
+
+std::vector<torch::Tensor> expand(const Values& value, const Node& node) {
+  return {
+      value(node.inputs[0]).expand(to_vector(value.m.graph.shape(node.outputs[0]))).contiguous()};
+}
+
 std::vector<torch::Tensor> view(const Values& value, const Node& node) {
   return {value(node.inputs[0]).reshape(to_vector(value.m.graph.shape(node.outputs[0])))};
 }
@@ -358,6 +383,10 @@ const std::map<std::string, TorchOp, std::less<>>& torch_ops() {
        })},
       {"Tanh", activation([](const torch::Tensor& x, float, float) { return torch::tanh(x); })},
       {"Sqrt", activation([](const torch::Tensor& x, float, float) { return torch::sqrt(x); })},
+      {"Exp", activation([](const torch::Tensor& x, float, float) { return torch::exp(x); })},
+      {"Log", activation([](const torch::Tensor& x, float, float) { return torch::log(x); })},
+      {"Abs", activation([](const torch::Tensor& x, float, float) { return torch::abs(x); })},
+      {"Neg", activation([](const torch::Tensor& x, float, float) { return -x; })},
       {"Pow", activation([](const torch::Tensor& x, float, float e) { return torch::pow(x, e); })},
       {"Erf", {erf}},
       {"Resize", {resize}},
@@ -376,6 +405,10 @@ const std::map<std::string, TorchOp, std::less<>>& torch_ops() {
       {"AveragePool", {pool<false>}},
       {"GlobalAveragePool", {global_average_pool}},
       {"ReduceMean", {reduce_mean}},
+      {"ReduceL2", {reduce_l2}},
+      {"ReduceSum", {reduce_sum}},
+      {"ReduceMax", {reduce_max}},
+      {"Expand", {expand}},
       {"Flatten", {view}},
       {"Reshape", {view}},
       {"Squeeze", {view}},

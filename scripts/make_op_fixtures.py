@@ -271,6 +271,29 @@ def cases():
     c["instance_norm_affine"] = model([node("InstanceNormalization", ["x", "s", "b"], epsilon=1e-3)], X, [const("s", rand(4)), const("b", rand(4))])
     c["group_norm_per_channel_opset21"] = model([node("GroupNormalization", ["x", "s", "b"], num_groups=2, epsilon=1e-4)], X,
                                                 [const("s", rand(4)), const("b", rand(4))], opset=21, out_shape=["N", 4, 9, 11])
+    # Reductions as attention and pooling write them: the L2 norm F.normalize takes (clamped,
+    # expanded to its input and divided by: Expand at run time), a sum (axes an input since opset
+    # 13), a max without keepdims.
+    c["reduce_l2_normalize_expand"] = model([
+        node("ReduceL2", ["x", "ax"], ["n"], keepdims=1), helper.make_node("Clip", ["n", "lo"], ["c"], name="clip"),
+        helper.make_node("Expand", ["c", "shape"], ["e"], name="expand"), helper.make_node("Div", ["x", "e"], ["y"], name="div")], X,
+        [const("ax", np.array([-1], np.int64)), const("lo", np.float32(1e-12)), const("shape", np.array([1, 4, 9, 11], np.int64))],
+        opset=18, out_shape=["N", 4, 9, 11])
+    c["reduce_sum_opset13"] = model([node("ReduceSum", ["x", "ax"], keepdims=1)], X, [const("ax", np.array([1, 3], np.int64))], opset=13,
+                                    out_shape=["N", 1, 9, 1])
+    c["reduce_max_no_keepdims"] = model([node("ReduceMax", ["x"], axes=[2], keepdims=0)], X, opset=17, out_shape=["N", 4, 11])
+    c["exp_log_abs_neg"] = model([node("Neg", ["x"], ["n"]), helper.make_node("Exp", ["n"], ["e"], name="exp"),
+                                  helper.make_node("Abs", ["x"], ["a"], name="abs"), helper.make_node("Log", ["a"], ["l"], name="log"),
+                                  helper.make_node("Add", ["e", "l"], ["y"], name="add")], X)
+    c["conv_exp_fused"] = model([node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Neg", ["c"], ["n"], name="neg"),
+                                 helper.make_node("Exp", ["n"], ["y"], name="exp")], X, [const("w", rand(5, 4, 3, 3) * 0.2)])
+    # A mask built from comparisons (folded): where(not(i < 4 or i >= 7), -100, 0) added to x.
+    c["mask_not_compare_folded"] = model([
+        node("Less", ["i", "four"], ["lt"]), helper.make_node("GreaterOrEqual", ["i", "seven"], ["ge"], name="ge"),
+        helper.make_node("Or", ["lt", "ge"], ["o"], name="or"), helper.make_node("Not", ["o"], ["m"], name="not"),
+        helper.make_node("Where", ["m", "neg", "zero"], ["w"], name="where"), helper.make_node("Add", ["x", "w"], ["y"], name="add")], X,
+        [const("i", np.arange(11, dtype=np.int64)), const("four", np.int64(4)), const("seven", np.int64(7)),
+         const("neg", np.float32(-100.0)), const("zero", np.float32(0.0))], opset=17, out_shape=["N", 4, 9, 11])
     # A model-local function with an attribute reference, as exporters write modules.
     fn = helper.make_function("kdflow.test", "ScaledLeaky", ["inp"], ["out"],
                               [helper.make_node("LeakyRelu", ["inp"], ["t"], alpha=0.0),

@@ -7,7 +7,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 deps=${KDFLOW_DEPS:-$HOME/.cache/kdflow}
 venv=$deps/venv
-stamp_version=6   # bump when the package lists below change
+stamp_version=7   # bump when the package lists below change
 
 apt_packages=(
   build-essential cmake ninja-build pkg-config git ca-certificates
@@ -34,6 +34,8 @@ pip_packages=(
   # The teacher reads ONNX through this onnx's onnx.proto (compiled into kdflow; Debian's libonnx
   # 1.12 stops at IR 8, opset 17); onnxscript is what torch.onnx.export's default exporter needs.
   onnx==1.23.2 onnxscript==0.7.2
+  # timm: the image families of the teacher-coverage run (scripts/teacher_zoo.py), random weights.
+  timm==1.0.20
 )
 
 sudo_=""

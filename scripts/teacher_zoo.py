@@ -44,6 +44,15 @@ def torchvision_models():
             for n in names}
 
 
+def extra_models():
+    """Families torchvision lacks a builder for: a BiT-style ResNet (GroupNorm in place of
+    BatchNorm, the legacy exporter's InstanceNormalization over a reshape)."""
+    import torchvision
+    return {"extra.resnet18_groupnorm": (
+        lambda: torchvision.models.resnet18(num_classes=10,
+                                            norm_layer=lambda c: torch.nn.GroupNorm(8, c)), 64)}
+
+
 def tv_kwargs(name):
     # Builders whose input size is a constructor argument take the small size; a 10-class head
     # keeps the files small. Everything else is the builder's default.
@@ -61,6 +70,8 @@ def size_of(name):
     and windows need: 64 for most; windowed and patch models at their window grid; Inception's
     stem needs 75 or more."""
     base = name.split(".", 1)[1]
+    if name == "tv.alexnet":
+        return 224  # below, its adaptive pooling upsamples, which the legacy exporter refuses
     if base.startswith("maxvit"):
         return 224  # every stage's map must be a multiple of the 7x7 partition
     if base.startswith(("inception", "googlenet")):
@@ -71,8 +82,6 @@ def size_of(name):
         return 64
     if base.startswith(("swin",)):
         return 64
-    if base.startswith("timm:"):
-        return 0  # set by the timm entry
     return 64
 
 
@@ -153,6 +162,7 @@ def main():
     torch.set_num_threads(os.cpu_count() or 1)
 
     zoo = {k: (v, size_of(k)) for k, v in torchvision_models().items()}
+    zoo.update(extra_models())
     zoo.update(timm_models())
     if args.only:
         unknown = [n for n in args.only if n not in zoo]

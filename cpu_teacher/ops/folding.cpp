@@ -1,7 +1,8 @@
 // The shape arithmetic of exported graphs (Shape, Gather, Cast, Constant, ConstantOfShape, Equal,
-// Where, Mod, Expand, Range), folded into constants at import. Only Gather also runs per batch
-// (constant indices into computed data); the others have no lowering, and a graph that would run
-// one per batch is refused as unsupported.
+// Where, Mod, Expand, Range, Not and the comparisons), folded into constants at import. Only
+// Gather (constant indices into computed data) and Expand (a broadcast copy) also run per batch;
+// the others have no lowering, and a graph that would run one per batch is refused as
+// unsupported.
 #include "common.hpp"
 #include "lowering.hpp"
 #include "op_table.hpp"
@@ -286,6 +287,68 @@ std::vector<Tensor> evaluate_expand(const Node&, const std::vector<const Tensor*
   return {broadcast_map({x[0]}, outs[0], [](const std::vector<double>& v) { return v[0]; })};
 }
 
+// Expand of computed data (F.normalize's norm expanded to its input before the division): a
+// broadcast copy, each output row from its source row.
+void lower_expand(Lowering& plan, const Node& node) {
+  const Graph& g = plan.graph();
+  const Shape& xs = g.shape(node.inputs[0]);
+  const Shape& os = g.shape(node.outputs[0]);
+  Shape padded = xs;
+  while (padded.size() < os.size()) padded.insert(padded.begin(), 1);
+  const Shape st = broadcast_strides(padded, os);
+  // The innermost run the source and the output share: copied whole (or one value repeated).
+  const std::size_t last = os.size() - 1;
+  const std::int64_t run = os.empty() ? 1 : os[last];
+  const bool repeat = !os.empty() && st[last] == 0;
+  const ArgRef src = plan.get_plain(node.inputs[0], dt::f32);
+  const ArgRef dst = plan.new_buffer(plain(os, dt::f32));
+  std::vector<std::int64_t> rows; // each output row's source offset
+  const Shape outer(os.begin(), os.end() - (os.empty() ? 0 : 1));
+  for_each_index(outer, [&](std::int64_t, const std::vector<std::int64_t>& idx) {
+    std::int64_t off = 0;
+    for (std::size_t d = 0; d < idx.size(); ++d) off += idx[d] * st[d];
+    rows.push_back(off);
+  });
+  plan.add_kernel(
+      [rows = std::move(rows), run, repeat](std::byte* const* p) {
+        const auto* x = reinterpret_cast<const float*>(p[0]);
+        auto* y = reinterpret_cast<float*>(p[1]);
+        for (const std::int64_t off : rows) {
+          if (repeat)
+            std::fill(y, y + run, x[off]);
+          else
+            std::copy(x + off, x + off + run, y);
+          y += run;
+        }
+      },
+      {src, dst}, node.describe());
+  plan.set(node.outputs[0], dst);
+}
+
+// Boolean logic on shape data and masks (folded; booleans are int64 0 and 1).
+std::vector<InferredOutput> infer_not(Node&, const InferArgs& a) {
+  return {{a.in[0], ElemType::i64}};
+}
+
+std::vector<Tensor> evaluate_not(const Node&, const std::vector<const Tensor*>& x,
+                                 const std::vector<InferredOutput>& outs) {
+  return {broadcast_map(x, outs[0], [](const std::vector<double>& v) { return v[0] == 0; })};
+}
+
+template <bool (*F)(double, double)>
+std::vector<Tensor> evaluate_compare(const Node&, const std::vector<const Tensor*>& x,
+                                     const std::vector<InferredOutput>& outs) {
+  return {broadcast_map(x, outs[0], [](const std::vector<double>& v) { return F(v[0], v[1]); })};
+}
+
+constexpr bool less(double a, double b) { return a < b; }
+constexpr bool greater(double a, double b) { return a > b; }
+constexpr bool less_equal(double a, double b) { return a <= b; }
+constexpr bool greater_equal(double a, double b) { return a >= b; }
+constexpr bool logical_and(double a, double b) { return a != 0 && b != 0; }
+constexpr bool logical_or(double a, double b) { return a != 0 || b != 0; }
+constexpr bool logical_xor(double a, double b) { return (a != 0) != (b != 0); }
+
 constexpr OpDef kOps[] = {
     {.name = "Shape", .infer = infer_shape, .evaluate = evaluate_shape, .reads_shapes_only = true},
     {.name = "Gather",
@@ -296,7 +359,34 @@ constexpr OpDef kOps[] = {
     {.name = "Equal", .min_inputs = 2, .infer = infer_equal, .evaluate = evaluate_equal},
     {.name = "Where", .min_inputs = 3, .infer = infer_where, .evaluate = evaluate_where},
     {.name = "Mod", .min_inputs = 2, .infer = infer_mod, .evaluate = evaluate_mod},
-    {.name = "Expand", .min_inputs = 2, .infer = infer_expand, .evaluate = evaluate_expand},
+    {.name = "Expand",
+     .min_inputs = 2,
+     .infer = infer_expand,
+     .evaluate = evaluate_expand,
+     .lower = lower_expand},
+    {.name = "Not", .infer = infer_not, .evaluate = evaluate_not},
+    {.name = "Less", .min_inputs = 2, .infer = infer_equal, .evaluate = evaluate_compare<less>},
+    {.name = "Greater",
+     .min_inputs = 2,
+     .infer = infer_equal,
+     .evaluate = evaluate_compare<greater>},
+    {.name = "LessOrEqual",
+     .min_inputs = 2,
+     .infer = infer_equal,
+     .evaluate = evaluate_compare<less_equal>},
+    {.name = "GreaterOrEqual",
+     .min_inputs = 2,
+     .infer = infer_equal,
+     .evaluate = evaluate_compare<greater_equal>},
+    {.name = "And",
+     .min_inputs = 2,
+     .infer = infer_equal,
+     .evaluate = evaluate_compare<logical_and>},
+    {.name = "Or", .min_inputs = 2, .infer = infer_equal, .evaluate = evaluate_compare<logical_or>},
+    {.name = "Xor",
+     .min_inputs = 2,
+     .infer = infer_equal,
+     .evaluate = evaluate_compare<logical_xor>},
     {.name = "Range", .min_inputs = 3, .infer = infer_range, .evaluate = evaluate_range},
     {.name = "Cast", .infer = infer_cast, .evaluate = evaluate_cast},
     {.name = "Constant", .min_inputs = 0, .infer = infer_constant, .evaluate = evaluate_constant},

@@ -1,4 +1,4 @@
-// Pooling (MaxPool, AveragePool, GlobalAveragePool: oneDNN's pooling) and ReduceMean (oneDNN's
+// Pooling (MaxPool, AveragePool, GlobalAveragePool: oneDNN's pooling) and the reductions (oneDNN's
 // reduction, or its pooling over a 4-D tensor's map), with the reference loops they are checked
 // against.
 #include "common.hpp"
@@ -6,6 +6,7 @@
 #include "op_table.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <numeric>
 #include <optional>
@@ -131,14 +132,53 @@ void lower_pool(Lowering& plan, const Node& node) {
   plan.set(node.outputs[0], dst);
 }
 
-// --- ReduceMean ----------------------------------------------------------------------------------
+// --- ReduceMean, ReduceL2, ReduceSum, ReduceMax
+// ----------------------------------------------------
 
-// The axes are an attribute before opset 18 and a constant input since; both become sorted,
-// non-negative `axes` (all axes when none are given, none under opset 18's noop_with_empty_axes),
-// and keepdims is written out.
-std::vector<InferredOutput> infer_reduce_mean(Node& node, const InferArgs& a) {
+// What distinguishes the reductions: oneDNN's algorithm (and its p for the L2 norm), the opset
+// from which the axes are an input, and the reference's accumulation.
+struct ReduceKind {
+  dnnl::algorithm algorithm;
+  float p;
+  std::int64_t axes_input_since;
+  double init;
+  double (*add)(double acc, double x);
+  double (*finish)(double acc, double n);
+  bool poolable; // over a 4-D map: also oneDNN's average pooling
+};
+
+constexpr ReduceKind kReduceMean{dnnl::algorithm::reduction_mean,
+                                 0.f,
+                                 18,
+                                 0.0,
+                                 [](double a, double x) { return a + x; },
+                                 [](double a, double n) { return a / n; },
+                                 true};
+constexpr ReduceKind kReduceL2{dnnl::algorithm::reduction_norm_lp_sum,
+                               2.f,
+                               18,
+                               0.0,
+                               [](double a, double x) { return a + x * x; },
+                               [](double a, double) { return std::sqrt(a); },
+                               false};
+constexpr ReduceKind kReduceSum{
+    dnnl::algorithm::reduction_sum,     0.f,  13, 0.0, [](double a, double x) { return a + x; },
+    [](double a, double) { return a; }, false};
+constexpr ReduceKind kReduceMax{dnnl::algorithm::reduction_max,
+                                0.f,
+                                18,
+                                -std::numeric_limits<double>::infinity(),
+                                [](double a, double x) { return std::max(a, x); },
+                                [](double a, double) { return a; },
+                                false};
+
+// The axes are an attribute before the op's axes_input_since and a constant input from it; both
+// become sorted, non-negative `axes` (all axes when none are given, none under
+// noop_with_empty_axes), and keepdims is written out.
+template <const ReduceKind& R>
+std::vector<InferredOutput> infer_reduce(Node& node, const InferArgs& a) {
   std::vector<std::int64_t> axes;
-  if (a.opset >= 18 && has_input(node, 1))
+  if (a.opset >= R.axes_input_since && has_input(node, 1))
     axes = need_constant(node, a.constants, 1, "axes").as_ints();
   else
     axes = node.ints_attr("axes");
@@ -170,20 +210,22 @@ Shape kept_shape(const Node& node, const Shape& xs) {
   return kept;
 }
 
-std::vector<Tensor> evaluate_reduce_mean(const Node& node, const std::vector<const Tensor*>& x,
-                                         const std::vector<InferredOutput>& outs) {
+template <const ReduceKind& R>
+std::vector<Tensor> evaluate_reduce(const Node& node, const std::vector<const Tensor*>& x,
+                                    const std::vector<InferredOutput>& outs) {
   const Shape& xs = x[0]->shape;
   const Shape kept = kept_shape(node, xs);
-  std::vector<double> acc(static_cast<std::size_t>(numel(kept)), 0.0);
+  std::vector<double> acc(static_cast<std::size_t>(numel(kept)), R.init);
   const Shape ks = strides_of(kept);
   for_each_index(xs, [&](std::int64_t k, const std::vector<std::int64_t>& idx) {
     std::int64_t o = 0;
     for (std::size_t dd = 0; dd < idx.size(); ++dd) o += (kept[dd] == 1 ? 0 : idx[dd]) * ks[dd];
-    acc[static_cast<std::size_t>(o)] += x[0]->f[static_cast<std::size_t>(k)];
+    acc[static_cast<std::size_t>(o)] =
+        R.add(acc[static_cast<std::size_t>(o)], x[0]->f[static_cast<std::size_t>(k)]);
   });
   const double n = static_cast<double>(numel(xs)) / static_cast<double>(numel(kept));
   std::vector<float> r(acc.size());
-  for (std::size_t k = 0; k < r.size(); ++k) r[k] = static_cast<float>(acc[k] / n);
+  for (std::size_t k = 0; k < r.size(); ++k) r[k] = static_cast<float>(R.finish(acc[k], n));
   return {Tensor::floats(outs[0].shape, std::move(r))};
 }
 
@@ -202,10 +244,12 @@ void set_reduced(Lowering& plan, const Node& node, const ArgRef& reduced, const 
   plan.set(node.outputs[0], flat);
 }
 
-// ReduceMean runs as oneDNN's reduction, or, over the two spatial axes of a 4-D tensor (a global
-// average pool: squeeze-and-excitation blocks, heads), as its average pooling; each reads the
-// input in the layout it has where oneDNN has a kernel for that (the tuner picks between them).
-void lower_reduce_mean(Lowering& plan, const Node& node) {
+// A reduction runs as oneDNN's reduction, or, for a mean over the two spatial axes of a 4-D tensor
+// (a global average pool: squeeze-and-excitation blocks, heads), as its average pooling; each
+// reads the input in the layout it has where oneDNN has a kernel for that (the tuner picks
+// between them).
+template <const ReduceKind& R>
+void lower_reduce(Lowering& plan, const Node& node) {
   const Graph& g = plan.graph();
   const dt act = plan.act();
   const Shape& xs = g.shape(node.inputs[0]);
@@ -221,7 +265,7 @@ void lower_reduce_mean(Lowering& plan, const Node& node) {
   // Pooling is offered only where oneDNN builds it: in the input's own layout, else a plain one
   // (oneDNN 3.2 has no bf16 average pooling for some layouts on AVX-512 cores without AMX).
   std::optional<dnnl::pooling_forward::primitive_desc> pool;
-  if (xs.size() == 4 && kept == Shape{xs[0], xs[1], 1, 1}) {
+  if (R.poolable && xs.size() == 4 && kept == Shape{xs[0], xs[1], 1, 1}) {
     for (const memory::desc& from : {src_md, plain(xs, act)}) {
       try {
         pool.emplace(plan.eng(), dnnl::prop_kind::forward_inference,
@@ -247,11 +291,10 @@ void lower_reduce_mean(Lowering& plan, const Node& node) {
   // The input's own layout where oneDNN reduces it; plain where it does not.
   std::optional<dnnl::reduction::primitive_desc> pd;
   try {
-    pd.emplace(plan.eng(), dnnl::algorithm::reduction_mean, src_md, dst_any, 0.f, 0.f,
-               Lowering::plain_attr());
+    pd.emplace(plan.eng(), R.algorithm, src_md, dst_any, R.p, 0.f, Lowering::plain_attr());
   } catch (const dnnl::error&) {
-    pd.emplace(plan.eng(), dnnl::algorithm::reduction_mean, plain(xs, act), plain(kept, act), 0.f,
-               0.f, Lowering::plain_attr());
+    pd.emplace(plan.eng(), R.algorithm, plain(xs, act), plain(kept, act), R.p, 0.f,
+               Lowering::plain_attr());
   }
   const ArgRef src = plan.get(node.inputs[0], pd->src_desc());
   const ArgRef dst = plan.new_buffer(pd->dst_desc());
@@ -274,9 +317,21 @@ constexpr OpDef kOps[] = {
      .evaluate = evaluate_pool<kGlobalAveragePool>,
      .lower = lower_pool<kGlobalAveragePool>},
     {.name = "ReduceMean",
-     .infer = infer_reduce_mean,
-     .evaluate = evaluate_reduce_mean,
-     .lower = lower_reduce_mean},
+     .infer = infer_reduce<kReduceMean>,
+     .evaluate = evaluate_reduce<kReduceMean>,
+     .lower = lower_reduce<kReduceMean>},
+    {.name = "ReduceL2",
+     .infer = infer_reduce<kReduceL2>,
+     .evaluate = evaluate_reduce<kReduceL2>,
+     .lower = lower_reduce<kReduceL2>},
+    {.name = "ReduceSum",
+     .infer = infer_reduce<kReduceSum>,
+     .evaluate = evaluate_reduce<kReduceSum>,
+     .lower = lower_reduce<kReduceSum>},
+    {.name = "ReduceMax",
+     .infer = infer_reduce<kReduceMax>,
+     .evaluate = evaluate_reduce<kReduceMax>,
+     .lower = lower_reduce<kReduceMax>},
 };
 
 } // namespace
