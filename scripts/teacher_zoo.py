@@ -5,7 +5,7 @@ each file through `kdflow teacher infer` and compares the logits with PyTorch's 
 Run with the kdflow venv's python (torch 2.11, torchvision, onnxscript; timm optional).
 
 usage: teacher_zoo.py --kdflow BIN --out DIR [--json FILE] [--only NAME...] [--exporters dynamo,legacy]
-                      [--batch 2] [--seed 0] [--max-params 150e6] [--keep] [--fail-on-error]
+                      [--batch 2] [--seed 0] [--max-params 700e6] [--keep] [--fail-on-error]
 
 A model is built with random weights (seeded), at a small input its architecture allows
 (`size_of`), run by PyTorch in fp32, exported by the dynamo exporter (dynamic batch) and by the
@@ -13,7 +13,8 @@ legacy exporter (opset 17, dynamic batch axis), and each file is run by kdflow (
 coverage, not speed). The result per model and exporter: ok with the normalized error
 (max |kdflow - torch| / max |torch|), `refused` with kdflow's one-line message, `export` where
 PyTorch's own exporter fails, or `skipped` above --max-params (export time and memory, not a
-kdflow limit). With --json the table is written there (the CPU named); exit 1 with
+kdflow limit). With --json the table is written there (the CPU and commit named), after each
+model; with --only as well, the other models' rows already in it are kept. Exit 1 with
 --fail-on-error when any model is refused or off by more than 1e-4.
 """
 import argparse
@@ -145,6 +146,26 @@ def cpu_name():
     return "unknown"
 
 
+def write_json(args, rows, exporters):
+    counts = {}
+    for r in rows:
+        for e in exporters:
+            s = r[e]["status"] if e in r else "not run"
+            counts[f"{e}:{s}"] = counts.get(f"{e}:{s}", 0) + 1
+    if args.json:
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                             cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
+        doc = {"date": datetime.date.today().isoformat(), "cpu": cpu_name(), "cpus": os.cpu_count(),
+               "commit": rev, "torch": torch.__version__, "batch": args.batch, "seed": args.seed,
+               "tolerance": TOLERANCE, "max_params": args.max_params, "counts": counts,
+               "models": sorted(rows, key=lambda r: r["model"])}
+        tmp = args.json + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(doc, f, indent=1)
+        os.replace(tmp, args.json)
+    return counts
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--kdflow", required=True)
@@ -154,16 +175,16 @@ def main():
     ap.add_argument("--exporters", default="dynamo,legacy")
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--max-params", type=float, default=150e6)
+    ap.add_argument("--max-params", type=float, default=700e6)
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--fail-on-error", action="store_true")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     torch.set_num_threads(os.cpu_count() or 1)
 
-    zoo = {k: (v, size_of(k)) for k, v in torchvision_models().items()}
-    zoo.update(extra_models())
+    zoo = dict(extra_models())
     zoo.update(timm_models())
+    zoo.update({k: (v, size_of(k)) for k, v in torchvision_models().items()})
     if args.only:
         unknown = [n for n in args.only if n not in zoo]
         if unknown:
@@ -172,6 +193,10 @@ def main():
         zoo = {n: zoo[n] for n in args.only}
     exporters = args.exporters.split(",")
     rows = []
+    earlier = []  # with --only and an existing --json: the other models' rows are kept
+    if args.json and args.only and os.path.exists(args.json):
+        with open(args.json) as f:
+            earlier = [r for r in json.load(f)["models"] if r["model"] not in zoo]
     for name, (ctor, size) in zoo.items():
         torch.manual_seed(args.seed)
         t0 = time.time()
@@ -227,21 +252,9 @@ def main():
                             + (f" ({row[e]['why'][:150]})" if "why" in row[e] else "")
                             for e in exporters)
         print(f"{name:40s} {time.time() - t0:6.1f}s  {summary}", flush=True)
+        write_json(args, earlier + rows, exporters)  # after each model: a long run keeps its rows
 
-    counts = {}
-    for r in rows:
-        for e in exporters:
-            s = r[e]["status"]
-            counts[f"{e}:{s}"] = counts.get(f"{e}:{s}", 0) + 1
-    print(json.dumps(counts))
-    if args.json:
-        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                             cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
-        doc = {"date": datetime.date.today().isoformat(), "cpu": cpu_name(), "cpus": os.cpu_count(),
-               "commit": rev, "torch": torch.__version__, "batch": args.batch, "seed": args.seed,
-               "tolerance": TOLERANCE, "counts": counts, "models": rows}
-        with open(args.json, "w") as f:
-            json.dump(doc, f, indent=1)
+    print(json.dumps(write_json(args, earlier + rows, exporters)))
     bad = [r["model"] for r in rows for e in exporters if r[e]["status"] in ("refused", "mismatch")]
     return 1 if (args.fail_on_error and bad) else 0
 
