@@ -132,6 +132,8 @@ nlohmann::json step_profile(PinnedRun& pinned, const teacher::Teacher& t, const 
   const auto info = t.step_info();
   double total = 0;
   std::map<std::string, std::pair<int, double>> kinds; // kind -> (steps, seconds)
+  std::map<std::string, int> plain_n;                  // kind -> steps that ran as plain kernels
+  double plain_total = 0;
   nlohmann::json rows = nlohmann::json::array();
   for (std::size_t i = 0; i < steps; ++i) {
     auto& v = samples[i];
@@ -140,6 +142,10 @@ nlohmann::json step_profile(PinnedRun& pinned, const teacher::Teacher& t, const 
     total += median;
     kinds[info[i].kind].first += 1;
     kinds[info[i].kind].second += median;
+    if (info[i].impl == "plain kernel") {
+      plain_n[info[i].kind] += 1;
+      plain_total += median;
+    }
     rows.push_back({{"label", info[i].label},
                     {"kind", info[i].kind},
                     {"impl", info[i].impl},
@@ -149,13 +155,21 @@ nlohmann::json step_profile(PinnedRun& pinned, const teacher::Teacher& t, const 
   std::sort(by_kind.begin(), by_kind.end(),
             [](const auto& a, const auto& b) { return a.second.second > b.second.second; });
   nlohmann::json kind_rows = nlohmann::json::array();
-  for (const auto& [kind, v] : by_kind)
+  for (const auto& [kind, v] : by_kind) {
+    // How the kind ran: oneDNN primitives, kdflow's plain kernels, or some of each.
+    const int plain = plain_n.count(kind) ? plain_n.at(kind) : 0;
+    const char* ran = plain == 0 ? "oneDNN" : plain < v.first ? "mixed" : "plain kernel";
     kind_rows.push_back({{"kind", kind},
                          {"steps", v.first},
                          {"ms", v.second * 1e3},
-                         {"share", total > 0 ? v.second / total : 0.0}});
-  return {
-      {"batches", batches}, {"step_ms_sum", total * 1e3}, {"by_kind", kind_rows}, {"steps", rows}};
+                         {"share", total > 0 ? v.second / total : 0.0},
+                         {"ran", ran}});
+  }
+  return {{"batches", batches},
+          {"step_ms_sum", total * 1e3},
+          {"plain_kernel_share", total > 0 ? plain_total / total : 0.0},
+          {"by_kind", kind_rows},
+          {"steps", rows}};
 }
 
 void print_profile(const nlohmann::json& profile) {
@@ -163,8 +177,11 @@ void print_profile(const nlohmann::json& profile) {
              profile["steps"].size(), profile["step_ms_sum"].get<double>(),
              profile["batches"].get<std::size_t>());
   for (const auto& k : profile["by_kind"])
-    fmt::print("  {:<20} {:>4} steps {:>9.3f} ms {:>5.1f}%\n", k["kind"].get<std::string>(),
-               k["steps"].get<int>(), k["ms"].get<double>(), 100 * k["share"].get<double>());
+    fmt::print("  {:<20} {:>4} steps {:>9.3f} ms {:>5.1f}%  {}\n", k["kind"].get<std::string>(),
+               k["steps"].get<int>(), k["ms"].get<double>(), 100 * k["share"].get<double>(),
+               k["ran"].get<std::string>());
+  fmt::print("plain kernels (kdflow's own loops, not oneDNN primitives): {:.1f}% of the time\n",
+             100 * profile["plain_kernel_share"].get<double>());
 }
 
 // The file beside `output` (x.npy) for the teacher's output `value`: x.<value>.npy, the value's

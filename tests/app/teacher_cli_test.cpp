@@ -102,6 +102,41 @@ TEST(TeacherCli, BenchProfileAccountsForEveryStep) {
   EXPECT_EQ(steps_of["Conv (depthwise)"], 17);
 }
 
+// The profile says which kinds ran as kdflow's plain kernels rather than oneDNN primitives, and
+// their share of the time: here an Expand (a broadcast copy) beside a oneDNN reduction and binary.
+TEST(TeacherCli, BenchProfileSaysWhatRanAsPlainKernels) {
+  const fs::path out = scratch("bench_plain") / "bench.json";
+  fs::create_directories(out.parent_path());
+  const fs::path model =
+      fixture("model").parent_path().parent_path() / "ops" / "reduce_l2_normalize_expand.onnx";
+  const auto r = run({"teacher", "bench", "--model", model.string(), "--batch", "4", "--threads",
+                      "1", "--seconds", "0.3", "--profile", "--json", out.string()},
+                     out);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const json j = json::parse(read_text(out));
+  const json& p = j.at("profile");
+  double plain_ms = 0;
+  std::map<std::string, std::pair<int, int>> plain_of; // kind -> (plain steps, steps)
+  for (const auto& s : p.at("steps")) {
+    const bool plain = s.at("impl").get<std::string>() == "plain kernel";
+    if (plain) plain_ms += s.at("ms").get<double>();
+    auto& [n_plain, n] = plain_of[s.at("kind").get<std::string>()];
+    n_plain += plain;
+    ++n;
+  }
+  EXPECT_EQ(plain_of["Expand"].first, 1);
+  EXPECT_EQ(plain_of["ReduceL2"].first, 0);
+  EXPECT_NEAR(p.at("plain_kernel_share").get<double>(),
+              plain_ms / p.at("step_ms_sum").get<double>(), 1e-9);
+  for (const auto& k : p.at("by_kind")) {
+    const auto [n_plain, n] = plain_of[k.at("kind").get<std::string>()];
+    EXPECT_EQ(k.at("ran").get<std::string>(), n_plain == 0   ? "oneDNN"
+                                              : n_plain == n ? "plain kernel"
+                                                             : "mixed")
+        << k.at("kind");
+  }
+}
+
 // teacher info --plan lists the tuned plan: a summary line, then every node that can run more
 // than one way with its ways' times and the one kept (marked *); --tune off says so instead.
 TEST(TeacherCli, InfoPlanListsEveryTunableNode) {
