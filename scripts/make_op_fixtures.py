@@ -282,6 +282,15 @@ def cases():
     c["reduce_sum_opset13"] = model([node("ReduceSum", ["x", "ax"], keepdims=1)], X, [const("ax", np.array([1, 3], np.int64))], opset=13,
                                     out_shape=["N", 1, 9, 1])
     c["reduce_max_no_keepdims"] = model([node("ReduceMax", ["x"], axes=[2], keepdims=0)], X, opset=17, out_shape=["N", 4, 11])
+    # BatchNorm1d after a linear layer (rank 2 and 3 inputs): not foldable into a convolution.
+    bn_params = lambda n: [const("s", rand(n)), const("b", rand(n)), const("m", rand(n)), const("v", np.abs(rand(n)) + 0.5)]
+    c["batchnorm_rank3_alone"] = model(
+        [helper.make_node("Reshape", ["x", "r3"], ["x3"], name="reshape"), node("BatchNormalization", ["x3", "s", "b", "m", "v"])], X,
+        [const("r3", np.array([0, 4, -1], np.int64))] + bn_params(4), opset=15, out_shape=["N", 4, 99])
+    c["batchnorm_rank2_after_gemm"] = model(
+        [helper.make_node("Flatten", ["x"], ["f"], name="flatten"), helper.make_node("Gemm", ["f", "w"], ["g"], name="gemm", transB=1),
+         node("BatchNormalization", ["g", "s", "b", "m", "v"])], X, [const("w", rand(6, 396) * 0.05)] + bn_params(6), opset=15,
+        out_shape=["N", 6])
     c["exp_log_abs_neg"] = model([node("Neg", ["x"], ["n"]), helper.make_node("Exp", ["n"], ["e"], name="exp"),
                                   helper.make_node("Abs", ["x"], ["a"], name="abs"), helper.make_node("Log", ["a"], ["l"], name="log"),
                                   helper.make_node("Add", ["e", "l"], ["y"], name="add")], X)

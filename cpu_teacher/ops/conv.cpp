@@ -370,11 +370,51 @@ std::vector<Tensor> evaluate_batchnorm(const Node& node, const std::vector<const
   return {Tensor::floats(outs[0].shape, std::move(r))};
 }
 
-// The passes (fold_batchnorm) fold every BatchNormalization with constant parameters on NCHW
-// input; what reaches the engine has computed ones. It stays an inference op: the LibTorch
-// executor runs it.
+// The passes (fold_batchnorm) fold every BatchNormalization with constant parameters into the
+// convolution before it, or make a lone one on NCHW input a depthwise 1x1 convolution. What
+// reaches the engine with constant parameters is a lone one over another rank (BatchNorm1d after
+// a linear layer, LeViT's): x * a + b per channel, one oneDNN binary with the shift as its
+// post-op. Computed parameters are refused.
 void lower_batchnorm(Lowering& plan, const Node& node) {
-  plan.fail(node, "BatchNormalization with non-constant parameters is not supported");
+  const Graph& g = plan.graph();
+  for (std::size_t k = 1; k < 5; ++k)
+    if (!g.is_constant(node.inputs[k]))
+      plan.fail(node, "BatchNormalization with non-constant parameters is not supported");
+  const Shape& xs = g.shape(node.inputs[0]);
+  const auto f = [&](std::size_t k) { return g.constants.at(node.inputs[k]); };
+  const Tensor scale = f(1), shift = f(2), mean = f(3), var = f(4);
+  const float eps = node.float_attr("epsilon", 1e-5f);
+  const std::int64_t c = xs[1];
+  std::vector<float> a(static_cast<std::size_t>(c)), b(static_cast<std::size_t>(c));
+  for (std::int64_t ch = 0; ch < c; ++ch) {
+    const auto i = static_cast<std::size_t>(ch);
+    a[i] = static_cast<float>(scale.at(ch) / std::sqrt(var.at(ch) + eps));
+    b[i] = static_cast<float>(shift.at(ch) - mean.at(ch) * a[i]);
+  }
+  const dt type = plan.at(node.inputs[0]).md.get_data_type();
+  const std::int64_t positions = numel(xs) / (xs[0] * c);
+  // [N, C] where there are no positions: [1, C, 1] against [N, C, 1] gave wrong products for all
+  // channels but the first here (oneDNN 3.2, AVX2; batchnorm_rank2_after_gemm caught it).
+  const memory::desc x3 =
+      positions > 1 ? plain({xs[0], c, positions}, type) : plain({xs[0], c}, type);
+  const memory::desc per_c = positions > 1 ? plain({1, c, 1}, dt::f32) : plain({1, c}, dt::f32);
+  dnnl::post_ops po;
+  po.append_binary(dnnl::algorithm::binary_add, per_c);
+  dnnl::primitive_attr attr = Lowering::plain_attr();
+  attr.set_post_ops(po);
+  const auto pd =
+      dnnl::binary::primitive_desc(plan.eng(), dnnl::algorithm::binary_mul, x3, per_c, x3, attr);
+  ArgRef src = plan.get_plain(node.inputs[0], type);
+  src.md = x3;
+  const ArgRef dst = plan.new_buffer(x3);
+  plan.add_primitive(
+      dnnl::binary(pd),
+      {{DNNL_ARG_SRC_0, src},
+       {DNNL_ARG_SRC_1, plan.weight(a, per_c, per_c)},
+       {DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1, plan.weight(b, per_c, per_c)},
+       {DNNL_ARG_DST, dst}},
+      node.describe(), pd.scratchpad_desc());
+  plan.set(node.outputs[0], ArgRef{dst.kind, dst.index, dst.offset, plain(xs, type)});
 }
 
 constexpr OpDef kOps[] = {

@@ -200,8 +200,9 @@ void lower_group_norm(Lowering& plan, const Node& node) {
              ArgRef{normalized.kind, normalized.index, normalized.offset, plain(xs, type)});
     return;
   }
-  const memory::desc x3 = plain({n, c, positions}, type);
-  const memory::desc per_c = plain({1, c, 1}, dt::f32);
+  // [N, C] without positions (see lower_batchnorm: [1, C, 1] against [N, C, 1] misreads).
+  const memory::desc x3 = positions > 1 ? plain({n, c, positions}, type) : plain({n, c}, type);
+  const memory::desc per_c = positions > 1 ? plain({1, c, 1}, dt::f32) : plain({1, c}, dt::f32);
   dnnl::post_ops po;
   po.append_binary(dnnl::algorithm::binary_add, per_c);
   dnnl::primitive_attr attr = Lowering::plain_attr();
