@@ -112,12 +112,15 @@ def timm_models():
 
 def randomize(model):
     """Random weights as a trained model has them: builders zero some parameters at init (ViT's
-    head, zero-init residual gammas), which would make logits constant and any error look zero;
+    head, zero-init residual gammas) or scale them near zero, which would make the logits the bias
+    alone and any error look zero;
     BatchNorm statistics get non-trivial values so that folding them is exercised."""
     with torch.no_grad():
         for p in model.parameters():
             if p.numel() > 1 and bool((p == p.flatten()[0]).all()):
                 p.normal_(0.0 if p.flatten()[0] == 0 else float(p.flatten()[0]), 0.05)
+            elif p.dim() >= 2 and float(p.std()) < 1e-3:  # a head scaled near zero (EVA, BEiT)
+                p.normal_(0.0, 0.02)
         for m in model.modules():
             if isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.running_mean is not None:
                 m.running_mean.uniform_(-0.2, 0.2)
