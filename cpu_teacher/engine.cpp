@@ -138,7 +138,9 @@ void Lowering::fail(const Node& node, const std::string& what) const {
 
 const ArgRef& Lowering::at(const std::string& value) const {
   const auto it = loc_.find(value);
-  if (it == loc_.end()) throw std::logic_error("teacher plan: value '" + value + "' not computed");
+  if (it == loc_.end())
+    throw std::logic_error("teacher plan: value '" + value + "' not computed (lowering '" + node_ +
+                           "')");
   return it->second;
 }
 

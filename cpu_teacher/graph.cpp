@@ -88,12 +88,14 @@ const Shape& Graph::shape(const std::string& value) const {
 
 std::vector<std::size_t> Graph::consumers(const std::string& value) const {
   std::vector<std::size_t> out;
-  for (std::size_t n = 0; n < nodes.size(); ++n)
-    for (const auto& in : nodes[n].inputs)
-      if (in == value) {
-        out.push_back(n);
-        break;
-      }
+  for (std::size_t n = 0; n < nodes.size(); ++n) {
+    const auto& node = nodes[n];
+    const bool reads =
+        std::find(node.inputs.begin(), node.inputs.end(), value) != node.inputs.end() ||
+        std::any_of(node.post_ops.begin(), node.post_ops.end(),
+                    [&](const PostOp& p) { return p.sum_input == value; });
+    if (reads) out.push_back(n);
+  }
   return out;
 }
 

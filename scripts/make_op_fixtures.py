@@ -227,6 +227,14 @@ def cases():
     c["where_mod_fmod_float"] = model([
         node("Mod", ["k", "d"], ["md"], fmod=1), helper.make_node("Add", ["x", "md"], ["y"], name="add")], X,
         [const("k", rand(11) * 5), const("d", np.float32(1.5))], opset=13, out_shape=["N", 4, 9, 11])
+    # A residual sum read by an activation and by the next block's residual add (Xception's
+    # blocks): once the next add is a sum post-op, the activation must not be fused away from it.
+    c["residual_read_by_activation_and_next_sum"] = model([
+        node("Conv", ["x", "w1"], ["h"], pads=[1, 1, 1, 1]), helper.make_node("Conv", ["x", "w2"], ["s"], name="shortcut"),
+        helper.make_node("Add", ["h", "s"], ["a2"], name="add2"), helper.make_node("Relu", ["a2"], ["r"], name="act"),
+        helper.make_node("Conv", ["r", "w3"], ["c3"], name="conv3", pads=[1, 1, 1, 1]),
+        helper.make_node("Add", ["c3", "a2"], ["y"], name="add3")], X,
+        [const("w1", rand(4, 4, 3, 3)), const("w2", rand(4, 4, 1, 1)), const("w3", rand(4, 4, 3, 3))])
     # Indexing with constant indices: GatherND as the dynamo exporter writes an adaptive pooling
     # (positions gathered from a transposed map), ScatterND folded (a mask built by slice
     # assignment, Swin's) and at run time (into computed data, each reduction).

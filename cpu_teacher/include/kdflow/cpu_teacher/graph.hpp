@@ -100,8 +100,8 @@ struct Graph {
     return constants.count(value) != 0;
   }
   [[nodiscard]] const Shape& shape(const std::string& value) const;
-  // Nodes that read `value` (indices into nodes), and whether `value` leaves the graph (an
-  // output, or a kept value).
+  // Nodes that read `value` (indices into nodes): as an input, or as the sum a fused post-op
+  // accumulates into; and whether `value` leaves the graph (an output, or a kept value).
   [[nodiscard]] std::vector<std::size_t> consumers(const std::string& value) const;
   [[nodiscard]] bool is_output(const std::string& value) const;
 };
