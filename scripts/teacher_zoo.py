@@ -6,6 +6,7 @@ Run with the kdflow venv's python (torch 2.11, torchvision, onnxscript; timm opt
 
 usage: teacher_zoo.py --kdflow BIN --out DIR [--json FILE] [--only NAME...] [--exporters dynamo,legacy]
                       [--batch 2] [--seed 0] [--max-params 700e6] [--keep] [--fail-on-error]
+                      [--profile]
 
 A model is built with random weights (seeded), at a small input its architecture allows
 (`size_of`), run by PyTorch in fp32, exported by the dynamo exporter (dynamic batch) and by the
@@ -137,6 +138,19 @@ def export(model, x, path, exporter):
                           dynamic_shapes=({0: torch.export.Dim("batch")},))
 
 
+def profile(kdflow, model, out):
+    """Where a file's time goes: the plain kernels' share, and the kinds that ran as them."""
+    p = subprocess.run([kdflow, "teacher", "bench", "--model", model, "--batch", "8", "--threads",
+                        "1", "--seconds", "2", "--profile", "--tune", "off", "--json", out],
+                       capture_output=True, text=True)
+    if p.returncode != 0:
+        return {"profile_error": one_line(p.stderr)}
+    prof = json.load(open(out))["profile"]
+    os.remove(out)
+    plain = {k["kind"]: round(k["share"], 4) for k in prof["by_kind"] if k["ran"] != "oneDNN"}
+    return {"plain_kernel_share": round(prof["plain_kernel_share"], 4), "plain_kinds": plain}
+
+
 def one_line(text):
     lines = [l for l in text.strip().splitlines() if l.strip()]
     return lines[-1][:400] if lines else ""
@@ -181,6 +195,9 @@ def main():
     ap.add_argument("--max-params", type=float, default=700e6)
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--fail-on-error", action="store_true")
+    ap.add_argument("--profile", action="store_true",
+                    help="also time each ok file (`teacher bench --profile`, 1 thread, batch 8): "
+                         "the share of the time in kdflow's plain kernels rather than oneDNN")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     torch.set_num_threads(os.cpu_count() or 1)
@@ -227,7 +244,8 @@ def main():
                     export(model, x, path, e)
                 result["export_s"] = round(time.time() - t1, 1)
             except Exception as ex:  # PyTorch's own exporter failing is recorded, not kdflow's
-                result = {"status": "export", "why": one_line(str(ex)) or type(ex).__name__}
+                first = next((l.strip() for l in str(ex).splitlines() if l.strip()), "")
+                result = {"status": "export", "why": f"{type(ex).__name__}: {first}"[:400]}
                 row[e] = result
                 continue
             out = f"{base}.{e}.out.npy"
@@ -243,6 +261,8 @@ def main():
                 err = float(np.abs(got - y).max() / max(np.abs(y).max(), 1e-12)) \
                     if got.shape == y.shape else float("inf")
                 result.update(status="ok" if err <= TOLERANCE else "mismatch", error=err)
+                if args.profile and result["status"] == "ok":
+                    result.update(profile(args.kdflow, path, base + f".{e}.bench.json"))
             if not args.keep:
                 for f in (path, out, path + ".data"):
                     if os.path.exists(f):

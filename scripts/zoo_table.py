@@ -1,0 +1,91 @@
+#!/usr/bin/env python3
+"""The README's teacher-coverage table, generated from the committed result of
+scripts/teacher_zoo.py (bench/results/teacher_zoo_*.json): a row per model family (torchvision
+builders, timm models, extras), how many of its models each exporter's file loads and matches
+PyTorch within the tolerance, the largest error, and every model that did not, with why. Writes
+it between the README's teacher-zoo markers; with --check, exits 1 when the README's table is not
+what the result file gives (a ctest runs that). Standard library only (any python3).
+
+usage: zoo_table.py [--check] [RESULT.json]   (default: bench/results/teacher_zoo_epyc.json)
+"""
+import json
+import os
+import re
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BEGIN, END = "<!-- teacher-zoo:begin -->", "<!-- teacher-zoo:end -->"
+EXPORTERS = ("dynamo", "legacy")
+
+
+def family(model):
+    source, base = model.split(".", 1)
+    return source, re.match(r"[a-z]+(?:v\d)?", base).group(0)
+
+
+def table(doc):
+    groups = {}
+    for r in doc["models"]:
+        groups.setdefault(family(r["model"]), []).append(r)
+    rows = [f"Result: `bench/results/{os.path.basename(doc['_path'])}` ({doc['cpu']}, "
+            f"{doc['cpus']} CPUs, commit {doc['commit']}, torch {doc['torch']}, batch "
+            f"{doc['batch']}, tolerance {doc['tolerance']:g} normalized).", "",
+            "| source | family | models | dynamo ok | legacy ok | largest error | plain kernels | not ok, and why |",
+            "|---|---|---|---|---|---|---|---|"]
+    for (source, fam), models in sorted(groups.items()):
+        names = ", ".join(r["model"].split(".", 1)[1] for r in models)
+        ok = {e: sum(1 for r in models if r.get(e, {}).get("status") == "ok") for e in EXPORTERS}
+        errors = [r[e]["error"] for r in models for e in EXPORTERS if r.get(e, {}).get("status") == "ok"]
+        notes = []
+        for r in models:
+            for e in EXPORTERS:
+                res = r.get(e, {})
+                if res.get("status") not in (None, "ok"):
+                    why = res.get("why", "").replace("|", "\\|")
+                    why = re.sub(r"kdflow: \S+\.onnx: ", "", why)[:160]
+                    notes.append(f"{r['model'].split('.', 1)[1]} {e}: {res['status']} ({why})")
+        # The largest share of a profiled file's time in plain kernels, with their kinds.
+        prof = [(r[e]["plain_kernel_share"], r[e].get("plain_kinds", {}), r["model"].split(".", 1)[1], e)
+                for r in models for e in EXPORTERS if "plain_kernel_share" in r.get(e, {})]
+        if prof:
+            share, kinds, name, e = max(prof, key=lambda t: t[0])
+            plain = f"{100 * share:.1f}% ({name} {e}" + (f": {', '.join(sorted(kinds))})" if kinds else ")")
+        else:
+            plain = "-"
+        err = f"{max(errors):.1e}" if errors else "-"
+        rows.append(f"| {source} | {fam} | {names} | {ok['dynamo']}/{len(models)} | "
+                    f"{ok['legacy']}/{len(models)} | {err} | {plain} | {'; '.join(notes)} |")
+    rows.append("")
+    rows.append("plain kernels: the largest share of `teacher bench --profile`'s time (1 thread, "
+                "batch 8) in kdflow's own loops rather than oneDNN primitives, over the family's "
+                "profiled files (`--profile`; - where none was profiled).")
+    total = len(doc["models"])
+    for e in EXPORTERS:
+        n = sum(1 for r in doc["models"] if r.get(e, {}).get("status") == "ok")
+        rows.append("")
+        rows.append(f"{e}: {n} of {total} models ok.")
+    return "\n".join(rows)
+
+
+def main():
+    args = [a for a in sys.argv[1:] if a != "--check"]
+    path = args[0] if args else os.path.join(ROOT, "bench", "results", "teacher_zoo_epyc.json")
+    doc = json.load(open(path))
+    doc["_path"] = path
+    readme_path = os.path.join(ROOT, "README.md")
+    readme = open(readme_path).read()
+    start, end = readme.index(BEGIN) + len(BEGIN), readme.index(END)
+    updated = readme[:start] + "\n" + table(doc) + "\n" + readme[end:]
+    if "--check" in sys.argv[1:]:
+        if updated != readme:
+            print(f"README.md's teacher coverage table differs from {path}: run "
+                  "scripts/zoo_table.py", file=sys.stderr)
+            return 1
+        print(f"README.md's teacher coverage table is {path}'s")
+        return 0
+    open(readme_path, "w").write(updated)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
