@@ -66,6 +66,14 @@ def model_set():
         "mnasnet1_0": (cnn(tv.mnasnet1_0), 3),
         "convnext_tiny": (cnn(tv.convnext_tiny), 3),
         "deit_tiny": (deit_tiny, 3),
+        # The families the coverage work added ops for (Swin's mask, Swin V2's cosine attention,
+        # MaxViT's Einsum, AlexNet's gather, a GroupNorm ResNet).
+        "swin_t": (cnn(tv.swin_t), 3),
+        "swin_v2_t": (cnn(tv.swin_v2_t), 3),
+        "maxvit_t": (lambda size: tv.maxvit_t(num_classes=10, input_size=(size, size)), 3),
+        "alexnet": (cnn(tv.alexnet), 3),
+        "resnet18_groupnorm": (lambda size: tv.resnet18(
+            num_classes=10, norm_layer=lambda c: torch.nn.GroupNorm(8, c)), 3),
         "transformer_encoder": (
             lambda size: EncoderClassifier(width=size, dim=128, layers=4, expansion=4), 1),
     }
@@ -180,6 +188,8 @@ def main():
         for name in chosen:
             make, channels = models[name]
             sizes = [28] if name == "transformer_encoder" else args.sizes
+            if name == "maxvit_t":  # every stage's map a multiple of its 7x7 partition
+                sizes = [s for s in sizes if s % 224 == 0]
             for size in sizes:
                 shape = (channels, size, size)
                 path = os.path.join(tmp, f"{name}_{size}.onnx")

@@ -8,8 +8,10 @@ import os
 import re
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import readme_block  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BEGIN, END = "<!-- fuzz-targets:begin -->", "<!-- fuzz-targets:end -->"
 
 
 def targets():
@@ -36,19 +38,9 @@ def table():
 
 
 def main():
-    path = os.path.join(ROOT, "README.md")
-    readme = open(path).read()
-    start, end = readme.index(BEGIN) + len(BEGIN), readme.index(END)
-    updated = readme[:start] + "\n" + table() + "\n" + readme[end:]
-    if "--check" in sys.argv[1:]:
-        if updated != readme:
-            print("README.md's fuzz table differs from fuzz/CMakeLists.txt's targets: run "
-                  "scripts/fuzz_table.py", file=sys.stderr)
-            return 1
-        print(f"README.md lists the {len(targets())} fuzz targets")
-        return 0
-    open(path, "w").write(updated)
-    return 0
+    return readme_block.update("fuzz-targets", table(), "--check" in sys.argv[1:],
+                               f"fuzz table ({len(targets())} targets)", "fuzz/CMakeLists.txt",
+                               "scripts/fuzz_table.py")
 
 
 if __name__ == "__main__":

@@ -338,7 +338,11 @@ def bomb(nodes, x_shape, functions):
 def rejects(out):
     X = (2, 4, 9, 11)
     bad = {}
-    bad["unsupported_op"] = (model([node("Einsum", ["x"], equation="nchw->nchw")], X), "Einsum")
+    bad["unsupported_op"] = (model([node("Hardmax", ["x"], axis=-1)], X, opset=13), "Hardmax")
+    bad["einsum_diagonal"] = (model([node("Einsum", ["x"], equation="nchh->nch")], (2, 4, 9, 9), opset=12, out_shape=["N", 4, 9]),
+                              "a label repeated in one operand (a diagonal) is not supported")
+    bad["einsum_sum_one_operand"] = (model([node("Einsum", ["x", "x"], equation="nchw,nchv->nch")], X, opset=12, out_shape=["N", 4, 9]),
+                                     "summing label 'w' of one operand only is not supported")
     bad["opset_too_old"] = (model([node("Relu", ["x"])], X, opset=9), "opset 9")
     bad["opset_too_new"] = (model([node("Relu", ["x"])], X, opset=23), "opset 23")
     m = model([node("Relu", ["x"])], X)

@@ -13,8 +13,10 @@ import os
 import re
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import readme_block  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BEGIN, END = "<!-- teacher-zoo:begin -->", "<!-- teacher-zoo:end -->"
 EXPORTERS = ("dynamo", "legacy")
 
 
@@ -72,19 +74,9 @@ def main():
     path = args[0] if args else os.path.join(ROOT, "bench", "results", "teacher_zoo_epyc.json")
     doc = json.load(open(path))
     doc["_path"] = path
-    readme_path = os.path.join(ROOT, "README.md")
-    readme = open(readme_path).read()
-    start, end = readme.index(BEGIN) + len(BEGIN), readme.index(END)
-    updated = readme[:start] + "\n" + table(doc) + "\n" + readme[end:]
-    if "--check" in sys.argv[1:]:
-        if updated != readme:
-            print(f"README.md's teacher coverage table differs from {path}: run "
-                  "scripts/zoo_table.py", file=sys.stderr)
-            return 1
-        print(f"README.md's teacher coverage table is {path}'s")
-        return 0
-    open(readme_path, "w").write(updated)
-    return 0
+    return readme_block.update("teacher-zoo", table(doc), "--check" in sys.argv[1:],
+                               "teacher coverage table", os.path.relpath(path, ROOT),
+                               "scripts/zoo_table.py")
 
 
 if __name__ == "__main__":

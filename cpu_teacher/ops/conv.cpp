@@ -392,29 +392,8 @@ void lower_batchnorm(Lowering& plan, const Node& node) {
     b[i] = static_cast<float>(shift.at(ch) - mean.at(ch) * a[i]);
   }
   const dt type = plan.at(node.inputs[0]).md.get_data_type();
-  const std::int64_t positions = numel(xs) / (xs[0] * c);
-  // [N, C] where there are no positions: [1, C, 1] against [N, C, 1] gave wrong products for all
-  // channels but the first here (oneDNN 3.2, AVX2; batchnorm_rank2_after_gemm caught it).
-  const memory::desc x3 =
-      positions > 1 ? plain({xs[0], c, positions}, type) : plain({xs[0], c}, type);
-  const memory::desc per_c = positions > 1 ? plain({1, c, 1}, dt::f32) : plain({1, c}, dt::f32);
-  dnnl::post_ops po;
-  po.append_binary(dnnl::algorithm::binary_add, per_c);
-  dnnl::primitive_attr attr = Lowering::plain_attr();
-  attr.set_post_ops(po);
-  const auto pd =
-      dnnl::binary::primitive_desc(plan.eng(), dnnl::algorithm::binary_mul, x3, per_c, x3, attr);
-  ArgRef src = plan.get_plain(node.inputs[0], type);
-  src.md = x3;
-  const ArgRef dst = plan.new_buffer(x3);
-  plan.add_primitive(
-      dnnl::binary(pd),
-      {{DNNL_ARG_SRC_0, src},
-       {DNNL_ARG_SRC_1, plan.weight(a, per_c, per_c)},
-       {DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1, plan.weight(b, per_c, per_c)},
-       {DNNL_ARG_DST, dst}},
-      node.describe(), pd.scratchpad_desc());
-  plan.set(node.outputs[0], ArgRef{dst.kind, dst.index, dst.offset, plain(xs, type)});
+  plan.set(node.outputs[0], per_channel_affine(plan, plan.get_plain(node.inputs[0], type), xs,
+                                               std::move(a), std::move(b), node.describe()));
 }
 
 constexpr OpDef kOps[] = {

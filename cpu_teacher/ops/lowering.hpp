@@ -154,4 +154,9 @@ private:
   std::string node_;
 };
 
+// y = x * scale[c] + shift[c] over channel axis 1 of `x` (plain, of shape `xs`, its data type):
+// one oneDNN binary with the shift as its post-op, into a new buffer (ops/norm.cpp).
+ArgRef per_channel_affine(Lowering& plan, ArgRef x, const Shape& xs, std::vector<float> scale,
+                          std::vector<float> shift, const std::string& label);
+
 } // namespace kdflow::teacher

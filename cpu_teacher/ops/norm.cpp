@@ -200,24 +200,7 @@ void lower_group_norm(Lowering& plan, const Node& node) {
              ArgRef{normalized.kind, normalized.index, normalized.offset, plain(xs, type)});
     return;
   }
-  // [N, C] without positions (see lower_batchnorm: [1, C, 1] against [N, C, 1] misreads).
-  const memory::desc x3 = positions > 1 ? plain({n, c, positions}, type) : plain({n, c}, type);
-  const memory::desc per_c = positions > 1 ? plain({1, c, 1}, dt::f32) : plain({1, c}, dt::f32);
-  dnnl::post_ops po;
-  po.append_binary(dnnl::algorithm::binary_add, per_c);
-  dnnl::primitive_attr attr = Lowering::plain_attr();
-  attr.set_post_ops(po);
-  const auto bpd =
-      dnnl::binary::primitive_desc(plan.eng(), dnnl::algorithm::binary_mul, x3, per_c, x3, attr);
-  const ArgRef dst = plan.new_buffer(x3);
-  plan.add_primitive(
-      dnnl::binary(bpd),
-      {{DNNL_ARG_SRC_0, ArgRef{normalized.kind, normalized.index, normalized.offset, x3}},
-       {DNNL_ARG_SRC_1, plan.weight(scale, per_c, per_c)},
-       {DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1, plan.weight(bias, per_c, per_c)},
-       {DNNL_ARG_DST, dst}},
-      node.describe(), bpd.scratchpad_desc());
-  plan.set(node.outputs[0], ArgRef{dst.kind, dst.index, dst.offset, plain(xs, type)});
+  plan.set(node.outputs[0], per_channel_affine(plan, normalized, xs, scale, bias, node.describe()));
 }
 
 constexpr OpDef kOps[] = {
@@ -242,5 +225,31 @@ constexpr OpDef kOps[] = {
 } // namespace
 
 std::span<const OpDef> norm_ops() { return kOps; }
+
+ArgRef per_channel_affine(Lowering& plan, ArgRef x, const Shape& xs, std::vector<float> scale,
+                          std::vector<float> shift, const std::string& label) {
+  const dt type = x.md.get_data_type();
+  const std::int64_t n = xs[0], c = xs[1], positions = numel(xs) / (xs[0] * xs[1]);
+  // [N, C] where there are no positions: [1, C, 1] against [N, C, 1] gave wrong products for all
+  // channels but the first here (oneDNN 3.2, AVX2; the batchnorm_rank2_after_gemm fixture).
+  const memory::desc x3 = positions > 1 ? plain({n, c, positions}, type) : plain({n, c}, type);
+  const memory::desc per_c = positions > 1 ? plain({1, c, 1}, dt::f32) : plain({1, c}, dt::f32);
+  dnnl::post_ops po;
+  po.append_binary(dnnl::algorithm::binary_add, per_c);
+  dnnl::primitive_attr attr = Lowering::plain_attr();
+  attr.set_post_ops(po);
+  const auto pd =
+      dnnl::binary::primitive_desc(plan.eng(), dnnl::algorithm::binary_mul, x3, per_c, x3, attr);
+  x.md = x3;
+  const ArgRef dst = plan.new_buffer(x3);
+  plan.add_primitive(dnnl::binary(pd),
+                     {{DNNL_ARG_SRC_0, x},
+                      {DNNL_ARG_SRC_1, plan.weight(std::move(scale), per_c, per_c)},
+                      {DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1,
+                       plan.weight(std::move(shift), per_c, per_c)},
+                      {DNNL_ARG_DST, dst}},
+                     label, pd.scratchpad_desc());
+  return ArgRef{dst.kind, dst.index, dst.offset, plain(xs, type)};
+}
 
 } // namespace kdflow::teacher
