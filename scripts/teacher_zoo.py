@@ -72,8 +72,10 @@ def size_of(name):
     and windows need: 64 for most; windowed and patch models at their window grid; Inception's
     stem needs 75 or more."""
     base = name.split(".", 1)[1]
-    if name == "tv.alexnet":
-        return 224  # below, its adaptive pooling upsamples, which the legacy exporter refuses
+    if base.startswith(("alexnet", "vgg")):
+        # Below 224 their adaptive pooling upsamples: the legacy exporter refuses it and the dynamo
+        # exporter writes a masked fill of computed data.
+        return 224
     if base.startswith("maxvit"):
         return 224  # every stage's map must be a multiple of the 7x7 partition
     if base.startswith(("inception", "googlenet")):

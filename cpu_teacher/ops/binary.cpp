@@ -1,8 +1,16 @@
 // Elementwise arithmetic with numpy broadcasting (Add, Sub, Mul, Div): oneDNN's binary primitive,
-// which broadcasts its second operand only; a plain kernel where the first one broadcasts.
+// which broadcasts its second operand only; a plain kernel where the first one broadcasts, or
+// where oneDNN has only its reference implementation for the broadcast (a mask or bias repeated
+// over windows and heads: Swin's attention).
 #include "common.hpp"
 #include "lowering.hpp"
 #include "op_table.hpp"
+
+#include <oneapi/tbb/blocked_range.h>
+#include <oneapi/tbb/parallel_for.h>
+
+#include <optional>
+#include <string>
 
 namespace kdflow::teacher {
 namespace {
@@ -64,6 +72,68 @@ std::vector<Tensor> evaluate_binary(const Node&, const std::vector<const Tensor*
   return {Tensor::floats(os, std::move(r))};
 }
 
+// A broadcast elementwise op as rows: the output's longest run of trailing axes on which each
+// operand is either read in full (contiguously) or repeated as one value, computed by one inner
+// loop per row; each row's operand offsets computed at load.
+struct Rows {
+  std::int64_t run = 1;
+  bool a_repeats = false, b_repeats = false; // the operand's one value along the whole run
+  std::vector<std::int64_t> a_off, b_off;
+};
+
+// nullopt where the rows would be too short to pay for their offsets (under 16 elements).
+std::optional<Rows> broadcast_rows(const Shape& as, const Shape& bs, const Shape& os) {
+  const Shape sa = broadcast_strides(as, os), sb = broadcast_strides(bs, os);
+  Rows r;
+  // An axis's pattern for one operand: 0 any (extent 1), 1 read in full, 2 repeated.
+  int pa = 0, pb = 0;
+  std::size_t d = os.size();
+  for (; d-- > 0;) {
+    if (os[d] == 1) continue;
+    const int ka = sa[d] == 0 ? 2 : 1, kb = sb[d] == 0 ? 2 : 1;
+    if ((pa != 0 && ka != pa) || (pb != 0 && kb != pb)) break;
+    // Read in full: contiguous with the run so far.
+    if ((ka == 1 && sa[d] != r.run) || (kb == 1 && sb[d] != r.run)) break;
+    pa = ka;
+    pb = kb;
+    r.run *= os[d];
+  }
+  if (r.run < 16) return std::nullopt;
+  r.a_repeats = pa == 2;
+  r.b_repeats = pb == 2;
+  const Shape outer(os.begin(), os.begin() + static_cast<std::ptrdiff_t>(d + 1));
+  for_each_index(outer, [&](std::int64_t, const std::vector<std::int64_t>& idx) {
+    std::int64_t oa = 0, ob = 0;
+    for (std::size_t k = 0; k < idx.size(); ++k) {
+      oa += idx[k] * sa[k];
+      ob += idx[k] * sb[k];
+    }
+    r.a_off.push_back(oa);
+    r.b_off.push_back(ob);
+  });
+  return r;
+}
+
+template <const Arithmetic& A>
+void run_rows(const Rows& r, const float* a, const float* b, float* out) {
+  const auto rows = static_cast<std::int64_t>(r.a_off.size());
+  const std::int64_t n = r.run;
+  oneapi::tbb::parallel_for(oneapi::tbb::blocked_range<std::int64_t>(0, rows),
+                            [&](const oneapi::tbb::blocked_range<std::int64_t>& range) {
+                              for (std::int64_t row = range.begin(); row != range.end(); ++row) {
+                                const float* pa = a + r.a_off[static_cast<std::size_t>(row)];
+                                const float* pb = b + r.b_off[static_cast<std::size_t>(row)];
+                                float* y = out + row * n;
+                                if (r.a_repeats)
+                                  for (std::int64_t i = 0; i < n; ++i) y[i] = A.f(pa[0], pb[i]);
+                                else if (r.b_repeats)
+                                  for (std::int64_t i = 0; i < n; ++i) y[i] = A.f(pa[i], pb[0]);
+                                else
+                                  for (std::int64_t i = 0; i < n; ++i) y[i] = A.f(pa[i], pb[i]);
+                              }
+                            });
+}
+
 template <const Arithmetic& A>
 void lower_binary(Lowering& plan, const Node& node) {
   const Graph& g = plan.graph();
@@ -73,11 +143,22 @@ void lower_binary(Lowering& plan, const Node& node) {
   if (A.commutative && (g.is_constant(a) || g.shape(a) != os) && !g.is_constant(b) &&
       g.shape(b) == os)
     std::swap(a, b);
-  if (g.is_constant(a) || g.shape(a) != os) { // first operand broadcasts: plain kernel
+  // The plain kernel by rows (where it has rows long enough) or element by element.
+  const auto plain_kernel = [&] {
     const Shape as = g.shape(a), bs = g.shape(b);
     const ArgRef ra = g.is_constant(a) ? plan.constant(a, as) : plan.get_plain(a, dt::f32);
     const ArgRef rb = g.is_constant(b) ? plan.constant(b, bs) : plan.get_plain(b, dt::f32);
     const ArgRef dst = plan.new_buffer(plain(os, dt::f32));
+    if (auto rows = broadcast_rows(as, bs, os)) {
+      plan.add_kernel(
+          [rows = std::move(*rows)](std::byte* const* p) {
+            run_rows<A>(rows, reinterpret_cast<const float*>(p[0]),
+                        reinterpret_cast<const float*>(p[1]), reinterpret_cast<float*>(p[2]));
+          },
+          {ra, rb, dst}, node.describe());
+      plan.set(node.outputs[0], dst);
+      return;
+    }
     plan.add_kernel(
         [as, bs, os](std::byte* const* p) {
           const auto* pa = reinterpret_cast<const float*>(p[0]);
@@ -88,8 +169,8 @@ void lower_binary(Lowering& plan, const Node& node) {
         },
         {ra, rb, dst}, node.describe());
     plan.set(node.outputs[0], dst);
-    return;
-  }
+  };
+  if (g.is_constant(a) || g.shape(a) != os) return plain_kernel(); // first operand broadcasts
   const ArgRef src0 = plan.at(a);
   Shape bs = g.shape(b);
   while (bs.size() < os.size()) bs.insert(bs.begin(), 1);
@@ -105,6 +186,11 @@ void lower_binary(Lowering& plan, const Node& node) {
   const auto pd =
       dnnl::binary::primitive_desc(plan.eng(), static_cast<dnnl::algorithm>(A.algorithm), src0.md,
                                    src1.md, src0.md, Lowering::plain_attr());
+  // oneDNN's reference implementation (a broadcast its kernels do not cover) is many times slower
+  // than the rows kernel; the rows kernel where it applies.
+  if (std::string(pd.impl_info_str()).rfind("ref", 0) == 0 &&
+      broadcast_rows(g.shape(a), g.shape(b), os))
+    return plain_kernel();
   const ArgRef dst = plan.new_buffer(pd.dst_desc());
   plan.add_primitive(dnnl::binary(pd),
                      {{DNNL_ARG_SRC_0, src0}, {DNNL_ARG_SRC_1, src1}, {DNNL_ARG_DST, dst}},

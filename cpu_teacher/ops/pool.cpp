@@ -10,6 +10,10 @@
 #include <limits>
 #include <numeric>
 #include <optional>
+#include <string>
+
+#include <oneapi/tbb/blocked_range.h>
+#include <oneapi/tbb/parallel_for.h>
 
 #include <fmt/format.h>
 
@@ -295,6 +299,38 @@ void lower_reduce(Lowering& plan, const Node& node) {
   } catch (const dnnl::error&) {
     pd.emplace(plan.eng(), R.algorithm, plain(xs, act), plain(kept, act), R.p, 0.f,
                Lowering::plain_attr());
+  }
+  // Over trailing axes (a norm or mean per row: Swin V2's cosine attention) where oneDNN has only
+  // its reference implementation: a plain kernel, one row per output value.
+  const auto axes = node.ints_attr("axes");
+  const auto trailing =
+      static_cast<std::int64_t>(xs.size()) - static_cast<std::int64_t>(axes.size());
+  bool suffix = !axes.empty();
+  for (std::size_t k = 0; k < axes.size(); ++k)
+    suffix = suffix && axes[k] == trailing + static_cast<std::int64_t>(k);
+  if (suffix && std::string(pd->impl_info_str()).rfind("ref", 0) == 0) {
+    const std::int64_t len = numel(Shape(xs.begin() + trailing, xs.end()));
+    const std::int64_t rows = numel(xs) / len;
+    const ArgRef src = plan.get_plain(node.inputs[0], dt::f32);
+    const ArgRef dst = plan.new_buffer(plain(kept, dt::f32));
+    plan.add_kernel(
+        [rows, len](std::byte* const* p) {
+          const auto* x = reinterpret_cast<const float*>(p[0]);
+          auto* y = reinterpret_cast<float*>(p[1]);
+          oneapi::tbb::parallel_for(oneapi::tbb::blocked_range<std::int64_t>(0, rows),
+                                    [&](const oneapi::tbb::blocked_range<std::int64_t>& range) {
+                                      for (std::int64_t r = range.begin(); r != range.end(); ++r) {
+                                        double acc = R.init;
+                                        const float* row = x + r * len;
+                                        for (std::int64_t i = 0; i < len; ++i)
+                                          acc = R.add(acc, row[i]);
+                                        y[r] = static_cast<float>(
+                                            R.finish(acc, static_cast<double>(len)));
+                                      }
+                                    });
+        },
+        {src, dst}, node.describe());
+    return set_reduced(plan, node, dst, kept);
   }
   const ArgRef src = plan.get(node.inputs[0], pd->src_desc());
   const ArgRef dst = plan.new_buffer(pd->dst_desc());
