@@ -165,6 +165,11 @@ def cpu_name():
     return "unknown"
 
 
+def head():
+    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                          cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
+
+
 def write_json(args, rows, exporters):
     counts = {}
     for r in rows:
@@ -172,10 +177,11 @@ def write_json(args, rows, exporters):
             s = r[e]["status"] if e in r else "not run"
             counts[f"{e}:{s}"] = counts.get(f"{e}:{s}", 0) + 1
     if args.json:
-        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                             cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
+        rev = head()
         doc = {"date": datetime.date.today().isoformat(), "cpu": cpu_name(), "cpus": os.cpu_count(),
-               "commit": rev, "torch": torch.__version__, "batch": args.batch, "seed": args.seed,
+               "commit": rev, "base_commit": args.base_commit or rev,
+               "commit_note": "each row names the commit its kdflow was built from; rows without "
+                              "one are base_commit's", "torch": torch.__version__, "batch": args.batch, "seed": args.seed,
                "tolerance": TOLERANCE, "max_params": args.max_params, "counts": counts,
                "models": sorted(rows, key=lambda r: r["model"])}
         tmp = args.json + ".tmp"
@@ -216,16 +222,19 @@ def main():
     exporters = args.exporters.split(",")
     rows = []
     earlier = []  # with --only and an existing --json: the other models' rows are kept
+    args.base_commit = None  # the commit of rows that do not name their own
     if args.json and args.only and os.path.exists(args.json):
         with open(args.json) as f:
-            earlier = [r for r in json.load(f)["models"] if r["model"] not in zoo]
+            old = json.load(f)
+        earlier = [r for r in old["models"] if r["model"] not in zoo]
+        args.base_commit = old.get("base_commit", old.get("commit"))
     for name, (ctor, size) in zoo.items():
         torch.manual_seed(args.seed)
         t0 = time.time()
         model = ctor().eval()
         randomize(model)
         params = sum(p.numel() for p in model.parameters())
-        row = {"model": name, "size": size, "params": params}
+        row = {"model": name, "size": size, "params": params, "commit": head()}
         if params > args.max_params:
             for e in exporters:
                 row[e] = {"status": "skipped", "why": f"{params / 1e6:.0f} M parameters"}
