@@ -235,6 +235,12 @@ def cases():
         helper.make_node("Conv", ["r", "w3"], ["c3"], name="conv3", pads=[1, 1, 1, 1]),
         helper.make_node("Add", ["c3", "a2"], ["y"], name="add3")], X,
         [const("w1", rand(4, 4, 3, 3)), const("w2", rand(4, 4, 1, 1)), const("w3", rand(4, 4, 3, 3))])
+    # A subsampling slice whose strided view overlaps the next axis (x[:, :, ::2] of an odd extent,
+    # LeViT's downsampling): oneDNN refuses such a memory descriptor, a plain copy runs it.
+    c["slice_step_overlapping_strides"] = model([node("Slice", ["x", "st", "en", "ax", "sp"])], X,
+                                                [const("st", np.array([0], np.int64)), const("en", np.array([9], np.int64)),
+                                                 const("ax", np.array([2], np.int64)), const("sp", np.array([2], np.int64))],
+                                                opset=13, out_shape=["N", 4, 5, 11])
     # Indexing with constant indices: GatherND as the dynamo exporter writes an adaptive pooling
     # (positions gathered from a transposed map), ScatterND folded (a mask built by slice
     # assignment, Swin's) and at run time (into computed data, each reduction).

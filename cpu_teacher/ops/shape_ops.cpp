@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -354,8 +355,8 @@ std::vector<Tensor> evaluate_window(const Node& node, const std::vector<const Te
   return result;
 }
 
-// Each output is one reorder from a strided view of the input; negative steps (which a memory
-// descriptor cannot express) run as a plain kernel.
+// Each output is one reorder from a strided view of the input; negative steps and overlapping
+// strides (which a memory descriptor cannot express) run as a plain kernel.
 template <WindowFn window_of>
 void lower_window(Lowering& plan, const Node& node) {
   const Graph& g = plan.graph();
@@ -367,7 +368,23 @@ void lower_window(Lowering& plan, const Node& node) {
     const auto& [start, step] = w;
     const Shape& os = g.shape(node.outputs[out]);
     const bool negative = std::any_of(step.begin(), step.end(), [](auto v) { return v < 0; });
-    if (negative) {
+    const dt type = plan.at(node.inputs[0]).md.get_data_type();
+    memory::dims strides(xs.size());
+    std::int64_t offset = 0;
+    for (std::size_t d = 0; d < xs.size(); ++d) {
+      strides[d] = in_strides[d] * step[d];
+      offset += start[d] * in_strides[d];
+    }
+    // A strided view oneDNN accepts: not where a step reaches past the next axis's stride (a
+    // subsampling slice of an odd extent, LeViT's: oneDNN refuses overlapping strides).
+    std::optional<memory::desc> view;
+    if (!negative) {
+      try {
+        view.emplace(dims_of(os), type, strides);
+      } catch (const dnnl::error&) {
+      }
+    }
+    if (!view) {
       const ArgRef src = plan.get_plain(node.inputs[0], dt::f32);
       const ArgRef dst = plan.new_buffer(plain(os, dt::f32));
       plan.add_kernel(
@@ -379,19 +396,11 @@ void lower_window(Lowering& plan, const Node& node) {
       plan.set(node.outputs[out], dst);
       continue;
     }
-    const dt type = plan.at(node.inputs[0]).md.get_data_type();
     const ArgRef src = plan.get_plain(node.inputs[0], type);
-    memory::dims strides(xs.size());
-    std::int64_t offset = 0;
-    for (std::size_t d = 0; d < xs.size(); ++d) {
-      strides[d] = in_strides[d] * step[d];
-      offset += start[d] * in_strides[d];
-    }
-    const memory::desc view(dims_of(os), type, strides);
     const ArgRef dst = plan.new_buffer(plain(os, type));
     plan.add_reorder(
         ArgRef{src.kind, src.index,
-               src.offset + static_cast<std::size_t>(offset) * memory::data_type_size(type), view},
+               src.offset + static_cast<std::size_t>(offset) * memory::data_type_size(type), *view},
         dst, node.describe());
     plan.set(node.outputs[out], dst);
   }
