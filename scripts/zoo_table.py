@@ -30,7 +30,8 @@ def table(doc):
     for r in doc["models"]:
         groups.setdefault(family(r["model"]), []).append(r)
     rows = [f"Result: `bench/results/{os.path.basename(doc['_path'])}` ({doc['cpu']}, "
-            f"{doc['cpus']} CPUs, commit {doc['commit']}, torch {doc['torch']}, batch "
+            f"{doc['cpus']} CPUs, commits {doc.get('base_commit', doc['commit'])} to "
+            f"{doc['commit']}: each row names its own, torch {doc['torch']}, batch "
             f"{doc['batch']}, tolerance {doc['tolerance']:g} normalized).", "",
             "| source | family | models | dynamo ok | legacy ok | largest error | plain kernels | not ok, and why |",
             "|---|---|---|---|---|---|---|---|"]
@@ -43,7 +44,7 @@ def table(doc):
             for e in EXPORTERS:
                 res = r.get(e, {})
                 if res.get("status") not in (None, "ok"):
-                    why = res.get("why", "").replace("|", "\\|")
+                    why = re.sub(r"\x1b\[[0-9;]*m", "", res.get("why", "")).replace("|", "\\|")
                     why = re.sub(r"kdflow: \S+\.onnx: ", "", why)[:160]
                     notes.append(f"{r['model'].split('.', 1)[1]} {e}: {res['status']} ({why})")
         # The largest share of a profiled file's time in plain kernels, with their kinds.
