@@ -19,6 +19,20 @@ std::pair<std::int64_t, std::int64_t> rows_and_length(const Shape& xs, std::int6
   return {numel(Shape(xs.begin(), split)), numel(Shape(split, xs.end()))};
 }
 
+// The reference normalization of one row: out[k] = affine(k, (x[k] - mean) / sqrt(var + eps)),
+// statistics in double.
+template <typename Affine>
+void normalize_row(const float* row, std::int64_t len, double eps, float* out, Affine&& affine) {
+  double mean = 0, var = 0;
+  for (std::int64_t k = 0; k < len; ++k) mean += row[k];
+  mean /= static_cast<double>(len);
+  for (std::int64_t k = 0; k < len; ++k) var += (row[k] - mean) * (row[k] - mean);
+  var /= static_cast<double>(len);
+  const double inv = 1.0 / std::sqrt(var + eps);
+  for (std::int64_t k = 0; k < len; ++k)
+    out[k] = static_cast<float>(affine(k, (row[k] - mean) * inv));
+}
+
 // Scale and bias must be constants that broadcast to the normalized shape (the lowering and the
 // reference expand them to one value per position of the row with expand_to_row).
 std::vector<InferredOutput> infer_layer_norm(Node& node, const InferArgs& a) {
@@ -61,20 +75,11 @@ std::vector<Tensor> evaluate_layer_norm(const Node& node, const std::vector<cons
   const std::vector<float> bias = expand_to_row(x.size() > 2 ? x[2] : nullptr, normalized, 0.f);
   const double eps = node.float_attr("epsilon", 1e-5f);
   std::vector<float> r(x[0]->f.size());
-  for (std::int64_t i = 0; i < rows; ++i) {
-    const float* row = x[0]->f.data() + i * len;
-    double mean = 0, var = 0;
-    for (std::int64_t k = 0; k < len; ++k) mean += row[k];
-    mean /= static_cast<double>(len);
-    for (std::int64_t k = 0; k < len; ++k) var += (row[k] - mean) * (row[k] - mean);
-    var /= static_cast<double>(len);
-    const double inv = 1.0 / std::sqrt(var + eps);
-    for (std::int64_t k = 0; k < len; ++k) {
-      const auto j = static_cast<std::size_t>(k);
-      r[static_cast<std::size_t>(i * len + k)] =
-          static_cast<float>((row[k] - mean) * inv * scale[j] + bias[j]);
-    }
-  }
+  for (std::int64_t i = 0; i < rows; ++i)
+    normalize_row(
+        x[0]->f.data() + i * len, len, eps, r.data() + i * len, [&](std::int64_t k, double v) {
+          return v * scale[static_cast<std::size_t>(k)] + bias[static_cast<std::size_t>(k)];
+        });
   return {Tensor::floats(outs[0].shape, std::move(r))};
 }
 
@@ -159,20 +164,12 @@ std::vector<Tensor> evaluate_group_norm(const Node& node, const std::vector<cons
   const std::vector<float> scale = per_channel(*x[1]), bias = per_channel(*x[2]);
   const double eps = node.float_attr("epsilon", 1e-5f);
   std::vector<float> r(x[0]->f.size());
-  for (std::int64_t row = 0; row < n * groups; ++row) {
-    const float* src = x[0]->f.data() + row * len;
-    double mean = 0, var = 0;
-    for (std::int64_t k = 0; k < len; ++k) mean += src[k];
-    mean /= static_cast<double>(len);
-    for (std::int64_t k = 0; k < len; ++k) var += (src[k] - mean) * (src[k] - mean);
-    var /= static_cast<double>(len);
-    const double inv = 1.0 / std::sqrt(var + eps);
-    for (std::int64_t k = 0; k < len; ++k) {
-      const auto ch = static_cast<std::size_t>((row % groups) * (c / groups) + k / positions);
-      r[static_cast<std::size_t>(row * len + k)] =
-          static_cast<float>((src[k] - mean) * inv * scale[ch] + bias[ch]);
-    }
-  }
+  for (std::int64_t row = 0; row < n * groups; ++row)
+    normalize_row(
+        x[0]->f.data() + row * len, len, eps, r.data() + row * len, [&](std::int64_t k, double v) {
+          const auto ch = static_cast<std::size_t>((row % groups) * (c / groups) + k / positions);
+          return v * scale[ch] + bias[ch];
+        });
   return {Tensor::floats(outs[0].shape, std::move(r))};
 }
 
