@@ -183,7 +183,11 @@ def main():
               "exporter": args.exporter, "tune": args.tune,
               "machine": {"cpu": cpu_name(), "cpus": os.cpu_count(),
                           "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA", "")},
-              "onnxruntime": ort.__version__, "torch": torch.__version__, "runs": []}
+              "onnxruntime": ort.__version__, "torch": torch.__version__,
+              "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                       text=True, cwd=os.path.dirname(os.path.abspath(__file__))
+                                       ).stdout.strip(),
+              "runs": []}
     with tempfile.TemporaryDirectory() as tmp:
         for name in chosen:
             make, channels = models[name]
