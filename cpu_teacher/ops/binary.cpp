@@ -144,12 +144,12 @@ void lower_binary(Lowering& plan, const Node& node) {
       g.shape(b) == os)
     std::swap(a, b);
   // The plain kernel by rows (where it has rows long enough) or element by element.
-  const auto plain_kernel = [&] {
+  const auto plain_kernel = [&](std::optional<Rows> rows) {
     const Shape as = g.shape(a), bs = g.shape(b);
     const ArgRef ra = g.is_constant(a) ? plan.constant(a, as) : plan.get_plain(a, dt::f32);
     const ArgRef rb = g.is_constant(b) ? plan.constant(b, bs) : plan.get_plain(b, dt::f32);
     const ArgRef dst = plan.new_buffer(plain(os, dt::f32));
-    if (auto rows = broadcast_rows(as, bs, os)) {
+    if (rows) {
       plan.add_kernel(
           [rows = std::move(*rows)](std::byte* const* p) {
             run_rows<A>(rows, reinterpret_cast<const float*>(p[0]),
@@ -170,7 +170,8 @@ void lower_binary(Lowering& plan, const Node& node) {
         {ra, rb, dst}, node.describe());
     plan.set(node.outputs[0], dst);
   };
-  if (g.is_constant(a) || g.shape(a) != os) return plain_kernel(); // first operand broadcasts
+  if (g.is_constant(a) || g.shape(a) != os) // first operand broadcasts
+    return plain_kernel(broadcast_rows(g.shape(a), g.shape(b), os));
   const ArgRef src0 = plan.at(a);
   Shape bs = g.shape(b);
   while (bs.size() < os.size()) bs.insert(bs.begin(), 1);
@@ -188,9 +189,9 @@ void lower_binary(Lowering& plan, const Node& node) {
                                    src1.md, src0.md, Lowering::plain_attr());
   // oneDNN's reference implementation (a broadcast its kernels do not cover) is many times slower
   // than the rows kernel; the rows kernel where it applies.
-  if (std::string(pd.impl_info_str()).rfind("ref", 0) == 0 &&
-      broadcast_rows(g.shape(a), g.shape(b), os))
-    return plain_kernel();
+  if (std::string(pd.impl_info_str()).rfind("ref", 0) == 0)
+    if (auto rows = broadcast_rows(g.shape(a), g.shape(b), os))
+      return plain_kernel(std::move(rows));
   const ArgRef dst = plan.new_buffer(pd.dst_desc());
   plan.add_primitive(dnnl::binary(pd),
                      {{DNNL_ARG_SRC_0, src0}, {DNNL_ARG_SRC_1, src1}, {DNNL_ARG_DST, dst}},

@@ -136,8 +136,7 @@ void lower_pool(Lowering& plan, const Node& node) {
   plan.set(node.outputs[0], dst);
 }
 
-// --- ReduceMean, ReduceL2, ReduceSum, ReduceMax
-// ----------------------------------------------------
+// --- ReduceMean, ReduceL2, ReduceSum, ReduceMax -------------------------------------------------
 
 // What distinguishes the reductions: oneDNN's algorithm (and its p for the L2 norm), the opset
 // from which the axes are an input, and the reference's accumulation.
