@@ -53,11 +53,13 @@ pack() {
   ldd $elves 2>/dev/null | awk '/=> \//{print $3}' | sort -u |
     grep -v -E '/torch/lib/|/nvidia/|/(libc|libm|libdl|librt|libpthread|libstdc\+\+|libgcc_s|ld-linux-x86-64)\.so' |
     while read -r lib; do cp -L "$lib" "$bundle/lib/"; done
-  # Compressed: what travels to the lent machine is limited to 64 MiB (libdnnl alone is 63 MB).
+  # Compressed: what travels to the lent machine is limited to 64 MiB (libdnnl alone is 63 MB);
+  # precompiled headers (~700 MB each) are build inputs, not needed to run.
   XZ_OPT=${XZ_OPT:--T0 -6} tar -C "$bundle" -cJf "$bundle/lib.tar.xz" lib
   rm -rf "$bundle/lib"
   XZ_OPT=${XZ_OPT:--T0 -6} tar -C build -cJf "$bundle/build.tar.xz" \
-    --exclude='*.o' --exclude='*.a' --exclude='.ninja_*' --exclude='build.ninja' \
+    --exclude='*.o' --exclude='*.a' --exclude='*.gch' --exclude='*.pch' --exclude='.ninja_*' \
+    --exclude='build.ninja' \
     --exclude='release/tests/fixtures' release
   cp -r /usr/share/datasets/fashion-mnist "$bundle/fashion-mnist"
   local size
