@@ -37,6 +37,20 @@ const std::vector<ConfigKey>& config_schema() {
        0,
        64},
       {"data.hflip", T::boolean, false, "training augmentation: random horizontal flips"},
+      {"data.random_resized_crop", T::boolean, false,
+       "folder only, training augmentation: torchvision's RandomResizedCrop(data.image_size, "
+       "data.crop_scale, data.crop_ratio) instead of the resize and random crop (evaluation stays "
+       "Resize(data.resize) + CenterCrop(data.image_size))"},
+      {"data.dct_scaling", T::boolean, true,
+       "folder only: decode a large JPEG at 1/2, 1/4 or 1/8 scale in the DCT domain where the crop "
+       "keeps at least its output size (faster; false: always the full decode, whose crops are "
+       "pixel for pixel torchvision's)"},
+      {"data.crop_scale", T::string, std::string("0.08,1"),
+       "data.random_resized_crop: the range of the crop's share of the image's area, \"lo,hi\" "
+       "with 0 < lo <= hi <= 1"},
+      {"data.crop_ratio", T::string, std::string("0.75,1.3333333"),
+       "data.random_resized_crop: the range of the crop's aspect ratio (width / height), "
+       "\"lo,hi\" with 0 < lo <= hi"},
       {"data.mean", T::string, std::string("auto"),
        "per-channel normalization mean, e.g. \"0.49,0.48,0.45\" (auto: the dataset's own; "
        "folder: ImageNet's)"},
@@ -114,6 +128,11 @@ const std::vector<ConfigKey>& config_schema() {
        {},
        0.0625,
        16.0},
+      // Its choices are the student module's (the app's run_schema).
+      {"student.stem", T::string, std::string("auto"),
+       "the built-in ResNets' and MobileNetV2's first layers: cifar (3x3 stride 1, for 28-64 pixel "
+       "images), imagenet (torchvision's: 7x7 stride 2 and max-pool; stride-2 3x3), auto "
+       "(imagenet from 96 pixels a side)"},
       {"student.device", T::string, std::string("auto"),
        "where the student trains: auto picks a GPU when one exists"},
       {"kd.temperature",

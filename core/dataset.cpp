@@ -193,11 +193,18 @@ std::uint64_t Dataset::pixel_digest() const {
 }
 
 std::span<const std::uint8_t> Dataset::sample(std::size_t i, SampleScratch& scratch,
-                                              CropPosition crop) const {
+                                              CropPosition crop,
+                                              ImageDecoder::Decoded* decoded) const {
   if (!folder_) return {pixels_.data() + i * sample_bytes(), sample_bytes()};
   scratch.pixels.resize(sample_bytes());
-  scratch.decoder.decode(folder_->files[i], geometry_, crop, scratch.pixels.data());
+  const auto got =
+      scratch.decoder.decode(folder_->files[i], geometry_, crop, scratch.pixels.data());
+  if (decoded != nullptr) *decoded = got;
   return scratch.pixels;
+}
+
+std::string Dataset::file(std::size_t i) const {
+  return folder_ ? folder_->files[i] : std::string();
 }
 
 Dataset Dataset::from_folder(const std::string& path, Split split, const ImageGeometry& geometry) {

@@ -1,9 +1,9 @@
 // Image folder listing and the per-thread decoder: file read, libjpeg-turbo or libpng decode to
-// RGB, box reduction for large downscales, then bilinear resize of only the cropped window.
+// RGB, then the crop (torchvision's Resize + CenterCrop/RandomCrop, or RandomResizedCrop) resized
+// as PIL resizes, computing only the pixels the crop keeps.
 #include "kdflow/core/image_folder.hpp"
 
 #include "kdflow/core/error.hpp"
-#include "kdflow/core/image_adapter.hpp"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <tuple>
 
 #include <fmt/format.h>
 
@@ -164,35 +165,216 @@ void check_pixels(const std::string& path, std::int64_t w, std::int64_t h) {
 
 } // namespace
 
+namespace {
+
+std::uint64_t splitmix(std::uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// PIL's fixed point for 8-bit resampling (Resample.c): 22 fraction bits, round half away from 0.
+constexpr int kPrecisionBits = 32 - 8 - 2;
+
+std::uint8_t clip8(std::int32_t v) {
+  if (v <= 0) return 0;
+  v >>= kPrecisionBits;
+  return v > 255 ? std::uint8_t{255} : static_cast<std::uint8_t>(v);
+}
+
+// The taps of one axis: `in` samples (the box [0, in)) to `out`, as PIL's precompute_coeffs with
+// the bilinear (triangle) filter, then normalize_coeffs_8bpc. Returns the taps per output sample.
+int axis_taps(int in, int out, std::vector<int>& bounds, std::vector<std::int32_t>& k) {
+  const double scale = static_cast<double>(in) / out;
+  const double filterscale = std::max(scale, 1.0);
+  const double support = filterscale; // the triangle's support is 1
+  const int ksize = static_cast<int>(std::ceil(support)) * 2 + 1;
+  bounds.resize(static_cast<std::size_t>(out) * 2);
+  k.assign(static_cast<std::size_t>(out) * static_cast<std::size_t>(ksize), 0);
+  std::vector<double> w(static_cast<std::size_t>(ksize));
+  for (int xx = 0; xx < out; ++xx) {
+    const double center = (xx + 0.5) * scale;
+    const double ss = 1.0 / filterscale;
+    const int xmin = std::max(static_cast<int>(center - support + 0.5), 0);
+    const int xmax = std::min(static_cast<int>(center + support + 0.5), in) - xmin;
+    double ww = 0;
+    for (int x = 0; x < xmax; ++x) {
+      const double t = std::abs((x + xmin - center + 0.5) * ss);
+      w[static_cast<std::size_t>(x)] = t < 1 ? 1 - t : 0;
+      ww += w[static_cast<std::size_t>(x)];
+    }
+    std::int32_t* kk = k.data() + static_cast<std::size_t>(xx) * static_cast<std::size_t>(ksize);
+    for (int x = 0; x < xmax; ++x) {
+      const double v =
+          ww != 0 ? w[static_cast<std::size_t>(x)] / ww : w[static_cast<std::size_t>(x)];
+      kk[x] = static_cast<std::int32_t>(v < 0 ? -0.5 + v * (1 << kPrecisionBits)
+                                              : 0.5 + v * (1 << kPrecisionBits));
+    }
+    bounds[static_cast<std::size_t>(xx) * 2] = xmin;
+    bounds[static_cast<std::size_t>(xx) * 2 + 1] = xmax;
+  }
+  return ksize;
+}
+
+// Python's round(): half to even (the default rounding mode's nearbyint).
+int py_round(double v) { return static_cast<int>(std::nearbyint(v)); }
+
+} // namespace
+
+CropBox random_resized_crop_box(int h, int w, const ResizedCropRange& range, std::uint64_t key,
+                                std::vector<double>* draws) {
+  std::uint64_t k = 0;
+  const auto uniform = [&] {
+    const double u = static_cast<double>(splitmix(key + k++) >> 11) * 0x1.0p-53;
+    if (draws != nullptr) draws->push_back(u);
+    return u;
+  };
+  // torchvision draws in float32 (torch.empty(1).uniform_, its log and exp of the ratio range):
+  // each value is rounded to float as it does, the rest is Python's double arithmetic.
+  const auto uniform_in = [&](float lo, float hi) {
+    return static_cast<float>(static_cast<double>(lo) +
+                              (static_cast<double>(hi) - static_cast<double>(lo)) * uniform());
+  };
+  const double area = static_cast<double>(h) * w;
+  const float lr0 = std::log(range.ratio_lo), lr1 = std::log(range.ratio_hi);
+  for (int attempt = 0; attempt < 10; ++attempt) {
+    const double target = area * static_cast<double>(uniform_in(range.scale_lo, range.scale_hi));
+    const double aspect = static_cast<double>(std::exp(uniform_in(lr0, lr1)));
+    const int cw = py_round(std::sqrt(target * aspect)), ch = py_round(std::sqrt(target / aspect));
+    if (cw > 0 && cw <= w && ch > 0 && ch <= h) {
+      // torch.randint(0, n): a uniform integer in [0, n)
+      const int top = std::min(static_cast<int>(uniform() * (h - ch + 1)), h - ch);
+      const int left = std::min(static_cast<int>(uniform() * (w - cw + 1)), w - cw);
+      return {top, left, ch, cw};
+    }
+  }
+  // The fallback: the largest centred box within the ratio range.
+  const double in_ratio = static_cast<double>(w) / h;
+  int cw = w, ch = h;
+  if (in_ratio < range.ratio_lo) {
+    ch = py_round(w / static_cast<double>(range.ratio_lo));
+  } else if (in_ratio > range.ratio_hi) {
+    cw = py_round(h * static_cast<double>(range.ratio_hi));
+  }
+  return {(h - ch) / 2, (w - cw) / 2, ch, cw};
+}
+
+void resample_bilinear_aa(const std::uint8_t* src, int stride, int x0, int y0, int w, int h,
+                          int out_h, int out_w, int oy, int ox, int size, std::uint8_t* out,
+                          ResampleScratch& m) {
+  const int kx = axis_taps(w, out_w, m.xbounds, m.xk);
+  const int ky = axis_taps(h, out_h, m.ybounds, m.yk);
+  const bool horizontal = out_w != w, vertical = out_h != h;
+  // The source rows the window's outputs read (PIL's ybox_first..ybox_last, for the window only).
+  const int first = vertical ? m.ybounds[static_cast<std::size_t>(oy) * 2] : oy;
+  const int last = vertical ? m.ybounds[static_cast<std::size_t>(oy + size - 1) * 2] +
+                                  m.ybounds[static_cast<std::size_t>(oy + size - 1) * 2 + 1]
+                            : oy + size;
+  const int rows = last - first;
+  // Horizontal pass, 8-bit, over the window's columns and the rows it needs: rows x size x 3.
+  m.rows.resize(static_cast<std::size_t>(rows) * size * 3);
+  for (int r = 0; r < rows; ++r) {
+    const std::uint8_t* in = src + (static_cast<std::size_t>(y0 + first + r) * stride + x0) * 3;
+    std::uint8_t* row = m.rows.data() + static_cast<std::size_t>(r) * size * 3;
+    for (int x = 0; x < size; ++x) {
+      const auto xx = static_cast<std::size_t>(ox + x);
+      if (!horizontal) {
+        std::memcpy(row + x * 3, in + xx * 3, 3);
+        continue;
+      }
+      const int xmin = m.xbounds[xx * 2], xmax = m.xbounds[xx * 2 + 1];
+      const std::int32_t* k = m.xk.data() + xx * static_cast<std::size_t>(kx);
+      std::int32_t s0 = 1 << (kPrecisionBits - 1), s1 = s0, s2 = s0;
+      const std::uint8_t* p = in + static_cast<std::size_t>(xmin) * 3;
+      for (int t = 0; t < xmax; ++t) {
+        s0 += p[t * 3] * k[t];
+        s1 += p[t * 3 + 1] * k[t];
+        s2 += p[t * 3 + 2] * k[t];
+      }
+      row[x * 3] = clip8(s0);
+      row[x * 3 + 1] = clip8(s1);
+      row[x * 3 + 2] = clip8(s2);
+    }
+  }
+  // Vertical pass into the planar window.
+  const std::size_t plane = static_cast<std::size_t>(size) * size;
+  for (int y = 0; y < size; ++y) {
+    const auto yy = static_cast<std::size_t>(oy + y);
+    const int ymin = vertical ? m.ybounds[yy * 2] - first : oy + y - first;
+    const int ymax = vertical ? m.ybounds[yy * 2 + 1] : 1;
+    const std::int32_t* k = m.yk.data() + yy * static_cast<std::size_t>(ky);
+    for (int x = 0; x < size; ++x)
+      for (int c = 0; c < 3; ++c) {
+        const std::uint8_t* col = m.rows.data() + static_cast<std::size_t>(x) * 3 + c;
+        std::uint8_t v;
+        if (!vertical) {
+          v = col[static_cast<std::size_t>(ymin) * size * 3];
+        } else {
+          std::int32_t s = 1 << (kPrecisionBits - 1);
+          for (int t = 0; t < ymax; ++t)
+            s += col[static_cast<std::size_t>(ymin + t) * size * 3] * k[t];
+          v = clip8(s);
+        }
+        out[static_cast<std::size_t>(c) * plane + static_cast<std::size_t>(y) * size + x] = v;
+      }
+  }
+}
+
+// How a decoded image becomes the crop: `box` (in the file's pixels) is resized to out_h x out_w,
+// of which the size x size window at (oy, ox) is kept.
+struct CropPlan {
+  CropBox box;
+  int out_h = 0, out_w = 0, oy = 0, ox = 0;
+};
+
 struct ImageDecoder::Impl {
   std::unique_ptr<void, TjDeleter> jpeg{tjInitDecompress()};
-  std::vector<std::uint8_t> file, rgb, reduced;
-  LinearTaps rows, cols; // the crop's bilinear taps
+  std::vector<std::uint8_t> file, rgb;
+  ResampleScratch resample;
 
-  // Decodes `path` (already in `file`) to interleaved RGB in `rgb`; returns its height and width.
-  // A JPEG is decoded with the smallest DCT scaling whose shorter side still reaches `at_least`.
-  std::pair<int, int> decode_rgb(const std::string& path, int at_least) {
+  // Decodes `path` (already in `file`) to interleaved RGB in `rgb`; returns the plan `plan_of`
+  // makes for the file's height and width, and the decoded height and width. A JPEG is decoded with
+  // the smallest DCT scaling that keeps the plan's box at least as large as what it becomes
+  // (where `dct_scaling` allows it).
+  template <typename PlanOf>
+  std::tuple<CropPlan, int, int, int, int> decode_rgb(const std::string& path,
+                                                      const PlanOf& plan_of, bool dct_scaling) {
     switch (kind_of(file.data(), file.size())) {
-    case ImageKind::jpeg: return decode_jpeg(path, at_least);
-    case ImageKind::png: return decode_png(path);
+    case ImageKind::jpeg: return decode_jpeg(path, plan_of, dct_scaling);
+    case ImageKind::png: {
+      const auto [h, w] = decode_png(path);
+      return {plan_of(h, w), h, w, h, w};
+    }
     case ImageKind::other: break;
     }
     throw InputError(fmt::format("{}: not a JPEG or PNG file (its first bytes)", path));
   }
 
-  std::pair<int, int> decode_jpeg(const std::string& path, int at_least) {
+  template <typename PlanOf>
+  std::tuple<CropPlan, int, int, int, int> decode_jpeg(const std::string& path,
+                                                       const PlanOf& plan_of, bool dct_scaling) {
     if (!jpeg) throw std::runtime_error("libjpeg-turbo: tjInitDecompress failed");
     int w = 0, h = 0, subsampling = 0, colorspace = 0;
     if (tjDecompressHeader3(jpeg.get(), file.data(), file.size(), &w, &h, &subsampling,
                             &colorspace) != 0)
       throw InputError(fmt::format("{}: undecodable JPEG ({})", path, tjGetErrorStr2(jpeg.get())));
     check_pixels(path, w, h);
+    const CropPlan plan = plan_of(h, w);
     int factors = 0;
     const tjscalingfactor* scaling = tjGetScalingFactors(&factors);
     int sw = w, sh = h;
-    for (int k = 0; k < factors; ++k) { // the smallest scaled size that is still large enough
-      const int kw = TJSCALED(w, scaling[k]), kh = TJSCALED(h, scaling[k]);
-      if (std::min(kw, kh) >= at_least && std::int64_t{kw} * kh < std::int64_t{sw} * sh) {
+    // The smallest scaled size that is still large enough, among 1/2, 1/4 and 1/8 (PIL's draft
+    // sizes: libjpeg-turbo's other factors are not exact DCT reductions).
+    for (int k = 0; k < factors && dct_scaling; ++k) {
+      const tjscalingfactor f = scaling[k];
+      if (f.num != 1 || (f.denom != 2 && f.denom != 4 && f.denom != 8)) continue;
+      const int kw = TJSCALED(w, f), kh = TJSCALED(h, f);
+      const auto fits = [&](int part, int want) {
+        return std::int64_t{part} * f.num >= std::int64_t{want} * f.denom;
+      };
+      if (fits(plan.box.height, plan.out_h) && fits(plan.box.width, plan.out_w) &&
+          std::int64_t{kw} * kh < std::int64_t{sw} * sh) {
         sw = kw;
         sh = kh;
       }
@@ -202,7 +384,7 @@ struct ImageDecoder::Impl {
     if (tjDecompress2(jpeg.get(), file.data(), file.size(), rgb.data(), sw, 0, sh, TJPF_RGB,
                       TJFLAG_STOPONWARNING) != 0)
       throw InputError(fmt::format("{}: undecodable JPEG ({})", path, tjGetErrorStr2(jpeg.get())));
-    return {sh, sw};
+    return {plan, h, w, sh, sw};
   }
 
   std::pair<int, int> decode_png(const std::string& path) {
@@ -229,28 +411,6 @@ struct ImageDecoder::Impl {
     png_image_free(&image);
     return {h, w};
   }
-
-  // Averages k x k blocks of the h x w RGB image in `rgb` into `reduced`: resizing by more than two
-  // with bilinear sampling alone would alias.
-  std::pair<int, int> box_reduce(int h, int w, int k) {
-    const int rh = h / k, rw = w / k;
-    reduced.resize(static_cast<std::size_t>(rh) * rw * 3);
-    const int area = k * k;
-    for (int y = 0; y < rh; ++y)
-      for (int x = 0; x < rw; ++x)
-        for (int c = 0; c < 3; ++c) {
-          int sum = 0;
-          for (int dy = 0; dy < k; ++dy) {
-            const std::uint8_t* row =
-                rgb.data() + (static_cast<std::size_t>(y * k + dy) * w + x * k) * 3 + c;
-            for (int dx = 0; dx < k; ++dx) sum += row[dx * 3];
-          }
-          reduced[(static_cast<std::size_t>(y) * rw + x) * 3 + c] =
-              static_cast<std::uint8_t>((sum + area / 2) / area);
-        }
-    rgb.swap(reduced);
-    return {rh, rw};
-  }
 };
 
 ImageDecoder::ImageDecoder() : impl_(std::make_unique<Impl>()) {}
@@ -258,56 +418,50 @@ ImageDecoder::~ImageDecoder() = default;
 ImageDecoder::ImageDecoder(ImageDecoder&&) noexcept = default;
 ImageDecoder& ImageDecoder::operator=(ImageDecoder&&) noexcept = default;
 
-void ImageDecoder::decode(const std::string& path, const ImageGeometry& g, CropPosition crop,
-                          std::uint8_t* out) {
+namespace {
+
+// An image's size after torchvision's Resize(resize): the shorter side `resize`, the longer one
+// int(resize * long / short) (truncated, as torchvision computes it).
+std::pair<int, int> resized_size(int h, int w, int resize) {
+  if (h <= w) return {resize, static_cast<int>(static_cast<std::int64_t>(resize) * w / h)};
+  return {static_cast<int>(static_cast<std::int64_t>(resize) * h / w), resize};
+}
+
+} // namespace
+
+ImageDecoder::Decoded ImageDecoder::decode(const std::string& path, const ImageGeometry& g,
+                                           CropPosition crop, std::uint8_t* out) {
   if (g.size < 1 || g.resize < g.size)
     throw std::invalid_argument(
         fmt::format("image geometry: resize {} < size {}", g.resize, g.size));
   Impl& m = *impl_;
   read_whole(path, m.file, std::numeric_limits<std::size_t>::max());
-  auto [h, w] = m.decode_rgb(path, g.resize);
-  // The resized image: shorter side `resize`, the other in proportion.
-  const bool tall = h > w;
-  const int short_side = tall ? w : h;
-  const int rh =
-      tall ? static_cast<int>(std::lround(static_cast<double>(h) * g.resize / w)) : g.resize;
-  const int rw =
-      tall ? g.resize : static_cast<int>(std::lround(static_cast<double>(w) * g.resize / h));
-  if (const int k = box_factor(short_side, g.resize); k >= 2)
-    std::tie(h, w) = m.box_reduce(h, w, k);
-  const int oy = static_cast<int>(std::lround(std::clamp(crop.y, 0.f, 1.f) * (rh - g.size)));
-  const int ox = static_cast<int>(std::lround(std::clamp(crop.x, 0.f, 1.f) * (rw - g.size)));
-  const std::size_t plane = static_cast<std::size_t>(g.size) * g.size;
-  const std::uint8_t* src = m.rgb.data();
-  if (h == rh && w == rw) { // no resize: the crop is a copy (and de-interleave)
-    for (int y = 0; y < g.size; ++y) {
-      const std::uint8_t* row = src + (static_cast<std::size_t>(oy + y) * w + ox) * 3;
-      for (int x = 0; x < g.size; ++x)
-        for (int c = 0; c < 3; ++c)
-          out[c * plane + static_cast<std::size_t>(y) * g.size + x] = row[x * 3 + c];
+  const bool resized_crop = crop.random && g.random_resized;
+  const auto plan_of = [&](int h, int w) {
+    CropPlan p;
+    if (resized_crop) {
+      p.box = random_resized_crop_box(h, w, g.range, crop.key);
+      p.out_h = p.out_w = g.size;
+      return p;
     }
-    return;
-  }
-  // Bilinear with pixel centres aligned (as PIL and OpenCV), computed for the crop only.
-  linear_taps(w, rw, ox, g.size, m.cols);
-  linear_taps(h, rh, oy, g.size, m.rows);
-  for (int y = 0; y < g.size; ++y) {
-    const auto yi = static_cast<std::size_t>(y);
-    const float wy = m.rows.frac[yi];
-    const std::uint8_t* r0 = src + static_cast<std::size_t>(m.rows.lo[yi]) * w * 3;
-    const std::uint8_t* r1 = src + static_cast<std::size_t>(m.rows.hi[yi]) * w * 3;
-    for (int x = 0; x < g.size; ++x) {
-      const auto xi = static_cast<std::size_t>(x);
-      const int a = m.cols.lo[xi] * 3, b = m.cols.hi[xi] * 3;
-      const float fx = m.cols.frac[xi];
-      for (int c = 0; c < 3; ++c) {
-        const float top = r0[a + c] + (r0[b + c] - r0[a + c]) * fx;
-        const float bottom = r1[a + c] + (r1[b + c] - r1[a + c]) * fx;
-        out[c * plane + static_cast<std::size_t>(y) * g.size + x] =
-            static_cast<std::uint8_t>(top + (bottom - top) * wy + 0.5f);
-      }
-    }
-  }
+    // Resize(resize), then the crop at its position (CenterCrop's int(round(room / 2)) centred).
+    p.box = {0, 0, h, w};
+    std::tie(p.out_h, p.out_w) = resized_size(h, w, g.resize);
+    p.oy = py_round(std::clamp(crop.y, 0.f, 1.f) * static_cast<double>(p.out_h - g.size));
+    p.ox = py_round(std::clamp(crop.x, 0.f, 1.f) * static_cast<double>(p.out_w - g.size));
+    return p;
+  };
+  const auto [plan, h, w, dh, dw] = m.decode_rgb(path, plan_of, g.dct_scaling);
+  // The box in the decoded pixels (a DCT-scaled JPEG's are fewer than the file's).
+  const auto scaled = [](int v, int decoded, int original) {
+    return static_cast<int>(std::lround(static_cast<double>(v) * decoded / original));
+  };
+  const int x0 = scaled(plan.box.left, dw, w), y0 = scaled(plan.box.top, dh, h);
+  const int x1 = std::max(scaled(plan.box.left + plan.box.width, dw, w), x0 + 1);
+  const int y1 = std::max(scaled(plan.box.top + plan.box.height, dh, h), y0 + 1);
+  resample_bilinear_aa(m.rgb.data(), dw, x0, y0, std::min(x1, dw) - x0, std::min(y1, dh) - y0,
+                       plan.out_h, plan.out_w, plan.oy, plan.ox, g.size, out, m.resample);
+  return {h, w, plan.box};
 }
 
 } // namespace kdflow

@@ -137,6 +137,39 @@ SlotLayout loader_layout(const Dataset& d, std::size_t batch_size, bool float_in
   return SlotLayout(std::move(regions));
 }
 
+SampleDraw draw_sample(const AugmentConfig& aug, std::uint64_t seed, std::uint64_t epoch,
+                       std::uint32_t index) {
+  SampleDraw d;
+  if (!aug.augment) return d;
+  const std::uint64_t r = mix(seed ^ mix(epoch * 0x9e3779b97f4a7c15ull ^ index));
+  if (const int p = aug.pad_crop; p > 0) {
+    d.dy = static_cast<int>(r % static_cast<std::uint64_t>(2 * p + 1)) - p;
+    d.dx = static_cast<int>((r >> 16) % static_cast<std::uint64_t>(2 * p + 1)) - p;
+  }
+  d.flip = aug.hflip && ((r >> 40) & 1) != 0;
+  const std::uint64_t q = mix(r);
+  d.crop.y = static_cast<float>(q & 0xffff) / 65535.f;
+  d.crop.x = static_cast<float>((q >> 16) & 0xffff) / 65535.f;
+  d.crop.random = true; // a RandomResizedCrop where the geometry asks for one, its draws from key
+  d.crop.key = mix(q ^ 0x7272637265736eull);
+  return d;
+}
+
+ImageDecoder::Decoded augmented_sample(const Dataset& d, std::uint32_t index,
+                                       const SampleDraw& draw, SampleScratch& scratch,
+                                       std::uint8_t* out) {
+  ImageDecoder::Decoded decoded;
+  const std::uint8_t* src = d.sample(index, scratch, draw.crop, &decoded).data();
+  const int h = d.height(), w = d.width();
+  const std::size_t plane = static_cast<std::size_t>(h) * w;
+  for (int ch = 0; ch < d.channels(); ++ch) {
+    const auto k = static_cast<std::size_t>(ch);
+    shift_plane(src + k * plane, out + k * plane, h, w, draw.dy, draw.dx, draw.flip,
+                [](std::uint8_t v) { return v; });
+  }
+  return decoded;
+}
+
 void fill_batch(const Dataset& d, const Sampler& sampler, const AugmentConfig& aug,
                 std::uint64_t global_batch, const Slot& slot, const LoaderRegions& regions,
                 LoaderScratch& scratch) {
@@ -157,19 +190,10 @@ void fill_batch(const Dataset& d, const Sampler& sampler, const AugmentConfig& a
     labels[i] = d.label(index);
     ids[i] = index;
     // Per-sample randomness from (seed, epoch, index) alone: independent of threads and timing.
-    const std::uint64_t r = mix(sampler.config().seed ^ mix(epoch * 0x9e3779b97f4a7c15ull ^ index));
-    const int p = aug.augment ? aug.pad_crop : 0;
-    const int dy = p > 0 ? static_cast<int>(r % static_cast<std::uint64_t>(2 * p + 1)) - p : 0;
-    const int dx =
-        p > 0 ? static_cast<int>((r >> 16) % static_cast<std::uint64_t>(2 * p + 1)) - p : 0;
-    const bool flip = aug.augment && aug.hflip && ((r >> 40) & 1);
-    CropPosition crop; // where a decoded image's crop sits
-    if (aug.augment) {
-      const std::uint64_t q = mix(r);
-      crop = {static_cast<float>(q & 0xffff) / 65535.f,
-              static_cast<float>((q >> 16) & 0xffff) / 65535.f};
-    }
-    const std::uint8_t* src = d.sample(index, scratch.sample, crop).data();
+    const SampleDraw draw = draw_sample(aug, sampler.config().seed, epoch, index);
+    const int dy = draw.dy, dx = draw.dx;
+    const bool flip = draw.flip;
+    const std::uint8_t* src = d.sample(index, scratch.sample, draw.crop).data();
     for (int ch = 0; ch < c; ++ch) {
       const auto k = static_cast<std::size_t>(ch);
       const std::uint8_t* plane_in = src + k * plane;

@@ -54,6 +54,7 @@ Commands::Commands(CLI::App& app) : app_(app) {
 
   add_train(app);
   add_eval(app);
+  add_data(app);
   add_export(app);
   add_teacher(app);
   add_cores(app);
@@ -84,6 +85,28 @@ void Commands::add_eval(CLI::App& app) {
   eval->add_option("--set", eval_.sets, "override one key: section.key=value (repeatable)");
   eval->add_option("--json", eval_.json, "write the result as JSON here");
   eval->callback([this] { action_ = [this] { return eval_command(eval_); }; });
+}
+
+void Commands::add_data(CLI::App& app) {
+  auto* data = app.add_subcommand("data", "the data as the loader makes it");
+  data->require_subcommand(1);
+  auto* sample = data->add_subcommand(
+      "sample", "samples as the loader writes them at an epoch (crop, flip; before normalization): "
+                "uint8 pixel values in a float32 .npy, the draws as JSON on stdout");
+  sample->add_option("--config", data_.config, "TOML configuration file (the data, augmentation)")
+      ->check(CLI::ExistingFile);
+  sample->add_option("--set", data_.sets, "override one key: section.key=value (repeatable)");
+  sample->add_option("--index", data_.indices, "dataset index of a sample (repeatable)")
+      ->required();
+  sample->add_option("--epoch", data_.epoch, "the epoch whose draws to take")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  sample->add_option("--split", data_.split, "train (augmented) or test (evaluation's crop)")
+      ->check(CLI::IsMember({"train", "test"}))
+      ->capture_default_str();
+  sample->add_option("--out", data_.out, ".npy file of [samples, channels, height, width]")
+      ->required();
+  sample->callback([this] { action_ = [this] { return data_sample_command(data_); }; });
 }
 
 void Commands::add_export(CLI::App& app) {

@@ -8,6 +8,7 @@
 #include "all_versions.hpp"
 #include "bench_overlap.hpp"
 #include "cores_command.hpp"
+#include "data_command.hpp"
 #include "eval.hpp"
 #include "export.hpp"
 #include "kdflow/core/versions.hpp"
@@ -34,6 +35,7 @@ private:
   void add_cores(CLI::App& app);
   void add_tune(CLI::App& app);
   void add_overlap(CLI::App& app);
+  void add_data(CLI::App& app);
 
   CLI::App& app_;
   bool version_ = false;
@@ -44,6 +46,7 @@ private:
   OverlapArgs overlap_;
   EvalArgs eval_;
   ExportArgs export_;
+  DataSampleArgs data_;
   std::function<int()> action_;
 };
 

@@ -48,6 +48,7 @@ const std::vector<ConfigKey>& run_schema() {
     // The keys whose values name a module's vocabulary take their choices from that module.
     const std::map<std::string, std::vector<std::string>> vocabularies = {
         {"student.arch", student::student_names()},
+        {"student.stem", student::stem_names()},
         {"student.device", student::device_names()},
         {"train.amp", student::amp_names()},
         {"dist.backend", student::backend_names()},
@@ -109,7 +110,8 @@ student::TrainerOptions trainer_options(const RunInputs& run, std::int64_t total
                 run.train.height(),
                 run.train.width(),
                 run.train.classes(),
-                config.get_string("student.path")};
+                config.get_string("student.path"),
+                config.get_string("student.stem")};
   topt.device = run.device;
   const auto threads = config.get_int("train.threads");
   topt.threads =
@@ -185,11 +187,29 @@ std::unique_ptr<student::ProcessGroup> join_job(const Config& config, const Dist
   return std::make_unique<student::ProcessGroup>(dist, options, device);
 }
 
+ImageGeometry image_geometry(const Config& config) {
+  ImageGeometry g;
+  g.size = static_cast<int>(config.get_int("data.image_size"));
+  g.resize = static_cast<int>(config.get_int("data.resize"));
+  g.random_resized = config.get_bool("data.random_resized_crop");
+  g.dct_scaling = config.get_bool("data.dct_scaling");
+  const auto range = [&](const char* key, bool at_most_one) {
+    const std::string text = config.get_string(key);
+    const auto v = parse_floats(text, key, 2, true);
+    if (v[0] > v[1] || (at_most_one && v[1] > 1))
+      throw InputError(fmt::format("{} = \"{}\": want \"lo,hi\" with 0 < lo <= hi{}", key, text,
+                                   at_most_one ? " <= 1" : ""));
+    return std::pair{v[0], v[1]};
+  };
+  std::tie(g.range.scale_lo, g.range.scale_hi) = range("data.crop_scale", true);
+  std::tie(g.range.ratio_lo, g.range.ratio_hi) = range("data.crop_ratio", false);
+  return g;
+}
+
 RunInputs prepare_run(const Config& config, const DistEnv& dist, const RunRequest& request) {
   const std::string format = config.get_string("data.dataset");
   const std::string path = config.get_string("data.path");
-  const ImageGeometry geometry{static_cast<int>(config.get_int("data.image_size")),
-                               static_cast<int>(config.get_int("data.resize"))};
+  const ImageGeometry geometry = image_geometry(config);
   RunInputs run{config,
                 Dataset::load(format, path, Split::train, geometry),
                 Dataset::load(format, path, Split::test, geometry),
@@ -202,6 +222,10 @@ RunInputs prepare_run(const Config& config, const DistEnv& dist, const RunReques
                                                          dist.local_rank, dist.local_world),
                 dist};
   // The teachers: the configuration's (checked field by field), or the command's.
+  if (geometry.random_resized && !run.train.decodes())
+    throw InputError(fmt::format("data.random_resized_crop = true: image folders only ({} holds "
+                                 "its images at their size)",
+                                 run.train.source()));
   const bool configured = !request.teachers;
   const bool teacher_configured = config.get_double("kd.alpha") > 0;
   if (configured && !config.get_tables("kd.features").empty() && !teacher_configured)

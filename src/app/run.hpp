@@ -54,6 +54,10 @@ auto agreed(student::ProcessGroup* group, F&& f) -> decltype(f()) {
   return std::move(*value);
 }
 
+// The image folder's geometry from data.image_size, data.resize and the RandomResizedCrop keys
+// (each checked: InputError naming the key).
+ImageGeometry image_geometry(const Config& config);
+
 // What a command asks of prepare_run besides the data, the plan and the student's device.
 struct RunRequest {
   // The teachers loaded (and given cores): the configuration's ([teacher] and teacher.others,

@@ -162,10 +162,16 @@ void TrainRun::start() {
           ? fmt::format(", rank {} of {} ({}; global batch {})", dist.rank, dist.world,
                         session_.group()->backend(), run().sampler.batch_size * dist.world)
           : std::string();
-  log_info(
-      fmt::format("student {} ({} parameters) on {}, {}; {} steps of batch {} ({} per epoch){}",
-                  options_.model.arch, trainer().parameters(), trainer().device(),
-                  trainer().precision(), last_, run().sampler.batch_size, per_epoch_, job));
+  const double flops = trainer().flops_per_sample();
+  const std::string stem = options_.model.arch == "torchscript"
+                               ? std::string()
+                               : fmt::format(", {} stem", student::resolve_stem(options_.model));
+  const std::string cost =
+      flops > 0 ? fmt::format(", {:.3g} GFLOPs per sample", flops / 1e9) : std::string();
+  log_info(fmt::format("student {} ({} parameters{}{}) on {}, {}; {} steps of batch {} ({} per "
+                       "epoch){}",
+                       options_.model.arch, trainer().parameters(), stem, cost, trainer().device(),
+                       trainer().precision(), last_, run().sampler.batch_size, per_epoch_, job));
 }
 
 void TrainRun::job_sum(std::span<double> values, const std::string& what) {

@@ -53,8 +53,8 @@ TEST(ImageDecoder, PngCropsAreExactAtEveryPosition) {
   for (const CropPosition crop :
        {CropPosition{0, 0}, CropPosition{}, CropPosition{1, 1}, CropPosition{0.25f, 0.75f}}) {
     const auto out = decode(dir / "a.png", g, crop);
-    const int oy = static_cast<int>(std::lround(crop.y * (30 - 24)));
-    const int ox = static_cast<int>(std::lround(crop.x * (40 - 24)));
+    const int oy = static_cast<int>(std::nearbyint(crop.y * (30 - 24)));
+    const int ox = static_cast<int>(std::nearbyint(crop.x * (40 - 24)));
     int wrong = 0;
     for (int c = 0; c < 3; ++c)
       for (int y = 0; y < 24; ++y)
@@ -81,20 +81,82 @@ TEST(ImageDecoder, GreyAndAlphaPngBecomeRgb) {
   EXPECT_EQ(planar(a, 8, 2, 7, 7), rgba.at(7, 7, 2));
 }
 
-TEST(ImageDecoder, LargeDownscalesAverageBlocks) {
-  // 64 x 96 to shorter side 16: 4 x 4 blocks averaged, then no resampling left.
-  const fs::path dir = fresh_dir("png_box");
+// An independent reading of PIL's antialiased bilinear resize in double precision (no fixed
+// point, no 8-bit rows between the passes): the decoder must be within one level of it.
+std::vector<double> triangle_weights(int in, int out, int o, int& first) {
+  const double scale = static_cast<double>(in) / out, fs = std::max(scale, 1.0);
+  const double centre = (o + 0.5) * scale;
+  first = std::max(static_cast<int>(centre - fs + 0.5), 0);
+  const int last = std::min(static_cast<int>(centre + fs + 0.5), in);
+  std::vector<double> w;
+  double total = 0;
+  for (int j = first; j < last; ++j) {
+    const double t = std::abs((j - centre + 0.5) / fs);
+    w.push_back(t < 1 ? 1 - t : 0);
+    total += w.back();
+  }
+  for (auto& v : w) v /= total;
+  return w;
+}
+
+TEST(ImageDecoder, DownscalesAreAntialiasedAsPilResizes) {
+  // 64 x 96 to shorter side 16 (a factor of 4: every output pixel reads 8 or 9 source pixels a
+  // side, not the 2 plain bilinear sampling reads), then 16 x 16 from the left edge.
+  const fs::path dir = fresh_dir("png_aa");
   const Pixels p = test::random_pixels(64, 96, 3, 11);
   test::write_png(dir / "a.png", p);
   const auto out = decode(dir / "a.png", {16, 16}, {0, 0});
+  int worst = 0;
   for (int c = 0; c < 3; ++c)
     for (int y = 0; y < 16; ++y)
       for (int x = 0; x < 16; ++x) {
-        int sum = 0;
-        for (int dy = 0; dy < 4; ++dy)
-          for (int dx = 0; dx < 4; ++dx) sum += p.at(4 * y + dy, 4 * x + dx, c);
-        ASSERT_EQ(planar(out, 16, c, y, x), (sum + 8) / 16) << c << " " << y << " " << x;
+        int fy = 0, fx = 0;
+        const auto wy = triangle_weights(64, 16, y, fy), wx = triangle_weights(96, 24, x, fx);
+        ASSERT_GE(wy.size(), 6u); // 8 inside, fewer at the edges
+        double v = 0;
+        for (std::size_t i = 0; i < wy.size(); ++i)
+          for (std::size_t j = 0; j < wx.size(); ++j)
+            v += wy[i] * wx[j] * p.at(fy + static_cast<int>(i), fx + static_cast<int>(j), c);
+        worst =
+            std::max(worst, static_cast<int>(std::lround(std::abs(planar(out, 16, c, y, x) - v))));
       }
+  EXPECT_LE(worst, 1);
+}
+
+TEST(ImageDecoder, RandomResizedCropBoxesFollowTheirRange) {
+  const ResizedCropRange range; // torchvision's defaults: scale 0.08-1, ratio 3/4-4/3
+  int fallbacks = 0;
+  for (std::uint64_t key = 0; key < 2000; ++key) {
+    const int h = 200 + static_cast<int>(key % 7) * 40, w = 300 - static_cast<int>(key % 5) * 30;
+    std::vector<double> draws;
+    const CropBox b = random_resized_crop_box(h, w, range, key, &draws);
+    ASSERT_EQ(b, random_resized_crop_box(h, w, range, key)) << "the same key, the same box";
+    ASSERT_GE(b.top, 0);
+    ASSERT_GE(b.left, 0);
+    ASSERT_GT(b.height, 0);
+    ASSERT_GT(b.width, 0);
+    ASSERT_LE(b.top + b.height, h);
+    ASSERT_LE(b.left + b.width, w);
+    for (const double u : draws) ASSERT_TRUE(u >= 0 && u < 1);
+    if (draws.size() == 40) { // ten tries missed: the centred fallback
+      ++fallbacks;
+      continue;
+    }
+    ASSERT_EQ(draws.size() % 2, 0u);
+    const double share = static_cast<double>(b.height) * b.width / (static_cast<double>(h) * w);
+    // Rounding the sides to pixels moves the share and the ratio a little past the range.
+    EXPECT_GT(share, 0.07);
+    EXPECT_LT(share, 1.02);
+    const double ratio = static_cast<double>(b.width) / b.height;
+    EXPECT_GT(ratio, 0.74);
+    EXPECT_LT(ratio, 1.35);
+  }
+  EXPECT_LT(fallbacks, 20);
+  // A strip far outside the ratio range never fits: the fallback is the centred 3:4 or 4:3 box.
+  const CropBox wide = random_resized_crop_box(10, 1000, range, 1);
+  EXPECT_EQ(wide, (CropBox{0, 493, 10, 13}));
+  const CropBox tall = random_resized_crop_box(1000, 10, range, 1);
+  EXPECT_EQ(tall, (CropBox{493, 0, 13, 10}));
 }
 
 TEST(ImageDecoder, BilinearResizeIsExactOnLinearRamps) {
@@ -155,7 +217,7 @@ TEST(ImageDecoder, LargeJpegUsesDctScalingAndStaysClose) {
   test::write_jpeg(dir / "big.jpg", p, 95);
   const auto out = decode(dir / "big.jpg", {64, 64});
   const double scale = 384.0 / 64.0; // resized 64 x 85, crop 64 x 64 centred at (0, 10)
-  const int ox = static_cast<int>(std::lround(0.5 * (85 - 64)));
+  const int ox = static_cast<int>(std::nearbyint(0.5 * (85 - 64))); // CenterCrop's round()
   double total = 0;
   for (int c = 0; c < 3; ++c)
     for (int y = 0; y < 64; ++y)

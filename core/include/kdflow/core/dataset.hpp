@@ -51,8 +51,12 @@ public:
   [[nodiscard]] std::uint64_t pixel_digest() const;
   // Sample i, C x H x W: in memory, a view; decoded, read, resized and cropped at `crop` into
   // `scratch` (an InputError naming the file if it does not decode).
-  [[nodiscard]] std::span<const std::uint8_t> sample(std::size_t i, SampleScratch& scratch,
-                                                     CropPosition crop = {}) const;
+  // `decoded`, when given, receives what the decoder reports (a decoded image's).
+  [[nodiscard]] std::span<const std::uint8_t>
+  sample(std::size_t i, SampleScratch& scratch, CropPosition crop = {},
+         ImageDecoder::Decoded* decoded = nullptr) const;
+  // The file sample i is decoded from (an image folder's), else empty.
+  [[nodiscard]] std::string file(std::size_t i) const;
   [[nodiscard]] int label(std::size_t i) const { return labels_[i]; }
   [[nodiscard]] const std::string& source() const { return source_; }
   // Class names where the format has them (an image folder's sorted folder names), else empty.

@@ -1,6 +1,8 @@
 // Image folders (`root/<class>/*.jpg|*.jpeg|*.png`, class index by sorted folder name) and the
 // decoder the loader cores run on them: libjpeg-turbo (with its DCT scaling, so a large JPEG is
-// decoded near the size it is wanted at) and libpng, then resize and crop to C x H x W uint8.
+// decoded near the size it is wanted at) and libpng, then crop and resize to C x H x W uint8 with
+// torchvision's own rules and PIL's own resampling (an image that needs no DCT scaling comes out
+// as torchvision's transforms make it, each value within one level).
 #pragma once
 
 #include <cstdint>
@@ -10,18 +12,66 @@
 
 namespace kdflow {
 
-// What an image becomes: its shorter side resized to `resize` (aspect kept), then a `size` x
-// `size` crop (torchvision's Resize(256) + CenterCrop/RandomCrop(224) is resize 256, size 224).
+// What an image becomes: its shorter side resized to `resize` (aspect kept, the longer side
+// truncated as torchvision's Resize(int) does), then a `size` x `size` crop (torchvision's
+// Resize(256) + CenterCrop/RandomCrop(224) is resize 256, size 224). With `random_resized` set, a
+// training crop is torchvision's RandomResizedCrop(size, scale, ratio) instead.
+struct ResizedCropRange {
+  float scale_lo = 0.08f, scale_hi = 1.f;           // the crop's share of the image's area
+  float ratio_lo = 3.f / 4.f, ratio_hi = 4.f / 3.f; // its width / height
+};
+
 struct ImageGeometry {
   int size = 224;
   int resize = 256;
+  bool random_resized = false;
+  ResizedCropRange range;
+  // A JPEG is decoded at 1/2, 1/4 or 1/8 scale in the DCT domain where the crop keeps at least
+  // its output size (far less to decode and resample; values then differ slightly from a full
+  // decode's). False: always the full decode, pixel for pixel torchvision's.
+  bool dct_scaling = true;
 };
 
-// Where the crop sits in the resized image: fractions of the free room, 0.5 = centred.
+// Where the crop sits: with `random` false, in the resized image, as fractions of the free room
+// (0.5 = centred); with `random` true and the geometry's `random_resized`, a RandomResizedCrop box
+// whose uniform draws come from `key` (the same key, the same box, on any thread).
 struct CropPosition {
   float y = 0.5f;
   float x = 0.5f;
+  bool random = false;
+  std::uint64_t key = 0;
 };
+
+// A crop box in an image's pixels: rows [top, top + height), columns [left, left + width).
+struct CropBox {
+  int top = 0, left = 0, height = 0, width = 0;
+  bool operator==(const CropBox&) const = default;
+};
+
+// torchvision's RandomResizedCrop.get_params on an h x w image, step for step (ten tries of an
+// area share and a log-uniform aspect ratio, the box rounded as Python rounds, its corner drawn as
+// torch.randint draws it, then the centre-crop fallback), with the k-th uniform in [0, 1) taken
+// from `key` alone. `draws`, when given, receives the uniforms used in order (for the check
+// against torchvision: scripts/check_augment.py).
+CropBox random_resized_crop_box(int h, int w, const ResizedCropRange& range, std::uint64_t key,
+                                std::vector<double>* draws = nullptr);
+
+// The resampling PIL's Image.resize(BILINEAR) does, as torchvision's transforms call it: a
+// triangle filter widened by the downscale factor (antialiased), coefficients in PIL's fixed point,
+// the horizontal pass first into 8-bit rows, then the vertical one. `src` is interleaved RGB with
+// `stride` pixels a row; the region [x0, x0 + w) x [y0, y0 + h) is resampled as if it were the
+// whole image (taps never read outside it) to out_h x out_w, of which the window of `size` rows and
+// columns from (oy, ox) is written planar (3 x size x size) to `out`. A crop or a resize along one
+// axis is exactly PIL's; along both, within one level (Pillow 13 orders its two passes by a rule of
+// its own for some shapes, and the 8-bit rounding between them differs).
+struct ResampleScratch {
+  std::vector<int> xbounds, ybounds;
+  std::vector<std::int32_t> xk, yk;
+  std::vector<std::uint8_t> rows;
+};
+void resample_bilinear_aa(const std::uint8_t* src, int stride, int x0, int y0, int w, int h,
+                          int out_h, int out_w, int oy, int ox, int size, std::uint8_t* out,
+                          ResampleScratch& scratch);
 
 struct ImageFolder {
   std::string root;
@@ -48,10 +98,15 @@ public:
   ImageDecoder& operator=(const ImageDecoder&) = delete;
 
   // Reads and decodes `path` to RGB, resizes and crops it per `geometry` at `crop`, and writes
-  // 3 x size x size uint8 (planar, RGB) to `out`. InputError naming the file if it cannot be read
-  // or decoded (libjpeg-turbo's or libpng's reason included).
-  void decode(const std::string& path, const ImageGeometry& geometry, CropPosition crop,
-              std::uint8_t* out);
+  // 3 x size x size uint8 (planar, RGB) to `out`; returns the file's size and the box of its
+  // pixels that was resized (the RandomResizedCrop box, or the whole image). InputError naming the
+  // file if it cannot be read or decoded (libjpeg-turbo's or libpng's reason included).
+  struct Decoded {
+    int height = 0, width = 0;
+    CropBox box;
+  };
+  Decoded decode(const std::string& path, const ImageGeometry& geometry, CropPosition crop,
+                 std::uint8_t* out);
 
 private:
   struct Impl;

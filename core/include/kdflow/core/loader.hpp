@@ -65,6 +65,24 @@ struct AugmentConfig {
 float channel_scale(const AugmentConfig& augment, std::size_t channel);
 float channel_shift(const AugmentConfig& augment, std::size_t channel);
 
+// A sample's augmentation, drawn from (seed, epoch, dataset index) alone, so that it does not
+// depend on threads or timing: the shift of a padded crop, where a decoded image's crop sits (or
+// its RandomResizedCrop box's draws), and whether it is flipped. Evaluation (augment = false):
+// none of them, the crop centred.
+struct SampleDraw {
+  int dy = 0, dx = 0;
+  CropPosition crop;
+  bool flip = false;
+};
+SampleDraw draw_sample(const AugmentConfig& augment, std::uint64_t seed, std::uint64_t epoch,
+                       std::uint32_t index);
+
+// Sample `index` as the loader writes it for `draw`, as uint8 pixels (C x H x W, before
+// normalization) into `out`; returns what the decoder reports for a decoded image (else zeros).
+ImageDecoder::Decoded augmented_sample(const Dataset& dataset, std::uint32_t index,
+                                       const SampleDraw& draw, SampleScratch& scratch,
+                                       std::uint8_t* out);
+
 // Region indices of the slot layout the loader writes.
 struct LoaderRegions {
   std::size_t inputs, labels, ids;

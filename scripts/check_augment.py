@@ -1,0 +1,187 @@
+#!/usr/bin/env python3
+"""The loader's image transforms against torchvision's own, on the same images and the same random
+draws (the project venv's python: torch, torchvision, Pillow, numpy).
+
+Writes a small image folder (PNG, and JPEG small enough that no DCT scaling applies, so both sides
+decode the same pixels), asks `kdflow data sample` for samples of a few epochs, and checks:
+- training, data.random_resized_crop: the box equals what torchvision's
+  RandomResizedCrop.get_params returns when its uniform draws are kdflow's (torch.empty().uniform_
+  and torch.randint fed from the JSON's `draws`), and the pixels are
+  F.resized_crop(img, box, [size, size], BILINEAR) (+ F.hflip where kdflow flipped);
+- evaluation: the pixels are CenterCrop(size)(Resize(resize)(img));
+- training without random_resized_crop: Resize(resize) then the size x size window at kdflow's
+  position.
+Pixels: every value within one level of torchvision's and at least 90% equal (see compare()).
+Exit 1 naming the first sample that differs. Deterministic for a given --seed."""
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import torch
+import torchvision.transforms as T
+import torchvision.transforms.functional as F
+from PIL import Image
+
+
+def make_folder(root, seed, size):
+    rng = np.random.default_rng(seed)
+    n = 0
+    for split in ("train", "val"):
+        for c in range(3):
+            d = os.path.join(root, split, f"class{c}")
+            os.makedirs(d, exist_ok=True)
+            for k in range(6):
+                # PNG any size; JPEG below twice the crop size (no DCT scaling on kdflow's side).
+                jpeg = k % 2 == 1
+                hi = 2 * size - 1 if jpeg else 3 * size
+                h, w = (int(v) for v in rng.integers(size + 8, hi, 2))
+                # smooth content plus noise: both the filter's smoothing and its rounding show
+                yy, xx = np.mgrid[0:h, 0:w]
+                base = np.stack([128 + 100 * np.sin(xx / (7 + c) + ch) * np.cos(yy / 11.0)
+                                 for ch in range(3)], -1)
+                img = np.clip(base + rng.normal(0, 20, (h, w, 3)), 0, 255).astype(np.uint8)
+                path = os.path.join(d, f"img{k}.{'jpg' if jpeg else 'png'}")
+                Image.fromarray(img, "RGB").save(path, **({"quality": 92} if jpeg else {}))
+                n += 1
+    return n
+
+
+class Draws:
+    """torch.empty(1).uniform_(a, b) and torch.randint(lo, hi, ...) answered from kdflow's draws."""
+
+    def __init__(self, draws):
+        self.draws = list(draws)
+        self.value = None
+
+    def take(self):
+        if not self.draws:
+            raise AssertionError("torchvision asked for more draws than kdflow made")
+        return self.draws.pop(0)
+
+    def empty(self, *args, **kwargs):
+        return self
+
+    def uniform_(self, a, b):
+        # torch draws a float32 tensor between float32 bounds; the draw's own value is kdflow's
+        a, b = float(np.float32(a)), float(np.float32(b))
+        return torch.tensor([a + (b - a) * self.take()], dtype=torch.float32)
+
+    def item(self):
+        return self.value
+
+    def randint(self, low, high, size=None, **kwargs):
+        out = Draws([])
+        out.value = int(low + int(self.take() * (high - low)))
+        return out
+
+
+def torchvision_box(img, scale, ratio, draws):
+    fake = Draws(draws)
+    saved = torch.empty, torch.randint
+    torch.empty, torch.randint = fake.empty, fake.randint
+    try:
+        box = T.RandomResizedCrop.get_params(img, list(scale), list(ratio))
+    finally:
+        torch.empty, torch.randint = saved
+    if fake.draws:
+        raise AssertionError(f"kdflow made {len(fake.draws)} draws torchvision did not use")
+    return [int(v) for v in box]
+
+
+def kdflow_samples(args, root, split, epoch, sets):
+    out = os.path.join(args.work, f"{split}_{epoch}.npy")
+    cmd = [args.kdflow, "data", "sample", "--split", split, "--epoch", str(epoch), "--out", out,
+           "--set", "data.dataset=folder", "--set", f"data.path={root}",
+           "--set", f"data.image_size={args.size}", "--set", f"data.resize={args.resize}",
+           "--set", f"train.seed={args.seed}"]
+    for s in sets:
+        cmd += ["--set", s]
+    for i in range(18):
+        cmd += ["--index", str(i)]
+    meta = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+    return meta, np.load(out).astype(np.uint8)
+
+
+VALUES = {"equal": 0, "total": 0}
+
+
+def compare(what, mine, theirs):
+    """Within one level: both resample as PIL does (triangle filter, PIL's fixed point, 8-bit rows
+    between the passes), but the Pillow in the venv (13) runs its two passes in an order of its own
+    for some shapes, and the rounding between them moves a value by one; a crop or a one-axis resize
+    is exact."""
+    theirs = np.asarray(theirs).transpose(2, 0, 1)
+    if mine.shape != theirs.shape:
+        raise AssertionError(f"{what}: shape {mine.shape} against torchvision's {theirs.shape}")
+    diff = np.abs(mine.astype(int) - theirs.astype(int))
+    if diff.max() > 1:
+        raise AssertionError(f"{what}: {int((diff > 1).sum())} values differ by more than one, "
+                             f"by up to {int(diff.max())}")
+    VALUES["equal"] += int((diff == 0).sum())
+    VALUES["total"] += diff.size
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--kdflow", required=True)
+    p.add_argument("--work", required=True)
+    p.add_argument("--size", type=int, default=48)
+    p.add_argument("--resize", type=int, default=56)
+    p.add_argument("--seed", type=int, default=3)
+    args = p.parse_args()
+    os.makedirs(args.work, exist_ok=True)
+    root = os.path.join(args.work, "folder")
+    images = make_folder(root, args.seed, args.size)
+    checked = {"random_resized_crop": 0, "fallbacks": 0, "flips": 0, "evaluation": 0,
+               "resize_crop": 0}
+    scale, ratio = (0.08, 1.0), (0.75, 1.3333333)
+    for epoch in range(4):
+        meta, px = kdflow_samples(args, root, "train", epoch,
+                                  ["data.random_resized_crop=true", "data.hflip=true",
+                                   f"data.crop_scale={scale[0]},{scale[1]}",
+                                   f"data.crop_ratio={ratio[0]},{ratio[1]}"])
+        for k, s in enumerate(meta["samples"]):
+            what = f"{s['file']} (epoch {epoch}, random_resized_crop)"
+            img = Image.open(s["file"]).convert("RGB")
+            box = torchvision_box(img, scale, ratio, s["draws"])
+            if box != s["box"]:
+                raise AssertionError(f"{what}: box {s['box']}, torchvision's {box}")
+            out = F.resized_crop(img, *box, [args.size, args.size], T.InterpolationMode.BILINEAR)
+            if s["flip"]:
+                out = F.hflip(out)
+                checked["flips"] += 1
+            compare(what, px[k], out)
+            checked["random_resized_crop"] += 1
+            checked["fallbacks"] += len(s["draws"]) == 40
+    meta, px = kdflow_samples(args, root, "test", 0, [])
+    for k, s in enumerate(meta["samples"]):
+        img = Image.open(s["file"]).convert("RGB")
+        out = T.CenterCrop(args.size)(T.Resize(args.resize, T.InterpolationMode.BILINEAR)(img))
+        compare(f"{s['file']} (evaluation)", px[k], out)
+        checked["evaluation"] += 1
+    meta, px = kdflow_samples(args, root, "train", 1, ["data.hflip=false"])
+    for k, s in enumerate(meta["samples"]):
+        img = T.Resize(args.resize, T.InterpolationMode.BILINEAR)(
+            Image.open(s["file"]).convert("RGB"))
+        fy, fx = s["crop_at"]
+        top = round(fy * (img.height - args.size))
+        left = round(fx * (img.width - args.size))
+        compare(f"{s['file']} (resize and crop)", px[k],
+                F.crop(img, top, left, args.size, args.size))
+        checked["resize_crop"] += 1
+    share = VALUES["equal"] / VALUES["total"]
+    if share < 0.9:
+        raise AssertionError(f"only {share:.3f} of the values equal torchvision's")
+    print(json.dumps({"images": images, "checked": checked, "values_equal": round(share, 5),
+                      "largest_difference": 1 if share < 1 else 0}))
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except AssertionError as e:
+        print(f"check_augment: {e}", file=sys.stderr)
+        sys.exit(1)
