@@ -1,8 +1,9 @@
-// Bilinear taps, box factors and the teacher's input adapter (image_adapter.hpp): per plane, a box
-// reduction into scratch when the downscale asks for one, then two taps a row and two a column.
+// The resize taps and the teacher's input adapter (image_adapter.hpp): per plane, the rows pass
+// into scratch, then the columns pass.
 #include "kdflow/core/image_adapter.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <initializer_list>
 #include <stdexcept>
 
@@ -10,24 +11,32 @@
 
 namespace kdflow {
 
-void linear_taps(int in, int scaled, int offset, int count, LinearTaps& out) {
-  const auto n = static_cast<std::size_t>(count);
-  out.lo.resize(n);
-  out.hi.resize(n);
-  out.frac.resize(n);
-  const float step = static_cast<float>(in) / static_cast<float>(scaled);
-  for (std::size_t i = 0; i < n; ++i) {
-    const float f =
-        std::clamp((static_cast<float>(offset + static_cast<int>(i)) + 0.5f) * step - 0.5f, 0.f,
-                   static_cast<float>(in - 1));
-    const int lo = static_cast<int>(f);
-    out.lo[i] = lo;
-    out.hi[i] = std::min(lo + 1, in - 1);
-    out.frac[i] = f - static_cast<float>(lo);
+void triangle_taps(int in, int out, ResampleTaps& taps) {
+  // PIL's precompute_coeffs with the bilinear filter (support 1), in double.
+  const double scale = static_cast<double>(in) / out;
+  const double support = std::max(scale, 1.0), inverse = 1.0 / support;
+  taps.k = static_cast<int>(std::ceil(support)) * 2 + 1;
+  const auto n = static_cast<std::size_t>(out), k = static_cast<std::size_t>(taps.k);
+  taps.first.resize(n);
+  taps.count.resize(n);
+  taps.w.assign(n * k, 0.0);
+  for (std::size_t o = 0; o < n; ++o) {
+    const double centre = (static_cast<double>(o) + 0.5) * scale;
+    const int first = std::max(static_cast<int>(centre - support + 0.5), 0);
+    const int count = std::min(static_cast<int>(centre + support + 0.5), in) - first;
+    double* w = taps.w.data() + o * k;
+    double total = 0;
+    for (int t = 0; t < count; ++t) {
+      const double x = std::abs((t + first - centre + 0.5) * inverse);
+      w[t] = x < 1 ? 1 - x : 0;
+      total += w[t];
+    }
+    if (total != 0)
+      for (int t = 0; t < count; ++t) w[t] /= total;
+    taps.first[o] = first;
+    taps.count[o] = count;
   }
 }
-
-int box_factor(int in, int out) { return out > 0 && in / out >= 2 ? in / out : 1; }
 
 ImageAdapter::ImageAdapter(ImageSpec from, Normalization from_norm, ImageSpec to,
                            Normalization to_norm)
@@ -42,10 +51,8 @@ ImageAdapter::ImageAdapter(ImageSpec from, Normalization from_norm, ImageSpec to
   if (from_norm_.mean.size() != fc || from_norm_.std.size() != fc || to_norm_.mean.size() != tc ||
       to_norm_.std.size() != tc)
     throw std::invalid_argument("ImageAdapter: one mean and std per channel");
-  box_ = std::min(box_factor(from.height, to.height), box_factor(from.width, to.width));
-  const int rh = from.height / box_, rw = from.width / box_;
-  linear_taps(rh, to.height, 0, to.height, rows_);
-  linear_taps(rw, to.width, 0, to.width, cols_);
+  triangle_taps(from.height, to.height, rows_);
+  triangle_taps(from.width, to.width, cols_);
   for (std::size_t c = 0; c < tc; ++c) {
     const std::size_t s = fc == 1 ? 0 : c;
     const float a = pixel_scale(to_norm_.std[c]),
@@ -82,8 +89,8 @@ void ImageAdapter::run_typed(const T* in, std::size_t samples, float* out,
                              const std::vector<float>& shift) const {
   const std::size_t in_plane = static_cast<std::size_t>(from_.height) * from_.width;
   const std::size_t out_plane = static_cast<std::size_t>(to_.height) * to_.width;
-  const int rh = from_.height / box_, rw = from_.width / box_;
-  if (box_ > 1) scratch.resize(static_cast<std::size_t>(rh) * rw);
+  const auto tw = static_cast<std::size_t>(to_.width);
+  if (resizes()) scratch.resize(static_cast<std::size_t>(from_.height) * tw);
   for (std::size_t i = 0; i < samples; ++i)
     for (int c = 0; c < to_.channels; ++c) {
       const auto k = static_cast<std::size_t>(c);
@@ -95,41 +102,31 @@ void ImageAdapter::run_typed(const T* in, std::size_t samples, float* out,
         for (std::size_t p = 0; p < in_plane; ++p) dst[p] = static_cast<float>(plane[p]) * a + b;
         continue;
       }
-      auto resample = [&](const auto* src, int width) {
-        for (int y = 0; y < to_.height; ++y) {
-          const auto yi = static_cast<std::size_t>(y);
-          const auto* r0 = src + static_cast<std::size_t>(rows_.lo[yi]) * width;
-          const auto* r1 = src + static_cast<std::size_t>(rows_.hi[yi]) * width;
-          const float wy = rows_.frac[yi];
-          float* row = dst + yi * static_cast<std::size_t>(to_.width);
-          for (int x = 0; x < to_.width; ++x) {
-            const auto xi = static_cast<std::size_t>(x);
-            const int l = cols_.lo[xi], h = cols_.hi[xi];
-            const float fx = cols_.frac[xi];
-            const float top = static_cast<float>(r0[l]) +
-                              (static_cast<float>(r0[h]) - static_cast<float>(r0[l])) * fx;
-            const float bottom = static_cast<float>(r1[l]) +
-                                 (static_cast<float>(r1[h]) - static_cast<float>(r1[l])) * fx;
-            row[x] = (top + (bottom - top) * wy) * a + b;
-          }
+      // Rows first (every input row to the output's width), then columns, as the decoder.
+      const auto ck = static_cast<std::size_t>(cols_.k), rk = static_cast<std::size_t>(rows_.k);
+      for (int y = 0; y < from_.height; ++y) {
+        const T* row = plane + static_cast<std::size_t>(y) * from_.width;
+        float* mid = scratch.data() + static_cast<std::size_t>(y) * tw;
+        for (std::size_t x = 0; x < tw; ++x) {
+          const double* w = cols_.w.data() + x * ck;
+          const T* src = row + cols_.first[x];
+          double v = 0;
+          for (int t = 0; t < cols_.count[x]; ++t) v += w[t] * static_cast<double>(src[t]);
+          mid[x] = static_cast<float>(v);
         }
-      };
-      if (box_ == 1) {
-        resample(plane, from_.width);
-        continue;
       }
-      const float area = static_cast<float>(box_ * box_);
-      for (int y = 0; y < rh; ++y)
-        for (int x = 0; x < rw; ++x) {
-          float sum = 0;
-          for (int dy = 0; dy < box_; ++dy) {
-            const T* row = plane + static_cast<std::size_t>(y * box_ + dy) * from_.width +
-                           static_cast<std::size_t>(x * box_);
-            for (int dx = 0; dx < box_; ++dx) sum += static_cast<float>(row[dx]);
-          }
-          scratch[static_cast<std::size_t>(y) * rw + x] = sum / area;
+      for (int y = 0; y < to_.height; ++y) {
+        const auto yi = static_cast<std::size_t>(y);
+        const double* w = rows_.w.data() + yi * rk;
+        const float* src = scratch.data() + static_cast<std::size_t>(rows_.first[yi]) * tw;
+        float* row = dst + yi * tw;
+        for (std::size_t x = 0; x < tw; ++x) {
+          double v = 0;
+          for (int t = 0; t < rows_.count[yi]; ++t)
+            v += w[t] * static_cast<double>(src[static_cast<std::size_t>(t) * tw + x]);
+          row[x] = static_cast<float>(v) * a + b;
         }
-      resample(scratch.data(), rw);
+      }
     }
 }
 

@@ -4,6 +4,7 @@
 #include "kdflow/core/image_folder.hpp"
 
 #include "kdflow/core/error.hpp"
+#include "kdflow/core/image_adapter.hpp"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -183,38 +184,21 @@ std::uint8_t clip8(std::int32_t v) {
   return v > 255 ? std::uint8_t{255} : static_cast<std::uint8_t>(v);
 }
 
-// The taps of one axis: `in` samples (the box [0, in)) to `out`, as PIL's precompute_coeffs with
-// the bilinear (triangle) filter, then normalize_coeffs_8bpc. Returns the taps per output sample.
-int axis_taps(int in, int out, std::vector<int>& bounds, std::vector<std::int32_t>& k) {
-  const double scale = static_cast<double>(in) / out;
-  const double filterscale = std::max(scale, 1.0);
-  const double support = filterscale; // the triangle's support is 1
-  const int ksize = static_cast<int>(std::ceil(support)) * 2 + 1;
+// The taps of one axis in PIL's fixed point (normalize_coeffs_8bpc). Returns the taps' stride.
+int axis_taps(int in, int out, ResampleTaps& taps, std::vector<int>& bounds,
+              std::vector<std::int32_t>& k) {
+  triangle_taps(in, out, taps);
   bounds.resize(static_cast<std::size_t>(out) * 2);
-  k.assign(static_cast<std::size_t>(out) * static_cast<std::size_t>(ksize), 0);
-  std::vector<double> w(static_cast<std::size_t>(ksize));
-  for (int xx = 0; xx < out; ++xx) {
-    const double center = (xx + 0.5) * scale;
-    const double ss = 1.0 / filterscale;
-    const int xmin = std::max(static_cast<int>(center - support + 0.5), 0);
-    const int xmax = std::min(static_cast<int>(center + support + 0.5), in) - xmin;
-    double ww = 0;
-    for (int x = 0; x < xmax; ++x) {
-      const double t = std::abs((x + xmin - center + 0.5) * ss);
-      w[static_cast<std::size_t>(x)] = t < 1 ? 1 - t : 0;
-      ww += w[static_cast<std::size_t>(x)];
-    }
-    std::int32_t* kk = k.data() + static_cast<std::size_t>(xx) * static_cast<std::size_t>(ksize);
-    for (int x = 0; x < xmax; ++x) {
-      const double v =
-          ww != 0 ? w[static_cast<std::size_t>(x)] / ww : w[static_cast<std::size_t>(x)];
-      kk[x] = static_cast<std::int32_t>(v < 0 ? -0.5 + v * (1 << kPrecisionBits)
-                                              : 0.5 + v * (1 << kPrecisionBits));
-    }
-    bounds[static_cast<std::size_t>(xx) * 2] = xmin;
-    bounds[static_cast<std::size_t>(xx) * 2 + 1] = xmax;
+  k.resize(taps.w.size());
+  for (std::size_t i = 0; i < taps.w.size(); ++i) {
+    const double v = taps.w[i] * (1 << kPrecisionBits);
+    k[i] = static_cast<std::int32_t>(v < 0 ? v - 0.5 : v + 0.5);
   }
-  return ksize;
+  for (std::size_t o = 0; o < static_cast<std::size_t>(out); ++o) {
+    bounds[o * 2] = taps.first[o];
+    bounds[o * 2 + 1] = taps.count[o];
+  }
+  return taps.k;
 }
 
 // Python's round(): half to even (the default rounding mode's nearbyint).
@@ -263,8 +247,8 @@ CropBox random_resized_crop_box(int h, int w, const ResizedCropRange& range, std
 void resample_bilinear_aa(const std::uint8_t* src, int stride, int x0, int y0, int w, int h,
                           int out_h, int out_w, int oy, int ox, int size, std::uint8_t* out,
                           ResampleScratch& m) {
-  const int kx = axis_taps(w, out_w, m.xbounds, m.xk);
-  const int ky = axis_taps(h, out_h, m.ybounds, m.yk);
+  const int kx = axis_taps(w, out_w, m.taps, m.xbounds, m.xk);
+  const int ky = axis_taps(h, out_h, m.taps, m.ybounds, m.yk);
   const bool horizontal = out_w != w, vertical = out_h != h;
   // The source rows the window's outputs read (PIL's ybox_first..ybox_last, for the window only).
   const int first = vertical ? m.ybounds[static_cast<std::size_t>(oy) * 2] : oy;

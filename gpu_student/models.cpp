@@ -1,5 +1,8 @@
-// Student architectures. CIFAR-style stems (3x3, stride 1, no max-pool) so 28x28 and 32x32 inputs
-// keep enough resolution; the same nets take larger images (their pooling is global).
+// Student architectures. The ResNets and MobileNetV2 have two stems (student.stem): CIFAR-style
+// (3x3, stride 1, no max-pool) so 28x28 and 32x32 inputs keep enough resolution, and ImageNet-style
+// (torchvision's: 7x7 stride 2 and a 3x3 stride-2 max-pool for the ResNets, a stride-2 3x3 and
+// stride-2 second stage for MobileNetV2), which at 224 pixels costs 1/16 of the CIFAR form's
+// FLOPs. Their pooling is global, so either takes any size.
 #include "models.hpp"
 
 #include "kdflow/core/error.hpp"
@@ -134,8 +137,10 @@ TORCH_MODULE(BasicBlock);
 // 3x3 stride-1 stem (64-128-256-512 channels, two blocks per stage).
 struct ResNet : Net {
   ResNet(std::int64_t in, const std::vector<std::int64_t>& channels, const std::vector<int>& blocks,
-         std::int64_t classes) {
-    stem = register_module("stem", ConvBn(in, channels[0], 3));
+         std::int64_t classes, bool imagenet)
+      : imagenet_(imagenet) {
+    stem = register_module("stem",
+                           imagenet ? ConvBn(in, channels[0], 7, 2) : ConvBn(in, channels[0], 3));
     std::int64_t cin = channels[0];
     for (std::size_t s = 0; s < channels.size(); ++s)
       for (int b = 0; b < blocks[s]; ++b) {
@@ -151,6 +156,7 @@ struct ResNet : Net {
   // A stage: the blocks of one width; its output is its last block's.
   torch::Tensor forward(torch::Tensor x, Taps& taps) override {
     x = stem->forward(x);
+    if (imagenet_) x = torch::max_pool2d(x, 3, 2, 1);
     const auto blocks = stages->children();
     for (std::size_t k = 0; k < blocks.size(); ++k) {
       x = blocks[k]->as<BasicBlockImpl>()->forward(x);
@@ -168,6 +174,7 @@ struct ResNet : Net {
   }
   std::string export_onnx(GraphWriter& w, const std::string& x) override {
     std::string y = stem->export_onnx(w, x);
+    if (imagenet_) y = w.max_pool(y, 3, 2, 1);
     for (const auto& block : stages->children()) y = block->as<BasicBlockImpl>()->export_onnx(w, y);
     return w.linear(w.global_mean(y), *fc);
   }
@@ -176,6 +183,7 @@ struct ResNet : Net {
   nn::Linear fc{nullptr};
   std::vector<bool> stage_ends_; // per block: the last of its stage
   std::size_t stage_count_ = 0;
+  bool imagenet_;
 };
 
 struct InvertedResidualImpl : nn::Module {
@@ -200,18 +208,20 @@ struct InvertedResidualImpl : nn::Module {
 };
 TORCH_MODULE(InvertedResidual);
 
-// MobileNetV2 (Sandler et al. 2018) with the CIFAR adaptation: stride-1 stem and first stages.
+// MobileNetV2 (Sandler et al. 2018): torchvision's strides, or the CIFAR adaptation's stride-1
+// stem and second stage.
 struct MobileNetV2 : Net {
-  MobileNetV2(std::int64_t in, double w, std::int64_t classes) {
+  MobileNetV2(std::int64_t in, double w, std::int64_t classes, bool imagenet) {
     struct Setting {
       std::int64_t expand, channels;
       int repeats;
       std::int64_t stride;
     };
-    const Setting settings[] = {{1, 16, 1, 1}, {6, 24, 2, 1},  {6, 32, 3, 2}, {6, 64, 4, 2},
-                                {6, 96, 3, 1}, {6, 160, 3, 2}, {6, 320, 1, 1}};
+    const std::int64_t second = imagenet ? 2 : 1;
+    const Setting settings[] = {{1, 16, 1, 1}, {6, 24, 2, second}, {6, 32, 3, 2}, {6, 64, 4, 2},
+                                {6, 96, 3, 1}, {6, 160, 3, 2},     {6, 320, 1, 1}};
     std::int64_t cin = scaled(32, w);
-    features->push_back(ConvBn(in, cin, 3, 1, 1, Act::relu6));
+    features->push_back(ConvBn(in, cin, 3, imagenet ? 2 : 1, 1, Act::relu6));
     stage_ends_.push_back(false);
     for (const auto& s : settings)
       for (int r = 0; r < s.repeats; ++r) {
@@ -263,45 +273,58 @@ struct MobileNetV2 : Net {
 // here; the config schema takes its names from this list.
 struct StudentEntry {
   const char* name;
-  bool convolutional; // halves the resolution up to 3 times: needs at least 8x8 inputs
+  // Its least input side: the resolution it halves before the global pooling keeps a pixel.
+  int cifar_min, imagenet_min; // 0: it has no such stem
   std::shared_ptr<Net> (*make)(const StudentSpec& spec);
 };
+
+bool imagenet_stem(const StudentSpec& s) { return resolve_stem(s) == "imagenet"; }
 
 std::shared_ptr<Net> make_resnet(const StudentSpec& s, std::vector<std::int64_t> widths,
                                  std::vector<int> blocks) {
   for (auto& w : widths) w = scaled(w, s.width);
-  return std::make_shared<ResNet>(s.channels, std::move(widths), std::move(blocks), s.classes);
+  return std::make_shared<ResNet>(s.channels, std::move(widths), std::move(blocks), s.classes,
+                                  imagenet_stem(s));
 }
 
 const StudentEntry kStudents[] = {
-    {"mlp", false,
+    {"mlp", 1, 0,
      [](const StudentSpec& s) -> std::shared_ptr<Net> {
        return std::make_shared<Mlp>(s.channels * s.height * s.width_px, scaled(256, s.width),
                                     s.classes);
      }},
-    {"cnn", true,
+    {"cnn", 8, 0,
      [](const StudentSpec& s) -> std::shared_ptr<Net> {
        return std::make_shared<Cnn>(s.channels, s.width, s.classes);
      }},
-    {"resnet20", true,
+    {"resnet20", 8, 32,
      [](const StudentSpec& s) {
        return make_resnet(s, {16, 32, 64}, {3, 3, 3});
      }},
-    {"resnet56", true,
+    {"resnet56", 8, 32,
      [](const StudentSpec& s) {
        return make_resnet(s, {16, 32, 64}, {9, 9, 9});
      }},
-    {"resnet18", true,
+    {"resnet18", 8, 32,
      [](const StudentSpec& s) {
        return make_resnet(s, {64, 128, 256, 512}, {2, 2, 2, 2});
      }},
-    {"mobilenetv2", true,
+    {"mobilenetv2", 8, 32,
      [](const StudentSpec& s) -> std::shared_ptr<Net> {
-       return std::make_shared<MobileNetV2>(s.channels, s.width, s.classes);
+       return std::make_shared<MobileNetV2>(s.channels, s.width, s.classes, imagenet_stem(s));
      }},
     // The user's own module (student.path), checked with one dry batch of the data's shape.
-    {"torchscript", false, make_script_net},
+    {"torchscript", 1, 0, make_script_net},
 };
+
+const StudentEntry& entry_of(const std::string& arch) {
+  const auto entry = std::find_if(std::begin(kStudents), std::end(kStudents),
+                                  [&](const StudentEntry& e) { return arch == e.name; });
+  if (entry == std::end(kStudents))
+    throw InputError(fmt::format("student.arch = {}: unknown (one of {})", arch,
+                                 fmt::join(student_names(), ", ")));
+  return *entry;
+}
 
 } // namespace
 
@@ -311,17 +334,33 @@ std::vector<std::string> student_names() {
   return names;
 }
 
+std::vector<std::string> stem_names() { return {"auto", "cifar", "imagenet"}; }
+
+std::string resolve_stem(const StudentSpec& spec) {
+  const StudentEntry& e = entry_of(spec.arch);
+  if (spec.stem == "auto")
+    return e.imagenet_min > 0 && std::min(spec.height, spec.width_px) >= kImagenetStemFrom
+               ? "imagenet"
+               : "cifar";
+  if (spec.stem == "imagenet" && e.imagenet_min == 0)
+    throw InputError(fmt::format("student.stem = imagenet: student.arch = {} has one form only "
+                                 "(resnet20, resnet56, resnet18 and mobilenetv2 have both)",
+                                 spec.arch));
+  if (spec.stem != "cifar" && spec.stem != "imagenet")
+    throw InputError(
+        fmt::format("student.stem = {}: unknown (auto, cifar or imagenet)", spec.stem));
+  return spec.stem;
+}
+
 std::shared_ptr<Net> make_student(const StudentSpec& spec) {
-  const auto entry = std::find_if(std::begin(kStudents), std::end(kStudents),
-                                  [&](const StudentEntry& e) { return spec.arch == e.name; });
-  if (entry == std::end(kStudents))
-    throw InputError(fmt::format("student.arch = {}: unknown (one of {})", spec.arch,
-                                 fmt::join(student_names(), ", ")));
-  // Every conv net halves the resolution at most 3 times: 8x8 is the least that keeps a pixel.
-  if (entry->convolutional && (spec.height < 8 || spec.width_px < 8))
-    throw InputError(fmt::format("student.arch = {}: the input ({}x{}) is smaller than 8x8",
-                                 spec.arch, spec.height, spec.width_px));
-  return entry->make(spec);
+  const StudentEntry& entry = entry_of(spec.arch);
+  const std::string stem = resolve_stem(spec);
+  const int least = stem == "imagenet" ? entry.imagenet_min : entry.cifar_min;
+  if (spec.height < least || spec.width_px < least)
+    throw InputError(fmt::format("student.arch = {} ({} stem): the input ({}x{}) is smaller than "
+                                 "{}x{}",
+                                 spec.arch, stem, spec.height, spec.width_px, least, least));
+  return entry.make(spec);
 }
 
 } // namespace kdflow::student

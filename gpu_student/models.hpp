@@ -30,7 +30,8 @@ public:
   std::string relu(const std::string& x);
   std::string relu6(const std::string& x);
   std::string add(const std::string& a, const std::string& b);
-  std::string max_pool(const std::string& x, std::int64_t k);
+  std::string max_pool(const std::string& x, std::int64_t k); // k x k, stride k, no padding
+  std::string max_pool(const std::string& x, std::int64_t k, std::int64_t stride, std::int64_t pad);
   std::string global_mean(const std::string& x); // mean over height and width -> [batch, C]
   std::string flatten(const std::string& x);
   // The graph with `logits` renamed "logits" as its output, [batch, classes].

@@ -104,9 +104,15 @@ std::string GraphWriter::add(const std::string& a, const std::string& b) {
 }
 
 std::string GraphWriter::max_pool(const std::string& x, std::int64_t k) {
+  return max_pool(x, k, k, 0);
+}
+
+std::string GraphWriter::max_pool(const std::string& x, std::int64_t k, std::int64_t stride,
+                                  std::int64_t pad) {
   return node("MaxPool", {x},
               {{"kernel_shape", teacher::ints_attribute({k, k})},
-               {"strides", teacher::ints_attribute({k, k})}});
+               {"strides", teacher::ints_attribute({stride, stride})},
+               {"pads", teacher::ints_attribute({pad, pad, pad, pad})}});
 }
 
 std::string GraphWriter::global_mean(const std::string& x) {

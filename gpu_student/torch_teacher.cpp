@@ -438,13 +438,13 @@ torch::Tensor adapt_images(const ImageAdapter& adapter, const torch::Tensor& ima
   if (adapter.passes_floats()) return images;
   namespace F = torch::nn::functional;
   torch::Tensor x = images.to(torch::kFloat);
-  if (adapter.box() > 1) x = F::avg_pool2d(x, F::AvgPool2dFuncOptions(adapter.box()));
   const ImageSpec& to = adapter.to();
-  if (adapter.resizes())
+  if (adapter.resizes()) // the adapter's (and PIL's) antialiased bilinear
     x = F::interpolate(x, F::InterpolateFuncOptions()
                               .size(std::vector<std::int64_t>{to.height, to.width})
                               .mode(torch::kBilinear)
-                              .align_corners(false));
+                              .align_corners(false)
+                              .antialias(true));
   if (adapter.from().channels != to.channels) x = x.expand({x.size(0), to.channels, -1, -1});
   const auto options = torch::TensorOptions().dtype(torch::kFloat);
   const torch::Tensor scale =

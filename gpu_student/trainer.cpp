@@ -7,6 +7,7 @@
 #include "kdflow/core/error.hpp"
 #include "kdflow/core/log.hpp"
 #include "kdflow/core/trace.hpp"
+#include "kdflow/cpu_teacher/passes.hpp"
 #include "kdflow/gpu_student/settings.hpp"
 #include "losses.hpp"
 #include "models.hpp"
@@ -18,6 +19,9 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <torch/torch.h>
+
+#include <stdlib.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -668,6 +672,32 @@ std::int64_t Trainer::parameters() const {
   std::int64_t n = 0;
   for (const auto& p : impl_->net->parameters()) n += p.numel();
   return n;
+}
+
+double Trainer::flops_per_sample() const {
+  const Impl& m = *impl_;
+  if (m.options.model.arch == "torchscript") return 0; // a module of the user's: not counted
+  // The student's ONNX form, read back by the teacher's importer, whose FLOP count is the one
+  // `kdflow teacher info` prints (multiply-adds counted as 2).
+  char dir[] = "/tmp/kdflow-student-flops.XXXXXX";
+  if (::mkdtemp(dir) == nullptr) return 0;
+  const std::string path = std::string(dir) + "/student.onnx";
+  double flops = 0;
+  try {
+    torch::NoGradGuard no_grad;
+    GraphWriter writer(m.options.model);
+    const std::string logits = m.net->export_onnx(writer, writer.input());
+    teacher::write_onnx(writer.finish(logits), path, "kdflow");
+    teacher::LoadOptions lo;
+    lo.batch = 1;
+    flops = teacher::summarize(teacher::load_onnx(path, lo)).flops_per_sample;
+  } catch (const std::exception&) {
+    flops = 0; // a count, not the run: it goes unprinted
+  }
+  // POSIX, not std::filesystem: LibTorch exports an older std::filesystem the linker may bind.
+  ::unlink(path.c_str());
+  ::rmdir(dir);
+  return flops;
 }
 
 std::optional<BucketStats> Trainer::bucket_stats() const {

@@ -115,9 +115,8 @@ ImageAdapter teacher_input(const RunInputs& run, const TeacherSpec& spec,
   ImageAdapter adapter(data, data_norm, own, own_norm);
   std::vector<std::string> what;
   if (adapter.resizes())
-    what.push_back(fmt::format("resized from {}x{}{}", data.height, data.width,
-                               adapter.box() > 1 ? fmt::format(" (box {} first)", adapter.box())
-                                                 : std::string()));
+    what.push_back(
+        fmt::format("resized from {}x{} (antialiased bilinear)", data.height, data.width));
   if (own.channels != data.channels)
     what.push_back(fmt::format("channel repeated {} times", own.channels));
   if (own_norm != Normalization{repeated(data_norm.mean), repeated(data_norm.std)})

@@ -104,6 +104,47 @@ TEST(Trainer, EveryArchitectureTrainsOnBothInputSizes) {
     }
 }
 
+TEST(Trainer, ImageNetStemsAreTorchvisionsNetworks) {
+  // torchvision's resnet18 and mobilenet_v2 at width 1 have 11,689,512 and 3,504,872 parameters
+  // with 1000 classes; with 10, their heads are 512 * 990 + 990 and 1280 * 990 + 990 smaller.
+  // FLOPs at 224 as kdflow counts them (`kdflow teacher info`: multiply-adds x 2, taps that read
+  // only padding not counted) for torchvision's own two networks exported to ONNX: 3359.8 M and
+  // 596.8 M.
+  struct Expected {
+    const char* arch;
+    std::int64_t parameters;
+    double gflops_lo, gflops_hi;
+  };
+  for (const Expected e : {Expected{"resnet18", 11689512 - 512 * 990 - 990, 3.359, 3.361},
+                           Expected{"mobilenetv2", 3504872 - 1280 * 990 - 990, 0.5963, 0.5973}}) {
+    SCOPED_TRACE(e.arch);
+    Fixture f(3, 224, 224);
+    TrainerOptions o = options(e.arch, 3, 224);
+    o.model.width = 1.0;
+    o.model.stem = "auto"; // 224 pixels: the ImageNet stem
+    EXPECT_EQ(resolve_stem(o.model), "imagenet");
+    Trainer t(o, f.ring, {0, 1, 2});
+    EXPECT_EQ(t.parameters(), e.parameters);
+    EXPECT_GT(t.flops_per_sample() / 1e9, e.gflops_lo);
+    EXPECT_LT(t.flops_per_sample() / 1e9, e.gflops_hi);
+    f.produce(0);
+    const auto s = t.step(0);
+    ASSERT_TRUE(s);
+    EXPECT_TRUE(std::isfinite(s->loss));
+    // The CIFAR form of the same network at 224 costs ~16x (its first stage at full resolution).
+    Fixture g(3, 224, 224);
+    o.model.stem = "cifar";
+    Trainer cifar(o, g.ring, {0, 1, 2});
+    EXPECT_GT(cifar.flops_per_sample(), 8 * t.flops_per_sample());
+  }
+  // Below 96 pixels `auto` keeps the CIFAR stem; a stem an architecture lacks is one line.
+  EXPECT_EQ(resolve_stem(options("resnet18", 3, 32).model), "cifar");
+  TrainerOptions cnn = options("cnn", 3, 224);
+  cnn.model.stem = "imagenet";
+  EXPECT_THROW((void)resolve_stem(cnn.model), InputError);
+  EXPECT_EQ(resolve_stem(options("cnn", 3, 224).model), "cifar");
+}
+
 void expect_checkpoint_restores_exactly(const TrainerOptions& o, const std::filesystem::path& path,
                                         const std::vector<RegionSpec>& extra = {},
                                         const StepRegions& regions = {0, 1, 2, {}});

@@ -1,6 +1,6 @@
-// Resampling shared by the image decoder and the teacher's input: bilinear taps with pixel centres
-// aligned, after a box reduction for large downscales; and ImageAdapter, which makes a teacher's
-// own input (its size, channels and normalization) from the images a slot holds.
+// Resampling shared by the image decoder and the teacher's input: PIL's antialiased bilinear taps;
+// and ImageAdapter, which makes a teacher's own input (its size, channels and normalization) from
+// the images a slot holds.
 #pragma once
 
 #include <cstddef>
@@ -15,18 +15,16 @@ namespace kdflow {
 inline float pixel_scale(float std) { return 1.f / (255.f * std); }
 inline float pixel_shift(float mean, float std) { return -mean / std; }
 
-// Where output samples [offset, offset + lo.size()) of an axis of `in` samples stretched to
-// `scaled` read: samples lo and hi, weighted 1 - frac and frac. Pixel centres aligned and clamped
-// at the edges, as PIL, OpenCV and PyTorch's bilinear (align_corners = false) sample.
-struct LinearTaps {
-  std::vector<int> lo, hi;
-  std::vector<float> frac;
+// The taps of one axis of PIL's antialiased bilinear resize (Image.resize(BILINEAR), what
+// torchvision's transforms call, and torch's interpolate(bilinear, antialias = true)): output
+// sample o of `out` reads input samples [first[o], first[o] + count[o]) with weights
+// w[o * k + t], which sum to one: the triangle filter, widened by the downscale factor.
+struct ResampleTaps {
+  int k = 0; // the most taps an output sample has (the stride of w)
+  std::vector<int> first, count;
+  std::vector<double> w;
 };
-void linear_taps(int in, int scaled, int offset, int count, LinearTaps& out);
-
-// The k x k box average a downscale from `in` to `out` samples starts with (in / out when that
-// is at least 2, else 1): bilinear sampling alone would alias by more than two.
-int box_factor(int in, int out);
+void triangle_taps(int in, int out, ResampleTaps& taps);
 
 struct ImageSpec {
   int channels = 0, height = 0, width = 0;
@@ -43,17 +41,17 @@ struct Normalization {
 };
 
 // Images of `from` (uint8 pixels, or float32 normalized with `from_norm`) to images of `to`
-// normalized with `to_norm`: box reduction by box() both ways, bilinear to to's size, channel 0
-// repeated when `from` has one channel and `to` more, then the normalization. The loader's taps,
-// the values kept in float32 (no rounding to 8 bits between the steps). A uint8 image of the same
-// size and normalization comes out exactly as the loader's float32 slots would hold it.
+// normalized with `to_norm`: resized to to's size with the decoder's taps (triangle_taps, rows then
+// columns), channel 0 repeated when `from` has one channel and `to` more, then the normalization.
+// The values are kept in float32 (no rounding to 8 bits between the passes). A uint8 image of the
+// same size and normalization comes out exactly as the loader's float32 slots would hold it.
 class ImageAdapter {
 public:
   // std::invalid_argument for empty shapes, channels that neither match nor repeat one, or
   // normalizations of the wrong length.
   ImageAdapter(ImageSpec from, Normalization from_norm, ImageSpec to, Normalization to_norm);
 
-  // `samples` images of from() -> of to(); `scratch` holds the box reduction (grown once).
+  // `samples` images of from() -> of to(); `scratch` holds the first pass (grown once).
   void run(const std::uint8_t* in, std::size_t samples, float* out,
            std::vector<float>& scratch) const;
   void run(const float* in, std::size_t samples, float* out, std::vector<float>& scratch) const;
@@ -66,7 +64,6 @@ public:
   [[nodiscard]] const ImageSpec& from() const { return from_; }
   [[nodiscard]] const ImageSpec& to() const { return to_; }
   [[nodiscard]] const Normalization& to_norm() const { return to_norm_; }
-  [[nodiscard]] int box() const { return box_; }
   // Output channel c = value * scale + shift of the resampled input channel (c, or 0 when
   // repeated), for float32 input normalized with from_norm.
   [[nodiscard]] const std::vector<float>& float_scale() const { return float_scale_; }
@@ -79,8 +76,7 @@ private:
 
   ImageSpec from_, to_;
   Normalization from_norm_, to_norm_;
-  int box_ = 1;
-  LinearTaps rows_, cols_;
+  ResampleTaps rows_, cols_;
   std::vector<float> pixel_scale_, pixel_shift_; // uint8 input
   std::vector<float> float_scale_, float_shift_; // float32 input normalized with from_norm
 };

@@ -5,6 +5,8 @@
 // as torchvision's transforms make it, each value within one level).
 #pragma once
 
+#include "kdflow/core/image_adapter.hpp"
+
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -65,6 +67,7 @@ CropBox random_resized_crop_box(int h, int w, const ResizedCropRange& range, std
 // axis is exactly PIL's; along both, within one level (Pillow 13 orders its two passes by a rule of
 // its own for some shapes, and the 8-bit rounding between them differs).
 struct ResampleScratch {
+  ResampleTaps taps;
   std::vector<int> xbounds, ybounds;
   std::vector<std::int32_t> xk, yk;
   std::vector<std::uint8_t> rows;

@@ -18,11 +18,18 @@ struct StudentSpec {
   std::string arch = "cnn";
   double width = 1.0; // channel multiplier
   std::int64_t channels = 1, height = 28, width_px = 28, classes = 10;
-  std::string path; // arch "torchscript": the saved module (student.path)
+  std::string path;          // arch "torchscript": the saved module (student.path)
+  std::string stem = "auto"; // cifar | imagenet | auto (imagenet from kImagenetStemFrom pixels)
 };
 
 // The registry's names, in its order (student.arch's choices).
 std::vector<std::string> student_names();
+// student.stem's choices, and the stem a spec's network is built with: `auto` is the ImageNet stem
+// for inputs of at least kImagenetStemFrom pixels a side where the architecture has one, else the
+// CIFAR stem. InputError naming student.stem for a stem the architecture lacks.
+inline constexpr std::int64_t kImagenetStemFrom = 96;
+std::vector<std::string> stem_names();
+std::string resolve_stem(const StudentSpec& spec);
 
 // An exported TorchScript student (`path`) run in eval mode on `device` over `images` (float32
 // [count, C, H, W] of spec's shape, normalized as the data), `batch` images at a time: its

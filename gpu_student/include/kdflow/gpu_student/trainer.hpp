@@ -159,6 +159,9 @@ public:
   [[nodiscard]] std::string device() const;    // "cpu" or "cuda:0 (name)"
   [[nodiscard]] std::string precision() const; // fp32, bf16 autocast, fp16 autocast
   [[nodiscard]] std::int64_t parameters() const;
+  // The built-in student's forward FLOPs per sample (multiply-adds counted as 2); 0 for a
+  // TorchScript student (its module is not counted).
+  [[nodiscard]] double flops_per_sample() const;
   // Several ranks (TrainerOptions::group): the gradient buckets' record; nullopt for one process.
   [[nodiscard]] std::optional<BucketStats> bucket_stats() const;
   // Every parameter and buffer, flattened (tests compare runs bit for bit).
