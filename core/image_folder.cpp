@@ -440,7 +440,8 @@ ImageDecoder::Decoded ImageDecoder::decode(const std::string& path, const ImageG
   const auto scaled = [](int v, int decoded, int original) {
     return static_cast<int>(std::lround(static_cast<double>(v) * decoded / original));
   };
-  const int x0 = scaled(plan.box.left, dw, w), y0 = scaled(plan.box.top, dh, h);
+  const int x0 = std::min(scaled(plan.box.left, dw, w), dw - 1);
+  const int y0 = std::min(scaled(plan.box.top, dh, h), dh - 1);
   const int x1 = std::max(scaled(plan.box.left + plan.box.width, dw, w), x0 + 1);
   const int y1 = std::max(scaled(plan.box.top + plan.box.height, dh, h), y0 + 1);
   resample_bilinear_aa(m.rgb.data(), dw, x0, y0, std::min(x1, dw) - x0, std::min(y1, dh) - y0,

@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# The job users have, kdflow against the PyTorch loop they would write, in one run on this machine:
+# an ImageNet-shaped JPEG folder made from Fashion-MNIST (bench/make_fmnist_folder.py), a
+# torchvision teacher written as ONNX for kdflow and as a state_dict for the peer from the same
+# weights (bench/make_real_teacher.py), the ImageNet form of a torchvision student, and the same
+# recipe (RandomResizedCrop + flip, SGD/Nesterov, warm-up + cosine, T^2 KL + CE, batch, steps).
+# Prints one JSON object (samples/s of each arm, their ratio, the CPU), written to --out too.
+# The arms alternate, --repeats times each; the median of each is compared.
+# Uses the project venv's python (scripts/setup.sh) and build/release/src/kdflow.
+# Usage: bench/real_job.sh [--size 112] [--steps 60] [--batch 32] [--teacher resnet18]
+#   [--student mobilenet_v2] [--repeats 1] [--workers N] [--out FILE]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+size=112 steps=60 batch=32 teacher=resnet18 student=mobilenet_v2 repeats=1 out=""
+workers=$(($(nproc) / 2 > 0 ? $(nproc) / 2 : 1))
+while [ $# -gt 0 ]; do
+  case "$1" in
+  --size) size=$2 ;;
+  --steps) steps=$2 ;;
+  --batch) batch=$2 ;;
+  --teacher) teacher=$2 ;;
+  --student) student=$2 ;;
+  --repeats) repeats=$2 ;;
+  --workers) workers=$2 ;;
+  --out) out=$2 ;;
+  *)
+    echo "real_job: unknown argument $1" >&2
+    exit 2
+    ;;
+  esac
+  shift 2
+done
+py=$(cat .kdflow-venv)/bin/python
+kdflow=build/release/src/kdflow
+[ -x "$kdflow" ] || bash scripts/build.sh release
+work=${KD_REAL_JOB_DIR:-${HOME}/.cache/kdflow/real_job}
+mkdir -p "$work"
+"$py" bench/make_fmnist_folder.py --out "$work/data" --train 4000 --val 500 >&2
+"$py" bench/make_real_teacher.py --arch "$teacher" --classes 10 --size "$size" \
+  --out "$work/teacher_$size" >&2
+case "$student" in
+mobilenet_v2) kd_student=mobilenetv2 ;;
+resnet18) kd_student=resnet18 ;;
+*)
+  echo "real_job: --student $student: resnet18 or mobilenet_v2 (kdflow's built-in ImageNet forms)" >&2
+  exit 2
+  ;;
+esac
+resize=$((size * 8 / 7))
+results=$(mktemp -d)
+trap 'rm -rf "$results"' EXIT
+for r in $(seq 1 "$repeats"); do
+  rm -rf "$work/run"
+  "$kdflow" train --out "$work/run" --set data.dataset=folder --set "data.path=$work/data" \
+    --set "data.image_size=$size" --set "data.resize=$resize" --set data.random_resized_crop=true \
+    --set data.hflip=true --set "data.batch_size=$batch" \
+    --set "teacher.model=$work/teacher_$size/$teacher.onnx" --set "student.arch=$kd_student" \
+    --set student.stem=imagenet --set "train.max_steps=$steps" --set train.export=off \
+    --set train.checkpoint_every=0 >"$results/kdflow_$r.log" 2>&1 ||
+    {
+      tail -5 "$results/kdflow_$r.log" >&2
+      exit 1
+    }
+  cp "$work/run/summary.json" "$results/kdflow_$r.json"
+  "$py" bench/peer_pytorch_kd.py --data "$work/data" --teacher-arch "$teacher" \
+    --teacher-weights "$work/teacher_$size/$teacher.pt" --student-arch "$student" --size "$size" \
+    --resize "$resize" --batch "$batch" --steps "$steps" --workers "$workers" \
+    --device cpu >"$results/peer_$r.json"
+done
+"$py" - "$results" "$repeats" "$size" "$steps" "$batch" "$teacher" "$student" "$workers" "$out" <<'PY'
+import json, statistics, subprocess, sys
+d, repeats, size, steps, batch, teacher, student, workers, out = sys.argv[1:]
+k = [json.load(open(f"{d}/kdflow_{r}.json")) for r in range(1, int(repeats) + 1)]
+p = [json.load(open(f"{d}/peer_{r}.json")) for r in range(1, int(repeats) + 1)]
+cpu = subprocess.run("lscpu | sed -n 's/^Model name:[ ]*//p'", shell=True, capture_output=True,
+                     text=True).stdout.strip()
+commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                        text=True).stdout.strip()
+ks = statistics.median(x["samples_per_s"] for x in k)
+ps = statistics.median(x["samples_per_s"] for x in p)
+result = {"cpu": cpu, "cpus": int(subprocess.run(["nproc"], capture_output=True, text=True).stdout),
+          "commit": commit, "size": int(size), "steps": int(steps), "batch": int(batch),
+          "teacher": teacher, "student": student, "student_device": "cpu",
+          "peer_workers": int(workers), "repeats": int(repeats),
+          "kdflow_samples_per_s": [x["samples_per_s"] for x in k],
+          "peer_samples_per_s": [x["samples_per_s"] for x in p],
+          "ratio": ks / ps,
+          "kdflow_teacher_busy_fraction": [x.get("teacher_busy_fraction") for x in k],
+          "kdflow_student_stall_fraction": [x.get("student_stall_fraction") for x in k],
+          "kdflow_plan": k[-1].get("plan")}
+text = json.dumps(result, indent=1)
+print(text)
+if out:
+    open(out, "w").write(text + "\n")
+PY
