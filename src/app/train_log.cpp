@@ -95,6 +95,26 @@ void TrainLog::write_interval(std::uint64_t b, const student::StepStats& last) {
   // Teacher batches read from kd.cache so far (null without a cache).
   TeacherTargets& targets = pipeline_.targets();
   line["teacher_cached_batches"] = targets.cache() ? json(targets.cached_batches()) : json(nullptr);
+  if (folder_ != nullptr && teacher_runs && !pace_said_) {
+    // After the first interval's few timed batches: which stage sets the pace, from the teacher's
+    // share of busy time and the student's share of waiting (each stage's rate at full use).
+    pace_said_ = true;
+    const double rate = line["samples_per_s"].get<double>();
+    const double busy = line["teacher_busy"].get<double>();
+    const double waited = std::clamp(line["student_wait_ms"].get<double>() / (span * 1e3), 0., 1.);
+    const std::string rates = fmt::format(
+        "first {} steps: {:.0f} samples/s; the teacher's {} replica(s) busy {:.0f}% (~{:.0f} "
+        "samples/s at full use), the student waiting {:.0f}% (~{:.0f} samples/s never waiting)",
+        trainer_.steps_done(), rate, pipeline_.replicas(), 100 * busy, busy > 0 ? rate / busy : 0.0,
+        100 * waited, waited < 1 ? rate / (1 - waited) : 0.0);
+    if (waited > 0.2 && busy > 0.8)
+      log_warn(rates + ": the teacher is the slower stage. Levers: teacher.precision = bf16 where "
+                       "the CPU has it, kd.cache (the teacher's outputs of earlier epochs), a "
+                       "lighter or single teacher, or more teacher CPUs (kdflow tune-cores)");
+    else
+      log_info(rates + (waited <= 0.2 ? ": the student sets the pace (the teacher keeps up)"
+                                      : ": the loader or the ring sets the pace"));
+  }
   if (folder_ != nullptr) {
     folder_->write_metrics(line);
     if (!progress_.terminal())

@@ -63,6 +63,7 @@ private:
   double rate_ = 0; // the job's samples/s since start()
   MetricsInterval interval_;
   std::uint64_t interval_wait_ns_ = 0, interval_teacher_ns_ = 0; // at the interval's start
+  bool pace_said_ = false; // the first interval's line on which stage sets the pace
 };
 
 } // namespace kdflow::app
