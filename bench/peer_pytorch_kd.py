@@ -103,7 +103,7 @@ def main():
     loop_s = time.perf_counter() - start
     result = {"peer": "pytorch", "samples_per_s": samples / loop_s, "steps": step,
               "samples": samples, "loop_s": loop_s, "workers": a.workers, "threads": a.threads,
-              "device": a.device, "amp": a.amp, "loss": float(loss)}
+              "device": a.device, "amp": a.amp, "loss": loss.item()}
     if a.eval:
         val = torchvision.datasets.ImageFolder(
             os.path.join(a.data, "val"),

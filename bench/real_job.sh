@@ -8,10 +8,16 @@
 # The arms alternate, --repeats times each; the median of each is compared.
 # Uses the project venv's python (scripts/setup.sh) and build/release/src/kdflow.
 # Usage: bench/real_job.sh [--size 112] [--steps 60] [--batch 32] [--teacher resnet18]
-#   [--student mobilenet_v2] [--repeats 1] [--workers N] [--out FILE]
+#   [--student mobilenet_v2] [--repeats 1] [--workers N] [--out FILE] [--set KEY=VALUE]...
+#   [--env KEY=VALUE]... [--peer-env KEY=VALUE]...
+# (--set: a key of kdflow's configuration for its arm, e.g. train.threads=2; --env, --peer-env: an
+# environment variable for kdflow's or the peer's arm, e.g. OMP_WAIT_POLICY=PASSIVE; repeatable)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 size=112 steps=60 batch=32 teacher=resnet18 student=mobilenet_v2 repeats=1 out=""
+sets=()
+envs=()
+peer_envs=()
 workers=$(($(nproc) / 2 > 0 ? $(nproc) / 2 : 1))
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -23,6 +29,9 @@ while [ $# -gt 0 ]; do
   --repeats) repeats=$2 ;;
   --workers) workers=$2 ;;
   --out) out=$2 ;;
+  --set) sets+=(--set "$2") ;;
+  --env) envs+=("$2") ;;
+  --peer-env) peer_envs+=("$2") ;;
   *)
     echo "real_job: unknown argument $1" >&2
     exit 2
@@ -51,25 +60,26 @@ results=$(mktemp -d)
 trap 'rm -rf "$results"' EXIT
 for r in $(seq 1 "$repeats"); do
   rm -rf "$work/run"
-  "$kdflow" train --out "$work/run" --set data.dataset=folder --set "data.path=$work/data" \
+  env "${envs[@]}" "$kdflow" train --out "$work/run" --set data.dataset=folder --set "data.path=$work/data" \
     --set "data.image_size=$size" --set "data.resize=$resize" --set data.random_resized_crop=true \
     --set data.hflip=true --set "data.batch_size=$batch" \
     --set "teacher.model=$work/teacher_$size/$teacher.onnx" --set "student.arch=$kd_student" \
     --set student.stem=imagenet --set "train.max_steps=$steps" --set train.export=off \
-    --set train.checkpoint_every=0 >"$results/kdflow_$r.log" 2>&1 ||
+    --set train.checkpoint_every=0 "${sets[@]}" >"$results/kdflow_$r.log" 2>&1 ||
     {
       tail -5 "$results/kdflow_$r.log" >&2
       exit 1
     }
   cp "$work/run/summary.json" "$results/kdflow_$r.json"
-  "$py" bench/peer_pytorch_kd.py --data "$work/data" --teacher-arch "$teacher" \
+  env "${peer_envs[@]}" "$py" bench/peer_pytorch_kd.py --data "$work/data" --teacher-arch "$teacher" \
     --teacher-weights "$work/teacher_$size/$teacher.pt" --student-arch "$student" --size "$size" \
     --resize "$resize" --batch "$batch" --steps "$steps" --workers "$workers" \
     --device cpu >"$results/peer_$r.json"
 done
-"$py" - "$results" "$repeats" "$size" "$steps" "$batch" "$teacher" "$student" "$workers" "$out" <<'PY'
+"$py" - "$results" "$repeats" "$size" "$steps" "$batch" "$teacher" "$student" "$workers" "$out" \
+  "${sets[*]}" "${envs[*]}" "${peer_envs[*]}" <<'PY'
 import json, statistics, subprocess, sys
-d, repeats, size, steps, batch, teacher, student, workers, out = sys.argv[1:]
+d, repeats, size, steps, batch, teacher, student, workers, out, sets, envs, peer_envs = sys.argv[1:]
 k = [json.load(open(f"{d}/kdflow_{r}.json")) for r in range(1, int(repeats) + 1)]
 p = [json.load(open(f"{d}/peer_{r}.json")) for r in range(1, int(repeats) + 1)]
 cpu = subprocess.run("lscpu | sed -n 's/^Model name:[ ]*//p'", shell=True, capture_output=True,
@@ -82,6 +92,8 @@ result = {"cpu": cpu, "cpus": int(subprocess.run(["nproc"], capture_output=True,
           "commit": commit, "size": int(size), "steps": int(steps), "batch": int(batch),
           "teacher": teacher, "student": student, "student_device": "cpu",
           "peer_workers": int(workers), "repeats": int(repeats),
+          "kdflow_sets": sets.replace("--set ", "").split(), "kdflow_env": envs.split(),
+          "peer_env": peer_envs.split(),
           "kdflow_samples_per_s": [x["samples_per_s"] for x in k],
           "peer_samples_per_s": [x["samples_per_s"] for x in p],
           "ratio": ks / ps,

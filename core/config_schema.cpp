@@ -279,7 +279,9 @@ const std::vector<ConfigKey>& config_schema() {
       {"train.threads",
        T::integer,
        std::int64_t{0},
-       "intra-op threads of the student on the CPU (0: the student's CPUs in the plan)",
+       "intra-op threads of the student on the CPU (0: the student's CPUs in the plan; more than "
+       "those: the extra threads run on the teachers' CPUs too, sharing them; run with "
+       "OMP_WAIT_POLICY=PASSIVE then)",
        {},
        0,
        4096},

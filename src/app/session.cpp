@@ -2,6 +2,13 @@
 #include "session.hpp"
 
 #include "kdflow/affinity/pinning.hpp"
+#include "kdflow/core/log.hpp"
+
+#include <algorithm>
+#include <cstdlib>
+#include <string>
+
+#include <fmt/format.h>
 
 namespace kdflow::app {
 
@@ -22,7 +29,28 @@ void Session::prepare(const RunRequest& request, const std::function<void()>& th
     return run;
   }));
   sampler_.emplace(run_->train.size(), run_->sampler);
-  affinity::pin_this_thread(run_->topology, run_->plan.student, "kd-student");
+  const affinity::CpuList cpus = student_cpus(*run_);
+  affinity::pin_this_thread(run_->topology, cpus, "kd-student");
+  const char* wait = std::getenv("OMP_WAIT_POLICY");
+  if (cpus.size() > run_->plan.student.size() &&
+      (wait == nullptr || (std::string(wait) != "PASSIVE" && std::string(wait) != "passive")))
+    log_warn(fmt::format("train.threads = {}: the student's threads share the teachers' CPUs, "
+                         "where LibTorch's OpenMP threads spinning at their barriers take the "
+                         "teachers' time; run with OMP_WAIT_POLICY=PASSIVE (read when the process "
+                         "starts)",
+                         run_->config.get_int("train.threads")));
+}
+
+affinity::CpuList student_cpus(const RunInputs& run) {
+  affinity::CpuList cpus = run.plan.student;
+  const auto threads = run.config.get_int("train.threads");
+  if (run.device.is_cuda() || threads <= static_cast<std::int64_t>(cpus.size())) return cpus;
+  // More intra-op threads than the student's CPUs: they run on the teachers' CPUs too, which the
+  // OS shares between the two (the student takes what the teachers leave idle).
+  for (const auto& replica : run.plan.teacher)
+    for (const int c : replica)
+      if (std::find(cpus.begin(), cpus.end(), c) == cpus.end()) cpus.push_back(c);
+  return cpus;
 }
 
 } // namespace kdflow::app

@@ -6,6 +6,7 @@
 // and the teacher's logits for them; the arenas the last move built run their workers on its CPUs.
 #include "pipeline.hpp"
 #include "run.hpp"
+#include "session.hpp"
 
 #include "../core/input_error.hpp"
 #include "torch_teacher_impl.hpp"
@@ -315,6 +316,26 @@ Config shipped_teacher_config(std::vector<std::string> sets) {
   sets.push_back("teacher.tune=off");
   place_roles(cpus, sets);
   return resolve_config("", sets);
+}
+
+TEST(Session, StudentThreadsBeyondItsCpusShareTheTeachers) {
+  for (const int threads : {0, 1, 8}) {
+    SCOPED_TRACE(threads);
+    const RunInputs run = prepare_run(
+        shipped_teacher_config({"student.device=cpu", "train.threads=" + std::to_string(threads)}));
+    const CpuList got = student_cpus(run);
+    CpuList want = run.plan.student;
+    if (threads > static_cast<int>(run.plan.student.size()))
+      for (const auto& replica : run.plan.teacher)
+        for (const int c : replica)
+          if (std::find(want.begin(), want.end(), c) == want.end()) want.push_back(c);
+    EXPECT_EQ(got, want);
+    if (threads == 8) {
+      EXPECT_GT(got.size(), run.plan.student.size()) << "the teachers' CPUs are shared";
+    } else {
+      EXPECT_EQ(got, run.plan.student);
+    }
+  }
 }
 
 std::vector<double> softmax_at(std::span<const float> z, double t) {
