@@ -195,6 +195,8 @@ ImageGeometry image_geometry(const Config& config) {
   g.dct_scaling = config.get_bool("data.dct_scaling");
   const auto range = [&](const char* key, bool at_most_one) {
     const std::string text = config.get_string(key);
+    if (std::count(text.begin(), text.end(), ',') != 1)
+      throw InputError(fmt::format("{} = \"{}\": want two numbers, \"lo,hi\"", key, text));
     const auto v = parse_floats(text, key, 2, true);
     if (v[0] > v[1] || (at_most_one && v[1] > 1))
       throw InputError(fmt::format("{} = \"{}\": want \"lo,hi\" with 0 < lo <= hi{}", key, text,

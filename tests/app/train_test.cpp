@@ -645,10 +645,18 @@ TEST(Train, BadInputsAreExit2WithOneLine) {
     expect_one_line_naming(r.err, "/nonexistent/data");
   }
   // Per-channel lists take finite numbers only (strtof reads "nan" and "inf").
-  for (const char* set : {"data.mean=nan", "data.std=0.3,inf", "teacher.mean=nan"}) {
+  for (const char* set :
+       {"data.mean=nan", "data.std=0.3,inf", "teacher.mean=nan", "data.crop_scale=0.5,0.2",
+        "data.crop_scale=0.1,1.5", "data.crop_ratio=1,2,3", "data.crop_ratio=0,1"}) {
     const Result r = run(with(fast_train_args(out), {set}), out);
     EXPECT_EQ(r.code, 2) << set;
     expect_one_line_naming(r.err, std::string(set).substr(0, std::string(set).find('=')));
+  }
+  {
+    // RandomResizedCrop needs images of their own size: Fashion-MNIST's are all 28x28.
+    const Result r = run(with(fast_train_args(out), {"data.random_resized_crop=true"}), out);
+    EXPECT_EQ(r.code, 2);
+    expect_one_line_naming(r.err, "data.random_resized_crop");
   }
   EXPECT_FALSE(fs::exists(out / "checkpoints")); // nothing was started
 }
