@@ -221,6 +221,52 @@ TEST(Augment, Uint8SlotsNormalizedLaterEqualFloat32Slots) {
   }
 }
 
+TEST(Augment, DataSampleIsWhatTheLoaderWrites) {
+  // augmented_sample (what `kdflow data sample` writes, checked against torchvision by
+  // scripts/check_augment.py) is byte for byte the loader's uint8 slot, RandomResizedCrop, flip
+  // and pad shift included; the draws follow (seed, epoch, index).
+  const auto root = std::filesystem::temp_directory_path() /
+                    ("kdflow_loader_sample_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(root);
+  test::write_image_folder(root, 2, 5, 40, 52);
+  ImageGeometry g{24, 32};
+  g.random_resized = true;
+  const Dataset d = Dataset::load("folder", root.string(), Split::train, g);
+  SamplerConfig sc;
+  sc.batch_size = 4;
+  sc.seed = 11;
+  const Sampler s(d.size(), sc);
+  AugmentConfig aug;
+  aug.normalize = false;
+  aug.hflip = true;
+  aug.pad_crop = 1;
+  const SlotLayout layout = loader_layout(d, 4, false);
+  LoaderScratch scratch;
+  SampleScratch alone;
+  std::vector<std::uint8_t> one(d.sample_bytes());
+  std::set<std::string> crops;
+  for (std::uint64_t b = 0; b < 5; ++b) {
+    SlotRing ring(layout, 2, allocate_locked(2 * layout.slot_bytes()));
+    auto slot = ring.acquire_free(0);
+    fill_batch(d, s, aug, b, *slot, {0, 1, 2}, scratch);
+    const auto pixels = slot->region<std::uint8_t>(0);
+    const auto ids = slot->region<std::int64_t>(2);
+    const std::uint64_t epoch = b / s.batches_per_epoch();
+    for (std::size_t i = 0; i < slot->header().samples; ++i) {
+      const auto index = static_cast<std::uint32_t>(ids[i]);
+      const SampleDraw draw = draw_sample(aug, sc.seed, epoch, index);
+      const auto decoded = augmented_sample(d, index, draw, alone, one.data());
+      EXPECT_TRUE(std::equal(one.begin(), one.end(), pixels.begin() + i * one.size()))
+          << "batch " << b << " sample " << index;
+      EXPECT_EQ(decoded.box,
+                random_resized_crop_box(decoded.height, decoded.width, g.range, draw.crop.key));
+      crops.insert(std::string(one.begin(), one.end()));
+    }
+  }
+  EXPECT_GT(crops.size(), 15u) << "the crops differ from sample to sample and epoch to epoch";
+  std::filesystem::remove_all(root);
+}
+
 // Runs `workers` loader threads over `batches` batches and returns a checksum per batch.
 std::vector<std::uint64_t> load_with(int workers, const Dataset& d, std::uint64_t batches,
                                      std::size_t batch_size = 64) {
