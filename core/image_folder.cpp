@@ -3,6 +3,7 @@
 // as PIL resizes, computing only the pixels the crop keeps.
 #include "kdflow/core/image_folder.hpp"
 
+#include "kdflow/core/digest.hpp"
 #include "kdflow/core/error.hpp"
 #include "kdflow/core/image_adapter.hpp"
 
@@ -168,13 +169,6 @@ void check_pixels(const std::string& path, std::int64_t w, std::int64_t h) {
 
 namespace {
 
-std::uint64_t splitmix(std::uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
 // PIL's fixed point for 8-bit resampling (Resample.c): 22 fraction bits, round half away from 0.
 constexpr int kPrecisionBits = 32 - 8 - 2;
 
@@ -210,7 +204,7 @@ CropBox random_resized_crop_box(int h, int w, const ResizedCropRange& range, std
                                 std::vector<double>* draws) {
   std::uint64_t k = 0;
   const auto uniform = [&] {
-    const double u = static_cast<double>(splitmix(key + k++) >> 11) * 0x1.0p-53;
+    const double u = static_cast<double>(splitmix64(key + k++) >> 11) * 0x1.0p-53;
     if (draws != nullptr) draws->push_back(u);
     return u;
   };

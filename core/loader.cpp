@@ -1,6 +1,7 @@
 // Sampler (Feistel permutation keyed by seed and epoch), augmentation and loader workers.
 #include "kdflow/core/loader.hpp"
 
+#include "kdflow/core/digest.hpp"
 #include "kdflow/core/error.hpp"
 #include "kdflow/core/fault_hooks.hpp"
 #include "kdflow/core/image_adapter.hpp"
@@ -14,13 +15,6 @@
 
 namespace kdflow {
 namespace {
-
-std::uint64_t mix(std::uint64_t x) { // splitmix64 finalizer
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
 
 // One h x w plane, shifted by (dy, dx) (zeros where the shift uncovers nothing) and mirrored if
 // `flip`, through `convert`. Row by row over the valid columns only, so that the inner loops have
@@ -67,7 +61,8 @@ std::uint32_t feistel(std::uint64_t key, std::uint32_t k, std::size_t size, int 
   do {
     std::uint32_t l = x >> half_bits, r = x & mask;
     for (std::uint64_t round = 0; round < 4; ++round) {
-      const std::uint32_t f = static_cast<std::uint32_t>(mix(key ^ (round << 32) ^ r)) & mask;
+      const std::uint32_t f =
+          static_cast<std::uint32_t>(splitmix64(key ^ (round << 32) ^ r)) & mask;
       const std::uint32_t nl = r;
       r = l ^ f;
       l = nl;
@@ -102,7 +97,8 @@ Sampler::Sampler(std::size_t dataset_size, SamplerConfig config)
 
 std::uint32_t Sampler::permute(std::uint64_t epoch, std::uint32_t k) const {
   if (!config_.shuffle) return k;
-  return feistel(mix(config_.seed * 0x100000001b3ull ^ mix(epoch + 1)), k, size_, half_bits_);
+  return feistel(splitmix64(config_.seed * 0x100000001b3ull ^ splitmix64(epoch + 1)), k, size_,
+                 half_bits_);
 }
 
 void Sampler::batch_indices(std::uint64_t epoch, std::size_t b,
@@ -113,7 +109,7 @@ void Sampler::batch_indices(std::uint64_t epoch, std::size_t b,
   // Fixed shards: the epoch's order within the shard, then the shard's samples in the epoch-0
   // permutation (the same set every epoch).
   const std::uint64_t shard_key =
-      mix(config_.seed * 0x100000001b3ull ^ mix(epoch + 1) ^ 0x5eed5a4dull);
+      splitmix64(config_.seed * 0x100000001b3ull ^ splitmix64(epoch + 1) ^ 0x5eed5a4dull);
   out.resize(n);
   for (std::size_t i = 0; i < n; ++i) {
     const std::size_t k = fixed ? feistel(shard_key, static_cast<std::uint32_t>(first + i),
@@ -141,17 +137,17 @@ SampleDraw draw_sample(const AugmentConfig& aug, std::uint64_t seed, std::uint64
                        std::uint32_t index) {
   SampleDraw d;
   if (!aug.augment) return d;
-  const std::uint64_t r = mix(seed ^ mix(epoch * 0x9e3779b97f4a7c15ull ^ index));
+  const std::uint64_t r = splitmix64(seed ^ splitmix64(epoch * 0x9e3779b97f4a7c15ull ^ index));
   if (const int p = aug.pad_crop; p > 0) {
     d.dy = static_cast<int>(r % static_cast<std::uint64_t>(2 * p + 1)) - p;
     d.dx = static_cast<int>((r >> 16) % static_cast<std::uint64_t>(2 * p + 1)) - p;
   }
   d.flip = aug.hflip && ((r >> 40) & 1) != 0;
-  const std::uint64_t q = mix(r);
+  const std::uint64_t q = splitmix64(r);
   d.crop.y = static_cast<float>(q & 0xffff) / 65535.f;
   d.crop.x = static_cast<float>((q >> 16) & 0xffff) / 65535.f;
   d.crop.random = true; // a RandomResizedCrop where the geometry asks for one, its draws from key
-  d.crop.key = mix(q ^ 0x7272637265736eull);
+  d.crop.key = splitmix64(q ^ 0x7272637265736eull);
   return d;
 }
 

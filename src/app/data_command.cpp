@@ -22,10 +22,7 @@ int data_sample_command(const DataSampleArgs& args) {
   const ImageGeometry geometry = image_geometry(config);
   const Dataset data = Dataset::load(config.get_string("data.dataset"),
                                      config.get_string("data.path"), split, geometry);
-  if (geometry.random_resized && !data.decodes())
-    throw InputError(fmt::format("data.random_resized_crop = true: image folders only ({} holds "
-                                 "its images at their size)",
-                                 data.source()));
+  check_geometry(geometry, data);
   AugmentConfig augment;
   augment.augment = split == Split::train;
   augment.pad_crop = static_cast<int>(config.get_int("data.pad_crop"));

@@ -208,6 +208,13 @@ ImageGeometry image_geometry(const Config& config) {
   return g;
 }
 
+void check_geometry(const ImageGeometry& geometry, const Dataset& data) {
+  if (geometry.random_resized && !data.decodes())
+    throw InputError(fmt::format("data.random_resized_crop = true: image folders only ({} holds "
+                                 "its images at their size)",
+                                 data.source()));
+}
+
 RunInputs prepare_run(const Config& config, const DistEnv& dist, const RunRequest& request) {
   const std::string format = config.get_string("data.dataset");
   const std::string path = config.get_string("data.path");
@@ -224,10 +231,7 @@ RunInputs prepare_run(const Config& config, const DistEnv& dist, const RunReques
                                                          dist.local_rank, dist.local_world),
                 dist};
   // The teachers: the configuration's (checked field by field), or the command's.
-  if (geometry.random_resized && !run.train.decodes())
-    throw InputError(fmt::format("data.random_resized_crop = true: image folders only ({} holds "
-                                 "its images at their size)",
-                                 run.train.source()));
+  check_geometry(geometry, run.train);
   const bool configured = !request.teachers;
   const bool teacher_configured = config.get_double("kd.alpha") > 0;
   if (configured && !config.get_tables("kd.features").empty() && !teacher_configured)

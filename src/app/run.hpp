@@ -57,6 +57,8 @@ auto agreed(student::ProcessGroup* group, F&& f) -> decltype(f()) {
 // The image folder's geometry from data.image_size, data.resize and the RandomResizedCrop keys
 // (each checked: InputError naming the key).
 ImageGeometry image_geometry(const Config& config);
+// InputError naming data.random_resized_crop where `data` holds its images at their size.
+void check_geometry(const ImageGeometry& geometry, const Dataset& data);
 
 // What a command asks of prepare_run besides the data, the plan and the student's device.
 struct RunRequest {

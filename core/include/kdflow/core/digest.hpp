@@ -1,5 +1,5 @@
 // FNV-1a (64-bit) over bytes: a cheap, stable digest for cache keys and state comparisons (not a
-// cryptographic hash). Chain calls by passing the previous digest as `h`.
+// cryptographic hash). Chain calls by passing the previous digest as `h`. And splitmix64.
 #pragma once
 
 #include <cstddef>
@@ -32,6 +32,15 @@ inline std::uint64_t fnv1a_wide(std::span<const std::byte> bytes, std::uint64_t 
     h *= 1099511628211ull;
   }
   return fnv1a(bytes.subspan(i), h);
+}
+
+// splitmix64's step: a 64-bit value to a well-mixed one (a bijection), for hash-derived random
+// draws that depend on their key alone (the loader's shuffles, crops and flips).
+inline std::uint64_t splitmix64(std::uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
 }
 
 // A file's bytes as "<fnv1a, 16 hex digits>-<size>" ("cbf29ce484222325-0" when it cannot be read).
