@@ -4,23 +4,27 @@
 # torchvision teacher written as ONNX for kdflow and as a state_dict for the peer from the same
 # weights (bench/make_real_teacher.py), the ImageNet form of a torchvision student, and the same
 # recipe (RandomResizedCrop + flip, SGD/Nesterov, warm-up + cosine, T^2 KL + CE, batch, steps).
-# Prints one JSON object (samples/s of each arm, their ratio, the CPU), written to --out too.
-# The arms alternate, --repeats times each; the median of each is compared.
+# --job default: kdflow's default job instead (Fashion-MNIST in memory, the shipped teacher, the
+# `cnn` student, one epoch), the peer holding the data in memory with the teacher's ONNX weights.
+# Prints one JSON object (samples/s and test accuracy of each arm, their ratio, the CPU), written
+# to --out too. The arms alternate, --repeats times each, repeat r with train seed r in both; the
+# medians are compared.
 # Uses the project venv's python (scripts/setup.sh) and build/release/src/kdflow.
-# Usage: bench/real_job.sh [--size 112] [--steps 60] [--batch 32] [--teacher resnet18]
+# Usage: bench/real_job.sh [--job folder|default] [--size 112] [--steps 60] [--batch 32] [--teacher resnet18]
 #   [--student mobilenet_v2] [--repeats 1] [--workers N] [--out FILE] [--set KEY=VALUE]...
 #   [--env KEY=VALUE]... [--peer-env KEY=VALUE]...
 # (--set: a key of kdflow's configuration for its arm, e.g. train.threads=2; --env, --peer-env: an
 # environment variable for kdflow's or the peer's arm, e.g. OMP_WAIT_POLICY=PASSIVE; repeatable)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-size=112 steps=60 batch=32 teacher=resnet18 student=mobilenet_v2 repeats=1 out=""
+job=folder size=112 steps="" batch="" teacher=resnet18 student=mobilenet_v2 repeats=1 out=""
 sets=()
 envs=()
 peer_envs=()
 workers=$(($(nproc) / 2 > 0 ? $(nproc) / 2 : 1))
 while [ $# -gt 0 ]; do
   case "$1" in
+  --job) job=$2 ;;
   --size) size=$2 ;;
   --steps) steps=$2 ;;
   --batch) batch=$2 ;;
@@ -44,42 +48,61 @@ kdflow=build/release/src/kdflow
 [ -x "$kdflow" ] || bash scripts/build.sh release
 work=${KD_REAL_JOB_DIR:-${HOME}/.cache/kdflow/real_job}
 mkdir -p "$work"
-"$py" bench/make_fmnist_folder.py --out "$work/data" --train 4000 --val 500 >&2
-"$py" bench/make_real_teacher.py --arch "$teacher" --classes 10 --size "$size" \
-  --out "$work/teacher_$size" >&2
-case "$student" in
-mobilenet_v2) kd_student=mobilenetv2 ;;
-resnet18) kd_student=resnet18 ;;
+case "$job" in
+folder)
+  steps=${steps:-60} batch=${batch:-32}
+  case "$student" in
+  mobilenet_v2) kd_student=mobilenetv2 ;;
+  resnet18) kd_student=resnet18 ;;
+  *)
+    echo "real_job: --student $student: resnet18 or mobilenet_v2 (kdflow's built-in ImageNet forms)" >&2
+    exit 2
+    ;;
+  esac
+  "$py" bench/make_fmnist_folder.py --out "$work/data" --train 4000 --val 500 >&2
+  "$py" bench/make_real_teacher.py --arch "$teacher" --classes 10 --size "$size" \
+    --out "$work/teacher_$size" >&2
+  resize=$((size * 8 / 7))
+  kd_args=(--set data.dataset=folder --set "data.path=$work/data" --set "data.image_size=$size"
+    --set "data.resize=$resize" --set data.random_resized_crop=true --set data.hflip=true
+    --set "teacher.model=$work/teacher_$size/$teacher.onnx" --set "student.arch=$kd_student"
+    --set student.stem=imagenet)
+  peer_args=(--data "$work/data" --teacher-arch "$teacher"
+    --teacher-weights "$work/teacher_$size/$teacher.pt" --student-arch "$student" --size "$size"
+    --resize "$resize" --workers "$workers")
+  ;;
+default)
+  # One epoch of Fashion-MNIST's 60000 images at kdflow's default batch of 64, both arms on the
+  # shipped teacher; the peer's threads are every CPU (it runs the teacher and student in turn).
+  steps=${steps:-937} batch=${batch:-64} size=28 teacher=fmnist_teacher student=cnn workers=0
+  kd_args=()
+  peer_args=(--idx /usr/share/datasets/fashion-mnist --teacher-onnx models/fmnist_teacher.onnx
+    --student-arch kdflow-cnn)
+  ;;
 *)
-  echo "real_job: --student $student: resnet18 or mobilenet_v2 (kdflow's built-in ImageNet forms)" >&2
+  echo "real_job: --job $job: folder or default" >&2
   exit 2
   ;;
 esac
-resize=$((size * 8 / 7))
 results=$(mktemp -d)
 trap 'rm -rf "$results"' EXIT
 for r in $(seq 1 "$repeats"); do
   rm -rf "$work/run"
-  env "${envs[@]}" "$kdflow" train --out "$work/run" --set data.dataset=folder --set "data.path=$work/data" \
-    --set "data.image_size=$size" --set "data.resize=$resize" --set data.random_resized_crop=true \
-    --set data.hflip=true --set "data.batch_size=$batch" \
-    --set "teacher.model=$work/teacher_$size/$teacher.onnx" --set "student.arch=$kd_student" \
-    --set student.stem=imagenet --set "train.max_steps=$steps" --set train.export=off \
+  env "${envs[@]}" "$kdflow" train --out "$work/run" "${kd_args[@]}" --set "data.batch_size=$batch" \
+    --set "train.max_steps=$steps" --set "train.seed=$r" --set train.export=off \
     --set train.checkpoint_every=0 "${sets[@]}" >"$results/kdflow_$r.log" 2>&1 ||
     {
       tail -5 "$results/kdflow_$r.log" >&2
       exit 1
     }
   cp "$work/run/summary.json" "$results/kdflow_$r.json"
-  env "${peer_envs[@]}" "$py" bench/peer_pytorch_kd.py --data "$work/data" --teacher-arch "$teacher" \
-    --teacher-weights "$work/teacher_$size/$teacher.pt" --student-arch "$student" --size "$size" \
-    --resize "$resize" --batch "$batch" --steps "$steps" --workers "$workers" \
-    --device cpu >"$results/peer_$r.json"
+  env "${peer_envs[@]}" "$py" bench/peer_pytorch_kd.py "${peer_args[@]}" --batch "$batch" \
+    --steps "$steps" --seed "$r" --device cpu --eval >"$results/peer_$r.json"
 done
-"$py" - "$results" "$repeats" "$size" "$steps" "$batch" "$teacher" "$student" "$workers" "$out" \
+"$py" - "$results" "$repeats" "$job" "$size" "$steps" "$batch" "$teacher" "$student" "$workers" "$out" \
   "${sets[*]}" "${envs[*]}" "${peer_envs[*]}" <<'PY'
 import json, statistics, subprocess, sys
-d, repeats, size, steps, batch, teacher, student, workers, out, sets, envs, peer_envs = sys.argv[1:]
+d, repeats, job, size, steps, batch, teacher, student, workers, out, sets, envs, peer_envs = sys.argv[1:]
 k = [json.load(open(f"{d}/kdflow_{r}.json")) for r in range(1, int(repeats) + 1)]
 p = [json.load(open(f"{d}/peer_{r}.json")) for r in range(1, int(repeats) + 1)]
 cpu = subprocess.run("lscpu | sed -n 's/^Model name:[ ]*//p'", shell=True, capture_output=True,
@@ -89,7 +112,7 @@ commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=
 ks = statistics.median(x["samples_per_s"] for x in k)
 ps = statistics.median(x["samples_per_s"] for x in p)
 result = {"cpu": cpu, "cpus": int(subprocess.run(["nproc"], capture_output=True, text=True).stdout),
-          "commit": commit, "size": int(size), "steps": int(steps), "batch": int(batch),
+          "commit": commit, "job": job, "size": int(size), "steps": int(steps), "batch": int(batch),
           "teacher": teacher, "student": student, "student_device": "cpu",
           "peer_workers": int(workers), "repeats": int(repeats),
           "kdflow_sets": sets.replace("--set ", "").split(), "kdflow_env": envs.split(),
@@ -97,6 +120,9 @@ result = {"cpu": cpu, "cpus": int(subprocess.run(["nproc"], capture_output=True,
           "kdflow_samples_per_s": [x["samples_per_s"] for x in k],
           "peer_samples_per_s": [x["samples_per_s"] for x in p],
           "ratio": ks / ps,
+          "kdflow_test_accuracy": [x["test_accuracy"] for x in k],
+          "peer_test_accuracy": [x["test_accuracy"] for x in p],
+          "kdflow_teacher_test_accuracy": k[-1].get("teacher_test_accuracy"),
           "kdflow_teacher_busy_fraction": [x.get("teacher_busy_fraction") for x in k],
           "kdflow_student_stall_fraction": [x.get("student_stall_fraction") for x in k],
           "kdflow_plan": k[-1].get("plan")}
