@@ -37,6 +37,24 @@ const std::vector<ConfigKey>& config_schema() {
        0,
        64},
       {"data.hflip", T::boolean, false, "training augmentation: random horizontal flips"},
+      {"data.mixup_alpha",
+       T::real,
+       0.0,
+       "training augmentation: Mixup (torchvision.transforms.v2.MixUp): each batch mixed with "
+       "itself rolled by one sample, lam ~ Beta(alpha, alpha); the teacher sees the mixed images "
+       "and the CE target is the mixed labels (0: off; timm's recipes use 0.8)",
+       {},
+       0.0,
+       100.0},
+      {"data.cutmix_alpha",
+       T::real,
+       0.0,
+       "training augmentation: CutMix (torchvision.transforms.v2.CutMix): a box of each image "
+       "from the previous one, its area share ~ Beta(alpha, alpha); with data.mixup_alpha too, "
+       "each batch takes one of them at even odds (0: off; timm's recipes use 1.0)",
+       {},
+       0.0,
+       100.0},
       {"data.random_resized_crop", T::boolean, false,
        "folder only, training augmentation: torchvision's RandomResizedCrop(data.image_size, "
        "data.crop_scale, data.crop_ratio) instead of the resize and random crop (evaluation stays "

@@ -9,7 +9,10 @@
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
 #include <cstring>
+#include <numbers>
+#include <type_traits>
 
 #include <fmt/format.h>
 
@@ -72,7 +75,132 @@ std::uint32_t feistel(std::uint64_t key, std::uint32_t k, std::size_t size, int 
   return x;
 }
 
+// Uniform, normal, gamma and beta draws from one key (splitmix64 over a counter): a batch's mix
+// depends on its key alone.
+class KeyedDraws {
+public:
+  explicit KeyedDraws(std::uint64_t key) : key_(key) {}
+  // [0, 1), 53 bits
+  double uniform() {
+    return static_cast<double>(splitmix64(key_ + 0x9e3779b97f4a7c15ull * ++count_) >> 11) *
+           0x1.0p-53;
+  }
+  double normal() { // Box-Muller
+    const double u = 1.0 - uniform();
+    return std::sqrt(-2.0 * std::log(u)) * std::cos(2.0 * std::numbers::pi * uniform());
+  }
+  double gamma(double a) { // Marsaglia and Tsang; a < 1 through Gamma(a + 1) * U^(1/a)
+    if (a < 1.0) return gamma(a + 1.0) * std::pow(1.0 - uniform(), 1.0 / a);
+    const double d = a - 1.0 / 3.0, c = 1.0 / std::sqrt(9.0 * d);
+    for (;;) {
+      const double x = normal();
+      double v = 1.0 + c * x;
+      if (v <= 0) continue;
+      v = v * v * v;
+      const double u = 1.0 - uniform();
+      if (u < 1.0 - 0.0331 * x * x * x * x ||
+          std::log(u) < 0.5 * x * x + d * (1.0 - v + std::log(v)))
+        return d * v;
+    }
+  }
+  double beta(double a) {
+    const double x = gamma(a), y = gamma(a);
+    return x + y > 0 ? x / (x + y) : 0.5;
+  }
+
+private:
+  std::uint64_t key_;
+  std::uint64_t count_ = 0;
+};
+
+// Mixes the batch's n samples of `elems` values each in place as `m` says (BatchMix), sample i
+// with sample i - 1 and sample 0 with the last one's copy in `last`; float values as torchvision
+// computes them (roll * (1 - lam) + x * lam), uint8 ones the same, rounded to the nearest level.
+template <typename T>
+void mix_samples(T* x, std::size_t n, int channels, int h, int w, const BatchMix& m,
+                 std::vector<std::byte>& last) {
+  const std::size_t plane = static_cast<std::size_t>(h) * static_cast<std::size_t>(w);
+  const std::size_t elems = plane * static_cast<std::size_t>(channels);
+  last.resize(elems * sizeof(T));
+  std::memcpy(last.data(), x + (n - 1) * elems, elems * sizeof(T));
+  const auto* saved = reinterpret_cast<const T*>(last.data());
+  const float own = static_cast<float>(m.lam), other = static_cast<float>(1.0 - m.lam);
+  for (std::size_t i = n; i-- > 0;) {
+    T* self = x + i * elems;
+    const T* partner = i > 0 ? x + (i - 1) * elems : saved;
+    if (m.kind == BatchMix::Kind::mixup) {
+      for (std::size_t k = 0; k < elems; ++k) {
+        const float v = static_cast<float>(partner[k]) * other + static_cast<float>(self[k]) * own;
+        if constexpr (std::is_same_v<T, float>)
+          self[k] = v;
+        else
+          self[k] = static_cast<T>(std::clamp(v, 0.f, 255.f) + 0.5f);
+      }
+      continue;
+    }
+    for (int c = 0; c < channels; ++c)
+      for (int y = m.y1; y < m.y2; ++y) {
+        const std::size_t row = static_cast<std::size_t>(c) * plane +
+                                static_cast<std::size_t>(y) * static_cast<std::size_t>(w);
+        std::copy(partner + row + m.x1, partner + row + m.x2, self + row + m.x1);
+      }
+  }
+}
+
 } // namespace
+
+const char* mix_kind_name(BatchMix::Kind kind) {
+  switch (kind) {
+  case BatchMix::Kind::mixup: return "mixup";
+  case BatchMix::Kind::cutmix: return "cutmix";
+  case BatchMix::Kind::none: break;
+  }
+  return "none";
+}
+
+BatchMix draw_batch_mix(const AugmentConfig& a, std::uint64_t seed, std::uint64_t epoch,
+                        std::uint64_t batch, int rank, int height, int width) {
+  BatchMix m;
+  if (!a.mixes()) return m;
+  KeyedDraws r(
+      splitmix64(seed ^ 0x6d69786d6978ull) ^
+      splitmix64(epoch * 0x9e3779b97f4a7c15ull ^ batch ^ (static_cast<std::uint64_t>(rank) << 40)));
+  const bool cut = a.cutmix_alpha > 0 && (a.mixup_alpha <= 0 || r.uniform() < 0.5);
+  m.lam = r.beta(cut ? a.cutmix_alpha : a.mixup_alpha);
+  if (!cut) {
+    m.kind = BatchMix::Kind::mixup;
+    m.target_lam = m.lam;
+    return m;
+  }
+  // torchvision's _CutMix: r_x = randint(W), r_y = randint(H), half sides int(r * W), int(r * H)
+  // with r = sqrt(1 - lam) / 2, clamped to the image.
+  m.kind = BatchMix::Kind::cutmix;
+  m.centre_x = std::min(width - 1, static_cast<int>(r.uniform() * width));
+  m.centre_y = std::min(height - 1, static_cast<int>(r.uniform() * height));
+  const double half = 0.5 * std::sqrt(1.0 - m.lam);
+  const int half_w = static_cast<int>(half * width), half_h = static_cast<int>(half * height);
+  m.x1 = std::max(m.centre_x - half_w, 0);
+  m.y1 = std::max(m.centre_y - half_h, 0);
+  m.x2 = std::min(m.centre_x + half_w, width);
+  m.y2 = std::min(m.centre_y + half_h, height);
+  m.target_lam = 1.0 - static_cast<double>((m.x2 - m.x1) * (m.y2 - m.y1)) /
+                           (static_cast<double>(width) * height);
+  return m;
+}
+
+LoaderRegions loader_regions(const SlotLayout& layout) {
+  LoaderRegions r{layout.index_of("inputs"), layout.index_of("labels"), layout.index_of("ids")};
+  for (std::size_t k = 0; k < layout.regions().size(); ++k) {
+    if (layout.regions()[k].spec.name == "mix_labels") r.mix_labels = k;
+    if (layout.regions()[k].spec.name == "mix_lam") r.mix_lam = k;
+  }
+  return r;
+}
+
+std::vector<RegionSpec> mix_regions(std::size_t batch_size) {
+  const auto b = static_cast<std::int64_t>(batch_size);
+  return {{"mix_labels", DType::i64, {b}}, {"mix_lam", DType::f32, {b}}};
+}
 
 float channel_scale(const AugmentConfig& a, std::size_t c) { return pixel_scale(a.std[c]); }
 float channel_shift(const AugmentConfig& a, std::size_t c) {
@@ -216,6 +344,27 @@ void fill_batch(const Dataset& d, const Sampler& sampler, const AugmentConfig& a
       std::fill_n(out_f + from, count, 0.f);
     else
       std::fill_n(out_u + from, count, std::uint8_t{0});
+  }
+  if (aug.mixes()) {
+    if (!regions.mix_labels || !regions.mix_lam)
+      throw std::logic_error("fill_batch: mixed batches need the slot's mix regions");
+    auto partner = slot.region<std::int64_t>(*regions.mix_labels);
+    auto share = slot.region<float>(*regions.mix_lam);
+    std::fill(partner.begin(), partner.end(), std::int64_t{-1});
+    std::fill(share.begin(), share.end(), 1.f);
+    const std::size_t n = indices.size();
+    const BatchMix m =
+        draw_batch_mix(aug, sampler.config().seed, epoch, b, sampler.config().rank, h, w);
+    if (n > 0 && m.kind != BatchMix::Kind::none) {
+      if (as_float)
+        mix_samples(out_f, n, c, h, w, m, scratch.mix_last);
+      else
+        mix_samples(out_u, n, c, h, w, m, scratch.mix_last);
+      for (std::size_t i = 0; i < n; ++i) {
+        partner[i] = labels[(i + n - 1) % n];
+        share[i] = static_cast<float>(m.target_lam);
+      }
+    }
   }
   slot.header().samples = static_cast<std::uint32_t>(indices.size());
   slot.header().epoch = static_cast<std::uint32_t>(epoch);

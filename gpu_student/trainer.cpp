@@ -275,9 +275,18 @@ struct Trainer::Impl {
 
   // kd.alpha * KD + (1 - kd.alpha) * CE + the weighted feature losses, and the top-1 hits.
   StepLosses losses(const torch::Tensor& s, const torch::Tensor& y,
-                    const std::vector<torch::Tensor>& adapted, const StepTargets& targets) {
+                    const std::vector<torch::Tensor>& adapted, const StepTargets& targets,
+                    const torch::Tensor& mix_y = {}, const torch::Tensor& mix_lam = {}) {
     StepLosses l;
-    l.ce = torch::nn::functional::cross_entropy(s, y);
+    if (mix_y.defined()) {
+      namespace F = torch::nn::functional;
+      const auto each = F::CrossEntropyFuncOptions().reduction(torch::kNone);
+      const torch::Tensor lam = mix_lam.to(s.scalar_type());
+      l.ce = (lam * F::cross_entropy(s, y, each) + (1 - lam) * F::cross_entropy(s, mix_y, each))
+                 .mean();
+    } else {
+      l.ce = torch::nn::functional::cross_entropy(s, y);
+    }
     l.kd = torch::zeros({}, s.options());
     if (targets.logits.defined())
       l.kd = kd_loss->fn({s, targets.logits, y, options.kd_temperature, kd_params});
@@ -455,7 +464,12 @@ std::optional<StepStats> Trainer::step(std::uint64_t batch, bool stop) {
   const StudentOutputs student = m.forward_student(x);
   const torch::Tensor s = student.logits.to(torch::kFloat);
   const StepTargets targets = m.targets->get(*b, inputs, n, batch);
-  const StepLosses losses = m.losses(s, y, student.adapted, targets);
+  torch::Tensor mix_y, mix_lam;
+  if (m.regions.mix_labels && m.regions.mix_lam) {
+    mix_y = b->regions[*m.regions.mix_labels].slice(0, 0, n);
+    mix_lam = b->regions[*m.regions.mix_lam].slice(0, 0, n);
+  }
+  const StepLosses losses = m.losses(s, y, student.adapted, targets, mix_y, mix_lam);
   if (m.sync) {
     // The job's losses, hits, samples and stop requests, summed over the ranks beside the
     // gradients: [loss * n, kd * n, ce * n, hits, n, stop, feature * n].

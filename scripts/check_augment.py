@@ -11,6 +11,10 @@ decode the same pixels), asks `kdflow data sample` for samples of a few epochs, 
 - evaluation: the pixels are CenterCrop(size)(Resize(resize)(img));
 - training without random_resized_crop: Resize(resize) then the size x size window at kdflow's
   position.
+- batch mixing (data.mixup_alpha, data.cutmix_alpha): `kdflow data sample --batch` against
+  torchvision.transforms.v2.MixUp/CutMix applied to the batch's unmixed samples with kdflow's
+  draws (the Beta draw and CutMix's two torch.randint corners fed from the JSON): images within
+  1e-3 of a level, the mixed one-hot targets within 1e-6.
 Pixels: every value within one level of torchvision's and at least 90% equal (see compare()).
 Exit 1 naming the first sample that differs. Deterministic for a given --seed."""
 import argparse
@@ -18,11 +22,13 @@ import json
 import os
 import subprocess
 import sys
+from unittest import mock
 
 import numpy as np
 import torch
 import torchvision.transforms as T
 import torchvision.transforms.functional as F
+import torchvision.transforms.v2 as T2
 from PIL import Image
 
 
@@ -91,7 +97,7 @@ def torchvision_box(img, scale, ratio, draws):
     return [int(v) for v in box]
 
 
-def kdflow_samples(args, root, split, epoch, sets):
+def kdflow_samples(args, root, split, epoch, sets, indices=range(18), batch=None):
     out = os.path.join(args.work, f"{split}_{epoch}.npy")
     cmd = [args.kdflow, "data", "sample", "--split", split, "--epoch", str(epoch), "--out", out,
            "--set", "data.dataset=folder", "--set", f"data.path={root}",
@@ -99,10 +105,62 @@ def kdflow_samples(args, root, split, epoch, sets):
            "--set", f"train.seed={args.seed}"]
     for s in sets:
         cmd += ["--set", s]
-    for i in range(18):
-        cmd += ["--index", str(i)]
+    if batch is None:
+        for i in indices:
+            cmd += ["--index", str(i)]
+    else:
+        cmd += ["--batch", str(batch)]
     meta = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
-    return meta, np.load(out).astype(np.uint8)
+    px = np.load(out)
+    return meta, px if batch is not None else px.astype(np.uint8)
+
+
+class FixedBeta:
+    """torchvision's mix transforms draw lam from self._dist.sample(()): kdflow's draw instead."""
+
+    def __init__(self, lam):
+        self.lam = lam
+
+    def sample(self, shape):
+        return torch.tensor(self.lam, dtype=torch.float64)
+
+
+def check_mixes(args, root, checked):
+    """Batches mixed by kdflow against torchvision's MixUp/CutMix on the same unmixed samples."""
+    sets = ["data.random_resized_crop=true", "data.hflip=true", "data.batch_size=6",
+            "data.mixup_alpha=0.8", "data.cutmix_alpha=1.0"]
+    for epoch in range(2):
+        for b in range(3):
+            meta, mixed = kdflow_samples(args, root, "train", epoch, sets, batch=b)
+            mix = meta["mix"]
+            what = f"batch {b} of epoch {epoch} ({mix['kind']})"
+            _, plain = kdflow_samples(args, root, "train", epoch, sets, indices=meta["indices"])
+            x = torch.from_numpy(plain.astype(np.float32))
+            y = torch.tensor(meta["labels"], dtype=torch.int64)
+            classes = 1 + max(max(meta["labels"]), max(meta["mix_labels"]))
+            if mix["kind"] == "mixup":
+                t = T2.MixUp(alpha=0.8, num_classes=classes)
+                t._dist = FixedBeta(mix["lam"])
+                out, target = t(x, y)
+            else:
+                t = T2.CutMix(alpha=1.0, num_classes=classes)
+                t._dist = FixedBeta(mix["lam"])
+                cy, cx = mix["centre"]
+                corners = iter([torch.tensor([cx]), torch.tensor([cy])])
+                with mock.patch("torch.randint", side_effect=lambda *a, **k: next(corners)):
+                    out, target = t(x, y)
+            diff = (out - torch.from_numpy(mixed)).abs().max().item()
+            if diff > 1e-3:
+                raise AssertionError(f"{what}: images differ from torchvision's by up to {diff}")
+            mine = torch.zeros(len(y), classes, dtype=torch.float64)
+            for i, (a, p, lam) in enumerate(zip(meta["labels"], meta["mix_labels"],
+                                                 meta["mix_lam"])):
+                mine[i, a] += lam
+                mine[i, p] += 1 - lam
+            tdiff = (target.double() - mine).abs().max().item()
+            if tdiff > 1e-6:
+                raise AssertionError(f"{what}: targets differ from torchvision's by {tdiff}")
+            checked[mix["kind"]] += 1
 
 
 VALUES = {"equal": 0, "total": 0}
@@ -136,7 +194,7 @@ def main():
     root = os.path.join(args.work, "folder")
     images = make_folder(root, args.seed, args.size)
     checked = {"random_resized_crop": 0, "fallbacks": 0, "flips": 0, "evaluation": 0,
-               "resize_crop": 0}
+               "resize_crop": 0, "mixup": 0, "cutmix": 0}
     scale, ratio = (0.08, 1.0), (0.75, 1.3333333)
     for epoch in range(4):
         meta, px = kdflow_samples(args, root, "train", epoch,
@@ -172,6 +230,9 @@ def main():
         compare(f"{s['file']} (resize and crop)", px[k],
                 F.crop(img, top, left, args.size, args.size))
         checked["resize_crop"] += 1
+    check_mixes(args, root, checked)
+    if not (checked["mixup"] and checked["cutmix"]):
+        raise AssertionError(f"the mixed batches drew only one kind: {checked}")
     share = VALUES["equal"] / VALUES["total"]
     if share < 0.9:
         raise AssertionError(f"only {share:.3f} of the values equal torchvision's")

@@ -96,8 +96,15 @@ void Commands::add_data(CLI::App& app) {
   sample->add_option("--config", data_.config, "TOML configuration file (the data, augmentation)")
       ->check(CLI::ExistingFile);
   sample->add_option("--set", data_.sets, "override one key: section.key=value (repeatable)");
-  sample->add_option("--index", data_.indices, "dataset index of a sample (repeatable)")
-      ->required();
+  auto* index =
+      sample->add_option("--index", data_.indices, "dataset index of a sample (repeatable)");
+  sample
+      ->add_option("--batch", data_.batch,
+                   "instead of --index: batch B of the epoch as the loader writes it, mixed "
+                   "(data.mixup_alpha, data.cutmix_alpha) as its slot holds it; the mix and each "
+                   "sample's labels as JSON")
+      ->check(CLI::NonNegativeNumber)
+      ->excludes(index);
   sample->add_option("--epoch", data_.epoch, "the epoch whose draws to take")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();

@@ -15,6 +15,77 @@
 #include <nlohmann/json.hpp>
 
 namespace kdflow::app {
+namespace {
+
+// --batch: batch `args.batch` of the epoch exactly as the loader writes it into a slot (its
+// samples' draws, then the batch's mix), its float32 values taken back to the pixel scale.
+int write_batch(const DataSampleArgs& args, const Config& config, const Dataset& data,
+                AugmentConfig augment, std::uint64_t seed) {
+  SamplerConfig sc;
+  sc.batch_size = static_cast<std::size_t>(config.get_int("data.batch_size"));
+  sc.seed = seed;
+  sc.drop_last = config.get_bool("data.drop_last");
+  sc.shuffle = augment.augment;
+  const Sampler sampler(data.size(), sc);
+  const auto batches = sampler.batches_per_epoch();
+  if (static_cast<std::uint64_t>(args.batch) >= batches)
+    throw InputError(fmt::format("--batch {}: an epoch of {} has batches 0 to {} (data.batch_size "
+                                 "= {})",
+                                 args.batch, data.source(), batches - 1, sc.batch_size));
+  augment.normalize = true;
+  const SlotLayout layout =
+      loader_layout(data, sc.batch_size, true,
+                    augment.mixes() ? mix_regions(sc.batch_size) : std::vector<RegionSpec>{});
+  std::vector<float> memory(layout.slot_bytes() / sizeof(float) + 1);
+  const Slot slot(0, 0, reinterpret_cast<std::byte*>(memory.data()), &layout);
+  const LoaderRegions regions = loader_regions(layout);
+  LoaderScratch scratch;
+  const std::uint64_t global =
+      static_cast<std::uint64_t>(args.epoch) * batches + static_cast<std::uint64_t>(args.batch);
+  fill_batch(data, sampler, augment, global, slot, regions, scratch);
+  const std::size_t n = slot.header().samples;
+  const std::size_t plane = static_cast<std::size_t>(data.height()) * data.width();
+  auto inputs = slot.region<float>(regions.inputs);
+  std::vector<float> pixels(n * data.sample_bytes());
+  for (std::size_t i = 0; i < pixels.size(); ++i) {
+    const std::size_t c = i / plane % static_cast<std::size_t>(data.channels());
+    pixels[i] = (inputs[i] - channel_shift(augment, c)) / channel_scale(augment, c);
+  }
+  teacher::write_npy(args.out,
+                     {static_cast<std::int64_t>(n), data.channels(), data.height(), data.width()},
+                     pixels.data());
+  const auto labels = slot.region<std::int64_t>(regions.labels);
+  const auto ids = slot.region<std::int64_t>(regions.ids);
+  nlohmann::json result = {
+      {"data", data.source()},
+      {"split", args.split},
+      {"epoch", args.epoch},
+      {"batch", args.batch},
+      {"seed", seed},
+      {"pixels", args.out},
+      {"indices", std::vector<std::int64_t>(ids.begin(), ids.begin() + n)},
+      {"labels", std::vector<std::int64_t>(labels.begin(), labels.begin() + n)}};
+  const BatchMix m =
+      draw_batch_mix(augment, seed, static_cast<std::uint64_t>(args.epoch),
+                     static_cast<std::uint64_t>(args.batch), 0, data.height(), data.width());
+  result["mix"] = {{"kind", mix_kind_name(m.kind)}};
+  if (m.kind != BatchMix::Kind::none) {
+    const auto partner = slot.region<std::int64_t>(*regions.mix_labels);
+    const auto share = slot.region<float>(*regions.mix_lam);
+    result["mix"]["lam"] = m.lam;
+    result["mix"]["target_lam"] = m.target_lam;
+    if (m.kind == BatchMix::Kind::cutmix) {
+      result["mix"]["centre"] = {m.centre_y, m.centre_x};
+      result["mix"]["box"] = {m.y1, m.x1, m.y2, m.x2};
+    }
+    result["mix_labels"] = std::vector<std::int64_t>(partner.begin(), partner.begin() + n);
+    result["mix_lam"] = std::vector<float>(share.begin(), share.begin() + n);
+  }
+  fmt::print("{}\n", result.dump());
+  return kExitOk;
+}
+
+} // namespace
 
 int data_sample_command(const DataSampleArgs& args) {
   const Config config = resolve_config(args.config, args.sets);
@@ -23,15 +94,15 @@ int data_sample_command(const DataSampleArgs& args) {
   const Dataset data = Dataset::load(config.get_string("data.dataset"),
                                      config.get_string("data.path"), split, geometry);
   check_geometry(geometry, data);
-  AugmentConfig augment;
+  AugmentConfig augment = augment_config(config, data);
   augment.augment = split == Split::train;
-  augment.pad_crop = static_cast<int>(config.get_int("data.pad_crop"));
-  augment.hflip = config.get_bool("data.hflip");
   const auto seed = static_cast<std::uint64_t>(config.get_int("train.seed"));
+  if (args.batch >= 0) return write_batch(args, config, data, augment, seed);
   SampleScratch scratch;
   std::vector<std::uint8_t> pixels(data.sample_bytes());
   std::vector<float> all;
   nlohmann::json samples = nlohmann::json::array();
+  if (args.indices.empty()) throw InputError("kdflow data sample: give --index or --batch");
   for (const std::int64_t index : args.indices) {
     if (index < 0 || static_cast<std::uint64_t>(index) >= data.size())
       throw InputError(

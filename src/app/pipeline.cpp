@@ -45,6 +45,8 @@ SlotLayout CpuPipeline::layout_for(const RunInputs& run) {
       for (std::size_t k = 0; k < run.teachers.size(); ++k)
         extra.push_back({teacher_logits_region(k), DType::f32, {out[0], out[1]}});
   }
+  if (run.augment.mixes())
+    for (auto& r : mix_regions(run.sampler.batch_size)) extra.push_back(std::move(r));
   return loader_layout(run.train, run.sampler.batch_size, run.augment.normalize, std::move(extra));
 }
 
@@ -52,7 +54,7 @@ CpuPipeline::CpuPipeline(const RunInputs& run, const Sampler& sampler, std::uint
                          HostMemory memory)
     : run_(run), sampler_(sampler) {
   SlotLayout layout = layout_for(run);
-  regions_.loader = {layout.index_of("inputs"), layout.index_of("labels"), layout.index_of("ids")};
+  regions_.loader = loader_regions(layout);
   if (run.teacher_runs()) {
     regions_.logits = layout.index_of("logits");
     for (std::size_t i = 0; i < run.teachers.size(); ++i) {

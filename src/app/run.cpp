@@ -215,6 +215,25 @@ void check_geometry(const ImageGeometry& geometry, const Dataset& data) {
                                  data.source()));
 }
 
+AugmentConfig augment_config(const Config& config, const Dataset& data) {
+  AugmentConfig a;
+  const auto channels = static_cast<std::size_t>(data.channels());
+  const std::string mean = config.get_string("data.mean"), std_dev = config.get_string("data.std");
+  const auto& defaults = dataset_format(config.get_string("data.dataset")).normalization;
+  a.mean = mean == "auto" ? defaults.mean : parse_floats(mean, "data.mean", channels, false);
+  a.std = std_dev == "auto" ? defaults.std : parse_floats(std_dev, "data.std", channels, true);
+  a.normalize = config.get_string("data.slot_dtype") == "float32";
+  a.pad_crop = static_cast<int>(config.get_int("data.pad_crop"));
+  a.hflip = config.get_bool("data.hflip");
+  a.mixup_alpha = config.get_double("data.mixup_alpha");
+  a.cutmix_alpha = config.get_double("data.cutmix_alpha");
+  if (a.mixes() && config.get_string("kd.loss") == "dkd")
+    throw InputError("kd.loss = dkd decouples each sample's one target class, which a mixed batch "
+                     "(data.mixup_alpha, data.cutmix_alpha) does not have: use kd.loss = kl or "
+                     "set both to 0");
+  return a;
+}
+
 RunInputs prepare_run(const Config& config, const DistEnv& dist, const RunRequest& request) {
   const std::string format = config.get_string("data.dataset");
   const std::string path = config.get_string("data.path");
@@ -248,16 +267,7 @@ RunInputs prepare_run(const Config& config, const DistEnv& dist, const RunReques
         "agree",
         run.train.source(), run.train.channels(), run.train.height(), run.train.width(),
         run.test.source(), run.test.channels(), run.test.height(), run.test.width()));
-  const auto channels = static_cast<std::size_t>(run.train.channels());
-  const std::string mean = config.get_string("data.mean"), std_dev = config.get_string("data.std");
-  const auto& defaults = dataset_format(format).normalization;
-  run.augment.mean =
-      mean == "auto" ? defaults.mean : parse_floats(mean, "data.mean", channels, false);
-  run.augment.std =
-      std_dev == "auto" ? defaults.std : parse_floats(std_dev, "data.std", channels, true);
-  run.augment.normalize = config.get_string("data.slot_dtype") == "float32";
-  run.augment.pad_crop = static_cast<int>(config.get_int("data.pad_crop"));
-  run.augment.hflip = config.get_bool("data.hflip");
+  run.augment = augment_config(config, run.train);
   run.sampler.batch_size = static_cast<std::size_t>(config.get_int("data.batch_size"));
   run.sampler.seed = static_cast<std::uint64_t>(config.get_int("train.seed"));
   run.sampler.drop_last = config.get_bool("data.drop_last");
@@ -351,6 +361,8 @@ Assembled assemble(const RunInputs& run, const Sampler& sampler, std::uint32_t s
   if (logits == StudentLogits::none) return parts;
   const SlotRegions& r = parts.pipeline->regions();
   student::StepRegions regions{r.loader.inputs, r.loader.labels, r.logits, {}};
+  regions.mix_labels = r.loader.mix_labels;
+  regions.mix_lam = r.loader.mix_lam;
   for (const auto& f : options.feature_losses)
     regions.teacher_features.push_back(
         r.features.at(f.teacher_index)

@@ -60,6 +60,10 @@ ImageGeometry image_geometry(const Config& config);
 // InputError naming data.random_resized_crop where `data` holds its images at their size.
 void check_geometry(const ImageGeometry& geometry, const Dataset& data);
 
+// The training augmentation and normalization of `data` from the data.* keys (each checked:
+// InputError naming the key); evaluation sets augment = false.
+AugmentConfig augment_config(const Config& config, const Dataset& data);
+
 // What a command asks of prepare_run besides the data, the plan and the student's device.
 struct RunRequest {
   // The teachers loaded (and given cores): the configuration's ([teacher] and teacher.others,

@@ -88,6 +88,8 @@ void prepare_teacher_cache_into(RunInputs& run) {
     changes = fmt::format("data.pad_crop = {} crops it at random", run.augment.pad_crop);
   else if (run.augment.hflip)
     changes = "data.hflip = true flips it at random";
+  else if (run.augment.mixes())
+    changes = "data.mixup_alpha/data.cutmix_alpha mix it with another sample at random";
   else if (run.train.decodes())
     changes = fmt::format("{} is an image folder, whose training images are cropped at random",
                           run.train.source());

@@ -10,6 +10,7 @@
 #include <oneapi/tbb/global_control.h>
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <random>
 #include <set>
@@ -328,6 +329,166 @@ TEST(Loader, ImageFolderBatchesAreByteIdenticalWithOneAndTwoThreads) {
   EXPECT_EQ(one, two);
   EXPECT_EQ(std::set<std::uint64_t>(one.begin(), one.end()).size(), one.size());
   std::filesystem::remove_all(root);
+}
+
+// One batch of `d` written by fill_batch into a float32 (or uint8) slot with `aug`: the slot's
+// inputs, labels and, when mixed, its mix regions.
+struct FilledBatch {
+  std::vector<float> inputs;
+  std::vector<std::int64_t> labels, mix_labels;
+  std::vector<float> mix_lam;
+  std::uint32_t samples = 0;
+};
+FilledBatch fill_one(const Dataset& d, const Sampler& s, const AugmentConfig& aug,
+                     std::uint64_t batch) {
+  const std::size_t b = s.config().batch_size;
+  const SlotLayout layout =
+      loader_layout(d, b, aug.normalize, aug.mixes() ? mix_regions(b) : std::vector<RegionSpec>{});
+  std::vector<float> memory(layout.slot_bytes() / sizeof(float) + 1);
+  const Slot slot(0, 0, reinterpret_cast<std::byte*>(memory.data()), &layout);
+  const LoaderRegions regions = loader_regions(layout);
+  LoaderScratch scratch;
+  fill_batch(d, s, aug, batch, slot, regions, scratch);
+  FilledBatch out;
+  out.samples = slot.header().samples;
+  if (aug.normalize) {
+    const auto in = slot.region<float>(regions.inputs);
+    out.inputs.assign(in.begin(), in.end());
+  } else {
+    const auto in = slot.region<std::uint8_t>(regions.inputs);
+    out.inputs.assign(in.begin(), in.end());
+  }
+  const auto labels = slot.region<std::int64_t>(regions.labels);
+  out.labels.assign(labels.begin(), labels.end());
+  if (regions.mix_labels) {
+    const auto p = slot.region<std::int64_t>(*regions.mix_labels);
+    const auto l = slot.region<float>(*regions.mix_lam);
+    out.mix_labels.assign(p.begin(), p.end());
+    out.mix_lam.assign(l.begin(), l.end());
+  }
+  return out;
+}
+
+TEST(Mix, BatchesAreMixedWithTheirRollAsTorchvisionDefinesIt) {
+  // Each sample of a mixed batch is, from the same batch unmixed: mixup lam * x[i] + (1 - lam) *
+  // x[i - 1] (x[-1] the last valid sample), cutmix x[i] with the box from x[i - 1]; the partner's
+  // label and the share of the sample's own are in the slot; a short last batch mixes its valid
+  // samples only. Float32 and uint8 slots (rounded to the nearest level).
+  const Dataset d =
+      Dataset::load("fashion-mnist", "/usr/share/datasets/fashion-mnist", Split::test);
+  SamplerConfig sc;
+  sc.batch_size = 7;
+  sc.seed = 5;
+  sc.drop_last = false;
+  const Sampler s(d.size(), sc);
+  const std::size_t elems = d.sample_bytes();
+  std::map<BatchMix::Kind, int> kinds;
+  for (const bool as_float : {true, false}) {
+    AugmentConfig plain;
+    plain.normalize = as_float;
+    plain.hflip = true;
+    plain.mean = {0.286f};
+    plain.std = {0.353f};
+    AugmentConfig mixed = plain;
+    mixed.mixup_alpha = 0.8;
+    mixed.cutmix_alpha = 1.0;
+    const std::uint64_t last = s.batches_per_epoch() - 1; // 10000 = 1428 * 7 + 4: short
+    for (const std::uint64_t b :
+         {std::uint64_t{0}, std::uint64_t{1}, std::uint64_t{2}, std::uint64_t{3}, std::uint64_t{4},
+          std::uint64_t{5}, last, last + 1, last + 2}) {
+      const FilledBatch a = fill_one(d, s, plain, b), m = fill_one(d, s, mixed, b);
+      const std::uint64_t epoch = b / s.batches_per_epoch();
+      const BatchMix mix =
+          draw_batch_mix(mixed, sc.seed, epoch, b % s.batches_per_epoch(), 0, 28, 28);
+      ASSERT_NE(mix.kind, BatchMix::Kind::none);
+      ++kinds[mix.kind];
+      ASSERT_EQ(a.samples, m.samples);
+      ASSERT_EQ(a.labels, m.labels);
+      const std::size_t n = m.samples;
+      EXPECT_EQ(n, b == last ? 4u : 7u);
+      for (std::size_t i = 0; i < n; ++i) {
+        const std::size_t j = (i + n - 1) % n;
+        EXPECT_EQ(m.mix_labels[i], a.labels[j]);
+        EXPECT_FLOAT_EQ(m.mix_lam[i], static_cast<float>(mix.target_lam));
+        for (std::size_t k = 0; k < elems; ++k) {
+          const float own = a.inputs[i * elems + k], other = a.inputs[j * elems + k];
+          float want = own;
+          if (mix.kind == BatchMix::Kind::mixup) {
+            want = other * static_cast<float>(1.0 - mix.lam) + own * static_cast<float>(mix.lam);
+          } else {
+            const int y = static_cast<int>(k % 784 / 28), x = static_cast<int>(k % 28);
+            if (y >= mix.y1 && y < mix.y2 && x >= mix.x1 && x < mix.x2) want = other;
+          }
+          const float got = m.inputs[i * elems + k];
+          ASSERT_NEAR(got, want, as_float ? 1e-5f : 0.5f)
+              << "batch " << b << " sample " << i << " value " << k;
+        }
+      }
+      for (std::size_t i = n; i < sc.batch_size; ++i) {
+        EXPECT_EQ(m.mix_labels[i], -1);
+        EXPECT_EQ(m.mix_lam[i], 1.f);
+      }
+    }
+  }
+  EXPECT_GT(kinds[BatchMix::Kind::mixup], 0);
+  EXPECT_GT(kinds[BatchMix::Kind::cutmix], 0);
+}
+
+TEST(Mix, DrawsFollowBetaAndTorchvisionsCutMixBox) {
+  // lam ~ Beta(alpha, alpha): mean 1/2 and variance 1 / (4 (2 alpha + 1)) over many batches (the
+  // draws are fixed by their keys, so this cannot flake); each kind at even odds with both on;
+  // the CutMix box is torchvision's from its corner draws and lam, target_lam its area's
+  // complement; draws are the same for the same key and differ between batches, epochs and ranks.
+  for (const double alpha : {0.2, 0.8, 1.0, 4.0}) {
+    AugmentConfig a;
+    a.mixup_alpha = alpha;
+    a.cutmix_alpha = alpha;
+    const int n = 20000;
+    double sum = 0, sq = 0;
+    int cut = 0;
+    for (int b = 0; b < n; ++b) {
+      const BatchMix m = draw_batch_mix(a, 11, 3, static_cast<std::uint64_t>(b), 0, 30, 40);
+      ASSERT_GE(m.lam, 0.0);
+      ASSERT_LE(m.lam, 1.0);
+      sum += m.lam;
+      sq += m.lam * m.lam;
+      if (m.kind == BatchMix::Kind::cutmix) {
+        ++cut;
+        const double half = 0.5 * std::sqrt(1.0 - m.lam);
+        const int hw = static_cast<int>(half * 40), hh = static_cast<int>(half * 30);
+        ASSERT_TRUE(m.centre_x >= 0 && m.centre_x < 40 && m.centre_y >= 0 && m.centre_y < 30);
+        EXPECT_EQ(m.x1, std::max(0, m.centre_x - hw));
+        EXPECT_EQ(m.x2, std::min(40, m.centre_x + hw));
+        EXPECT_EQ(m.y1, std::max(0, m.centre_y - hh));
+        EXPECT_EQ(m.y2, std::min(30, m.centre_y + hh));
+        EXPECT_DOUBLE_EQ(m.target_lam, 1.0 - (m.x2 - m.x1) * (m.y2 - m.y1) / 1200.0);
+      } else {
+        EXPECT_EQ(m.target_lam, m.lam);
+      }
+    }
+    const double mean = sum / n, var = sq / n - mean * mean;
+    EXPECT_NEAR(mean, 0.5, 0.01) << "alpha " << alpha;
+    EXPECT_NEAR(var, 1.0 / (4.0 * (2.0 * alpha + 1.0)), 0.01) << "alpha " << alpha;
+    EXPECT_NEAR(static_cast<double>(cut) / n, 0.5, 0.02) << "alpha " << alpha;
+  }
+  AugmentConfig only_mixup;
+  only_mixup.mixup_alpha = 1.0;
+  AugmentConfig off;
+  for (int b = 0; b < 100; ++b) {
+    EXPECT_EQ(draw_batch_mix(only_mixup, 1, 0, static_cast<std::uint64_t>(b), 0, 8, 8).kind,
+              BatchMix::Kind::mixup);
+    EXPECT_EQ(draw_batch_mix(off, 1, 0, static_cast<std::uint64_t>(b), 0, 8, 8).kind,
+              BatchMix::Kind::none);
+  }
+  AugmentConfig eval = only_mixup;
+  eval.augment = false;
+  EXPECT_EQ(draw_batch_mix(eval, 1, 0, 0, 0, 8, 8).kind, BatchMix::Kind::none);
+  const double base = draw_batch_mix(only_mixup, 1, 2, 3, 0, 8, 8).lam;
+  EXPECT_EQ(draw_batch_mix(only_mixup, 1, 2, 3, 0, 8, 8).lam, base);
+  EXPECT_NE(draw_batch_mix(only_mixup, 1, 2, 4, 0, 8, 8).lam, base);
+  EXPECT_NE(draw_batch_mix(only_mixup, 1, 3, 3, 0, 8, 8).lam, base);
+  EXPECT_NE(draw_batch_mix(only_mixup, 1, 2, 3, 1, 8, 8).lam, base);
+  EXPECT_NE(draw_batch_mix(only_mixup, 2, 2, 3, 0, 8, 8).lam, base);
 }
 
 } // namespace

@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 namespace kdflow {
@@ -58,6 +59,13 @@ struct AugmentConfig {
   std::vector<float> mean; // per channel
   std::vector<float> std;
   bool augment = true; // false: evaluation (no crop, no flip), normalization still applies
+  // Batch mixing after the samples are written (training only): each batch is mixed with itself
+  // rolled by one sample, as torchvision.transforms.v2.MixUp/CutMix do, with lam ~ Beta(alpha,
+  // alpha); 0 turns one off. Both on: each batch draws one of them, either with odds 1/2 (timm's
+  // switch probability). The teacher sees the mixed images; the CE target follows the mix.
+  double mixup_alpha = 0;
+  double cutmix_alpha = 0;
+  [[nodiscard]] bool mixes() const { return augment && (mixup_alpha > 0 || cutmix_alpha > 0); }
 };
 
 // Normalization as one multiply and add per pixel, x * scale + shift = (x / 255 - mean) / std, the
@@ -83,25 +91,49 @@ ImageDecoder::Decoded augmented_sample(const Dataset& dataset, std::uint32_t ind
                                        const SampleDraw& draw, SampleScratch& scratch,
                                        std::uint8_t* out);
 
-// Region indices of the slot layout the loader writes.
+// One batch's mix (AugmentConfig::mixes), drawn from (seed, epoch, batch of the epoch, rank)
+// alone. Sample i becomes lam * sample i + (1 - lam) * sample i - 1 (mixup; sample 0 takes the
+// last one), or sample i with the box [y1, y2) x [x1, x2) from sample i - 1 (cutmix), as
+// torchvision's v2 transforms compute them from the same draws: `lam` is the Beta draw,
+// (centre_y, centre_x) cutmix's torch.randint corner draws, `target_lam` the share of sample i
+// left (cutmix: 1 - the box's area share, torchvision's lam_adjusted).
+struct BatchMix {
+  enum class Kind { none, mixup, cutmix } kind = Kind::none;
+  double lam = 1;
+  double target_lam = 1;
+  int centre_y = 0, centre_x = 0;
+  int y1 = 0, y2 = 0, x1 = 0, x2 = 0;
+};
+BatchMix draw_batch_mix(const AugmentConfig& augment, std::uint64_t seed, std::uint64_t epoch,
+                        std::uint64_t batch, int rank, int height, int width);
+const char* mix_kind_name(BatchMix::Kind kind);
+
+// Region indices of the slot layout the loader writes; the mix regions (the partner's label and
+// the share of the sample's own label, per sample) only where the batches are mixed.
 struct LoaderRegions {
   std::size_t inputs, labels, ids;
+  std::optional<std::size_t> mix_labels = std::nullopt, mix_lam = std::nullopt;
 };
+LoaderRegions loader_regions(const SlotLayout& layout);
 
-// The slot layout for `dataset` batches: inputs (f32 or u8), labels and sample ids (i64).
+// The slot layout for `dataset` batches: inputs (f32 or u8), labels and sample ids (i64), then
+// `extra`; mix_regions(batch_size) in `extra` where the batches are mixed.
 SlotLayout loader_layout(const Dataset& dataset, std::size_t batch_size, bool float_inputs,
                          std::vector<RegionSpec> extra = {});
+std::vector<RegionSpec> mix_regions(std::size_t batch_size);
 
-// One loader body's working memory, grown once: the batch's dataset indices, and the decoder and
-// pixel buffer of a dataset decoded on demand.
+// One loader body's working memory, grown once: the batch's dataset indices, the decoder and
+// pixel buffer of a dataset decoded on demand, and the last sample's copy a mix reads.
 struct LoaderScratch {
   std::vector<std::uint32_t> indices;
   SampleScratch sample;
+  std::vector<std::byte> mix_last;
 };
 
 // Writes batch `global_batch` (epoch and position derived from the sampler) into `slot`. A dataset
 // decoded on demand (an image folder) is decoded here, on the calling core, its crop placed at
-// random when augmenting and centred otherwise.
+// random when augmenting and centred otherwise. Mixed batches (AugmentConfig::mixes) are mixed
+// last, over the batch's valid samples (regions.mix_labels and mix_lam must be there).
 void fill_batch(const Dataset& dataset, const Sampler& sampler, const AugmentConfig& augment,
                 std::uint64_t global_batch, const Slot& slot, const LoaderRegions& regions,
                 LoaderScratch& scratch);

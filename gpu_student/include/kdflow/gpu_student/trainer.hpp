@@ -71,6 +71,10 @@ struct StepRegions {
   // The teacher's values the feature losses read: one region per TrainerOptions::feature_losses
   // (the colocated baseline computes them itself).
   std::vector<std::size_t> teacher_features;
+  // Mixed batches (data.mixup_alpha, data.cutmix_alpha): each sample's partner label and the
+  // share of its own label; CE is then lam * CE(y) + (1 - lam) * CE(partner), the cross-entropy
+  // against torchvision's mixed one-hot target.
+  std::optional<std::size_t> mix_labels, mix_lam;
 };
 
 // With several ranks the losses, hits and samples are the whole job's (summed over the ranks with
