@@ -17,6 +17,17 @@ torch::Tensor kl_sum(const torch::Tensor& p, const torch::Tensor& log_q) {
 
 } // namespace
 
+torch::Tensor cross_entropy_mixed(const torch::Tensor& student, const torch::Tensor& y,
+                                  const torch::Tensor& mix_y, const torch::Tensor& mix_lam) {
+  namespace F = torch::nn::functional;
+  if (!mix_y.defined()) return F::cross_entropy(student, y);
+  const auto each = F::CrossEntropyFuncOptions().reduction(torch::kNone);
+  const torch::Tensor lam = mix_lam.to(student.scalar_type());
+  return (lam * F::cross_entropy(student, y, each) +
+          (1 - lam) * F::cross_entropy(student, mix_y, each))
+      .mean();
+}
+
 torch::Tensor mix_teacher_logits(const torch::Tensor& logits, const torch::Tensor& log_weights,
                                  double t) {
   return t * torch::logsumexp(torch::log_softmax(logits / t, 2) + log_weights, 0);

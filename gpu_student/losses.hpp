@@ -15,6 +15,13 @@ namespace kdflow::student {
 // T^2 * KL(softmax(teacher / T) || softmax(student / T)), batch mean (Hinton et al. 2015).
 torch::Tensor kl_loss(const torch::Tensor& student, const torch::Tensor& teacher, double t);
 
+// The cross-entropy of `student` logits against the labels `y`; for a mixed batch (`mix_y` given:
+// each row's partner label, `mix_lam` the share of its own) lam * CE(y) + (1 - lam) * CE(mix_y)
+// per row, the cross-entropy against torchvision's mixed one-hot target. Batch mean.
+torch::Tensor cross_entropy_mixed(const torch::Tensor& student, const torch::Tensor& y,
+                                  const torch::Tensor& mix_y = {},
+                                  const torch::Tensor& mix_lam = {});
+
 // Several teachers' logits [teachers, batch, classes] as one target: T * log(sum_k w_k *
 // softmax(z_k / T)), whose softmax at T is the weighted mean of theirs (`log_weights`: the
 // normalized weights' logs, [teachers, 1, 1]). The colocated baseline's side of the pipeline's

@@ -278,15 +278,7 @@ struct Trainer::Impl {
                     const std::vector<torch::Tensor>& adapted, const StepTargets& targets,
                     const torch::Tensor& mix_y = {}, const torch::Tensor& mix_lam = {}) {
     StepLosses l;
-    if (mix_y.defined()) {
-      namespace F = torch::nn::functional;
-      const auto each = F::CrossEntropyFuncOptions().reduction(torch::kNone);
-      const torch::Tensor lam = mix_lam.to(s.scalar_type());
-      l.ce = (lam * F::cross_entropy(s, y, each) + (1 - lam) * F::cross_entropy(s, mix_y, each))
-                 .mean();
-    } else {
-      l.ce = torch::nn::functional::cross_entropy(s, y);
-    }
+    l.ce = cross_entropy_mixed(s, y, mix_y, mix_lam);
     l.kd = torch::zeros({}, s.options());
     if (targets.logits.defined())
       l.kd = kd_loss->fn({s, targets.logits, y, options.kd_temperature, kd_params});

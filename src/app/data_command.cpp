@@ -2,6 +2,7 @@
 // them (no teacher, no plan), each asked-for sample drawn as the loader draws it for the epoch.
 #include "data_command.hpp"
 
+#include "data_config.hpp"
 #include "run.hpp"
 
 #include "kdflow/core/atomic_file.hpp"
@@ -21,10 +22,7 @@ namespace {
 // samples' draws, then the batch's mix), its float32 values taken back to the pixel scale.
 int write_batch(const DataSampleArgs& args, const Config& config, const Dataset& data,
                 AugmentConfig augment, std::uint64_t seed) {
-  SamplerConfig sc;
-  sc.batch_size = static_cast<std::size_t>(config.get_int("data.batch_size"));
-  sc.seed = seed;
-  sc.drop_last = config.get_bool("data.drop_last");
+  SamplerConfig sc = sampler_config(config);
   sc.shuffle = augment.augment;
   const Sampler sampler(data.size(), sc);
   const auto batches = sampler.batches_per_epoch();

@@ -3,6 +3,7 @@
 // precision, the student's device). Start: one helper assembles the pipeline and the student.
 #pragma once
 
+#include "data_config.hpp"
 #include "evaluation.hpp"
 #include "run_inputs.hpp"
 #include "run_teachers.hpp"
@@ -53,16 +54,6 @@ auto agreed(student::ProcessGroup* group, F&& f) -> decltype(f()) {
   group->agree(error);
   return std::move(*value);
 }
-
-// The image folder's geometry from data.image_size, data.resize and the RandomResizedCrop keys
-// (each checked: InputError naming the key).
-ImageGeometry image_geometry(const Config& config);
-// InputError naming data.random_resized_crop where `data` holds its images at their size.
-void check_geometry(const ImageGeometry& geometry, const Dataset& data);
-
-// The training augmentation and normalization of `data` from the data.* keys (each checked:
-// InputError naming the key); evaluation sets augment = false.
-AugmentConfig augment_config(const Config& config, const Dataset& data);
 
 // What a command asks of prepare_run besides the data, the plan and the student's device.
 struct RunRequest {

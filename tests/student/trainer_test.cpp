@@ -381,6 +381,24 @@ TEST(Trainer, DistillationLossesMatchTheirReferenceCode) {
   EXPECT_NEAR(step->loss, o.kd_alpha * step->kd_loss + (1 - o.kd_alpha) * step->ce_loss, 1e-5);
 }
 
+// Mixup/CutMix's CE: the cross-entropy against torchvision's mixed one-hot target, lam * onehot(y)
+// + (1 - lam) * onehot(y'), row by row; without a mix the plain CE.
+TEST(Trainer, MixedCrossEntropyIsTheCrossEntropyOfTheMixedOneHotTarget) {
+  torch::manual_seed(7);
+  const torch::Tensor s = torch::randn({6, 10}) * 3;
+  const torch::Tensor y = torch::tensor({0, 3, 9, 3, 5, 1}, torch::kInt64);
+  const torch::Tensor y2 = torch::tensor({1, 3, 2, 8, 0, 9}, torch::kInt64);
+  const torch::Tensor lam = torch::tensor({1.f, 0.f, 0.3f, 0.5f, 0.99f, 0.62f});
+  const torch::Tensor target = lam.unsqueeze(1) * torch::one_hot(y, 10).to(torch::kFloat) +
+                               (1 - lam).unsqueeze(1) * torch::one_hot(y2, 10).to(torch::kFloat);
+  const double want = (-(target * torch::log_softmax(s, 1)).sum(1)).mean().item<double>();
+  EXPECT_NEAR(cross_entropy_mixed(s, y, y2, lam).item<double>(), want, 1e-6);
+  const double plain = torch::nn::functional::cross_entropy(s, y).item<double>();
+  EXPECT_NEAR(cross_entropy_mixed(s, y).item<double>(), plain, 1e-7);
+  EXPECT_NEAR(cross_entropy_mixed(s, y, y2, torch::ones({6})).item<double>(), plain, 1e-6);
+  EXPECT_GT(std::fabs(want - plain), 0.1); // the mix changes the target
+}
+
 // Several teachers: the colocated baseline's mix on the device is the pipeline's TeacherMix.
 TEST(Trainer, TheColocatedTeachersMixIsThePipelinesMix) {
   std::mt19937 rng(std::random_device{}());
