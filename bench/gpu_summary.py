@@ -127,6 +127,12 @@ def main():
     if out["tune_exhaustive"]:
         out["tune_exhaustive"] = {k: v for k, v in out["tune_exhaustive"].items() if k != "plans"}
         out["tune_exhaustive"]["plans"] = len(t["exhaustive"]["plans"])
+    r = load(os.path.join(work, "real_224.json"))
+    out["real_224"] = {k: r.get(k) for k in ("gpu", "cpu", "commit", "size", "batch", "steps", "teacher", "student",
+                                             "kdflow_samples_per_s", "peer_samples_per_s", "ratio",
+                                             "kdflow_test_accuracy", "peer_test_accuracy",
+                                             "kdflow_teacher_busy_fraction", "kdflow_student_stall_fraction",
+                                             "kdflow_plan")} if r else None
     try:
         tune_log = open(os.path.join(work, "ctest_tune.log")).read()
         m = re.search(r"(\d+)% tests passed(?:, (\d+) tests failed)? out of (\d+)", tune_log)
@@ -177,7 +183,17 @@ def main():
                  f"nccl group of one {g['torchrun_nccl_equals_plain']} (groups joined: "
                  f"{', '.join(str(v) for v in g['group_backend'].values())}; two plain runs equal each other: "
                  f"{g['plain_runs_equal']})")
-    lines.append(f"elastic/pipeline/tuner tests: {out['ctest_elastic_pipeline_tuner']}")
+    if out["ctest_elastic_pipeline_tuner"]:
+        lines.append(f"elastic/pipeline/tuner tests: {out['ctest_elastic_pipeline_tuner']}")
+    j = out["real_224"]
+    if j:
+        lines.append(f"real job {j['size']} px, {j['teacher']} -> {j['student']}, batch {j['batch']}, {j['steps']} steps: "
+                     f"kdflow {', '.join(f'{v:,.0f}' for v in j['kdflow_samples_per_s'])} samples/s, the PyTorch loop "
+                     f"{', '.join(f'{v:,.0f}' for v in j['peer_samples_per_s'])}: {j['ratio']:.2f}x (kdflow's teacher busy "
+                     f"{', '.join(f'{100 * (v or 0):.0f}%' for v in j['kdflow_teacher_busy_fraction'])}, student stalled "
+                     f"{', '.join(f'{100 * (v or 0):.0f}%' for v in j['kdflow_student_stall_fraction'])}; plan {j['kdflow_plan']})")
+    elif no_gpu:
+        lines.append("real job (224 px, GPU students): skipped: no GPU")
     e = out["tune_exhaustive"]
     if e:
         lines.append(f"tune-cores vs exhaustive ({e['plans']} plans): tuned plan at {e['tuned_vs_best']:.3f} of the best "

@@ -8,10 +8,12 @@ a side (independent height and width: aspect ratios vary as photographs' do), pl
 background, and given colour: the garment in one random colour and the background in another, with
 mild noise (a JPEG's cost follows its detail), so that neither colour nor size tells the class.
 Saved at quality 90, 4:2:0 chroma (Pillow's default, as most photographs). Deterministic for a given
---seed; the training images come from Fashion-MNIST's training split and the validation images from
+--seed (each image draws from its own generator, keyed by seed, split and index, so the images are
+made in --jobs processes side by side and are the same whatever --jobs); the training images come from Fashion-MNIST's training split and the validation images from
 its test split. A stamp file makes a second call with the same arguments a no-op."""
 import argparse
 import gzip
+import multiprocessing
 import os
 
 import numpy as np
@@ -45,6 +47,13 @@ def render(rng, grey, lo, hi):
     return Image.fromarray(np.clip(canvas, 0, 255).astype(np.uint8), "RGB")
 
 
+def make_image(job):
+    """Renders and saves one image; returns its size in bytes."""
+    path, grey, lo, hi, key = job
+    render(np.random.default_rng(key), grey, lo, hi).save(path, quality=90)
+    return os.path.getsize(path)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--out", required=True)
@@ -54,25 +63,26 @@ def main():
     p.add_argument("--min", type=int, default=300, help="shortest side drawn")
     p.add_argument("--max", type=int, default=500, help="longest side drawn")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     a = p.parse_args()
     if not (0 < a.train <= 60000 and 0 < a.val <= 10000 and 28 <= a.min <= a.max):
         p.error("want 0 < --train <= 60000, 0 < --val <= 10000, 28 <= --min <= --max")
-    stamp = os.path.join(a.out, f".made-fmnist-{a.train}-{a.val}-{a.min}-{a.max}-{a.seed}")
+    # v2: one generator per image (v1 drew every image from one stream, in order)
+    stamp = os.path.join(a.out, f".made-fmnist-v2-{a.train}-{a.val}-{a.min}-{a.max}-{a.seed}")
     if os.path.exists(stamp):
         print(open(stamp).read().strip())
         return
-    rng = np.random.default_rng(a.seed)
-    total, count = 0, 0
-    for split, prefix, n in (("train", "train", a.train), ("val", "t10k", a.val)):
+    jobs = []
+    for k, (split, prefix, n) in enumerate((("train", "train", a.train), ("val", "t10k", a.val))):
         images = read_idx(os.path.join(a.source, f"{prefix}-images-idx3-ubyte.gz"))
         labels = read_idx(os.path.join(a.source, f"{prefix}-labels-idx1-ubyte.gz"))
         for c in CLASSES:
             os.makedirs(os.path.join(a.out, split, c), exist_ok=True)
-        for i in range(n):
-            path = os.path.join(a.out, split, CLASSES[labels[i]], f"{prefix}{i:05d}.jpg")
-            render(rng, images[i], a.min, a.max).save(path, quality=90)
-            total += os.path.getsize(path)
-            count += 1
+        jobs += [(os.path.join(a.out, split, CLASSES[labels[i]], f"{prefix}{i:05d}.jpg"), images[i],
+                  a.min, a.max, [a.seed, k, i]) for i in range(n)]
+    with multiprocessing.get_context("fork").Pool(max(1, a.jobs)) as pool:
+        sizes = pool.map(make_image, jobs, chunksize=64)
+    total, count = sum(sizes), len(sizes)
     line = (f"{a.train} training and {a.val} validation JPEGs of {a.min}-{a.max} px, mean "
             f"{total / count / 1024:.1f} KiB, in {a.out}")
     with open(stamp, "w") as f:

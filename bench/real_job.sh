@@ -12,12 +12,15 @@
 # Uses the project venv's python (scripts/setup.sh) and build/release/src/kdflow.
 # Usage: bench/real_job.sh [--job folder|default] [--size 112] [--steps 60] [--batch 32] [--teacher resnet18]
 #   [--student mobilenet_v2] [--repeats 1] [--workers N] [--out FILE] [--set KEY=VALUE]...
-#   [--env KEY=VALUE]... [--peer-env KEY=VALUE]...
+#   [--env KEY=VALUE]... [--peer-env KEY=VALUE]... [--device cpu|cuda]
+# (--device: where both students train, cpu by default; on cuda the peer's teacher runs on the GPU
+# too, both arms under bf16 autocast, as a user's loop on a GPU would)
 # (--set: a key of kdflow's configuration for its arm, e.g. train.threads=2; --env, --peer-env: an
 # environment variable for kdflow's or the peer's arm, e.g. OMP_WAIT_POLICY=PASSIVE; repeatable)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 job=folder size=112 steps="" batch="" teacher=resnet18 student=mobilenet_v2 repeats=1 out=""
+device=cpu
 sets=()
 envs=()
 peer_envs=()
@@ -36,6 +39,7 @@ while [ $# -gt 0 ]; do
   --set) sets+=(--set "$2") ;;
   --env) envs+=("$2") ;;
   --peer-env) peer_envs+=("$2") ;;
+  --device) device=$2 ;;
   *)
     echo "real_job: unknown argument $1" >&2
     exit 2
@@ -43,6 +47,14 @@ while [ $# -gt 0 ]; do
   esac
   shift 2
 done
+case "$device" in
+cpu) peer_amp=none ;;
+cuda) peer_amp=bf16 ;;
+*)
+  echo "real_job: --device $device: cpu or cuda" >&2
+  exit 2
+  ;;
+esac
 py=$(cat .kdflow-venv)/bin/python
 kdflow=build/release/src/kdflow
 [ -x "$kdflow" ] || bash scripts/build.sh release
@@ -90,19 +102,19 @@ for r in $(seq 1 "$repeats"); do
   rm -rf "$work/run"
   env "${envs[@]}" "$kdflow" train --out "$work/run" "${kd_args[@]}" --set "data.batch_size=$batch" \
     --set "train.max_steps=$steps" --set "train.seed=$r" --set train.export=off \
-    --set train.checkpoint_every=0 "${sets[@]}" >"$results/kdflow_$r.log" 2>&1 ||
+    --set train.checkpoint_every=0 --set "student.device=$device" "${sets[@]}" >"$results/kdflow_$r.log" 2>&1 ||
     {
       tail -5 "$results/kdflow_$r.log" >&2
       exit 1
     }
   cp "$work/run/summary.json" "$results/kdflow_$r.json"
   env "${peer_envs[@]}" "$py" bench/peer_pytorch_kd.py "${peer_args[@]}" --batch "$batch" \
-    --steps "$steps" --seed "$r" --device cpu --eval >"$results/peer_$r.json"
+    --steps "$steps" --seed "$r" --device "$device" --amp "$peer_amp" --eval >"$results/peer_$r.json"
 done
 "$py" - "$results" "$repeats" "$job" "$size" "$steps" "$batch" "$teacher" "$student" "$workers" "$out" \
-  "${sets[*]}" "${envs[*]}" "${peer_envs[*]}" <<'PY'
+  "${sets[*]}" "${envs[*]}" "${peer_envs[*]}" "$device" <<'PY'
 import json, statistics, subprocess, sys
-d, repeats, job, size, steps, batch, teacher, student, workers, out, sets, envs, peer_envs = sys.argv[1:]
+d, repeats, job, size, steps, batch, teacher, student, workers, out, sets, envs, peer_envs, device = sys.argv[1:]
 k = [json.load(open(f"{d}/kdflow_{r}.json")) for r in range(1, int(repeats) + 1)]
 p = [json.load(open(f"{d}/peer_{r}.json")) for r in range(1, int(repeats) + 1)]
 cpu = subprocess.run("lscpu | sed -n 's/^Model name:[ ]*//p'", shell=True, capture_output=True,
@@ -113,7 +125,9 @@ ks = statistics.median(x["samples_per_s"] for x in k)
 ps = statistics.median(x["samples_per_s"] for x in p)
 result = {"cpu": cpu, "cpus": int(subprocess.run(["nproc"], capture_output=True, text=True).stdout),
           "commit": commit, "job": job, "size": int(size), "steps": int(steps), "batch": int(batch),
-          "teacher": teacher, "student": student, "student_device": "cpu",
+          "teacher": teacher, "student": student, "student_device": device,
+          "gpu": subprocess.run("nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1",
+                                shell=True, capture_output=True, text=True).stdout.strip() or None,
           "peer_workers": int(workers), "repeats": int(repeats),
           "kdflow_sets": sets.replace("--set ", "").split(), "kdflow_env": envs.split(),
           "peer_env": peer_envs.split(),

@@ -4,6 +4,9 @@
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <cuda_runtime_api.h>
+#include <fmt/format.h>
+
+#include <stdexcept>
 
 namespace kdflow::student {
 
@@ -38,12 +41,15 @@ SlotFeeder::SlotFeeder(SlotRing& ring, torch::Device device) : ring_(ring), devi
   copy_stream_ = c10::cuda::getStreamFromPool(/*isHighPriority=*/true, device_.index());
   // Allocated once: nothing is allocated per batch.
   const auto bytes = static_cast<std::int64_t>(ring_.layout().slot_bytes());
-  for (std::uint32_t i = 0; i < ring_.slots(); ++i) {
-    device_buffers_.push_back(torch::empty({bytes}, torch::dtype(torch::kUInt8).device(device_)));
-    device_views_.push_back(region_views(ring_.layout(), device_buffers_.back()));
-  }
-  copied_.resize(ring_.slots());
-  consumed_.resize(ring_.slots());
+  const auto slots = static_cast<std::int64_t>(ring_.slots());
+  device_slab_ = torch::empty({slots * bytes}, torch::dtype(torch::kUInt8).device(device_));
+  for (std::int64_t i = 0; i < slots; ++i)
+    device_views_.push_back(region_views(ring_.layout(), device_slab_.narrow(0, i * bytes, bytes)));
+  samples_.assign(ring_.slots(), 0);
+  // One more than the groups that can be in flight or marked at once: a pool event is never
+  // recorded again while a wait or release still means its earlier recording.
+  copied_.resize(ring_.slots() + 1);
+  consumed_.resize(ring_.slots() + 1);
 }
 
 SlotFeeder::~SlotFeeder() {
@@ -64,29 +70,76 @@ std::optional<DeviceBatch> SlotFeeder::next(std::uint64_t batch) {
     return DeviceBatch{batch, slot->header().samples, region_views(ring_.layout(), bytes)};
   }
 
+  if (serving_) finish_step(); // the last batch's step was issued, even if nobody said so
+  if (!started_ || batch != next_) {
+    if (started_ && next_ < copied_end_)
+      throw std::logic_error(fmt::format(
+          "SlotFeeder: batch {} asked for while batches {} to {} are on the device, unread", batch,
+          next_, copied_end_ - 1));
+    next_ = copied_end_ = batch;
+    started_ = true;
+  }
+  if (next_ == copied_end_ && !copy_group(batch)) return std::nullopt;
+  const std::uint32_t i = static_cast<std::uint32_t>(batch % ring_.slots());
+  ++next_;
+  serving_ = batch;
+  return DeviceBatch{batch, samples_[i], device_views_[i]};
+}
+
+bool SlotFeeder::copy_group(std::uint64_t batch) {
   reap();
   // The copies in flight hold slots that only this thread releases, and the producers may be
   // waiting for one of them to fill this very batch: release them (each once its copy is done)
   // before waiting, or the two sides would wait on each other. A student that synchronizes every
   // step (the trainer does) has nothing in flight here.
   while (!in_flight_.empty() && !ring_.ready_now(batch)) release_oldest();
-  auto slot = ring_.acquire_ready(batch);
-  if (!slot) return std::nullopt;
-  const std::uint32_t i = slot->index();
+  auto first = ring_.acquire_ready(batch);
+  if (!first) return false;
+  const std::uint32_t slots = ring_.slots();
+  const std::uint32_t i0 = first->index();
+  InFlight group;
+  group.slots.push_back(*first);
+  samples_[i0] = first->header().samples;
+  // The batches after it that are ready now and whose slots follow it in the slab go with it. A
+  // closed or failed ring is left to the next call: it reports that batch as it always has.
+  while (i0 + group.slots.size() < slots) {
+    const std::uint64_t b = batch + group.slots.size();
+    if (ring_.closed() || !ring_.ready_now(b)) break;
+    std::optional<Slot> s;
+    try {
+      s = ring_.acquire_ready(b);
+    } catch (...) {
+      break; // failed in between: the failure is the ring's, and the next acquire throws it
+    }
+    if (!s) break;
+    samples_[s->index()] = s->header().samples;
+    group.slots.push_back(*s);
+  }
+  const std::size_t k = group.slots.size();
+  const std::size_t bytes = ring_.layout().slot_bytes();
   c10::cuda::CUDAGuard guard(device_);
   const auto compute = c10::cuda::getCurrentCUDAStream(device_.index());
-  // The buffer may still be read by the step of batch - slots: the copy waits for that step.
-  if (consumed_[i].isCreated()) consumed_[i].block(*copy_stream_);
+  // The buffers may still be read by the steps of batch - slots .. batch + k - 1 - slots, queued
+  // on the compute stream: the copy waits (on the GPU) for the mark after the last of them.
+  if (batch + k > slots && !consumed_marks_.empty()) {
+    const std::uint64_t last_reader = batch + k - 1 - slots;
+    while (consumed_marks_.size() > 1 && consumed_marks_.front().last_batch < last_reader)
+      consumed_marks_.pop_front();
+    consumed_[consumed_marks_.front().event].block(*copy_stream_);
+  }
   // The runtime's copy, not Tensor::copy_: no dispatch or tensor made per batch, and the slab is
   // page-locked, so this is one DMA that returns at once.
-  C10_CUDA_CHECK(cudaMemcpyAsync(device_buffers_[i].data_ptr(), slot->data(),
-                                 ring_.layout().slot_bytes(), cudaMemcpyHostToDevice,
+  auto* device_base = static_cast<std::byte*>(device_slab_.data_ptr()) + std::size_t{i0} * bytes;
+  C10_CUDA_CHECK(cudaMemcpyAsync(device_base, first->data(), k * bytes, cudaMemcpyHostToDevice,
                                  copy_stream_->stream()));
-  copied_[i].record(*copy_stream_);
-  copied_[i].block(compute); // the step waits on the GPU, the host goes on
-  in_flight_.push_back({*slot, i});
-  current_buffer_ = i;
-  return DeviceBatch{batch, slot->header().samples, device_views_[i]};
+  group.event = next_copied_;
+  next_copied_ = (next_copied_ + 1) % static_cast<std::uint32_t>(copied_.size());
+  copied_[group.event].record(*copy_stream_);
+  copied_[group.event].block(compute); // the steps wait on the GPU, the host goes on
+  in_flight_slots_ += k;
+  in_flight_.push_back(std::move(group));
+  copied_end_ = batch + k;
+  return true;
 }
 
 void SlotFeeder::finish_step() {
@@ -95,16 +148,23 @@ void SlotFeeder::finish_step() {
     current_cpu_.reset();
     return;
   }
-  if (current_buffer_) {
-    consumed_[*current_buffer_].record(c10::cuda::getCurrentCUDAStream(device_.index()));
-    current_buffer_.reset();
+  if (serving_) {
+    // The last batch of its group: the next copy into these buffers waits for this mark.
+    if (*serving_ + 1 == copied_end_) {
+      const std::uint32_t e = next_consumed_;
+      next_consumed_ = (next_consumed_ + 1) % static_cast<std::uint32_t>(consumed_.size());
+      consumed_[e].record(c10::cuda::getCurrentCUDAStream(device_.index()));
+      consumed_marks_.push_back({*serving_, e});
+    }
+    serving_.reset();
   }
   reap();
 }
 
 void SlotFeeder::reap() {
-  while (!in_flight_.empty() && copied_[in_flight_.front().buffer].query()) {
-    ring_.release(in_flight_.front().slot);
+  while (!in_flight_.empty() && copied_[in_flight_.front().event].query()) {
+    for (const Slot& s : in_flight_.front().slots) ring_.release(s);
+    in_flight_slots_ -= in_flight_.front().slots.size();
     in_flight_.pop_front();
   }
 }
@@ -118,8 +178,9 @@ void SlotFeeder::drain() {
 }
 
 void SlotFeeder::release_oldest() {
-  copied_[in_flight_.front().buffer].synchronize();
-  ring_.release(in_flight_.front().slot);
+  copied_[in_flight_.front().event].synchronize();
+  for (const Slot& s : in_flight_.front().slots) ring_.release(s);
+  in_flight_slots_ -= in_flight_.front().slots.size();
   in_flight_.pop_front();
 }
 

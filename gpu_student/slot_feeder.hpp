@@ -2,9 +2,12 @@
 // order, and returns slots to the ring only when nothing reads them any more. Includes torch: for
 // the student's own translation units only.
 //
-// CUDA: the whole slot goes to the GPU in one DMA on a copy stream (the slab is pinned), an event
-//   marks the copy's end, the compute stream waits on that event (not the host), and the slot is
-//   released once the event has completed: never when the copy was merely issued.
+// CUDA: the slot goes to the GPU in one DMA on a copy stream (the slab is pinned), an event marks
+//   the copy's end, the compute stream waits on that event (not the host), and the slot is
+//   released once the event has completed: never when the copy was merely issued. When the next
+//   slots of the ring are ready too, they go with it: one DMA, one event and one wait for the
+//   whole run of slots (a group), so that small slots are not paced by the CUDA calls around each
+//   copy. A group's copy waits, on the GPU, for the last step that read its device buffers.
 // CPU:  the tensors are views of the slot itself (no copy); the slot is released after the step.
 #pragma once
 
@@ -45,29 +48,53 @@ public:
   void drain();
 
   // Slots whose copy was issued and not yet released (CUDA only).
-  [[nodiscard]] std::size_t in_flight() const { return in_flight_.size(); }
+  [[nodiscard]] std::size_t in_flight() const { return in_flight_slots_; }
   [[nodiscard]] bool on_cuda() const { return device_.is_cuda(); }
 
 private:
-  void reap();           // releases, in order, the slots whose copy events completed
-  void release_oldest(); // waits for the oldest copy in flight and releases its slot
+  // CUDA: copies batch `batch` and the batches after it that are ready now (up to the ring's end,
+  // where the slot indices wrap) in one DMA. False when the ring closed and drained.
+  bool copy_group(std::uint64_t batch);
+  void reap();           // releases, in order, the groups whose copy events completed
+  void release_oldest(); // waits for the oldest copy in flight and releases its slots
 
+  // Host slots whose copy was issued, one entry per group, released together.
   struct InFlight {
-    Slot slot;
-    std::uint32_t buffer;
+    std::vector<Slot> slots;
+    std::uint32_t event = 0; // in copied_
+  };
+  // "Every step up to `last_batch` is done reading its device buffer": recorded on the compute
+  // stream after the last batch of each group.
+  struct Consumed {
+    std::uint64_t last_batch = 0;
+    std::uint32_t event = 0; // in consumed_
   };
 
   SlotRing& ring_;
   torch::Device device_;
-  std::optional<Slot> current_cpu_;             // CPU: the slot the step reads in place
-  std::optional<std::uint32_t> current_buffer_; // CUDA: the device buffer the step reads
-  // CUDA: one device buffer per slot; events for "copy done" and "step done with this buffer".
-  std::vector<torch::Tensor> device_buffers_;
-  std::vector<std::vector<torch::Tensor>> device_views_; // each buffer's regions, made once
+  std::optional<Slot> current_cpu_; // CPU: the slot the step reads in place
+  // CUDA: one device buffer per slot, slot i at i * slot_bytes of one allocation (so that a group
+  // is one copy), each buffer's regions as views made once.
+  torch::Tensor device_slab_;
+  std::vector<std::vector<torch::Tensor>> device_views_;
+  std::vector<std::uint32_t> samples_; // by buffer: the batch's header().samples
+  // Batches copied and not yet handed to the step: [next_, copied_end_); group_end_: one past the
+  // last batch of the group that the batch being served belongs to.
+  std::uint64_t next_ = 0;
+  std::uint64_t copied_end_ = 0;
+  std::uint64_t group_end_ = 0;
+  std::optional<std::uint64_t> serving_; // the batch handed out and not yet finished
+  bool started_ = false;
+  // Event pools used in turn (a group takes one of each); `slots` of each suffice, as no more
+  // than `slots` groups are ever in flight.
   std::vector<at::cuda::CUDAEvent> copied_;
   std::vector<at::cuda::CUDAEvent> consumed_;
+  std::uint32_t next_copied_ = 0;
+  std::uint32_t next_consumed_ = 0;
   std::optional<c10::cuda::CUDAStream> copy_stream_;
   std::deque<InFlight> in_flight_;
+  std::deque<Consumed> consumed_marks_;
+  std::size_t in_flight_slots_ = 0;
 };
 
 } // namespace kdflow::student

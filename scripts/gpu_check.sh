@@ -8,12 +8,15 @@
 #     recreates the dependency venv's paths that the binaries' RPATH names (its site-packages is the
 #     machine's own, so LibTorch is the machine's torch 2.11.0+cu130; bin/python and bin/torchrun
 #     call the machine's python3), then runs the phases, most valuable first:
-#       tests    the whole ctest suite (on a GPU machine a skipped test is a failure: every CUDA test
-#                must run there)
+#       tests    the whole ctest suite but the teacher zoo (a CPU-only coverage suite of several
+#                minutes: CI runs it); on a GPU machine a skipped test is a failure: every CUDA test
+#                must run there
 #       train    a short CUDA run (bf16 autocast), CPU vs CUDA losses for the same seed, and the
 #                one-GPU torchrun runs (no group, a Gloo group of one, an NCCL group of one) against
 #                two plain runs
 #       default  kdflow bench-overlap on the default job (with H2D bandwidth: slots vs cudaMemcpy)
+#       real     the 224-pixel JPEG-folder job (bench/real_job.sh --device cuda) against the PyTorch
+#                loop a user would write, both students on the GPU
 #       gpu      tune-cores, then bench-overlap with its plan, on bench/overlap_gpu.toml
 #       tune     the elastic / pipeline / tuner tests, tune-cores --exhaustive on the default job,
 #                and bench-overlap of the default job on the tuned plan
@@ -134,7 +137,7 @@ phase_tests() {
   local only=()
   [ -z "${KD_CTEST_REGEX:-}" ] || only=(-R "$KD_CTEST_REGEX")
   local rc=0
-  ctest --test-dir build/release -j "${KD_CTEST_JOBS:-8}" --timeout 300 --no-tests=error \
+  ctest --test-dir build/release -j "${KD_CTEST_JOBS:-8}" --timeout 300 --no-tests=error -LE zoo \
     --output-on-failure --output-junit "$work/ctest.xml" "${only[@]}" >"$work/ctest.log" 2>&1 ||
     rc=$?
   grep -E 'tests passed|tests failed|\(Failed|\(Timeout|\(SEGFAULT|Skipped|Not Run' "$work/ctest.log" |
@@ -211,8 +214,20 @@ phase_placement() {
   tail -n 12 "$work/overlap_gpu_far.log"
 }
 
+phase_real() {
+  if ! have_gpu; then
+    echo "real: the 224 job on the GPU: skipped: no GPU"
+    return 0
+  fi
+  # Its data and teacher are made on the spot, outside the results (the folder is ~150 MB).
+  KD_REAL_JOB_DIR=/tmp/kdflow_real_job step real_224 bash bench/real_job.sh --job folder \
+    --device cuda --size 224 --batch 64 --steps 100 --out "$work/real_224.json"
+  grep -E '"(ratio|kdflow_samples_per_s|peer_samples_per_s)"' -A2 "$work/real_224.json" | head -12
+}
+
 phase_tune() {
-  if [ "${KD_GPU_DRY:-0}" != 1 ]; then
+  # The elastic / pipeline / tuner tests, unless the tests phase of this run ran them all.
+  if [ "${KD_GPU_DRY:-0}" != 1 ] && [ ! -f "$work/ctest.log" ]; then
     # The fixtures the tests phase made are kept (a selection would otherwise remake them).
     local kept=()
     [ -z "$(ls -A build/release/tests/fixtures/models 2>/dev/null)" ] ||
@@ -236,14 +251,14 @@ limit_of() {
   local var="KD_LIMIT_${1^^}" fallback
   case $1 in
   tests) fallback=330 ;; train) fallback=120 ;; default) fallback=75 ;; gpu) fallback=150 ;;
-  tune) fallback=180 ;; placement) fallback=75 ;; *) fallback=60 ;;
+  tune) fallback=180 ;; placement) fallback=75 ;; real) fallback=150 ;; *) fallback=60 ;;
   esac
   echo "${!var:-$fallback}"
 }
 
 run() {
   local phases=("$@")
-  [ ${#phases[@]} -gt 0 ] || phases=(tests train default gpu tune)
+  [ ${#phases[@]} -gt 0 ] || phases=(tests default real tune gpu train)
   : "${OUT:?run on the lent machine: \$OUT is where results go}"
   work=$OUT/gpu_check
   export work
@@ -294,7 +309,7 @@ dry() {
   t0=$SECONDS
   mkdir -p "$scratch/out"
   OUT=$scratch/out KD_CTEST_REGEX="${KD_DRY_CTEST_REGEX:-^DistEnv[.]}" \
-    bash "$self" run tests train default gpu tune placement
+    bash "$self" run tests train default gpu tune placement real
   echo "gpu_check dry: run $((SECONDS - t0)) s"
   local listing
   listing=$(tar -tzf "$scratch/out/gpu_check.tar.gz")
@@ -331,7 +346,7 @@ run)
 dry) dry ;;
 _phase) "phase_$2" ;;
 *)
-  echo "usage: scripts/gpu_check.sh pack | run [tests train default gpu tune placement install] | dry" >&2
+  echo "usage: scripts/gpu_check.sh pack | run [tests train default real gpu tune placement install] | dry" >&2
   exit 2
   ;;
 esac

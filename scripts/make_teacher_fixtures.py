@@ -4,14 +4,17 @@ torch.onnx.export uses by default, which needs onnxscript) and records PyTorch's
 random inputs, for kdflow's teacher tests (run with the kdflow venv's python: it has torch,
 torchvision and onnx).
 
-usage: make_teacher_fixtures.py OUT_DIR [--seed N] [--only NAME...]
+usage: make_teacher_fixtures.py OUT_DIR [--seed N] [--only NAME...] [--jobs N]
 
 Writes OUT_DIR/<name>.onnx, <name>.input.npy, <name>.output.npy (PyTorch's fp32 logits),
 <name>.bf16_output.npy (PyTorch's own bf16 logits, under CPU autocast: the peer a bf16 teacher's
 rounding is measured against) and manifest.json. Inputs are fresh random data every run unless
---seed is given.
+--seed is given. The models are made in --jobs processes side by side (default: one per CPU, at
+most 8), each its own seed drawn from the run's, so a --seed run is the same whatever --jobs.
 """
 import argparse
+import concurrent.futures
+import multiprocessing
 import json
 import os
 import sys
@@ -184,6 +187,40 @@ def export(model, x, path, opset, fold, exporter):
         torch.onnx.export(model, (x[:1],), path)
 
 
+def make_one(job):
+    """One fixture model: fitted, exported, its inputs and PyTorch's outputs saved."""
+    name, out, batch, fit_steps, seed, threads = job
+    torch.set_num_threads(threads)
+    torch.manual_seed(seed)
+    ctor, sample, opset, fold, exporter = models()[name]
+    model = ctor()
+    x = torch.randn(batch, *sample)
+    # A freshly initialized classifier's top-1 is decided by near-ties that any rounding flips;
+    # a trained teacher's is not. Fit the fixture's own inputs to random labels for a few steps
+    # so its logits are as decisive as a trained model's (bf16 top-1 checks then measure
+    # rounding, not coin flips); BatchNorm statistics are updated by the same steps.
+    with torch.no_grad():
+        classes = model(x).shape[1]
+    labels = torch.randint(0, classes, (batch,))
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    model.train()
+    for _ in range(min(fit_steps, FIT_STEPS.get(name, fit_steps))):
+        opt.zero_grad()
+        F.cross_entropy(model(x), labels).backward()
+        opt.step()
+    model.eval()
+    with torch.no_grad():
+        y = model(x)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y_bf16 = model(x).float()
+    path = os.path.join(out, name + ".onnx")
+    export(model, x, path, opset, fold, exporter)
+    np.save(os.path.join(out, name + ".input.npy"), x.numpy().astype(np.float32))
+    np.save(os.path.join(out, name + ".output.npy"), y.numpy().astype(np.float32))
+    np.save(os.path.join(out, name + ".bf16_output.npy"), y_bf16.numpy().astype(np.float32))
+    return {"name": name, "sample": list(sample), "opset": opset}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
@@ -191,40 +228,23 @@ def main():
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--only", nargs="*")
     ap.add_argument("--fit-steps", type=int, default=40)
+    ap.add_argument("--jobs", type=int, default=min(8, os.cpu_count() or 1))
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")
-    torch.manual_seed(seed)
-    manifest = {"seed": seed, "batch": args.batch, "models": []}
-    for name, (ctor, sample, opset, fold, exporter) in models().items():
-        if args.only and name not in args.only:
-            continue
-        model = ctor()
-        x = torch.randn(args.batch, *sample)
-        # A freshly initialized classifier's top-1 is decided by near-ties that any rounding flips;
-        # a trained teacher's is not. Fit the fixture's own inputs to random labels for a few steps
-        # so its logits are as decisive as a trained model's (bf16 top-1 checks then measure
-        # rounding, not coin flips); BatchNorm statistics are updated by the same steps.
-        with torch.no_grad():
-            classes = model(x).shape[1]
-        labels = torch.randint(0, classes, (args.batch,))
-        opt = torch.optim.Adam(model.parameters(), lr=3e-3)
-        model.train()
-        for _ in range(min(args.fit_steps, FIT_STEPS.get(name, args.fit_steps))):
-            opt.zero_grad()
-            F.cross_entropy(model(x), labels).backward()
-            opt.step()
-        model.eval()
-        with torch.no_grad():
-            y = model(x)
-            with torch.autocast("cpu", dtype=torch.bfloat16):
-                y_bf16 = model(x).float()
-        path = os.path.join(args.out, name + ".onnx")
-        export(model, x, path, opset, fold, exporter)
-        np.save(os.path.join(args.out, name + ".input.npy"), x.numpy().astype(np.float32))
-        np.save(os.path.join(args.out, name + ".output.npy"), y.numpy().astype(np.float32))
-        np.save(os.path.join(args.out, name + ".bf16_output.npy"), y_bf16.numpy().astype(np.float32))
-        manifest["models"].append({"name": name, "sample": list(sample), "opset": opset})
+    names = [n for n in models() if not args.only or n in args.only]
+    jobs = max(1, min(args.jobs, len(names)))
+    threads = max(1, (os.cpu_count() or 1) // jobs)
+    work = [(n, args.out, args.batch, args.fit_steps, (seed * 1000003 + k) % 2**32, threads)
+            for k, n in enumerate(names)]
+    if jobs == 1:
+        made = [make_one(w) for w in work]
+    else:
+        # spawn, not fork: a forked child would inherit the parent's torch thread pools.
+        with concurrent.futures.ProcessPoolExecutor(
+                jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+            made = list(pool.map(make_one, work))
+    manifest = {"seed": seed, "batch": args.batch, "models": made}
     with open(os.path.join(args.out, "manifest.json"), "w") as f:
         json.dump(manifest, f, indent=2)
     print(f"fixtures: {len(manifest['models'])} models, seed {seed}, in {args.out}")

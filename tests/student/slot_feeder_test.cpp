@@ -98,6 +98,36 @@ TEST(SlotFeeder, CudaSlotReturnsOnlyAfterItsCopyEvent) {
   EXPECT_EQ(feeder.in_flight(), 0u);
 }
 
+// Slots that are ready together go to the GPU together: one copy for the run of ready slots up
+// to the ring's end (where the indices wrap), each batch still its own bytes, in order; the slots
+// return once that copy is done, and the batches after the group start a new one.
+TEST(SlotFeeder, CudaReadySlotsGoTogetherInOneCopy) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device here";
+  const float seed = 2.5f;
+  const SlotLayout l = layout();
+  SlotRing ring(l, kSlots, allocate_pinned_for_device(kSlots * l.slot_bytes()));
+  SlotFeeder feeder(ring, torch::Device(torch::kCUDA, 0));
+  for (std::uint64_t lap = 0; lap < 3; ++lap) {
+    const std::uint64_t first = lap * kSlots;
+    for (std::uint64_t b = first; b < first + kSlots; ++b) produce(ring, b, seed);
+    for (std::uint64_t b = first; b < first + kSlots; ++b) {
+      auto batch = feeder.next(b);
+      ASSERT_TRUE(batch);
+      // The whole lap was taken by the first call: nothing is left ready in the ring.
+      EXPECT_EQ(count(ring, SlotState::ready), 0u);
+      expect_batch(*batch, b, seed);
+      feeder.finish_step();
+    }
+    EXPECT_EQ(feeder.in_flight(), 0u); // the lap's copy was seen complete and its slots returned
+    EXPECT_EQ(count(ring, SlotState::free), kSlots);
+  }
+  // A batch out of turn while others are on the device is a caller's error, not a silent skip.
+  produce(ring, 3 * kSlots, seed);
+  produce(ring, 3 * kSlots + 1, seed);
+  ASSERT_TRUE(feeder.next(3 * kSlots));
+  EXPECT_THROW((void)feeder.next(3 * kSlots + 2), std::logic_error);
+}
+
 // A consumer that never waits for the GPU (no per-step host synchronization, as a faster trainer
 // would run) against a producer thread, through 3 slots: every batch arrives once, in order, with
 // its own bytes, although each "step" is slow on the GPU and the copies run ahead of it. Catches
