@@ -837,7 +837,14 @@ TEST(Train, TheStudentComesOutCheckedAndServesAsTheNextTeacher) {
                        b);
   ASSERT_EQ(r.code, 0) << r.err;
   const json sb = summary(b);
-  EXPECT_NEAR(sb["teacher_test_accuracy"].get<double>(), sa["test_accuracy"].get<double>(), 2e-4)
+  // The run measured its student in its own precision: fp32 on the CPU, where the exported file
+  // (fp32) must classify the test split as the student did, to a sample or two of summation order;
+  // under CUDA's bf16 autocast the rounding flips some near-ties of a 30-step student (7 of 10000
+  // on an H100), so there the file is held to its own fp32 evaluation below and to the run's
+  // figure within 1%.
+  const double same_as_run = sa["precision"] == "fp32" ? 2e-4 : 1e-2;
+  EXPECT_NEAR(sb["teacher_test_accuracy"].get<double>(), sa["test_accuracy"].get<double>(),
+              same_as_run)
       << "the exported student classifies the test split as the student did";
   EXPECT_TRUE(sb["export"].is_null());
   EXPECT_FALSE(fs::exists(b / "student.onnx"));
@@ -853,7 +860,9 @@ TEST(Train, TheStudentComesOutCheckedAndServesAsTheNextTeacher) {
   ASSERT_EQ(ev.code, 0) << ev.err;
   const json e = json::parse(read_text(a / "eval.json"));
   EXPECT_EQ(e["samples"], 10000);
-  EXPECT_NEAR(e["top1"].get<double>(), sa["test_accuracy"].get<double>(), 2e-4);
+  EXPECT_NEAR(e["top1"].get<double>(), sa["test_accuracy"].get<double>(), same_as_run);
+  EXPECT_NEAR(e["top1"].get<double>(), sb["teacher_test_accuracy"].get<double>(), 2e-4)
+      << "kdflow eval and the teacher engine disagree on the same file";
   EXPECT_GE(e["top5"].get<double>(), e["top1"].get<double>());
   EXPECT_GT(e["images_per_s"].get<double>(), 0.0);
 
