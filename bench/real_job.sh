@@ -25,6 +25,10 @@ sets=()
 envs=()
 peer_envs=()
 workers=$(($(nproc) / 2 > 0 ? $(nproc) / 2 : 1))
+refuse() {
+  echo "real_job: $*" >&2
+  exit 2
+}
 while [ $# -gt 0 ]; do
   case "$1" in
   --job) job=$2 ;;
@@ -40,20 +44,14 @@ while [ $# -gt 0 ]; do
   --env) envs+=("$2") ;;
   --peer-env) peer_envs+=("$2") ;;
   --device) device=$2 ;;
-  *)
-    echo "real_job: unknown argument $1" >&2
-    exit 2
-    ;;
+  *) refuse "unknown argument $1" ;;
   esac
   shift 2
 done
 case "$device" in
 cpu) peer_amp=none ;;
 cuda) peer_amp=bf16 ;;
-*)
-  echo "real_job: --device $device: cpu or cuda" >&2
-  exit 2
-  ;;
+*) refuse "--device $device: cpu or cuda" ;;
 esac
 py=$(cat .kdflow-venv)/bin/python
 kdflow=build/release/src/kdflow
@@ -66,10 +64,7 @@ folder)
   case "$student" in
   mobilenet_v2) kd_student=mobilenetv2 ;;
   resnet18) kd_student=resnet18 ;;
-  *)
-    echo "real_job: --student $student: resnet18 or mobilenet_v2 (kdflow's built-in ImageNet forms)" >&2
-    exit 2
-    ;;
+  *) refuse "--student $student: resnet18 or mobilenet_v2 (kdflow's built-in ImageNet forms)" ;;
   esac
   "$py" bench/make_fmnist_folder.py --out "$work/data" --train 4000 --val 500 >&2
   "$py" bench/make_real_teacher.py --arch "$teacher" --classes 10 --size "$size" \
@@ -91,10 +86,7 @@ default)
   peer_args=(--idx /usr/share/datasets/fashion-mnist --teacher-onnx models/fmnist_teacher.onnx
     --student-arch kdflow-cnn)
   ;;
-*)
-  echo "real_job: --job $job: folder or default" >&2
-  exit 2
-  ;;
+*) refuse "--job $job: folder or default" ;;
 esac
 results=$(mktemp -d)
 trap 'rm -rf "$results"' EXIT
