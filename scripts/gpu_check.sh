@@ -95,6 +95,8 @@ install_bundle() {
   printf '#!/bin/sh\nexec %s "$@"\n' "$python" >"$venv/bin/python"
   printf '#!/bin/sh\nexec %s -m torch.distributed.run "$@"\n' "$python" >"$venv/bin/torchrun"
   chmod +x "$venv/bin/python" "$venv/bin/torchrun"
+  # The bench scripts find the venv as scripts/setup.sh leaves it (git-ignored, so not carried).
+  [ -f .kdflow-venv ] || echo "$venv" >.kdflow-venv
   if [ "$source" != "$root" ]; then
     if [ -e "$source" ] && [ ! -L "$source" ]; then
       echo "gpu_check: $source (the source path the build names) exists on this machine" >&2
