@@ -275,6 +275,48 @@ std::string other_operand(const Node& n, const std::string& value) {
   return {};
 }
 
+// A Pad of zeros on the two spatial axes of an NCHW map, read only by a convolution or by an
+// AveragePool, becomes that node's own padding (exporters write one for a padding mode the op
+// lacks, or for asymmetric padding): the same values, without a copy of the padded map made by a
+// plain loop first. A convolution's padding is zeros already. An AveragePool counts the Pad's
+// zeros in its averages, so it takes them as padding it counts (count_include_pad), which it may
+// only where it had no padding of its own that it left out of the count, and where no window
+// reaches past the padding (ceil_mode off). A MaxPool's padding is -inf, not zeros: not folded.
+bool fold_zero_pad(Graph& g) {
+  for (std::size_t i = 0; i < g.nodes.size(); ++i) {
+    const Node& pad = g.nodes[i];
+    if (pad.op != "Pad" || pad.string_attr("mode", "constant") != "constant" ||
+        pad.float_attr("value", 0) != 0.0f)
+      continue;
+    const auto p = pad.ints_attr("pads");
+    if (p.size() != 8 || p[0] != 0 || p[1] != 0 || p[4] != 0 || p[5] != 0) continue;
+    if (std::any_of(p.begin(), p.end(), [](std::int64_t v) { return v < 0; })) continue;
+    const int r = sole_reader(g, pad.outputs[0]);
+    if (r < 0) continue;
+    Node& reader = g.nodes[static_cast<std::size_t>(r)];
+    if (reader.inputs.empty() || reader.inputs[0] != pad.outputs[0] ||
+        reader.ints_attr("pads").size() != 4)
+      continue;
+    if (reader.op == "AveragePool") {
+      const auto own = reader.ints_attr("pads");
+      const bool own_uncounted = reader.int_attr("count_include_pad", 0) == 0 &&
+                                 std::any_of(own.begin(), own.end(), [](auto v) { return v != 0; });
+      if (own_uncounted || reader.int_attr("ceil_mode", 0) != 0) continue;
+      reader.attrs["count_include_pad"] = int_attribute(1);
+    } else if (reader.op != "Conv" || !conv_geometry(g, reader)) {
+      continue;
+    }
+    // ONNX's pads run begin values then end values: [n, c, h, w, n, c, h, w] for the Pad, and
+    // [h, w, h, w] for the reader.
+    auto& own = reader.attrs["pads"].ints;
+    own = {own[0] + p[2], own[1] + p[3], own[2] + p[6], own[3] + p[7]};
+    reader.inputs[0] = pad.inputs[0];
+    g.nodes.erase(g.nodes.begin() + static_cast<std::ptrdiff_t>(i));
+    return true;
+  }
+  return false;
+}
+
 // Gelu in the erf form older exporters write, x * (Erf(x / sqrt(2)) + 1) * 0.5 (the division
 // also as a product by 1/sqrt(2); sums and products either way round), becomes one Gelu.
 bool fuse_erf_gelu(Graph& g) {
@@ -630,6 +672,8 @@ void run_passes(Graph& g) {
   while (remove_noops(g)) {
   }
   while (fold_batchnorm(g)) {
+  }
+  while (fold_zero_pad(g)) {
   }
   while (trim_padding_taps(g)) {
   }

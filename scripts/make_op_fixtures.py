@@ -194,6 +194,25 @@ def cases():
         inputs = ["x", "p", "v"] if mode == "constant" else ["x", "p"]
         inits = [const("p", np.array([0, 0, 1, 2, 0, 0, 2, 1], np.int64))] + ([const("v", np.float32(0.25))] if mode == "constant" else [])
         c[f"pad_{mode}"] = model([node("Pad", inputs, mode=mode)], X, inits, opset=13)
+    # A Pad of zeros before a Conv or an AveragePool (folded into its padding), and the cases that
+    # must stay two nodes: a MaxPool, a non-zero value, an AveragePool that leaves its own padding
+    # out of its averages.
+    zeros = [const("p", np.array([0, 0, 1, 2, 0, 0, 2, 1], np.int64)), const("v", np.float32(0))]
+    c["pad_then_conv"] = model([node("Pad", ["x", "p", "v"], ["q"], mode="constant"),
+                                helper.make_node("Conv", ["q", "w", "b"], ["y"], name="conv", pads=[1, 0, 0, 1])], X,
+                               zeros + [const("w", rand(6, 4, 3, 3)), const("b", rand(6))], opset=13)
+    c["pad_then_avgpool"] = model([node("Pad", ["x", "p"], ["q"]),
+                                   helper.make_node("AveragePool", ["q"], ["y"], name="pool", kernel_shape=[3, 3], strides=[2, 2])], X,
+                                  zeros[:1], opset=13)
+    c["pad_then_avgpool_own_pads"] = model([node("Pad", ["x", "p", "v"], ["q"]),
+                                            helper.make_node("AveragePool", ["q"], ["y"], name="pool", kernel_shape=[3, 3], pads=[1, 1, 1, 1])], X,
+                                           zeros, opset=13)
+    c["pad_then_maxpool"] = model([node("Pad", ["x", "p"], ["q"]),
+                                   helper.make_node("MaxPool", ["q"], ["y"], name="pool", kernel_shape=[2, 2], strides=[2, 2])], X,
+                                  zeros[:1], opset=13)
+    c["pad_value_then_conv"] = model([node("Pad", ["x", "p", "v"], ["q"]),
+                                      helper.make_node("Conv", ["q", "w"], ["y"], name="conv")], X,
+                                     [zeros[0], const("v", np.float32(0.5)), const("w", rand(3, 4, 3, 3))], opset=13)
     c["softmax_opset11"] = model([node("Flatten", ["x"], ["f"]), helper.make_node("Softmax", ["f"], ["y"], name="sm", axis=1)], X, opset=11)
     c["softmax_opset13_axis"] = model([node("Softmax", ["x"], axis=1)], X, opset=13)
     c["identity_dropout"] = model([node("Identity", ["x"], ["i"]), helper.make_node("Dropout", ["i"], ["d"], name="drop"), helper.make_node("Relu", ["d"], ["y"], name="relu")], X, opset=13)

@@ -376,6 +376,12 @@ TEST(TeacherPasses, ExportersDecomposedOpsBecomeOneNode) {
   EXPECT_EQ(ops_after_passes("gelu_erf_form"), V{"Gelu"});
   EXPECT_EQ(ops_after_passes("gelu_erf_form_swapped"), V{"Gelu"});
   EXPECT_EQ(ops_after_passes("silu_alone"), V{"Swish"});
+  // A Pad of zeros is the next node's padding where that pads with zeros and counts them.
+  EXPECT_EQ(ops_after_passes("pad_then_conv"), V{"Conv"});
+  EXPECT_EQ(ops_after_passes("pad_then_avgpool"), V{"AveragePool"});
+  EXPECT_EQ(ops_after_passes("pad_then_avgpool_own_pads"), (V{"Pad", "AveragePool"}));
+  EXPECT_EQ(ops_after_passes("pad_then_maxpool"), (V{"Pad", "MaxPool"}));
+  EXPECT_EQ(ops_after_passes("pad_value_then_conv"), (V{"Pad", "Conv"}));
   EXPECT_EQ(ops_after_passes("conv_silu"), (V{"Conv", "+Swish"}));
   EXPECT_EQ(ops_after_passes("silu_gate_read_twice"), (V{"Sigmoid", "Mul", "Add"}));
   // Attention's scaled products: the scale is the MatMul's alpha, its Mul or Div gone.
