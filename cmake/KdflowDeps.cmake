@@ -23,6 +23,26 @@ list(PREPEND CMAKE_PREFIX_PATH "${KD_VENV}" "${KD_SITE_PACKAGES}/torch/share/cma
 message(STATUS "kdflow: dependency venv ${KD_VENV}")
 
 find_package(Threads REQUIRED)
+# Under TSan, oneTBB itself must be instrumented, or its tasks' hand-offs read as races: the tsan
+# preset builds and runs on the one scripts/tbb_tsan.sh makes (its headers first, its libtbb first
+# in the RPATH, so the uninstrumented oneDNN loads it too).
+set(KD_TBB_TSAN "" CACHE PATH "oneTBB built with -fsanitize=thread (scripts/tbb_tsan.sh)")
+if(KD_SANITIZE MATCHES "thread")
+  if(NOT KD_TBB_TSAN)
+    if(DEFINED ENV{KDFLOW_DEPS})
+      set(KD_TBB_TSAN "$ENV{KDFLOW_DEPS}/tbb-tsan")
+    else()
+      set(KD_TBB_TSAN "$ENV{HOME}/.cache/kdflow/tbb-tsan")
+    endif()
+    set(KD_TBB_TSAN "${KD_TBB_TSAN}" CACHE PATH "" FORCE)
+  endif()
+  if(NOT EXISTS "${KD_TBB_TSAN}/lib/cmake/TBB")
+    message(FATAL_ERROR "kdflow: no TSan-built oneTBB in ${KD_TBB_TSAN}; run scripts/tbb_tsan.sh")
+  endif()
+  set(TBB_DIR "${KD_TBB_TSAN}/lib/cmake/TBB" CACHE PATH "" FORCE)
+  include_directories(BEFORE SYSTEM "${KD_TBB_TSAN}/include")
+  message(STATUS "kdflow: TSan-built oneTBB from ${KD_TBB_TSAN}")
+endif()
 find_package(TBB 2021 REQUIRED CONFIG)
 find_package(dnnl 3 REQUIRED CONFIG)
 find_package(PkgConfig REQUIRED)
@@ -58,6 +78,10 @@ add_link_options(-Wl,--disable-new-dtags)
 set(KD_VENV_LIBDIR "${KD_VENV}/lib")
 set(CMAKE_BUILD_RPATH "${KD_VENV_LIBDIR}")
 set(CMAKE_INSTALL_RPATH "${KD_VENV_LIBDIR}")
+if(KD_SANITIZE MATCHES "thread")
+  list(PREPEND CMAKE_BUILD_RPATH "${KD_TBB_TSAN}/lib")
+  list(PREPEND CMAKE_INSTALL_RPATH "${KD_TBB_TSAN}/lib")
+endif()
 
 if(KD_WITH_TORCH)
   # A CUDA LibTorch wants the CUDA toolkit at configure time; /usr/local/cuda is the usual place.

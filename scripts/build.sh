@@ -5,6 +5,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 preset=${1:-release}
 bash scripts/setup.sh
+# TSan needs an instrumented oneTBB (scripts/tbb_tsan.sh says why).
+if [ "$preset" = tsan ]; then
+  bash scripts/tbb_tsan.sh
+fi
 if [ ! -f "build/$preset/build.ninja" ]; then
   cmake --preset "$preset" >/dev/null
 fi

@@ -55,33 +55,10 @@ auto agreed(student::ProcessGroup* group, F&& f) -> decltype(f()) {
   return std::move(*value);
 }
 
-// What a command asks of prepare_run besides the data, the plan and the student's device.
-struct RunRequest {
-  // The teachers loaded (and given cores): the configuration's ([teacher] and teacher.others,
-  // none at kd.alpha = 0) when unset; else exactly these (eval: the model it scores; export: none,
-  // or the configuration's when the student's feature adapters need their shapes).
-  std::optional<std::vector<TeacherSpec>> teachers;
-  // kd.cache made ready for the teachers (prepare_teacher_cache): train and bench-overlap.
-  bool cache = false;
-  // The student's device, when the caller resolved student.device already (the Session: once,
-  // for its process group and the run); unset, prepare_run resolves it.
-  std::optional<student::Device> device;
-};
-
-// Loads and checks everything the configuration names; InputError (exit 2) naming the key, the
-// file, or both sides of a mismatch (teacher classes vs dataset classes, input shapes). Under
-// torchrun (`dist`), the sampler takes this rank's shard, the student its local rank's GPU and
-// the plan its local rank's share of the node's cores.
+// load_run_inputs with the student's device (request.device, else student.device resolved for
+// this local rank) and the GPUs' nearest CPUs as LibTorch and hwloc see them (gpu_localities).
 RunInputs prepare_run(const Config& config, const DistEnv& dist = {},
                       const RunRequest& request = {});
-
-// kd.cache: run.cache for run.train (run.cache_file and run.cache_key too with kd.cache = disk,
-// and what the file holds loaded), or nothing with kd.cache = none. InputError where a cache would
-// serve wrong or no outputs (random augmentation, an image folder, several ranks), would not fit a
-// quarter of the memory, or its file cannot be used. prepare_run calls it for the commands that
-// read the cache (RunRequest::cache: train, bench-overlap); eval, export and tune-cores leave it
-// out.
-void prepare_teacher_cache(RunInputs& run);
 
 // Every CUDA device with the allowed CPUs nearest it (all allowed CPUs where hwloc does not know
 // the device's locality, as in a container without PCI information); empty without a GPU.

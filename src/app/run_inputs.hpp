@@ -16,9 +16,11 @@
 #include "kdflow/gpu_student/device.hpp"
 
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace kdflow::app {
 
@@ -67,5 +69,38 @@ struct RunInputs {
 
   [[nodiscard]] bool teacher_runs() const { return !teachers.empty(); }
 };
+
+// What a command asks of load_run_inputs besides the data, the plan and the student's device.
+struct RunRequest {
+  // The teachers loaded (and given cores): the configuration's ([teacher] and teacher.others,
+  // none at kd.alpha = 0) when unset; else exactly these (eval: the model it scores; export: none,
+  // or the configuration's when the student's feature adapters need their shapes).
+  std::optional<std::vector<TeacherSpec>> teachers;
+  // kd.cache made ready for the teachers (prepare_teacher_cache): train and bench-overlap.
+  bool cache = false;
+  // The student's device, when the caller resolved student.device already (the Session: once,
+  // for its process group and the run); unset, prepare_run (run.hpp) resolves it.
+  std::optional<student::Device> device;
+};
+
+// The CUDA devices a run may use, each with the allowed CPUs nearest it (prepare_run's is
+// gpu_localities; none where the caller has no GPU, as the torch-free tests).
+using GpuLocator = std::function<std::vector<affinity::GpuLocality>(const affinity::Topology&)>;
+
+// Loads and checks everything the configuration names for a student on `device`, without
+// LibTorch (the torch-free pipeline tests call it; prepare_run, run.hpp, for every command);
+// InputError (exit 2) naming the key, the file, or both sides of a mismatch (teacher classes vs
+// dataset classes, input shapes). Under torchrun (`dist`), the sampler takes this rank's shard
+// and the plan its local rank's share of the node's cores (those nearest its GPU, from `gpus`).
+RunInputs load_run_inputs(const Config& config, const DistEnv& dist, const RunRequest& request,
+                          const student::Device& device, const GpuLocator& gpus = {});
+
+// kd.cache: run.cache for run.train (run.cache_file and run.cache_key too with kd.cache = disk,
+// and what the file holds loaded), or nothing with kd.cache = none. InputError where a cache would
+// serve wrong or no outputs (random augmentation, an image folder, several ranks), would not fit a
+// quarter of the memory, or its file cannot be used. load_run_inputs calls it for the commands that
+// read the cache (RunRequest::cache: train, bench-overlap); eval, export and tune-cores leave it
+// out.
+void prepare_teacher_cache(RunInputs& run);
 
 } // namespace kdflow::app
