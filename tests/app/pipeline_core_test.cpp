@@ -28,10 +28,12 @@
 #include <cmath>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <numeric>
 #include <span>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace kdflow::app {
@@ -51,8 +53,21 @@ Config shipped_teacher_config(std::vector<std::string> sets) {
   return config_of(shipped_teacher_sets(std::move(sets)));
 }
 
+// `f()` in an arena of one thread, where oneDNN runs its work inline. Under TSan every oneDNN call
+// here has one thread (the loads, the references; the pipeline's replicas are one CPU wide): a
+// parallel region of the PyPI oneDNN runs oneTBB's templates compiled into libdnnl, which is not
+// instrumented, so TSan would not see the region end and would report oneTBB's own bookkeeping
+// (its task_group_context on the caller's stack) once that memory is reused.
+template <class F>
+auto on_one_thread(F&& f) {
+  oneapi::tbb::task_arena one(1);
+  return one.execute(std::forward<F>(f));
+}
+
 // The run's inputs for a student on the CPU, as prepare_run makes them where there is no GPU.
-RunInputs cpu_run(const Config& config) { return load_run_inputs(config, {}, {}, {}); }
+RunInputs cpu_run(const Config& config) {
+  return on_one_thread([&] { return load_run_inputs(config, {}, {}, {}); });
+}
 
 TEST(CpuPipeline, PoolsMovedWhileBatchesFlowLoseNothingAndRunOnTheirNewCpus) {
   const CpuList cpus = allowed_cpus();
@@ -203,7 +218,8 @@ TEST(CpuPipeline, TeacherOutputCacheServesLaterEpochsWithWhatTheTeacherComputed)
     const SlotLayout layout = CpuPipeline::layout_for(run);
     CpuPipeline pipeline(run, sampler, kSlots, allocate_locked(kSlots * layout.slot_bytes()));
     const auto classes = static_cast<std::size_t>(run.train.classes());
-    teacher::Replica fresh(run.teachers.front().model);
+    const auto fresh = on_one_thread(
+        [&] { return std::make_unique<teacher::Replica>(run.teachers.front().model); });
     teacher::OutputBuffers again(*run.teachers.front().model);
     std::map<std::int64_t, std::vector<float>> taught; // the first epoch's logits per sample
     std::map<std::int64_t, std::vector<float>> taught_features; // and its features, in turn
@@ -228,7 +244,9 @@ TEST(CpuPipeline, TeacherOutputCacheServesLaterEpochsWithWhatTheTeacherComputed)
       const auto logits = slot->region<float>(*pipeline.regions().logits);
       const std::size_t n = slot->header().samples;
       ASSERT_EQ(n, run.sampler.batch_size);
-      fresh.run(slot->region<float>(pipeline.regions().loader.inputs).data(), again.pointers);
+      on_one_thread([&] {
+        fresh->run(slot->region<float>(pipeline.regions().loader.inputs).data(), again.pointers);
+      });
       for (std::size_t i = 0; i < n; ++i) {
         std::vector<float> kept; // sample i's features, as the slot holds them
         for (std::size_t k = 0; k < 2; ++k) {
