@@ -280,6 +280,9 @@ const std::vector<ConfigKey>& config_schema() {
        {},
        1,
        1e15},
+      {"train.tensorboard", T::boolean, true,
+       "TensorBoard event files in the run folder (events.out.tfevents.*, rank 0): the scalars of "
+       "metrics.jsonl at their steps, the configuration and the core plan as text"},
       {"train.export",
        T::string,
        std::string("auto"),

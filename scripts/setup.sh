@@ -7,7 +7,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 deps=${KDFLOW_DEPS:-$HOME/.cache/kdflow}
 venv=$deps/venv
-stamp_version=7   # bump when the package lists below change
+stamp_version=8   # bump when the package lists below change
 
 apt_packages=(
   build-essential cmake ninja-build pkg-config git ca-certificates
@@ -36,6 +36,9 @@ pip_packages=(
   onnx==1.23.2 onnxscript==0.7.2
   # timm: the image families of the teacher-coverage run (scripts/teacher_zoo.py), random weights.
   timm==1.0.20
+  # tensorboard: its event.proto descriptors (the run folder's event files are compiled from
+  # them) and its EventAccumulator, which the tests read those files back with.
+  tensorboard==2.21.0
 )
 
 sudo_=""

@@ -1,6 +1,8 @@
 // The run folder's layout and its writes (run_folder.hpp).
 #include "run_folder.hpp"
 
+#include "tensorboard.hpp"
+
 #include "kdflow/core/atomic_file.hpp"
 #include "kdflow/core/error.hpp"
 #include "kdflow/core/input_file.hpp"
@@ -72,7 +74,8 @@ bool is_run_file(const fs::path& run, const fs::path& file) {
   const fs::path rel = f.lexically_relative(r);
   if (rel.empty() || *rel.begin() == ".." || rel == ".") return false;
   return rel == "config.toml" || rel == "metrics.jsonl" || rel == "summary.json" ||
-         *rel.begin() == "checkpoints";
+         *rel.begin() == "checkpoints" ||
+         (rel == rel.filename() && rel.string().starts_with("events.out.tfevents."));
 }
 
 } // namespace
@@ -143,9 +146,27 @@ void RunFolder::open(const std::string& config_toml, bool resumed) {
   if (!metrics_) throw InputError(fmt::format("cannot write {}", metrics.string()));
 }
 
+RunFolder::~RunFolder() = default;
+
+void RunFolder::open_events(std::int64_t step,
+                            const std::vector<std::pair<std::string, std::string>>& texts) {
+  std::lock_guard lock(metrics_mutex_);
+  events_ = std::make_unique<EventWriter>(path_);
+  for (const auto& [tag, text] : texts) events_->text(tag, step, text);
+  events_->flush();
+}
+
 void RunFolder::write_metrics(const nlohmann::json& line) {
   std::lock_guard lock(metrics_mutex_);
   metrics_ << line.dump() << '\n' << std::flush;
+  if (!events_) return;
+  const std::string group = line.contains("event") ? line["event"].get<std::string>() : "train";
+  const auto step = line.contains("step") ? line["step"].get<std::int64_t>()
+                                          : line.value("batch", std::int64_t{0});
+  for (const auto& [key, value] : line.items())
+    if (key != "step" && value.is_number())
+      events_->scalar(group + "/" + key, step, value.get<double>());
+  events_->flush();
 }
 
 void RunFolder::save_checkpoint(std::int64_t step,

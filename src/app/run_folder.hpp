@@ -1,6 +1,8 @@
 // A training run's folder, the one place that knows its layout: config.toml (the resolved
-// configuration), metrics.jsonl (a line per log interval and kd-ctl move), summary.json, the
-// exported student, and checkpoints/step-NNNNNNNNN.ckpt (atomic, the newest K kept).
+// configuration), metrics.jsonl (a line per log interval, evaluation and kd-ctl move),
+// TensorBoard's events.out.tfevents.* (the same numbers; one file per start of the run),
+// summary.json, the exported student, and checkpoints/step-NNNNNNNNN.ckpt (atomic, the newest K
+// kept).
 #pragma once
 
 #include <cstddef>
@@ -8,14 +10,18 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json_fwd.hpp>
 
 namespace kdflow::app {
+
+class EventWriter;
 
 // A run folder's checkpoint of `step`, and the finished checkpoints in `folder`, oldest first
 // (temporaries of a killed writer are skipped).
@@ -31,6 +37,7 @@ public:
   // An existing run's folder, to read (export): InputError naming `option` when it holds no
   // config.toml.
   static RunFolder existing(const std::string& dir, const std::string& option);
+  ~RunFolder();
   RunFolder(RunFolder&&) = delete;
   RunFolder& operator=(RunFolder&&) = delete;
 
@@ -58,7 +65,13 @@ public:
   // checkpoints/ is made, config.toml written and metrics.jsonl opened (appended to when
   // `resumed`).
   void open(const std::string& config_toml, bool resumed);
-  // One metrics line (from the student and kd-ctl's thread: serialized), flushed.
+  // TensorBoard's events from here on (train.tensorboard): a new event file beside any earlier
+  // start's, beginning with `texts` (tag, text: the configuration, the core plan) at `step`.
+  void open_events(std::int64_t step,
+                   const std::vector<std::pair<std::string, std::string>>& texts);
+  // One metrics line (from the student and kd-ctl's thread: serialized), flushed. With events
+  // open, each of its numbers is also a TensorBoard scalar at the line's step (kd-ctl's moves:
+  // their batch), tagged "<event>/<key>" ("train/<key>" for the interval lines).
   void write_metrics(const nlohmann::json& line);
   // Writes step `step`'s checkpoint through `write` (given its path), then removes all but the
   // newest `keep`.
@@ -72,6 +85,7 @@ private:
   std::filesystem::path path_, checkpoints_;
   std::ofstream metrics_;
   std::mutex metrics_mutex_;
+  std::unique_ptr<EventWriter> events_; // under metrics_mutex_
 };
 
 } // namespace kdflow::app

@@ -13,10 +13,11 @@ using nlohmann::json;
 
 bool shapes_trajectory(const std::string& key) {
   static const char* const free_keys[] = {
-      "train.epochs",    "train.max_steps",        "train.checkpoint_every",
-      "train.log_every", "train.keep_checkpoints", "train.on_nonfinite",
-      "ring.slots",      "student.device",         "train.export",
-      "dist.backend",    "dist.timeout_s",         "pipeline.stall_timeout_s"};
+      "train.epochs",     "train.max_steps",        "train.checkpoint_every",
+      "train.log_every",  "train.keep_checkpoints", "train.on_nonfinite",
+      "ring.slots",       "student.device",         "train.export",
+      "dist.backend",     "dist.timeout_s",         "pipeline.stall_timeout_s",
+      "train.tensorboard"};
   if (key.starts_with("cores.")) return false;
   return std::none_of(std::begin(free_keys), std::end(free_keys),
                       [&](const char* k) { return key == k; });

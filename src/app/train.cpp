@@ -148,6 +148,7 @@ void TrainRun::start() {
   });
   // Temporaries of a writer killed mid-write (SIGKILL, a second signal) go.
   if (writer_) folder_.open(config_.to_toml(), resume_from_.has_value());
+  bool measured_teacher = false; // now, rather than read from the checkpoint
   if (run().teacher_runs() && !state_.teacher_test_accuracy) {
     const TeacherAccuracy measured = measure_teachers(
         run(), pipeline().assignment().loader, pipeline().teacher(0).unit(0).arena(),
@@ -155,7 +156,17 @@ void TrainRun::start() {
         [&](std::span<double> hits) { job_sum(hits, "the teacher's evaluation"); });
     state_.teacher_test_accuracy = measured.target;
     state_.teachers = measured.teachers;
+    measured_teacher = true;
   }
+  if (writer_ && config_.get_bool("train.tensorboard"))
+    folder_.open_events(
+        trainer().steps_done(),
+        {{"config", "```toml\n" + config_.to_toml() + "```"},
+         {"cores", "```\n" + affinity::format_plan(run().plan, run().topology) + "```"}});
+  if (writer_ && measured_teacher)
+    folder_.write_metrics({{"event", "eval"},
+                           {"step", trainer().steps_done()},
+                           {"teacher_test_accuracy", *state_.teacher_test_accuracy}});
   const DistEnv& dist = session_.dist();
   const std::string job =
       session_.group()
@@ -237,6 +248,11 @@ void TrainRun::evaluate(double epoch, bool last) {
   state_.evaluations.push_back({{"epoch", epoch},
                                 {"step", trainer().steps_done()},
                                 {"test_accuracy", state_.test_accuracy}});
+  if (writer_)
+    folder_.write_metrics({{"event", "eval"},
+                           {"step", trainer().steps_done()},
+                           {"epoch", epoch},
+                           {"test_accuracy", state_.test_accuracy}});
   measures_.eval_s += std::chrono::duration<double>(Clock::now() - t0).count();
 }
 

@@ -116,6 +116,18 @@ inline void expect_student_device(const std::string& device) {
     EXPECT_EQ(device, "cpu");
 }
 
+// scripts/check_tensorboard.py over run folder `out`: its event files read back by TensorBoard's
+// own EventAccumulator (the venv's) against its metrics.jsonl and config.toml, and `files` event
+// files there. Its exit code (0: they agree); its report and errors in out.tensorboard.txt.
+inline int check_tensorboard(const fs::path& out, int files) {
+  const std::string command = std::string("'") + KD_PYTHON + "' '" + KDFLOW_SOURCE_DIR +
+                              "/scripts/check_tensorboard.py' '" + out.string() + "' --files " +
+                              std::to_string(files) + " >'" + out.string() +
+                              ".tensorboard.txt' 2>&1";
+  const int status = std::system(command.c_str());
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+}
+
 // A fast `kdflow train` into `out`: MLP student and MLP fixture teacher, `batch` per step, one
 // metrics line every 5 steps, a ring of 4 slots.
 inline std::vector<std::string> fast_train_args(const fs::path& out, int batch = 64) {
