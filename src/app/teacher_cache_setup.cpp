@@ -1,5 +1,6 @@
 // kd.cache made ready for a run's teachers (prepare_teacher_cache, run_inputs.hpp): refused where
-// it would serve wrong outputs or not fit, its key for the disk file, and what that file holds read.
+// it would serve wrong outputs or not fit, its key for the disk file, and what that file holds
+// read.
 #include "run_inputs.hpp"
 
 #include "kdflow/core/cache_home.hpp"
