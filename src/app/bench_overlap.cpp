@@ -4,6 +4,7 @@
 #include "bench_overlap.hpp"
 
 #include "all_versions.hpp"
+#include "gnuplot.hpp"
 #include "modes.hpp"
 #include "pipeline.hpp"
 #include "run.hpp"
@@ -30,6 +31,7 @@
 #include <fstream>
 #include <iterator>
 #include <optional>
+#include <sstream>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -49,46 +51,31 @@ std::string machine_text() {
 
 // A bar chart of the modes with the ideal as a line, drawn by gnuplot (Debian's gnuplot-nox).
 void write_plot(const fs::path& png, const json& report) {
-  const fs::path dir = fs::temp_directory_path() / fmt::format("kdflow-plot-{}", ::getpid());
-  fs::create_directories(dir);
-  {
-    std::ofstream data(dir / "modes.dat");
-    for (const Mode m : kModes)
-      data << '"' << mode_name(m) << "\" "
-           << report["modes"][mode_name(m)]["samples_per_s"].get<double>() << '\n';
-    // Bars far above the ideal (a loader alone) are cut at 2.5x the ideal, their value printed.
-    const double ideal = report["ideal_samples_per_s"].get<double>();
-    std::ofstream script(dir / "plot.gp");
-    script
-        << "set terminal pngcairo size 900,520 font 'sans,11'\n"
-        << "set output '" << png.string() << "'\n"
-        << "set title \"kdflow bench-overlap: " << report["device"].get<std::string>()
-        << " student; " << report["plan_summary"].get<std::string>() << "\" noenhanced\n"
-        << "set ylabel 'samples/s (median of repetitions)'\nset grid ytics\n"
-        << "ideal = " << ideal << "\ntop = 2.5 * ideal\nset yrange [0:top]\n"
-        << "set style fill solid 0.8 border -1\nset boxwidth 0.7\n"
-        << "set xtics noenhanced rotate by -20\nset key top right\nset xrange [-0.6:"
-        << std::size(kModes) - 0.4 << "]\n"
-        << "plot '" << (dir / "modes.dat").string()
-        << "' using 0:($2 < top ? $2 : top):xtic(1) with boxes lc rgb '#4477aa' "
-           "title 'samples/s', "
-        << "'' using 0:($2 < top ? $2 : 0.94 * top):(sprintf('%.0f', $2)) with labels offset 0,0.8 "
-           "notitle, "
-        << "ideal with lines lw 2 dt 2 lc rgb '#cc3311' title 'ideal (slowest stage alone)'\n";
-  }
-  const std::string command = fmt::format("gnuplot '{}' 2>'{}'", (dir / "plot.gp").string(),
-                                          (dir / "gnuplot.err").string());
-  const int status = std::system(command.c_str());
-  std::string err;
-  if (std::ifstream in(dir / "gnuplot.err"); in) std::getline(in, err, '\0');
-  // File by file: libtorch.so exports its own, older copy of std::filesystem, and its remove_all
-  // (which the dynamic linker picks for this binary too) crashes.
-  for (const char* name : {"modes.dat", "plot.gp", "gnuplot.err"}) fs::remove(dir / name);
-  fs::remove(dir);
-  if (status != 0 || !fs::exists(png))
-    throw std::runtime_error(
-        fmt::format("--plot {}: gnuplot failed ({}); scripts/setup.sh installs gnuplot-nox",
-                    png.string(), err.empty() ? "is it installed?" : err));
+  std::string modes;
+  for (const Mode m : kModes)
+    modes += fmt::format("\"{}\" {}\n", mode_name(m),
+                         report["modes"][mode_name(m)]["samples_per_s"].get<double>());
+  // Bars far above the ideal (a loader alone) are cut at 2.5x the ideal, their value printed.
+  const double ideal = report["ideal_samples_per_s"].get<double>();
+  std::ostringstream script;
+  script
+      << "set terminal pngcairo size 900,520 font 'sans,11'\n"
+      << "set output " << gnuplot_quoted(png.string()) << "\n"
+      << "set title \"kdflow bench-overlap: " << report["device"].get<std::string>() << " student; "
+      << report["plan_summary"].get<std::string>() << "\" noenhanced\n"
+      << "set ylabel 'samples/s (median of repetitions)'\nset grid ytics\n"
+      << "ideal = " << ideal << "\ntop = 2.5 * ideal\nset yrange [0:top]\n"
+      << "set style fill solid 0.8 border -1\nset boxwidth 0.7\n"
+      << "set xtics noenhanced rotate by -20\nset key top right\nset xrange [-0.6:"
+      << std::size(kModes) - 0.4 << "]\n"
+      << "plot 'modes.dat' using 0:($2 < top ? $2 : top):xtic(1) with boxes lc rgb '#4477aa' "
+         "title 'samples/s', "
+      << "'' using 0:($2 < top ? $2 : 0.94 * top):(sprintf('%.0f', $2)) with labels offset 0,0.8 "
+         "notitle, "
+      << "ideal with lines lw 2 dt 2 lc rgb '#cc3311' title 'ideal (slowest stage alone)'\n";
+  run_gnuplot(script.str(), {{"modes.dat", modes}}, "--plot " + png.string());
+  if (!fs::exists(png))
+    throw std::runtime_error(fmt::format("--plot {}: gnuplot wrote no file", png.string()));
 }
 
 // H2D bandwidth of the ring's slots against cudaMemcpy from pinned memory, at the run's slot size
@@ -168,8 +155,7 @@ OverlapBench::OverlapBench(const OverlapArgs& args)
     for (const std::string& f : {args.json, args.trace, args.plot})
       if (session_.writer() && !f.empty() && !fs::is_directory(fs::absolute(f).parent_path()))
         throw InputError(fmt::format("{}: its folder does not exist", f));
-    if (session_.writer() && !args.plot.empty() &&
-        std::system("command -v gnuplot >/dev/null 2>&1") != 0)
+    if (session_.writer() && !args.plot.empty() && !gnuplot_installed())
       throw InputError(fmt::format("--plot {}: gnuplot is not installed here (scripts/setup.sh "
                                    "installs gnuplot-nox); leave --plot out to measure without it",
                                    args.plot));

@@ -60,6 +60,18 @@ Commands::Commands(CLI::App& app) : app_(app) {
   add_cores(app);
   add_tune(app);
   add_overlap(app);
+  add_report(app);
+}
+
+void Commands::add_report(CLI::App& app) {
+  auto* report = app.add_subcommand(
+      "report", "plots of training runs (loss and accuracy against step and wall time, samples/s, "
+                "the stages' shares) and their summaries side by side");
+  report->add_option("runs", report_.runs, "run folders (kdflow train --out)")->required();
+  report->add_option("--out", report_.out,
+                     "folder for the PNGs, report.md and report.json (default: RUN/report for one "
+                     "run, ./report for several)");
+  report->callback([this] { action_ = [this] { return report_command(report_); }; });
 }
 
 void Commands::add_train(CLI::App& app) {

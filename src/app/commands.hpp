@@ -12,6 +12,7 @@
 #include "eval.hpp"
 #include "export.hpp"
 #include "kdflow/core/versions.hpp"
+#include "report.hpp"
 #include "teacher_commands.hpp"
 #include "train.hpp"
 #include "tune_cores.hpp"
@@ -36,6 +37,7 @@ private:
   void add_tune(CLI::App& app);
   void add_overlap(CLI::App& app);
   void add_data(CLI::App& app);
+  void add_report(CLI::App& app);
 
   CLI::App& app_;
   bool version_ = false;
@@ -47,6 +49,7 @@ private:
   EvalArgs eval_;
   ExportArgs export_;
   DataSampleArgs data_;
+  ReportArgs report_;
   std::function<int()> action_;
 };
 

@@ -166,6 +166,7 @@ void TrainRun::start() {
   if (writer_ && measured_teacher)
     folder_.write_metrics({{"event", "eval"},
                            {"step", trainer().steps_done()},
+                           {"wall_s", wall_s()},
                            {"teacher_test_accuracy", *state_.teacher_test_accuracy}});
   const DistEnv& dist = session_.dist();
   const std::string job =
@@ -251,6 +252,7 @@ void TrainRun::evaluate(double epoch, bool last) {
   if (writer_)
     folder_.write_metrics({{"event", "eval"},
                            {"step", trainer().steps_done()},
+                           {"wall_s", wall_s()},
                            {"epoch", epoch},
                            {"test_accuracy", state_.test_accuracy}});
   measures_.eval_s += std::chrono::duration<double>(Clock::now() - t0).count();
@@ -310,7 +312,8 @@ void TrainRun::step_loop() {
   start_steps(begin);
   log_.emplace(pipeline(), trainer(), writer_ ? &folder_ : nullptr,
                TrainLog::Extent{per_epoch_, epochs_, last_, session_.slots(),
-                                static_cast<std::uint64_t>(config_.get_int("train.log_every"))});
+                                static_cast<std::uint64_t>(config_.get_int("train.log_every"))},
+               [this] { return wall_s(); });
   log_->start(begin, loop_start_);
   for (std::uint64_t b = begin; b < last_; ++b) {
     if (watchdog_) watchdog_->expect(b);

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <utility>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -15,9 +16,9 @@ namespace kdflow::app {
 using nlohmann::json;
 
 TrainLog::TrainLog(CpuPipeline& pipeline, student::Trainer& trainer, RunFolder* folder,
-                   Extent extent)
+                   Extent extent, std::function<double()> wall_s)
     : pipeline_(pipeline), trainer_(trainer), folder_(folder), extent_(extent),
-      progress_(folder != nullptr && ::isatty(STDERR_FILENO) == 1) {}
+      wall_s_(std::move(wall_s)), progress_(folder != nullptr && ::isatty(STDERR_FILENO) == 1) {}
 
 std::uint64_t TrainLog::ring_wait_ns() const {
   return pipeline_.ring().stats().stages[static_cast<int>(RingStage::student)].wait_ns;
@@ -84,6 +85,8 @@ void TrainLog::write_interval(std::uint64_t b, const student::StepStats& last) {
   line["step"] = trainer_.steps_done();
   line["epoch"] = b / extent_.per_epoch;
   line["lr"] = last.lr;
+  line["wall_s"] = wall_s_();
+  line["interval_s"] = span;
   line["student_wait_ms"] = static_cast<double>(wait_ns - interval_wait_ns_) / 1e6;
   // Work is busy time less waits, and a wait is counted before its body's busy time: the
   // difference may dip between two readings.

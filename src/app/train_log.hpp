@@ -13,6 +13,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <optional>
 
 namespace kdflow::app {
@@ -27,7 +28,9 @@ public:
     std::uint64_t log_every = 1;
   };
   // `folder`: rank 0's run folder; null on the other ranks (they write and show nothing).
-  TrainLog(CpuPipeline& pipeline, student::Trainer& trainer, RunFolder* folder, Extent extent);
+  // `wall_s`: the run's time so far (earlier starts of a resumed run included), each line's.
+  TrainLog(CpuPipeline& pipeline, student::Trainer& trainer, RunFolder* folder, Extent extent,
+           std::function<double()> wall_s);
 
   // The steps start at batch `begin`: the first interval's clock and counters start now; the
   // rates count from `loop_start` (the step loop's, as summary.json's loop_s does).
@@ -57,6 +60,7 @@ private:
   student::Trainer& trainer_;
   RunFolder* folder_;
   const Extent extent_;
+  const std::function<double()> wall_s_;
   Progress progress_;
   std::uint64_t begin_ = 0, wait_before_ = 0;
   Clock::time_point started_{};
