@@ -60,7 +60,7 @@ void write_plot(const fs::path& png, const json& report) {
   std::ostringstream script;
   script
       << "set terminal pngcairo size 900,520 font 'sans,11'\n"
-      << "set output " << gnuplot_quoted(png.string()) << "\n"
+      << "set output " << gnuplot_quoted(fs::absolute(png).string()) << "\n"
       << "set title \"kdflow bench-overlap: " << report["device"].get<std::string>() << " student; "
       << report["plan_summary"].get<std::string>() << "\" noenhanced\n"
       << "set ylabel 'samples/s (median of repetitions)'\nset grid ytics\n"

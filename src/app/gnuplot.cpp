@@ -39,6 +39,7 @@ void run_gnuplot(const std::string& script,
   const int status = std::system(command.c_str());
   std::string err;
   if (std::ifstream in(dir / "gnuplot.err"); in) std::getline(in, err, '\0');
+  err.erase(0, err.find_first_not_of(" \n"));
   // File by file: libtorch.so exports its own, older copy of std::filesystem, and its remove_all
   // (which the dynamic linker picks for this binary too) crashes.
   for (const std::string& name : names) fs::remove(dir / name);

@@ -154,9 +154,10 @@ int report_command(const ReportArgs& args) {
   if (args.runs.empty()) throw InputError("kdflow report: name at least one run folder");
   std::vector<Run> runs;
   for (const std::string& dir : args.runs) runs.push_back(read_run(dir));
-  const fs::path out = !args.out.empty()  ? fs::path(args.out)
-                       : runs.size() == 1 ? runs.front().path / "report"
-                                          : fs::path("report");
+  // Absolute: gnuplot runs in a scratch folder of its own.
+  const fs::path out = fs::absolute(!args.out.empty()  ? fs::path(args.out)
+                                    : runs.size() == 1 ? runs.front().path / "report"
+                                                       : fs::path("report"));
   std::error_code ec;
   if (fs::exists(out, ec) && !fs::is_directory(out, ec))
     throw InputError(fmt::format("--out {}: a file, not a folder", out.string()));
