@@ -69,6 +69,14 @@ RunInputs cpu_run(const Config& config) {
   return on_one_thread([&] { return load_run_inputs(config, {}, {}, {}); });
 }
 
+// cpu_run's inputs on the first 96 training samples, kd.cache made ready for them.
+RunInputs cached_run(const Config& config) {
+  RunInputs run = cpu_run(config);
+  run.train = first_samples(run.train, 96);
+  prepare_teacher_cache(run);
+  return run;
+}
+
 TEST(CpuPipeline, PoolsMovedWhileBatchesFlowLoseNothingAndRunOnTheirNewCpus) {
   const CpuList cpus = allowed_cpus();
   ASSERT_GE(cpus.size(), 2u);
@@ -204,12 +212,10 @@ TEST(CpuPipeline, TeacherOutputCacheServesLaterEpochsWithWhatTheTeacherComputed)
   const std::vector<std::string> features = {values.front(), values[values.size() / 2]};
   for (const int top_k : {0, 3}) {
     SCOPED_TRACE("kd.cache_topk = " + std::to_string(top_k));
-    RunInputs run = cpu_run(shipped_teacher_config(
+    RunInputs run = cached_run(shipped_teacher_config(
         {"data.batch_size=16", "kd.cache=memory", "kd.cache_topk=" + std::to_string(top_k),
          "kd.temperature=" + std::to_string(kTemperature),
          "teacher.features=[\"" + features[0] + "\", \"" + features[1] + "\"]"}));
-    run.train = first_samples(run.train, 96);
-    prepare_teacher_cache(run);
     ASSERT_NE(run.cache, nullptr);
     const Sampler sampler(run.train.size(), run.sampler);
     const std::uint64_t per_epoch = sampler.batches_per_epoch();
@@ -376,6 +382,15 @@ TEST(CpuPipeline, TwoTeachersReachTheirRegionsAndTheTargetIsTheirMix) {
   });
   teacher::OutputBuffers want0(*run.teachers.front().model), want1(*run.teachers[1].model);
   std::vector<float> want_mix(want0.data[0].size());
+  // Each replica's logits for a slot's images (want0, want1), and their mix (want_mix).
+  const auto teach_both = [&](std::span<const float> inputs, const TeacherMix& mix) {
+    one_thread.execute([&] {
+      first->run(inputs.data(), want0.pointers);
+      other->run(inputs.data(), want1.pointers);
+    });
+    const float* each[] = {want0.data[0].data(), want1.data[0].data()};
+    mix(each, 16, 10, want_mix.data());
+  };
   for (const std::optional<std::size_t> only :
        {std::optional<std::size_t>(), std::optional<std::size_t>(1)}) {
     CpuPipeline pipeline(run, sampler, kSlots, allocate_locked(kSlots * layout.slot_bytes()));
@@ -389,12 +404,7 @@ TEST(CpuPipeline, TwoTeachersReachTheirRegionsAndTheTargetIsTheirMix) {
       auto slot = pipeline.ring().acquire_ready(b);
       ASSERT_TRUE(slot) << "batch " << b;
       const auto inputs = slot->region<float>(r.loader.inputs);
-      one_thread.execute([&] {
-        first->run(inputs.data(), want0.pointers);
-        other->run(inputs.data(), want1.pointers);
-      });
-      const float* each[] = {want0.data[0].data(), want1.data[0].data()};
-      (*run.mix)(each, 16, 10, want_mix.data());
+      teach_both(inputs, *run.mix);
       for (std::size_t t = 0; t < 2; ++t) {
         if (only && t != *only) continue;
         const auto got = slot->region<float>(r.teacher_logits[t]);
@@ -489,9 +499,7 @@ TEST(CpuPipeline, TwoTeachersReachTheirRegionsAndTheTargetIsTheirMix) {
   cached.set("kd.cache=memory");
   cached.set("data.pad_crop=0");
   cached.set("data.hflip=false");
-  RunInputs with_cache = cpu_run(cached);
-  with_cache.train = first_samples(with_cache.train, 96);
-  prepare_teacher_cache(with_cache);
+  RunInputs with_cache = cached_run(cached);
   ASSERT_NE(with_cache.cache, nullptr);
   {
     const Sampler few(with_cache.train.size(), with_cache.sampler);
@@ -510,12 +518,7 @@ TEST(CpuPipeline, TwoTeachersReachTheirRegionsAndTheTargetIsTheirMix) {
       const auto ids = slot->region<std::int64_t>(r.loader.ids);
       const auto target = slot->region<float>(*r.logits);
       const auto inputs = slot->region<float>(r.loader.inputs);
-      one_thread.execute([&] {
-        first->run(inputs.data(), want0.pointers);
-        other->run(inputs.data(), want1.pointers);
-      });
-      const float* each[] = {want0.data[0].data(), want1.data[0].data()};
-      (*with_cache.mix)(each, 16, 10, want_mix.data());
+      teach_both(inputs, *with_cache.mix);
       for (std::size_t i = 0; i < target.size(); ++i)
         worst = std::max(worst, double(std::fabs(target[i] - want_mix[i])));
       for (std::size_t i = 0; i < 16; ++i) {
