@@ -14,3 +14,9 @@ if [ ! -f "build/$preset/build.ninja" ]; then
 fi
 jobs=${KD_JOBS:-$(nproc)}
 cmake --build --preset "$preset" -j "$jobs"
+# kdflow's Python module: the venv's python finds the release build's (a .pth file naming it).
+if [ "$preset" = release ] && [ -d build/release/python/kdflow ] && [ -f .kdflow-venv ]; then
+  for site in "$(cat .kdflow-venv)"/lib/python3*/site-packages; do
+    echo "$PWD/build/release/python" >"$site/kdflow-build.pth"
+  done
+fi

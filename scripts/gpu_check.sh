@@ -9,8 +9,9 @@
 #     machine's own, so LibTorch is the machine's torch 2.11.0+cu130; bin/python and bin/torchrun
 #     call the machine's python3), then runs the phases, most valuable first:
 #       tests    the whole ctest suite but the teacher zoo (a CPU-only coverage suite of several
-#                minutes: CI runs it), the TensorBoard checks and kdflow report's (the machine has
-#                no tensorboard package and no gnuplot; CI runs them); on a GPU machine a skipped test is a failure: every CUDA test
+#                minutes: CI runs it), the TensorBoard checks, kdflow report's and the Python
+#                module's (the machine has no tensorboard package, gnuplot or pytest, and its own
+#                python; CI runs them); on a GPU machine a skipped test is a failure: every CUDA test
 #                must run there
 #       train    a short CUDA run (bf16 autocast), CPU vs CUDA losses for the same seed, and the
 #                one-GPU torchrun runs (no group, a Gloo group of one, an NCCL group of one) against
@@ -140,10 +141,11 @@ phase_tests() {
   local only=()
   [ -z "${KD_CTEST_REGEX:-}" ] || only=(-R "$KD_CTEST_REGEX")
   local rc=0
-  # TensorBoard's checks read the event files with the venv's tensorboard package, and kdflow
-  # report draws with gnuplot: the lent machine has neither (CI runs them).
+  # TensorBoard's checks read the event files with the venv's tensorboard package, kdflow report
+  # draws with gnuplot, and the Python module is built for this machine's python 3.11 with pytest:
+  # the lent machine has none of these (CI runs them).
   ctest --test-dir build/release -j "${KD_CTEST_JOBS:-8}" --timeout 300 --no-tests=error -LE zoo \
-    -E 'TensorBoardEvents|^Report[.]' --output-on-failure --output-junit "$work/ctest.xml" "${only[@]}" >"$work/ctest.log" 2>&1 ||
+    -E 'TensorBoardEvents|^Report[.]|^python_module$' --output-on-failure --output-junit "$work/ctest.xml" "${only[@]}" >"$work/ctest.log" 2>&1 ||
     rc=$?
   grep -E 'tests passed|tests failed|\(Failed|\(Timeout|\(SEGFAULT|Skipped|Not Run' "$work/ctest.log" |
     tail -n 30 || true

@@ -19,6 +19,12 @@
 namespace kdflow::app {
 
 int cores_command(const CoresArgs& args) {
+  const auto print = [&](const std::string& text) {
+    if (args.print)
+      args.print(text);
+    else
+      fmt::print("{}", text);
+  };
   const Config config = resolve_config(args.config, args.sets);
   const bool synthetic = !args.synthetic.empty();
   const affinity::Topology topology =
@@ -63,11 +69,10 @@ int cores_command(const CoresArgs& args) {
     if (args.json) {
       nlohmann::json topo = affinity::to_json(topology);
       topo["gpus"] = gpu_json;
-      fmt::print("{}\n",
-                 nlohmann::json{{"topology", topo}, {"plan", affinity::to_json(plan)}}.dump(2));
+      print(nlohmann::json{{"topology", topo}, {"plan", affinity::to_json(plan)}}.dump(2) + "\n");
       return kExitOk;
     }
-    fmt::print("{}", affinity::format_plan(plan, topology));
+    print(affinity::format_plan(plan, topology));
   } else {
     const auto shares = affinity::rank_shares(topology, args.local_world, near);
     nlohmann::json ranks = nlohmann::json::array();
@@ -80,25 +85,25 @@ int cores_command(const CoresArgs& args) {
                        {"shared", shares[r].shared},
                        {"plan", affinity::to_json(plan)}});
       if (!args.json)
-        fmt::print("local rank {}{}: share {}{}\n{}", r,
-                   r < gpus.size() ? " (" + gpus[r].name + ")" : std::string(),
-                   affinity::format_cpus(shares[r].cpus),
-                   shares[r].shared ? " (shared with other ranks: fewer cores than ranks)" : "",
-                   affinity::format_plan(plan, topology));
+        print(fmt::format("local rank {}{}: share {}{}\n{}", r,
+                          r < gpus.size() ? " (" + gpus[r].name + ")" : std::string(),
+                          affinity::format_cpus(shares[r].cpus),
+                          shares[r].shared ? " (shared with other ranks: fewer cores than ranks)"
+                                           : "",
+                          affinity::format_plan(plan, topology)));
     }
     if (args.json) {
       nlohmann::json topo = affinity::to_json(topology);
       topo["gpus"] = gpu_json;
-      fmt::print(
-          "{}\n",
-          nlohmann::json{{"topology", topo}, {"local_world_size", local_world}, {"ranks", ranks}}
-              .dump(2));
+      print(nlohmann::json{{"topology", topo}, {"local_world_size", local_world}, {"ranks", ranks}}
+                .dump(2) +
+            "\n");
       return kExitOk;
     }
   }
   for (const auto& g : gpus)
-    fmt::print("gpu: {} local CPUs {}\n", g.name, affinity::format_cpus(g.local_cpus));
-  if (gpus.empty()) fmt::print("gpu: none\n");
+    print(fmt::format("gpu: {} local CPUs {}\n", g.name, affinity::format_cpus(g.local_cpus)));
+  if (gpus.empty()) print("gpu: none\n");
   return kExitOk;
 }
 

@@ -2,6 +2,7 @@
 // topology and the core plan of the configuration (cores.*, kd.alpha, the teachers' costs).
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -14,6 +15,8 @@ struct CoresArgs {
   int local_world = 1;  // torchrun's ranks on the node: each one's share and plan
   std::string config;
   std::vector<std::string> sets;
+  // Where the output goes (stdout when unset; kdflow's Python cores() takes the JSON).
+  std::function<void(const std::string&)> print;
 };
 
 int cores_command(const CoresArgs& args);

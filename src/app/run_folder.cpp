@@ -156,9 +156,16 @@ void RunFolder::open_events(std::int64_t step,
   events_->flush();
 }
 
+void RunFolder::set_metrics_listener(std::function<void(const std::string&)> listener) {
+  std::lock_guard lock(metrics_mutex_);
+  listener_ = std::move(listener);
+}
+
 void RunFolder::write_metrics(const nlohmann::json& line) {
   std::lock_guard lock(metrics_mutex_);
-  metrics_ << line.dump() << '\n' << std::flush;
+  const std::string text = line.dump();
+  metrics_ << text << '\n' << std::flush;
+  if (listener_) listener_(text);
   if (!events_) return;
   const std::string group = line.contains("event") ? line["event"].get<std::string>() : "train";
   const auto step = line.contains("step") ? line["step"].get<std::int64_t>()

@@ -73,6 +73,8 @@ public:
   // open, each of its numbers is also a TensorBoard scalar at the line's step (kd-ctl's moves:
   // their batch), tagged "<event>/<key>" ("train/<key>" for the interval lines).
   void write_metrics(const nlohmann::json& line);
+  // Called with each metrics line's JSON text after it is written (under the metrics lock).
+  void set_metrics_listener(std::function<void(const std::string&)> listener);
   // Writes step `step`'s checkpoint through `write` (given its path), then removes all but the
   // newest `keep`.
   void save_checkpoint(std::int64_t step,
@@ -86,6 +88,7 @@ private:
   std::ofstream metrics_;
   std::mutex metrics_mutex_;
   std::unique_ptr<EventWriter> events_; // under metrics_mutex_
+  std::function<void(const std::string&)> listener_;
 };
 
 } // namespace kdflow::app

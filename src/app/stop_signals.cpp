@@ -40,6 +40,11 @@ StopSignals::~StopSignals() {
 
 bool StopSignals::requested() { return g_signals.load() > 0; }
 
+void StopSignals::request() {
+  int none = 0;
+  g_signals.compare_exchange_strong(none, 1);
+}
+
 void StopSignals::check(const std::string& phase) {
   if (requested())
     throw Interrupted(fmt::format("interrupted during {}: nothing was saved or changed", phase));

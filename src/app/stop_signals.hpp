@@ -17,6 +17,8 @@ public:
   StopSignals& operator=(const StopSignals&) = delete;
   // Whether a stop was asked for.
   [[nodiscard]] static bool requested();
+  // Asks for a stop as a first signal does (kdflow's Python train() when its callback raises).
+  static void request();
   // Interrupted ("nothing was saved or changed") when a stop was asked for before `phase` ends.
   static void check(const std::string& phase);
 

@@ -13,7 +13,11 @@
 
 #include <oneapi/tbb/global_control.h>
 
+#include <pthread.h>
+#include <sched.h>
+
 #include <algorithm>
+#include <array>
 #include <cctype>
 #include <chrono>
 #include <fstream>
@@ -250,19 +254,84 @@ int teacher_info(const TeacherArgs& args) {
   return 0;
 }
 
-int teacher_infer(const TeacherArgs& args) {
-  const teacher::NpyArray x = teacher::read_npy(args.input);
+struct TeacherSession::Loaded {
+  teacher::Shape input;
+  std::shared_ptr<const teacher::Teacher> teacher;
+  PinnedRun pinned;
+};
+
+TeacherSession::TeacherSession(TeacherArgs args) : args_(std::move(args)) {}
+TeacherSession::~TeacherSession() = default;
+
+std::vector<teacher::NpyArray> TeacherSession::infer(const teacher::NpyArray& x) {
+  const std::string& what = args_.input.empty() ? std::string("the input") : args_.input;
   if (x.shape.size() < 2)
-    throw InputError(fmt::format("{}: needs a batch dimension, has shape {}", args.input,
+    throw InputError(fmt::format("{}: needs a batch dimension, has shape {}", what,
                                  teacher::format_shape(x.shape)));
-  const auto t = load(args, x.shape[0], teacher::Shape(x.shape.begin() + 1, x.shape.end()));
-  PinnedRun pinned(t, args.threads);
+  if (x.data.size() != static_cast<std::size_t>(teacher::numel(x.shape)))
+    throw InputError(fmt::format("{}: {} values for shape {}", what, x.data.size(),
+                                 teacher::format_shape(x.shape)));
+  // The caller's CPUs and name, put back afterwards: PinnedRun binds and names the calling thread
+  // as the teacher's.
+  struct Restore {
+    cpu_set_t cpus{};
+    std::array<char, 16> name{};
+    bool saved = pthread_getaffinity_np(pthread_self(), sizeof(cpus), &cpus) == 0 &&
+                 pthread_getname_np(pthread_self(), name.data(), name.size()) == 0;
+    ~Restore() {
+      if (!saved) return;
+      pthread_setaffinity_np(pthread_self(), sizeof(cpus), &cpus);
+      pthread_setname_np(pthread_self(), name.data());
+    }
+  } restore;
+  if (!loaded_ || loaded_->input != x.shape) {
+    loaded_.reset();
+    auto t = load(args_, x.shape[0], teacher::Shape(x.shape.begin() + 1, x.shape.end()));
+    loaded_.reset(new Loaded{x.shape, t, PinnedRun(t, args_.threads)});
+  }
+  PinnedRun& pinned = loaded_->pinned;
   pinned.run(x.data.data());
-  const auto& outs = pinned.outs->data;
-  teacher::write_npy(args.output, t->output_shape(0), outs[0].data());
+  std::vector<teacher::NpyArray> out;
+  for (std::size_t k = 0; k < pinned.outs->data.size(); ++k)
+    out.push_back({loaded_->teacher->output_shape(k), pinned.outs->data[k]});
+  return out;
+}
+
+std::vector<std::string> TeacherSession::output_names() {
+  if (!loaded_) {
+    auto t = load(args_, args_.batch);
+    return t->output_names();
+  }
+  return loaded_->teacher->output_names();
+}
+
+std::string TeacherSession::info() {
+  const auto t = loaded_ ? loaded_->teacher : load(args_, args_.batch);
+  const auto& g = t->graph();
+  const auto s = teacher::summarize(g);
+  nlohmann::json outputs = nlohmann::json::array();
+  for (std::size_t k = 0; k < t->output_names().size(); ++k)
+    outputs.push_back({{"name", t->output_names()[k]}, {"shape", t->output_shape(k)}});
+  return nlohmann::json{{"model", g.file},
+                        {"opset", g.opset},
+                        {"input", g.input},
+                        {"input_shape", t->input_shape()},
+                        {"outputs", outputs},
+                        {"nodes", s.nodes},
+                        {"parameters", s.parameters},
+                        {"flops_per_sample", s.flops_per_sample},
+                        {"steps", t->steps()},
+                        {"precision", teacher::precision_name(t->precision())}}
+      .dump();
+}
+
+int teacher_infer(const TeacherArgs& args) {
+  TeacherSession session(args);
+  const auto outs = session.infer(teacher::read_npy(args.input));
+  const auto names = session.output_names();
+  teacher::write_npy(args.output, outs[0].shape, outs[0].data.data());
   for (std::size_t k = 1; k < outs.size(); ++k)
-    teacher::write_npy(beside(args.output, t->output_names()[k]), t->output_shape(k),
-                       outs[k].data());
+    teacher::write_npy(beside(args.output, names[k]), outs[k].shape, outs[k].data.data());
   return 0;
 }
 

@@ -1,6 +1,9 @@
 // `kdflow teacher info|infer|bench`: the oneDNN teacher on its own.
 #pragma once
 
+#include "kdflow/cpu_teacher/npy.hpp"
+
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -17,6 +20,33 @@ struct TeacherArgs {
   std::string tune;                // "" = auto, except for info without --plan (off)
   bool plan = false;               // info: every node's ways, their measured times and the one kept
   std::string input_size = "auto"; // info, bench: binds the height and width a model leaves open
+};
+
+// A teacher as `kdflow teacher infer` runs it (the same load, pinned arena and replica), kept
+// between batches: what teacher_infer and kdflow's Python Teacher run. A batch of another size
+// loads the model again at that size; the calling thread's CPU binding is put back after each
+// call.
+class TeacherSession {
+public:
+  explicit TeacherSession(TeacherArgs args);
+  ~TeacherSession();
+  TeacherSession(const TeacherSession&) = delete;
+  TeacherSession& operator=(const TeacherSession&) = delete;
+
+  // The teacher's outputs for `x` (batch first; the samples' shape binds what the model leaves
+  // open), its logits first, then each --feature's value.
+  std::vector<teacher::NpyArray> infer(const teacher::NpyArray& x);
+  // Each output's name, in infer()'s order (after a first infer(), or at --batch before).
+  std::vector<std::string> output_names();
+  // What `teacher info` says first, as JSON text: the model, its input and outputs with their
+  // shapes, parameters, FLOPs per sample, the plan's steps and precision (at the last infer()'s
+  // batch, or --batch before).
+  std::string info();
+
+private:
+  struct Loaded;
+  TeacherArgs args_;
+  std::unique_ptr<Loaded> loaded_;
 };
 
 int teacher_info(const TeacherArgs& args);

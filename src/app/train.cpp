@@ -124,6 +124,7 @@ TrainRun::TrainRun(const TrainArgs& args)
         return writer_ ? folder_.checkpoint_to_resume(args.resume) : std::optional<fs::path>();
       })),
       export_format_(export_format(config_, config_.get_string("train.export"), "train.export")) {
+  if (args.on_metrics) folder_.set_metrics_listener(args.on_metrics);
   session_.prepare({.cache = true}, [] { StopSignals::check("start-up"); });
   per_epoch_ = session_.sampler().batches_per_epoch();
   epochs_ = static_cast<std::uint64_t>(config_.get_int("train.epochs"));

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -15,6 +16,9 @@ struct TrainArgs {
   std::string out = "runs/latest";
   std::string resume; // "", "auto" or a checkpoint path
   std::string cores;  // plan file (overrides cores.plan)
+  // Each metrics.jsonl line as it is written, as JSON text (rank 0; kdflow's Python train()'s
+  // callback). Called on the student's thread, or kd-ctl's.
+  std::function<void(const std::string&)> on_metrics;
 };
 
 int train_command(const TrainArgs& args);
