@@ -21,7 +21,7 @@ apt_packages=(
   libturbojpeg0-dev libpng-dev zlib1g-dev
   clang-14 libclang-rt-14-dev  # the fuzz preset: clang's libFuzzer and sanitizer runtimes
   dataset-fashion-mnist gnuplot-nox
-  pybind11-dev  # kdflow's Python module (python/), for the venv's python (Debian's 3.11)
+  pybind11-dev python3-dev  # kdflow's Python module (python/), for the venv's python (3.11)
   python3-pil python3-numpy  # the loader benchmark's peer, for Debian's /usr/bin/python3
 )
 # oneDNN 3.2 built for the TBB CPU runtime needs oneTBB 2021.x and the Intel compiler runtime
