@@ -46,8 +46,12 @@ def prepare_metadata_for_build_wheel(metadata_directory, config_settings=None):
 
 
 def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
+    # pip's build isolation points PYTHONPATH at a sitecustomize that hides site-packages from
+    # every python started below: the set-up and the build must see the dependency venv's own.
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "PYTHONNOUSERSITE", "PYTHONHOME", "PYTHONEXECUTABLE")}
     subprocess.run(["bash", os.path.join(ROOT, "scripts", "build.sh"), "release"], check=True,
-                   stdout=sys.stderr)
+                   stdout=sys.stderr, env=env)
     tag, so = _tag()
     wheel = f"{NAME}-{VERSION}-{tag}.whl"
     info = f"{NAME}-{VERSION}.dist-info"

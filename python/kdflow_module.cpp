@@ -133,14 +133,17 @@ public:
               .precision = precision,
               .features = features,
               .tune = tune},
-        session_(std::make_unique<TeacherSession>(args_)) {}
+        session_(std::make_unique<TeacherSession>(args_, false)) {}
 
   std::vector<py::array_t<float>>
   infer(const py::array_t<float, py::array::c_style | py::array::forcecast>& x) {
     teacher::NpyArray in;
     for (py::ssize_t d = 0; d < x.ndim(); ++d) in.shape.push_back(x.shape(d));
     in.data.assign(x.data(), x.data() + x.size());
-    const auto outs = without_gil([&] { return session_->infer(in); });
+    const auto outs = without_gil([&] {
+      const std::lock_guard lock(mutex_);
+      return session_->infer(in);
+    });
     std::vector<py::array_t<float>> result;
     for (const auto& o : outs) {
       py::array_t<float> a(std::vector<py::ssize_t>(o.shape.begin(), o.shape.end()));
@@ -151,15 +154,23 @@ public:
   }
 
   std::vector<std::string> output_names() {
-    return without_gil([&] { return session_->output_names(); });
+    return without_gil([&] {
+      const std::lock_guard lock(mutex_);
+      return session_->output_names();
+    });
   }
 
   std::string info() {
-    return without_gil([&] { return session_->info(); });
+    return without_gil([&] {
+      const std::lock_guard lock(mutex_);
+      return session_->info();
+    });
   }
 
 private:
   TeacherArgs args_;
+  // One call at a time (taken without the GIL, so a thread waiting here never holds it).
+  std::mutex mutex_;
   std::unique_ptr<TeacherSession> session_;
 };
 
@@ -167,10 +178,9 @@ private:
 
 PYBIND11_MODULE(_kdflow, m) {
   m.doc() = "kdflow's commands in-process (python/kdflow/__init__.py is the public module)";
-  static py::exception<InputError> input_error(m, "InputError", PyExc_ValueError);
-  static py::exception<std::runtime_error> error(m, "Error", PyExc_RuntimeError);
-  g_input_error = input_error.ptr();
-  g_error = error.ptr();
+  // Kept for the process's life (never destroyed after the interpreter's finalization).
+  g_input_error = (new py::exception<InputError>(m, "InputError", PyExc_ValueError))->ptr();
+  g_error = (new py::exception<std::runtime_error>(m, "Error", PyExc_RuntimeError))->ptr();
 
   m.def("train", &train, py::arg("config"), py::arg("sets"), py::arg("out"), py::arg("resume"),
         py::arg("cores"), py::arg("callback"));

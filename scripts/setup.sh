@@ -41,7 +41,7 @@ pip_packages=(
   # them) and its EventAccumulator, which the tests read those files back with.
   tensorboard==2.21.0
   # pytest: the Python module's tests (tests/python, the ctest python_module).
-  pytest
+  pytest==9.2.0
 )
 
 sudo_=""

@@ -8,11 +8,11 @@
 # own TBB_SANITIZE=thread, and installs it into $KDFLOW_DEPS/tbb-tsan (~/.cache/kdflow/tbb-tsan).
 # The tsan preset compiles against its headers and runs on its libtbb (KdflowDeps.cmake); the
 # uninstrumented PyPI oneDNN loads that libtbb too (same soname, the entry points it needs exist
-# in 2021.8). About 30 s on 2 CPUs; a second run returns at once. Usage: scripts/tbb_tsan.sh
+# in 2021.8). About 30 s on 2 CPUs; a second run returns at once. Usage: bash scripts/tbb_tsan.sh
 set -euo pipefail
 deps=${KDFLOW_DEPS:-$HOME/.cache/kdflow}
 prefix=$deps/tbb-tsan
-stamp=$prefix/.kdflow-tbb-tsan-1
+stamp=$prefix/.kdflow-tbb-tsan-2
 if [ -f "$stamp" ]; then
   exit 0
 fi
@@ -35,8 +35,10 @@ tarball=$(ls "$work"/onetbb_*.orig.tar.*)
 tar -xf "$tarball" -C "$work"
 source_dir=$(ls -d "$work"/oneTBB-*/)
 echo "tbb-tsan: building $(basename "$source_dir") with -fsanitize=thread into $prefix"
+# The compilers the tsan preset builds kdflow with (the system's cc and c++), so one TSan runtime
+# serves both.
 cmake -S "$source_dir" -B "$work/build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DCMAKE_C_COMPILER=clang-14 -DCMAKE_CXX_COMPILER=clang++-14 -DTBB_SANITIZE=thread \
+  -DCMAKE_C_COMPILER=cc -DCMAKE_CXX_COMPILER=c++ -DTBB_SANITIZE=thread \
   -DTBB_TEST=OFF -DTBB_EXAMPLES=OFF -DTBBMALLOC_BUILD=OFF -DTBB_STRICT=OFF \
   -DCMAKE_INSTALL_PREFIX="$prefix" -DCMAKE_INSTALL_LIBDIR=lib >"$work/configure.log" 2>&1 ||
   { cat "$work/configure.log" >&2; exit 1; }

@@ -59,23 +59,40 @@ Run read_run(const std::string& dir) {
     ++n;
     if (line.empty()) continue;
     json m = json::parse(line, nullptr, false);
-    if (m.is_discarded() || !m.is_object() || !m.contains("step"))
-      throw InputError(fmt::format("{}:{}: not a metrics line", metrics.string(), n));
-    const std::string event = m.value("event", "");
-    if (event.empty()) {
+    const auto bad = [&](const std::string& why) {
+      return InputError(fmt::format("{}:{}: {}", metrics.string(), n, why));
+    };
+    if (m.is_discarded() || !m.is_object()) throw bad("not a JSON object");
+    const json event = m.value("event", json(""));
+    if (!event.is_string()) throw bad("\"event\" is not a string");
+    // kd-ctl's moves and any other event: not plotted.
+    if (!event.get<std::string>().empty() && event.get<std::string>() != "eval") continue;
+    if (!m.value("step", json()).is_number()) throw bad("no numeric \"step\"");
+    for (const char* key :
+         {"loss", "kd_loss", "ce_loss", "train_accuracy", "samples_per_s", "teacher_busy",
+          "student_wait_ms", "interval_s", "wall_s", "test_accuracy", "teacher_test_accuracy"})
+      if (m.contains(key) && !m[key].is_number() && !m[key].is_null())
+        throw bad(fmt::format("\"{}\" is not a number", key));
+    if (event.get<std::string>().empty()) {
       run.intervals.push_back(std::move(m));
-    } else if (event == "eval") {
-      if (m.contains("teacher_test_accuracy"))
+    } else {
+      if (m.value("teacher_test_accuracy", json()).is_number())
         run.teacher_accuracy = m["teacher_test_accuracy"].get<double>();
-      if (m.contains("test_accuracy")) run.evals.push_back(std::move(m));
+      if (m.value("test_accuracy", json()).is_number()) run.evals.push_back(std::move(m));
     }
   }
   const fs::path summary = folder.path() / "summary.json";
   std::error_code ec;
   if (fs::exists(summary, ec)) {
     run.summary = read_json_file(summary, "the run's summary");
-    if (run.evals.empty() && run.summary.contains("evaluations"))
-      for (const json& e : run.summary["evaluations"]) run.evals.push_back(e);
+    if (!run.summary.is_object())
+      throw InputError(fmt::format("the run's summary {}: not a JSON object", summary.string()));
+    // A run from before the evaluation lines: summary.json's evaluations.
+    if (const json e = run.summary.value("evaluations", json()); run.evals.empty() && e.is_array())
+      for (const json& row : e)
+        if (row.is_object() && row.value("step", json()).is_number() &&
+            row.value("test_accuracy", json()).is_number())
+          run.evals.push_back(row);
     if (!run.teacher_accuracy && run.summary.value("teacher_test_accuracy", json()).is_number())
       run.teacher_accuracy = run.summary["teacher_test_accuracy"].get<double>();
   }
@@ -93,9 +110,9 @@ std::string interval_data(const Run& run) {
                     "teacher_busy student_wait_share\n";
   for (const json& m : run.intervals) {
     std::string wait = "?";
-    if (m.contains("student_wait_ms") && m.value("interval_s", 0.0) > 0)
-      wait = fmt::format("{:.9g}",
-                         m["student_wait_ms"].get<double>() / 1e3 / m["interval_s"].get<double>());
+    const json waited = m.value("student_wait_ms", json()), span = m.value("interval_s", json());
+    if (waited.is_number() && span.is_number() && span.get<double>() > 0)
+      wait = fmt::format("{:.9g}", waited.get<double>() / 1e3 / span.get<double>());
     out += fmt::format("{} {} {} {} {} {} {} {} {}\n", value(m, "step"), value(m, "wall_s"),
                        value(m, "loss"), value(m, "kd_loss"), value(m, "ce_loss"),
                        value(m, "train_accuracy"), value(m, "samples_per_s"),

@@ -152,6 +152,9 @@ void RunFolder::open_events(std::int64_t step,
                             const std::vector<std::pair<std::string, std::string>>& texts) {
   std::lock_guard lock(metrics_mutex_);
   events_ = std::make_unique<EventWriter>(path_);
+  // What earlier starts logged after the step this one goes on from is dropped by TensorBoard
+  // (a step's own points, logged before its checkpoint, stay).
+  events_->session_start(step + 1);
   for (const auto& [tag, text] : texts) events_->text(tag, step, text);
   events_->flush();
 }

@@ -66,7 +66,8 @@ public:
   // `resumed`).
   void open(const std::string& config_toml, bool resumed);
   // TensorBoard's events from here on (train.tensorboard): a new event file beside any earlier
-  // start's, beginning with `texts` (tag, text: the configuration, the core plan) at `step`.
+  // start's, beginning with a session start and `texts` (tag, text: the configuration, the core
+  // plan) at `step`, the step the run starts (or resumes) from.
   void open_events(std::int64_t step,
                    const std::vector<std::pair<std::string, std::string>>& texts);
   // One metrics line (from the student and kd-ctl's thread: serialized), flushed. With events

@@ -97,21 +97,28 @@ void print_tuning(const teacher::Teacher& t, bool every_node) {
 
 // Everything a command needs to run one replica on --threads pinned physical cores: the arena, the
 // calling thread bound to the same CPUs (it joins the arena in execute()), and output buffers.
+// `whole_process`: the command owns the process, and oneTBB's pool is capped at the arena's size
+// for as long as this lives (a Python Teacher leaves the process's pool as it is).
 struct PinnedRun {
-  PinnedRun(const std::shared_ptr<const teacher::Teacher>& t, int threads)
+  PinnedRun(const std::shared_ptr<const teacher::Teacher>& t, int threads,
+            bool whole_process = true)
       : topo(affinity::Topology::load()), cpus(teacher_cpus(topo, threads)),
-        parallelism(oneapi::tbb::global_control::max_allowed_parallelism, cpus.size() + 1),
         arena(topo, cpus, "teacher"), replica(t) {
+    if (whole_process)
+      parallelism.emplace(oneapi::tbb::global_control::max_allowed_parallelism, cpus.size() + 1);
     affinity::pin_this_thread(topo, cpus, "kd-teacher");
     outs.emplace(*t); // first touched on the pinned CPUs
   }
+  // One batch, the calling thread bound to the teacher's CPUs (again: a session's caller is put
+  // back between calls).
   void run(const float* input) {
+    affinity::pin_this_thread(topo, cpus, "kd-teacher");
     arena.arena().execute([&] { replica.run(input, outs->pointers); });
   }
 
   affinity::Topology topo;
   affinity::CpuList cpus;
-  oneapi::tbb::global_control parallelism;
+  std::optional<oneapi::tbb::global_control> parallelism;
   affinity::PinnedArena arena;
   teacher::Replica replica;
   std::optional<teacher::OutputBuffers> outs;
@@ -260,7 +267,8 @@ struct TeacherSession::Loaded {
   PinnedRun pinned;
 };
 
-TeacherSession::TeacherSession(TeacherArgs args) : args_(std::move(args)) {}
+TeacherSession::TeacherSession(TeacherArgs args, bool whole_process)
+    : args_(std::move(args)), whole_process_(whole_process) {}
 TeacherSession::~TeacherSession() = default;
 
 std::vector<teacher::NpyArray> TeacherSession::infer(const teacher::NpyArray& x) {
@@ -287,7 +295,7 @@ std::vector<teacher::NpyArray> TeacherSession::infer(const teacher::NpyArray& x)
   if (!loaded_ || loaded_->input != x.shape) {
     loaded_.reset();
     auto t = load(args_, x.shape[0], teacher::Shape(x.shape.begin() + 1, x.shape.end()));
-    loaded_.reset(new Loaded{x.shape, t, PinnedRun(t, args_.threads)});
+    loaded_.reset(new Loaded{x.shape, t, PinnedRun(t, args_.threads, whole_process_)});
   }
   PinnedRun& pinned = loaded_->pinned;
   pinned.run(x.data.data());

@@ -24,11 +24,13 @@ struct TeacherArgs {
 
 // A teacher as `kdflow teacher infer` runs it (the same load, pinned arena and replica), kept
 // between batches: what teacher_infer and kdflow's Python Teacher run. A batch of another size
-// loads the model again at that size; the calling thread's CPU binding is put back after each
-// call.
+// loads the model again at that size; the calling thread runs on the teacher's CPUs during a call
+// and its CPU binding and name are put back after it. `whole_process` (the command line): oneTBB's
+// pool is capped at the teacher's CPUs while the session lives; a Python Teacher leaves it be.
+// Not for several threads at once.
 class TeacherSession {
 public:
-  explicit TeacherSession(TeacherArgs args);
+  explicit TeacherSession(TeacherArgs args, bool whole_process = true);
   ~TeacherSession();
   TeacherSession(const TeacherSession&) = delete;
   TeacherSession& operator=(const TeacherSession&) = delete;
@@ -46,6 +48,7 @@ public:
 private:
   struct Loaded;
   TeacherArgs args_;
+  bool whole_process_;
   std::unique_ptr<Loaded> loaded_;
 };
 

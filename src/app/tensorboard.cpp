@@ -88,6 +88,14 @@ void EventWriter::write(const std::string& event) {
   out_.write(record.data(), static_cast<std::streamsize>(record.size()));
 }
 
+void EventWriter::session_start(std::int64_t step) {
+  tensorboard::Event event;
+  event.set_wall_time(unix_seconds());
+  event.set_step(step);
+  event.mutable_session_log()->set_status(tensorboard::SessionLog::START);
+  write(event.SerializeAsString());
+}
+
 void EventWriter::scalar(const std::string& tag, std::int64_t step, double value) {
   tensorboard::Event event;
   event.set_wall_time(unix_seconds());

@@ -28,6 +28,10 @@ public:
   EventWriter(const EventWriter&) = delete;
   EventWriter& operator=(const EventWriter&) = delete;
 
+  // A session's start at `step` (TensorBoard's SessionLog START): a run resumed from its checkpoint
+  // at `step` starts so, and TensorBoard drops what earlier files hold from `step` on (steps a
+  // killed start logged after its last checkpoint), so the curves go on without doubled points.
+  void session_start(std::int64_t step);
   // A scalar at `step` (TensorBoard keeps it as a float32).
   void scalar(const std::string& tag, std::int64_t step, double value);
   // A text summary (TensorBoard's text plugin: a string tensor), e.g. the configuration.

@@ -287,8 +287,15 @@ void TrainRun::start_kd_ctl() {
   ElasticSettings elastic;
   elastic.policy.margin = config_.get_double("cores.elastic_margin");
   elastic.window_s = config_.get_double("cores.elastic_window_s");
+  // On kd-ctl's thread: a failed write (a full disk) is said, not thrown where nothing catches it;
+  // the student's next line meets the same failure and stops the run.
   elastic.on_move = [this](const json& record) {
-    if (writer_) folder_.write_metrics(record);
+    if (!writer_) return;
+    try {
+      folder_.write_metrics(record);
+    } catch (const std::exception& e) {
+      log_warn(fmt::format("kd-ctl's move was not recorded: {}", e.what()));
+    }
   };
   kd_ctl_ = std::make_unique<KdCtl>(pipeline(), std::move(elastic));
 }

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -50,6 +51,11 @@ TEST(Report, PlotsOneRunAndThreeRunsSideBySideFromTheirSummaries) {
       run(with(fast_train_args(runs[1]), {"train.max_steps=20", "train.lr=0.05"}), runs[1]).code,
       0);
   ASSERT_EQ(run(with(fast_train_args(runs[2]), {"train.max_steps=15"}), runs[2]).code, 0);
+  // A kd-ctl move's line, as a machine with CPUs to move writes it (no "step"): not plotted.
+  std::ofstream(runs[2] / "metrics.jsonl", std::ios::app)
+      << R"({"event":"elastic","time_s":1.5,"batch":7,"move":"loader_to_teacher","reason":"r",)"
+      << R"("student_wait":0.4,"from":{"loader":[0],"teacher":[[1]]},"to":{"loader":[0],)"
+      << R"("teacher":[[1]]},"move_ms":2.0})" << '\n';
 
   Result r = run({"report", runs[0].string()}, scratch("report_one"));
   ASSERT_EQ(r.code, 0) << r.err;
@@ -89,6 +95,10 @@ TEST(Report, PlotsOneRunAndThreeRunsSideBySideFromTheirSummaries) {
           scratch("report_file_cmd"));
   EXPECT_EQ(r.code, 2) << r.err;
   expect_one_line_naming(r.err, "a file, not a folder");
+  std::ofstream(runs[1] / "metrics.jsonl", std::ios::app) << R"({"step":25,"loss":"high"})" << '\n';
+  r = run({"report", runs[1].string()}, scratch("report_bad_line_cmd"));
+  EXPECT_EQ(r.code, 2) << r.err;
+  expect_one_line_naming(r.err, (runs[1] / "metrics.jsonl").string() + ":");
 }
 
 } // namespace
