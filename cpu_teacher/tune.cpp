@@ -33,9 +33,9 @@ namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 using Choices = std::map<std::string, std::string>;
 
-// Bumped when a lowering's ways change meaning, so that no older choice is reused.
-constexpr int kPlanVersion =
-    3; // 2: gemm-only channels-last convolutions seen as such; 3: zero Pads folded
+// Bumped when a lowering's ways change meaning, so that no older choice is reused (2: gemm-only
+// channels-last convolutions seen as such; 3: zero Pads folded).
+constexpr int kPlanVersion = 3;
 // Another plan replaces the untuned one only when it is this much faster: below that, the
 // difference is the machine's noise, not the plan.
 constexpr double kMargin = 0.03;

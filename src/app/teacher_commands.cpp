@@ -13,11 +13,7 @@
 
 #include <oneapi/tbb/global_control.h>
 
-#include <pthread.h>
-#include <sched.h>
-
 #include <algorithm>
-#include <array>
 #include <cctype>
 #include <chrono>
 #include <fstream>
@@ -109,8 +105,8 @@ struct PinnedRun {
     affinity::pin_this_thread(topo, cpus, "kd-teacher");
     outs.emplace(*t); // first touched on the pinned CPUs
   }
-  // One batch, the calling thread bound to the teacher's CPUs (again: a session's caller is put
-  // back between calls).
+  // One batch, the calling thread bound to the teacher's CPUs (again: a Python caller's binding is
+  // put back between calls).
   void run(const float* input) {
     affinity::pin_this_thread(topo, cpus, "kd-teacher");
     arena.arena().execute([&] { replica.run(input, outs->pointers); });
@@ -279,19 +275,6 @@ std::vector<teacher::NpyArray> TeacherSession::infer(const teacher::NpyArray& x)
   if (x.data.size() != static_cast<std::size_t>(teacher::numel(x.shape)))
     throw InputError(fmt::format("{}: {} values for shape {}", what, x.data.size(),
                                  teacher::format_shape(x.shape)));
-  // The caller's CPUs and name, put back afterwards: PinnedRun binds and names the calling thread
-  // as the teacher's.
-  struct Restore {
-    cpu_set_t cpus{};
-    std::array<char, 16> name{};
-    bool saved = pthread_getaffinity_np(pthread_self(), sizeof(cpus), &cpus) == 0 &&
-                 pthread_getname_np(pthread_self(), name.data(), name.size()) == 0;
-    ~Restore() {
-      if (!saved) return;
-      pthread_setaffinity_np(pthread_self(), sizeof(cpus), &cpus);
-      pthread_setname_np(pthread_self(), name.data());
-    }
-  } restore;
   if (!loaded_ || loaded_->input != x.shape) {
     loaded_.reset();
     auto t = load(args_, x.shape[0], teacher::Shape(x.shape.begin() + 1, x.shape.end()));

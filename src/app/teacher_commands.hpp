@@ -24,8 +24,8 @@ struct TeacherArgs {
 
 // A teacher as `kdflow teacher infer` runs it (the same load, pinned arena and replica), kept
 // between batches: what teacher_infer and kdflow's Python Teacher run. A batch of another size
-// loads the model again at that size; the calling thread runs on the teacher's CPUs during a call
-// and its CPU binding and name are put back after it. `whole_process` (the command line): oneTBB's
+// loads the model again at that size. A call binds and names the calling thread as the teacher's
+// (kdflow's Python module puts its thread back). `whole_process` (the command line): oneTBB's
 // pool is capped at the teacher's CPUs while the session lives; a Python Teacher leaves it be.
 // Not for several threads at once.
 class TeacherSession {
