@@ -8,7 +8,7 @@
 # own TBB_SANITIZE=thread, and installs it into $KDFLOW_DEPS/tbb-tsan (~/.cache/kdflow/tbb-tsan).
 # The tsan preset compiles against its headers and runs on its libtbb (KdflowDeps.cmake); the
 # uninstrumented PyPI oneDNN loads that libtbb too (same soname, the entry points it needs exist
-# in 2021.8). About 30 s on 2 CPUs; a second run returns at once. Usage: bash scripts/tbb_tsan.sh
+# in 2021.8). A second run returns at once. Usage: bash scripts/tbb_tsan.sh
 set -euo pipefail
 deps=${KDFLOW_DEPS:-$HOME/.cache/kdflow}
 prefix=$deps/tbb-tsan
