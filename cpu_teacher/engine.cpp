@@ -215,11 +215,13 @@ void Lowering::add_primitive(dnnl::primitive prim, std::vector<std::pair<int, Ar
   p_.steps.push_back(std::move(s));
 }
 
-void Lowering::add_kernel(Kernel k, std::vector<ArgRef> operands, const std::string& label) {
+void Lowering::add_kernel(Kernel k, std::vector<ArgRef> operands, const std::string& label,
+                          KernelLoop loop) {
   Step s;
   s.kernel = std::move(k);
+  s.loop = loop;
   for (auto& o : operands) s.args.emplace_back(0, std::move(o));
-  s.label = label + " (plain kernel)";
+  s.label = label + (loop == KernelLoop::rows ? " (plain kernel)" : " (reference loop)");
   s.kind = kind_;
   s.node = node_;
   p_.steps.push_back(std::move(s));
@@ -469,7 +471,10 @@ const TuneReport& Teacher::tune_report() const { return plan_->tune; }
 std::vector<StepInfo> Teacher::step_info() const {
   std::vector<StepInfo> out;
   for (const auto& s : plan_->steps)
-    out.push_back({s.label, s.kind, s.prim ? impl_of(*s.prim) : "plain kernel"});
+    out.push_back({s.label, s.kind,
+                   s.prim                       ? impl_of(*s.prim)
+                   : s.loop == KernelLoop::rows ? "plain kernel"
+                                                : "reference loop"});
   return out;
 }
 

@@ -317,6 +317,44 @@ bool fold_zero_pad(Graph& g) {
   return false;
 }
 
+// The shape numpy broadcasting gives `a` and `b`, or nullopt where they do not broadcast.
+std::optional<Shape> broadcast_shape(Shape a, Shape b) {
+  while (a.size() < b.size()) a.insert(a.begin(), 1);
+  while (b.size() < a.size()) b.insert(b.begin(), 1);
+  for (std::size_t d = 0; d < a.size(); ++d) {
+    if (a[d] == b[d] || b[d] == 1) continue;
+    if (a[d] != 1) return std::nullopt;
+    a[d] = b[d];
+  }
+  return a;
+}
+
+// An Expand read only by broadcasting arithmetic (Add, Sub, Mul, Div) is left out: each reader
+// broadcasts the Expand's input itself to the same output (broadcasts compose), without the
+// expanded copy first (Swin V2's cosine attention divides by a norm expanded along the row).
+bool skip_expand_into_arithmetic(Graph& g) {
+  for (std::size_t i = 0; i < g.nodes.size(); ++i) {
+    const Node& n = g.nodes[i];
+    if (n.op != "Expand" || g.is_output(n.outputs[0])) continue;
+    const std::string in = n.inputs[0], out = n.outputs[0];
+    const auto readers = g.consumers(out);
+    const bool all_arithmetic =
+        !readers.empty() && std::all_of(readers.begin(), readers.end(), [&](std::size_t r) {
+          const Node& reader = g.nodes[r];
+          if (reader.op != "Add" && reader.op != "Sub" && reader.op != "Mul" && reader.op != "Div")
+            return false;
+          const std::string other = other_operand(reader, out);
+          if (other.empty() || other == out || !reader.post_ops.empty()) return false;
+          return broadcast_shape(g.shape(in), g.shape(other)) == g.shape(reader.outputs[0]);
+        });
+    if (!all_arithmetic) continue;
+    g.nodes.erase(g.nodes.begin() + static_cast<std::ptrdiff_t>(i));
+    rename_uses(g, out, in);
+    return true;
+  }
+  return false;
+}
+
 // Gelu in the erf form older exporters write, x * (Erf(x / sqrt(2)) + 1) * 0.5 (the division
 // also as a product by 1/sqrt(2); sums and products either way round), becomes one Gelu.
 bool fuse_erf_gelu(Graph& g) {
@@ -670,6 +708,8 @@ bool fuse_residual(Graph& g) {
 
 void run_passes(Graph& g) {
   while (remove_noops(g)) {
+  }
+  while (skip_expand_into_arithmetic(g)) {
   }
   while (fold_batchnorm(g)) {
   }

@@ -194,6 +194,15 @@ def cases():
         inputs = ["x", "p", "v"] if mode == "constant" else ["x", "p"]
         inits = [const("p", np.array([0, 0, 1, 2, 0, 0, 2, 1], np.int64))] + ([const("v", np.float32(0.25))] if mode == "constant" else [])
         c[f"pad_{mode}"] = model([node("Pad", inputs, mode=mode)], X, inits, opset=13)
+    # A constant Pad of channels and both spatial axes (a copy into the padded buffer's window and a
+    # fill of its border), one that pads nothing (the input itself) and one that crops two sides
+    # (negative pads: element by element).
+    c["pad_constant_three_axes"] = model([node("Pad", ["x", "p", "v"], mode="constant")], X,
+                                         [const("p", np.array([0, 2, 1, 3, 0, 1, 2, 1], np.int64)), const("v", np.float32(-1.5))], opset=13)
+    c["pad_constant_nothing"] = model([node("Relu", ["x"], ["r"]), helper.make_node("Pad", ["r", "p"], ["y"], name="pad")], X,
+                                      [const("p", np.zeros(8, np.int64))], opset=13)
+    c["pad_constant_crop"] = model([node("Pad", ["x", "p", "v"], mode="constant")], X,
+                                   [const("p", np.array([0, 0, -1, 2, 0, 0, 1, -3], np.int64)), const("v", np.float32(0.5))], opset=13)
     # A Pad of zeros before a Conv or an AveragePool (folded into its padding), and the cases that
     # must stay two nodes: a MaxPool, a non-zero value, an AveragePool that leaves its own padding
     # out of its averages.
@@ -312,6 +321,12 @@ def cases():
         helper.make_node("Expand", ["c", "shape"], ["e"], name="expand"), helper.make_node("Div", ["x", "e"], ["y"], name="div")], X,
         [const("ax", np.array([-1], np.int64)), const("lo", np.float32(1e-12)), const("shape", np.array([1, 4, 9, 11], np.int64))],
         opset=18, out_shape=["N", 4, 9, 11])
+    # An Expand that a Relu reads stays (only broadcasting arithmetic reads the Expand's input
+    # in its place).
+    c["expand_read_by_relu"] = model([
+        node("ReduceMax", ["x", "ax"], ["n"], keepdims=1), helper.make_node("Expand", ["n", "shape"], ["e"], name="expand"),
+        helper.make_node("Relu", ["e"], ["y"], name="relu")], X,
+        [const("ax", np.array([-1], np.int64)), const("shape", np.array([1, 4, 9, 11], np.int64))], opset=18, out_shape=["N", 4, 9, 11])
     c["reduce_sum_opset13"] = model([node("ReduceSum", ["x", "ax"], keepdims=1)], X, [const("ax", np.array([1, 3], np.int64))], opset=13,
                                     out_shape=["N", 1, 9, 1])
     c["reduce_max_no_keepdims"] = model([node("ReduceMax", ["x"], axes=[2], keepdims=0)], X, opset=17, out_shape=["N", 4, 11])

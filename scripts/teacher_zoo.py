@@ -141,7 +141,8 @@ def export(model, x, path, exporter):
 
 
 def profile(kdflow, model, out):
-    """Where a file's time goes: the plain kernels' share, and the kinds that ran as them."""
+    """Where a file's time goes: the share of kdflow's own code (plain kernels and reference
+    loops) and of its reference loops alone, each with the kinds that ran so and their shares."""
     p = subprocess.run([kdflow, "teacher", "bench", "--model", model, "--batch", "8", "--threads",
                         "1", "--seconds", "2", "--profile", "--tune", "off", "--json", out],
                        capture_output=True, text=True)
@@ -149,8 +150,17 @@ def profile(kdflow, model, out):
         return {"profile_error": one_line(p.stderr)}
     prof = json.load(open(out))["profile"]
     os.remove(out)
-    plain = {k["kind"]: round(k["share"], 4) for k in prof["by_kind"] if k["ran"] != "oneDNN"}
-    return {"plain_kernel_share": round(prof["plain_kernel_share"], 4), "plain_kinds": plain}
+    total = prof["step_ms_sum"]
+    plain, reference = {}, {}
+    for s in prof["steps"]:
+        if s["impl"] in ("plain kernel", "reference loop"):
+            plain[s["kind"]] = plain.get(s["kind"], 0) + s["ms"] / total
+        if s["impl"] == "reference loop":
+            reference[s["kind"]] = reference.get(s["kind"], 0) + s["ms"] / total
+    return {"plain_kernel_share": round(prof["plain_kernel_share"], 4),
+            "plain_kinds": {k: round(v, 4) for k, v in plain.items()},
+            "reference_share": round(prof["reference_share"], 4),
+            "reference_kinds": {k: round(v, 4) for k, v in reference.items()}}
 
 
 def one_line(text):

@@ -25,6 +25,17 @@ def family(model):
     return source, re.match(r"[a-z]+(?:v\d)?", base).group(0)
 
 
+def largest_share(models, key, kinds_key):
+    """The largest share `key` of a profiled file of the family, with its model, exporter and
+    the kinds of step in it; - where no file was profiled so."""
+    prof = [(r[e][key], r[e].get(kinds_key, {}), r["model"].split(".", 1)[1], e)
+            for r in models for e in EXPORTERS if key in r.get(e, {})]
+    if not prof:
+        return "-"
+    share, kinds, name, e = max(prof, key=lambda t: t[0])
+    return f"{100 * share:.1f}% ({name} {e}" + (f": {', '.join(sorted(kinds))})" if kinds else ")")
+
+
 def table(doc):
     groups = {}
     for r in doc["models"]:
@@ -33,8 +44,8 @@ def table(doc):
             f"{doc['cpus']} CPUs, commits {doc.get('base_commit', doc['commit'])} to "
             f"{doc['commit']}: each row names its own, torch {doc['torch']}, batch "
             f"{doc['batch']}, tolerance {doc['tolerance']:g} normalized).", "",
-            "| source | family | models | dynamo ok | legacy ok | largest error | plain kernels | not ok, and why |",
-            "|---|---|---|---|---|---|---|---|"]
+            "| source | family | models | dynamo ok | legacy ok | largest error | plain kernels | reference loops | not ok, and why |",
+            "|---|---|---|---|---|---|---|---|---|"]
     for (source, fam), models in sorted(groups.items()):
         names = ", ".join(r["model"].split(".", 1)[1] for r in models)
         ok = {e: sum(1 for r in models if r.get(e, {}).get("status") == "ok") for e in EXPORTERS}
@@ -47,21 +58,18 @@ def table(doc):
                     why = re.sub(r"\x1b\[[0-9;]*m", "", res.get("why", "")).replace("|", "\\|")
                     why = re.sub(r"kdflow: \S+\.onnx: ", "", why)[:160]
                     notes.append(f"{r['model'].split('.', 1)[1]} {e}: {res['status']} ({why})")
-        # The largest share of a profiled file's time in plain kernels, with their kinds.
-        prof = [(r[e]["plain_kernel_share"], r[e].get("plain_kinds", {}), r["model"].split(".", 1)[1], e)
-                for r in models for e in EXPORTERS if "plain_kernel_share" in r.get(e, {})]
-        if prof:
-            share, kinds, name, e = max(prof, key=lambda t: t[0])
-            plain = f"{100 * share:.1f}% ({name} {e}" + (f": {', '.join(sorted(kinds))})" if kinds else ")")
-        else:
-            plain = "-"
+        plain = largest_share(models, "plain_kernel_share", "plain_kinds")
+        reference = largest_share(models, "reference_share", "reference_kinds")
         err = f"{max(errors):.1e}" if errors else "-"
         rows.append(f"| {source} | {fam} | {names} | {ok['dynamo']}/{len(models)} | "
-                    f"{ok['legacy']}/{len(models)} | {err} | {plain} | {'; '.join(notes)} |")
+                    f"{ok['legacy']}/{len(models)} | {err} | {plain} | {reference} | {'; '.join(notes)} |")
     rows.append("")
     rows.append("plain kernels: the largest share of `teacher bench --profile`'s time (1 thread, "
-                "batch 8) in kdflow's own loops rather than oneDNN primitives, over the family's "
-                "profiled files (`--profile`; - where none was profiled).")
+                "batch 8) in kdflow's own code rather than oneDNN primitives, over the family's "
+                "profiled files (`--profile`; - where none was profiled), with the kinds of step "
+                "that ran so; reference loops: the part of it in loops that go element by element "
+                "(the reference's own way, kept for rare variants), the rest being kernels by rows "
+                "or blocks (copies, fills, broadcasts, per-row norms).")
     total = len(doc["models"])
     for e in EXPORTERS:
         n = sum(1 for r in doc["models"] if r.get(e, {}).get("status") == "ok")

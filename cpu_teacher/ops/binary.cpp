@@ -167,7 +167,7 @@ void lower_binary(Lowering& plan, const Node& node) {
                          [pb](std::int64_t k) { return pb[k]; }, bs, reinterpret_cast<float*>(p[2]),
                          os, A.f);
         },
-        {ra, rb, dst}, node.describe());
+        {ra, rb, dst}, node.describe(), KernelLoop::reference);
     plan.set(node.outputs[0], dst);
   };
   if (g.is_constant(a) || g.shape(a) != os) // first operand broadcasts

@@ -31,6 +31,12 @@ struct ArgRef {
 // A plain kernel for op variants without a primitive; it gets one pointer per operand.
 using Kernel = std::function<void(std::byte* const* ptrs)>;
 
+// How a plain kernel walks its data, for profiles (StepInfo::impl): by rows or blocks (contiguous
+// inner loops the compiler vectorizes, copies, fills), or element by element with each element's
+// offsets computed from its index, the reference's own loop (kept for rare variants: reflect and
+// edge padding, negative steps, broadcasts without rows).
+enum class KernelLoop { rows, reference };
+
 struct Step {
   std::optional<dnnl::primitive> prim;
   Kernel kernel;
@@ -39,6 +45,7 @@ struct Step {
   std::string kind; // StepInfo::kind
   std::string node; // the node whose lowering added it (reorders included); "" for the outputs'
   bool reorder = false;
+  KernelLoop loop = KernelLoop::rows; // kernels
 };
 
 // A node that can run more than one way (a convolution: direct channels-last, direct in the
@@ -127,7 +134,8 @@ public:
   void add_reorder(const ArgRef& src, const ArgRef& dst, const std::string& label);
   void add_primitive(dnnl::primitive prim, std::vector<std::pair<int, ArgRef>> args,
                      const std::string& label, const memory::desc& scratchpad);
-  void add_kernel(Kernel k, std::vector<ArgRef> operands, const std::string& label);
+  void add_kernel(Kernel k, std::vector<ArgRef> operands, const std::string& label,
+                  KernelLoop loop = KernelLoop::rows);
 
   // A user scratchpad and the node's fused post-ops (eltwise activations, residual sum), after a
   // scaling by `scale` when it is not 1.

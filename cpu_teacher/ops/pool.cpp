@@ -147,8 +147,11 @@ struct ReduceKind {
   double init;
   double (*add)(double acc, double x);
   double (*finish)(double acc, double n);
-  bool poolable; // over a 4-D map: also oneDNN's average pooling
+  bool poolable;                         // over a 4-D map: also oneDNN's average pooling
+  double (*merge)(double acc, double b); // two partial accumulations as one
 };
+
+constexpr double plus(double a, double b) { return a + b; }
 
 constexpr ReduceKind kReduceMean{dnnl::algorithm::reduction_mean,
                                  0.f,
@@ -156,24 +159,27 @@ constexpr ReduceKind kReduceMean{dnnl::algorithm::reduction_mean,
                                  0.0,
                                  [](double a, double x) { return a + x; },
                                  [](double a, double n) { return a / n; },
-                                 true};
+                                 true,
+                                 plus};
 constexpr ReduceKind kReduceL2{dnnl::algorithm::reduction_norm_lp_sum,
                                2.f,
                                18,
                                0.0,
                                [](double a, double x) { return a + x * x; },
                                [](double a, double) { return std::sqrt(a); },
-                               false};
+                               false,
+                               plus};
 constexpr ReduceKind kReduceSum{
-    dnnl::algorithm::reduction_sum,     0.f,  13, 0.0, [](double a, double x) { return a + x; },
-    [](double a, double) { return a; }, false};
+    dnnl::algorithm::reduction_sum,     0.f,   13,  0.0, [](double a, double x) { return a + x; },
+    [](double a, double) { return a; }, false, plus};
 constexpr ReduceKind kReduceMax{dnnl::algorithm::reduction_max,
                                 0.f,
                                 18,
                                 -std::numeric_limits<double>::infinity(),
                                 [](double a, double x) { return std::max(a, x); },
                                 [](double a, double) { return a; },
-                                false};
+                                false,
+                                [](double a, double b) { return std::max(a, b); }};
 
 // The axes are an attribute before the op's axes_input_since and a constant input from it; both
 // become sorted, non-negative `axes` (all axes when none are given, none under
@@ -230,6 +236,22 @@ std::vector<Tensor> evaluate_reduce(const Node& node, const std::vector<const Te
   std::vector<float> r(acc.size());
   for (std::size_t k = 0; k < r.size(); ++k) r[k] = static_cast<float>(R.finish(acc[k], n));
   return {Tensor::floats(outs[0].shape, std::move(r))};
+}
+
+// One row's accumulation in eight independent lanes (which the compiler keeps in vector
+// registers), merged at the end: in double, as the reference accumulates.
+template <const ReduceKind& R>
+double reduce_row(const float* row, std::int64_t len) {
+  constexpr int kLanes = 8;
+  double lane[kLanes];
+  std::fill(lane, lane + kLanes, R.init);
+  std::int64_t i = 0;
+  for (; i + kLanes <= len; i += kLanes)
+    for (int j = 0; j < kLanes; ++j) lane[j] = R.add(lane[j], row[i + j]);
+  for (; i < len; ++i) lane[0] = R.add(lane[0], row[i]);
+  double acc = lane[0];
+  for (int j = 1; j < kLanes; ++j) acc = R.merge(acc, lane[j]);
+  return acc;
 }
 
 // ReduceMean's result as its output: the reduced tensor keeps the reduced axes as extent 1; with
@@ -316,17 +338,13 @@ void lower_reduce(Lowering& plan, const Node& node) {
         [rows, len](std::byte* const* p) {
           const auto* x = reinterpret_cast<const float*>(p[0]);
           auto* y = reinterpret_cast<float*>(p[1]);
-          oneapi::tbb::parallel_for(oneapi::tbb::blocked_range<std::int64_t>(0, rows),
-                                    [&](const oneapi::tbb::blocked_range<std::int64_t>& range) {
-                                      for (std::int64_t r = range.begin(); r != range.end(); ++r) {
-                                        double acc = R.init;
-                                        const float* row = x + r * len;
-                                        for (std::int64_t i = 0; i < len; ++i)
-                                          acc = R.add(acc, row[i]);
-                                        y[r] = static_cast<float>(
-                                            R.finish(acc, static_cast<double>(len)));
-                                      }
-                                    });
+          oneapi::tbb::parallel_for(
+              oneapi::tbb::blocked_range<std::int64_t>(0, rows),
+              [&](const oneapi::tbb::blocked_range<std::int64_t>& range) {
+                for (std::int64_t r = range.begin(); r != range.end(); ++r)
+                  y[r] = static_cast<float>(
+                      R.finish(reduce_row<R>(x + r * len, len), static_cast<double>(len)));
+              });
         },
         {src, dst}, node.describe());
     return set_reduced(plan, node, dst, kept);

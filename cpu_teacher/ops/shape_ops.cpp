@@ -1,6 +1,7 @@
 // Ops that move data without arithmetic: views (Flatten, Reshape, Squeeze, Unsqueeze, Identity,
 // Dropout: the same bytes with another shape), Transpose, Concat, Split, Slice and Pad. Reorders
-// and views where oneDNN can; plain kernels for negative Slice steps and every Pad.
+// and views where oneDNN can; a constant Pad as a reorder into the padded buffer and a fill of its
+// border; reference loops for negative Slice steps and the other Pads.
 #include "common.hpp"
 #include "lowering.hpp"
 #include "op_table.hpp"
@@ -392,7 +393,7 @@ void lower_window(Lowering& plan, const Node& node) {
             strided_copy(reinterpret_cast<const float*>(p[0]), xs, reinterpret_cast<float*>(p[1]),
                          os, w.start, w.step);
           },
-          {src, dst}, node.describe());
+          {src, dst}, node.describe(), KernelLoop::reference);
       plan.set(node.outputs[out], dst);
       continue;
     }
@@ -471,19 +472,60 @@ std::vector<Tensor> evaluate_pad(const Node& node, const std::vector<const Tenso
   return {Tensor::floats(os, std::move(r))};
 }
 
+// Every element of the padded buffer `dst` (shape `os`, row-major) outside the window that holds
+// the input (begin pads `lo`, input extents `xs`) set to `value`; axes past `last` have no pads,
+// so a row of the window is whole from there on.
+void fill_border(float* dst, const Shape& os, const Shape& st, const Shape& xs,
+                 const std::vector<std::int64_t>& lo, std::size_t last, std::size_t d,
+                 float value) {
+  const std::int64_t begin = lo[d], end = lo[d] + xs[d], block = st[d];
+  if (begin > 0) std::fill(dst, dst + begin * block, value);
+  if (end < os[d]) std::fill(dst + end * block, dst + os[d] * block, value);
+  if (d == last) return;
+  for (std::int64_t i = begin; i < end; ++i)
+    fill_border(dst + i * block, os, st, xs, lo, last, d + 1, value);
+}
+
+// A constant Pad with no negative pads is a copy of the input into the window of a new buffer
+// (oneDNN's reorder into a strided view of it) and a fill of the border around the window; one
+// that pads nothing is the input itself. Cropping (negative) pads, edge and reflect run the plain
+// kernel element by element.
 void lower_pad(Lowering& plan, const Node& node) {
   const Shape xs = plan.graph().shape(node.inputs[0]), os = plan.graph().shape(node.outputs[0]);
-  const ArgRef src = plan.get_plain(node.inputs[0], dt::f32);
-  const ArgRef dst = plan.new_buffer(plain(os, dt::f32));
   const auto pads = node.ints_attr("pads");
   const std::string mode = node.string_attr("mode", "constant");
   const float value = node.float_attr("value", 0);
+  const std::size_t rank = xs.size();
+  if (mode == "constant" && std::all_of(pads.begin(), pads.end(), [](auto v) { return v >= 0; })) {
+    if (os == xs) return plan.set(node.outputs[0], plan.at(node.inputs[0]));
+    const ArgRef dst = plan.new_buffer(plain(os, dt::f32));
+    const Shape st = strides_of(os);
+    std::size_t offset = 0;
+    std::size_t last = 0; // the last padded axis
+    for (std::size_t d = 0; d < rank; ++d) {
+      offset += static_cast<std::size_t>(pads[d] * st[d]);
+      if (pads[d] != 0 || pads[d + rank] != 0) last = d;
+    }
+    const ArgRef window{dst.kind, dst.index, dst.offset + offset * sizeof(float),
+                        memory::desc(dims_of(xs), dt::f32, dims_of(st))};
+    plan.add_reorder(plan.at(node.inputs[0]), window, node.describe());
+    const std::vector<std::int64_t> lo(pads.begin(),
+                                       pads.begin() + static_cast<std::ptrdiff_t>(rank));
+    plan.add_kernel(
+        [os, st, xs, lo, last, value](std::byte* const* p) {
+          fill_border(reinterpret_cast<float*>(p[0]), os, st, xs, lo, last, 0, value);
+        },
+        {dst}, node.describe() + " border");
+    return plan.set(node.outputs[0], dst);
+  }
+  const ArgRef src = plan.get_plain(node.inputs[0], dt::f32);
+  const ArgRef dst = plan.new_buffer(plain(os, dt::f32));
   plan.add_kernel(
       [xs, os, pads, mode, value](std::byte* const* p) {
         pad(reinterpret_cast<const float*>(p[0]), xs, reinterpret_cast<float*>(p[1]), os, pads,
             mode, value);
       },
-      {src, dst}, node.describe());
+      {src, dst}, node.describe(), KernelLoop::reference);
   plan.set(node.outputs[0], dst);
 }
 

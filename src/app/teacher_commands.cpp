@@ -139,8 +139,10 @@ nlohmann::json step_profile(PinnedRun& pinned, const teacher::Teacher& t, const 
   const auto info = t.step_info();
   double total = 0;
   std::map<std::string, std::pair<int, double>> kinds; // kind -> (steps, seconds)
-  std::map<std::string, int> plain_n;                  // kind -> steps that ran as plain kernels
-  double plain_total = 0;
+  // kind -> steps that ran as kdflow's own code (plain kernels or reference loops), and as
+  // reference loops
+  std::map<std::string, int> plain_n, reference_n;
+  double plain_total = 0, reference_total = 0;
   nlohmann::json rows = nlohmann::json::array();
   for (std::size_t i = 0; i < steps; ++i) {
     auto& v = samples[i];
@@ -149,9 +151,14 @@ nlohmann::json step_profile(PinnedRun& pinned, const teacher::Teacher& t, const 
     total += median;
     kinds[info[i].kind].first += 1;
     kinds[info[i].kind].second += median;
-    if (info[i].impl == "plain kernel") {
+    const bool reference = info[i].impl == "reference loop";
+    if (reference || info[i].impl == "plain kernel") {
       plain_n[info[i].kind] += 1;
       plain_total += median;
+    }
+    if (reference) {
+      reference_n[info[i].kind] += 1;
+      reference_total += median;
     }
     rows.push_back({{"label", info[i].label},
                     {"kind", info[i].kind},
@@ -163,9 +170,13 @@ nlohmann::json step_profile(PinnedRun& pinned, const teacher::Teacher& t, const 
             [](const auto& a, const auto& b) { return a.second.second > b.second.second; });
   nlohmann::json kind_rows = nlohmann::json::array();
   for (const auto& [kind, v] : by_kind) {
-    // How the kind ran: oneDNN primitives, kdflow's plain kernels, or some of each.
+    // How the kind ran: oneDNN primitives, kdflow's plain kernels, its reference loops, or a mix.
     const int plain = plain_n.count(kind) ? plain_n.at(kind) : 0;
-    const char* ran = plain == 0 ? "oneDNN" : plain < v.first ? "mixed" : "plain kernel";
+    const int reference = reference_n.count(kind) ? reference_n.at(kind) : 0;
+    const char* ran = plain == 0                                 ? "oneDNN"
+                      : plain == v.first && reference == 0       ? "plain kernel"
+                      : plain == v.first && reference == v.first ? "reference loop"
+                                                                 : "mixed";
     kind_rows.push_back({{"kind", kind},
                          {"steps", v.first},
                          {"ms", v.second * 1e3},
@@ -175,6 +186,7 @@ nlohmann::json step_profile(PinnedRun& pinned, const teacher::Teacher& t, const 
   return {{"batches", batches},
           {"step_ms_sum", total * 1e3},
           {"plain_kernel_share", total > 0 ? plain_total / total : 0.0},
+          {"reference_share", total > 0 ? reference_total / total : 0.0},
           {"by_kind", kind_rows},
           {"steps", rows}};
 }
@@ -187,8 +199,10 @@ void print_profile(const nlohmann::json& profile) {
     fmt::print("  {:<20} {:>4} steps {:>9.3f} ms {:>5.1f}%  {}\n", k["kind"].get<std::string>(),
                k["steps"].get<int>(), k["ms"].get<double>(), 100 * k["share"].get<double>(),
                k["ran"].get<std::string>());
-  fmt::print("plain kernels (kdflow's own loops, not oneDNN primitives): {:.1f}% of the time\n",
-             100 * profile["plain_kernel_share"].get<double>());
+  fmt::print("plain kernels (kdflow's own loops, not oneDNN primitives): {:.1f}% of the time, "
+             "reference loops (element by element) among them: {:.1f}%\n",
+             100 * profile["plain_kernel_share"].get<double>(),
+             100 * profile["reference_share"].get<double>());
 }
 
 // The file beside `output` (x.npy) for the teacher's output `value`: x.<value>.npy, the value's

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <map>
+#include <tuple>
 
 #include <nlohmann/json.hpp>
 
@@ -102,37 +103,55 @@ TEST(TeacherCli, BenchProfileAccountsForEveryStep) {
   EXPECT_EQ(steps_of["Conv (depthwise)"], 17);
 }
 
-// The profile says which kinds ran as kdflow's plain kernels rather than oneDNN primitives, and
-// their share of the time: here an Expand (a broadcast copy) beside a reduction and a binary.
-TEST(TeacherCli, BenchProfileSaysWhatRanAsPlainKernels) {
-  const fs::path out = scratch("bench_plain") / "bench.json";
-  fs::create_directories(out.parent_path());
-  const fs::path model =
-      fixture("model").parent_path().parent_path() / "ops" / "reduce_l2_normalize_expand.onnx";
-  const auto r = run({"teacher", "bench", "--model", model.string(), "--batch", "4", "--threads",
-                      "1", "--seconds", "0.3", "--profile", "--json", out.string()},
-                     out);
-  ASSERT_EQ(r.code, 0) << r.err;
-  const json j = json::parse(read_text(out));
-  const json& p = j.at("profile");
-  double plain_ms = 0;
-  std::map<std::string, std::pair<int, int>> plain_of; // kind -> (plain steps, steps)
-  for (const auto& s : p.at("steps")) {
-    const bool plain = s.at("impl").get<std::string>() == "plain kernel";
-    if (plain) plain_ms += s.at("ms").get<double>();
-    auto& [n_plain, n] = plain_of[s.at("kind").get<std::string>()];
-    n_plain += plain;
-    ++n;
-  }
-  EXPECT_EQ(plain_of["Expand"].first, 1);
-  EXPECT_NEAR(p.at("plain_kernel_share").get<double>(),
-              plain_ms / p.at("step_ms_sum").get<double>(), 1e-9);
-  for (const auto& k : p.at("by_kind")) {
-    const auto [n_plain, n] = plain_of[k.at("kind").get<std::string>()];
-    EXPECT_EQ(k.at("ran").get<std::string>(), n_plain == 0   ? "oneDNN"
-                                              : n_plain == n ? "plain kernel"
+// The profile says which kinds ran as kdflow's own code rather than oneDNN primitives (plain
+// kernels by rows, and reference loops element by element) and their shares of the time: an
+// Expand that a Relu reads (a broadcast copy by rows) and a reflecting Pad (element by element).
+TEST(TeacherCli, BenchProfileSaysWhatRanAsPlainKernelsAndReferenceLoops) {
+  for (const auto& [name, kind, impl] :
+       {std::tuple{"expand_read_by_relu", "Expand", "plain kernel"},
+        std::tuple{"pad_reflect", "Pad", "reference loop"}}) {
+    SCOPED_TRACE(name);
+    const fs::path out = scratch("bench_plain") / (std::string(name) + ".json");
+    fs::create_directories(out.parent_path());
+    const fs::path model =
+        fixture("model").parent_path().parent_path() / "ops" / (std::string(name) + ".onnx");
+    const auto r = run({"teacher", "bench", "--model", model.string(), "--batch", "4", "--threads",
+                        "1", "--seconds", "0.3", "--profile", "--json", out.string()},
+                       out);
+    ASSERT_EQ(r.code, 0) << r.err;
+    const json j = json::parse(read_text(out));
+    const json& p = j.at("profile");
+    double plain_ms = 0, reference_ms = 0;
+    // kind -> (plain kernel steps, reference loop steps, steps)
+    std::map<std::string, std::tuple<int, int, int>> of;
+    for (const auto& s : p.at("steps")) {
+      const std::string how = s.at("impl");
+      const bool reference = how == "reference loop", plain = reference || how == "plain kernel";
+      if (plain) plain_ms += s.at("ms").get<double>();
+      if (reference) reference_ms += s.at("ms").get<double>();
+      auto& [n_plain, n_reference, n] = of[s.at("kind").get<std::string>()];
+      n_plain += plain && !reference;
+      n_reference += reference;
+      ++n;
+    }
+    const auto& [n_plain, n_reference, n] = of[kind];
+    EXPECT_EQ(n_plain + n_reference, 1);
+    EXPECT_EQ(std::string(impl) == "reference loop" ? n_reference : n_plain, 1);
+    EXPECT_NEAR(p.at("plain_kernel_share").get<double>(),
+                plain_ms / p.at("step_ms_sum").get<double>(), 1e-9);
+    EXPECT_NEAR(p.at("reference_share").get<double>(),
+                reference_ms / p.at("step_ms_sum").get<double>(), 1e-9);
+    EXPECT_GT(p.at(std::string(impl) == "reference loop" ? "reference_share" : "plain_kernel_share")
+                  .get<double>(),
+              0);
+    for (const auto& k : p.at("by_kind")) {
+      const auto& [kp, kr, kn] = of[k.at("kind").get<std::string>()];
+      EXPECT_EQ(k.at("ran").get<std::string>(), kp + kr == 0 ? "oneDNN"
+                                                : kp == kn   ? "plain kernel"
+                                                : kr == kn   ? "reference loop"
                                                              : "mixed")
-        << k.at("kind");
+          << k.at("kind");
+    }
   }
 }
 

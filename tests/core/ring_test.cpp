@@ -1,6 +1,7 @@
 // Slot ring: layout, the state machine one step at a time, drain and shutdown, failures that carry
 // their stage's name, and a multi-producer stress test with random delays and payload checksums in
-// every stage (>= 10 million hand-offs by default; KDFLOW_RING_HANDOFFS changes it).
+// every stage (10 million hand-offs by default; KDFLOW_RING_HANDOFFS changes it: ctest sets 2
+// million outside the TSan build, tests/CMakeLists.txt).
 #include "kdflow/core/error.hpp"
 #include "kdflow/core/slot_decisions.hpp"
 #include "kdflow/core/slot_ring.hpp"

@@ -382,6 +382,9 @@ TEST(TeacherPasses, ExportersDecomposedOpsBecomeOneNode) {
   EXPECT_EQ(ops_after_passes("pad_then_avgpool_own_pads"), (V{"Pad", "AveragePool"}));
   EXPECT_EQ(ops_after_passes("pad_then_maxpool"), (V{"Pad", "MaxPool"}));
   EXPECT_EQ(ops_after_passes("pad_value_then_conv"), (V{"Pad", "Conv"}));
+  // An Expand read only by broadcasting arithmetic is left to the reader's broadcast.
+  EXPECT_EQ(ops_after_passes("reduce_l2_normalize_expand"), (V{"ReduceL2", "Clip", "Div"}));
+  EXPECT_EQ(ops_after_passes("expand_read_by_relu"), (V{"ReduceMax", "Expand", "Relu"}));
   EXPECT_EQ(ops_after_passes("conv_silu"), (V{"Conv", "+Swish"}));
   EXPECT_EQ(ops_after_passes("silu_gate_read_twice"), (V{"Sigmoid", "Mul", "Add"}));
   // Attention's scaled products: the scale is the MatMul's alpha, its Mul or Div gone.

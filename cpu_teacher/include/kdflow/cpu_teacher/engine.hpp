@@ -90,7 +90,10 @@ struct StepInfo {
   std::string label; // the node ("Conv 'features.2.conv.1.0'") or the conversion ("reorder ...")
   std::string kind;  // ONNX op type, convolutions refined: "Conv (depthwise)", "Conv (pointwise)",
                      // "Conv (unrolled)", "Conv (grouped)"; or "reorder"
-  std::string impl;  // oneDNN's implementation ("brgemm:avx512_core_amx"), or "plain kernel"
+  // oneDNN's implementation ("brgemm:avx512_core_amx"); or kdflow's own code: "plain kernel"
+  // (rows or blocks: contiguous inner loops, copies, fills) or "reference loop" (element by
+  // element, each element's offsets computed from its index, as the reference computes it).
+  std::string impl;
 };
 
 class Teacher {
