@@ -7,11 +7,18 @@ torchvision, onnxruntime, onnxscript).
 
 usage: teacher_vs_ort.py KDFLOW_BINARY OUT_JSON [--seconds S] [--threads 1 2] [--sizes 32 64 224]
                          [--models NAME...] [--exporter dynamo|legacy] [--tune auto|off]
-                         [--no-bf16] [--check-only]
+                         [--no-bf16] [--check-only] [--throughput N...]
 
 Each model is exported by torch.onnx.export (the dynamo exporter with a dynamic batch unless
 --exporter legacy) once per input size. Rates are images/s from the median batch time; ORT and
 kdflow alternate per model so that drifts in the machine's speed hit both.
+
+--throughput N...: the throughput mode instead (fp32): images/s on N physical cores (one CPU of
+each core, the cores kdflow's teacher takes), for every split of them into replicas x threads:
+kdflow's `teacher bench --replicas R --threads T` against R ONNX Runtime sessions of T threads run
+at once from Python threads (ORT releases the GIL in run), each session made on a thread bound to
+its own T cores (its intra-op threads inherit the binding). Each side's best split, and the ratio of
+the two bests, per model, size and N.
 """
 import argparse
 import contextlib
@@ -146,6 +153,109 @@ def kdflow_bench(binary, path, batch, threads, precision, seconds, tune):
         return json.load(open(f.name))
 
 
+def physical_cpus():
+    """One CPU of each physical core this process may use, in core order (what kdflow pins)."""
+    allowed = sorted(os.sched_getaffinity(0))
+    seen, cpus = set(), []
+    for cpu in allowed:
+        try:
+            with open(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list") as f:
+                core = f.read().strip()
+        except OSError:
+            core = str(cpu)
+        if core not in seen:
+            seen.add(core)
+            cpus.append(cpu)
+    return cpus
+
+
+def splits(n):
+    """Every (replicas, threads) with replicas x threads = n."""
+    return [(r, n // r) for r in range(1, n + 1) if n % r == 0]
+
+
+def ort_throughput(path, shape, batch, sessions, threads, cpus, seconds):
+    """images/s of `sessions` ORT sessions of `threads` threads each, run at once, session k made on
+    (and its thread pool inheriting) cpus[k * threads:(k + 1) * threads]."""
+    import threading
+    x = np.random.default_rng(1).standard_normal((batch, *shape)).astype(np.float32)
+    ready = threading.Barrier(sessions)
+    rates, errors = [0.0] * sessions, []
+
+    def one(k):
+        try:
+            os.sched_setaffinity(0, set(cpus[k * threads:(k + 1) * threads]))
+            so = ort.SessionOptions()
+            so.intra_op_num_threads = threads
+            so.inter_op_num_threads = 1
+            so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+            so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+            sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+            name = sess.get_inputs()[0].name
+            for _ in range(3):
+                sess.run(None, {name: x})
+        except Exception as e:  # noqa: BLE001 (reported after the others finish)
+            errors.append(e)
+            ready.abort()
+            return
+        try:
+            ready.wait()
+        except threading.BrokenBarrierError:
+            return
+        n, start = 0, time.perf_counter()
+        while time.perf_counter() - start < seconds or n < 3:
+            sess.run(None, {name: x})
+            n += 1
+        rates[k] = n * batch / (time.perf_counter() - start)
+
+    workers = [threading.Thread(target=one, args=(k,)) for k in range(sessions)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    if errors:
+        raise errors[0]
+    return sum(rates)
+
+
+def kdflow_throughput(binary, path, batch, replicas, threads, seconds, tune):
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        r = subprocess.run([binary, "teacher", "bench", "--model", path, "--batch", str(batch),
+                            "--threads", str(threads), "--replicas", str(replicas), "--seconds",
+                            str(seconds), "--json", f.name, "--tune", tune],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        if r.returncode != 0:
+            raise RuntimeError(f"kdflow teacher bench {path} --replicas {replicas}: {r.stderr.strip()}")
+        return json.load(open(f.name))["images_per_s"]
+
+
+def throughput_runs(args, name, size, shape, path):
+    """The throughput mode's rows for one exported file: each N of --throughput."""
+    cpus = physical_cpus()
+    rows = []
+    for n in args.throughput:
+        if n > len(cpus):
+            print(f"{name:20s} {size:3d} {n} cores: skipped, {len(cpus)} physical cores here", flush=True)
+            continue
+        kd, rt = [], []
+        for replicas, threads in splits(n):  # alternating, so that drifts hit both sides
+            rt.append({"sessions": replicas, "threads": threads, "images_per_s":
+                       ort_throughput(path, shape, args.batch, replicas, threads, cpus, args.seconds)})
+            kd.append({"replicas": replicas, "threads": threads, "images_per_s":
+                       kdflow_throughput(args.kdflow, path, args.batch, replicas, threads,
+                                         args.seconds, args.tune)})
+        best_kd = max(kd, key=lambda e: e["images_per_s"])
+        best_rt = max(rt, key=lambda e: e["images_per_s"])
+        row = {"model": name, "size": size, "cores": n, "kdflow": kd, "onnxruntime": rt,
+               "kdflow_best": best_kd, "onnxruntime_best": best_rt,
+               "best_vs_best": best_kd["images_per_s"] / best_rt["images_per_s"]}
+        rows.append(row)
+        print(f"{name:20s} {size:3d} {n} cores: kdflow {best_kd['images_per_s']:8.1f} "
+              f"({best_kd['replicas']}x{best_kd['threads']})  ORT {best_rt['images_per_s']:8.1f} "
+              f"({best_rt['sessions']}x{best_rt['threads']})  {row['best_vs_best']:.2f}x", flush=True)
+    return rows
+
+
 def cpu_name():
     try:
         for line in open("/proc/cpuinfo"):
@@ -175,6 +285,8 @@ def main():
     ap.add_argument("--no-bf16", action="store_true")
     ap.add_argument("--check-only", action="store_true",
                     help="only compare kdflow's logits with ONNX Runtime's, time nothing")
+    ap.add_argument("--throughput", type=int, nargs="*",
+                    help="images/s on N physical cores, each side's best replicas x threads")
     args = ap.parse_args()
     torch.manual_seed(0)
     models = model_set()
@@ -187,7 +299,7 @@ def main():
               "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                                        text=True, cwd=os.path.dirname(os.path.abspath(__file__))
                                        ).stdout.strip(),
-              "runs": []}
+              "runs": [], "throughput": []}
     with tempfile.TemporaryDirectory() as tmp:
         for name in chosen:
             make, channels = models[name]
@@ -209,6 +321,14 @@ def main():
                     print(f"{name:20s} {size:3d}: error {error:.1e}", flush=True)
                     with open(args.out, "w") as f:
                         json.dump(result, f, indent=2)
+                    os.remove(path)
+                    continue
+                if args.throughput:
+                    for row in throughput_runs(args, name, size, shape, path):
+                        row["fp32_error_vs_onnxruntime"] = error
+                        result["throughput"].append(row)
+                        with open(args.out, "w") as f:
+                            json.dump(result, f, indent=2)
                     os.remove(path)
                     continue
                 for threads in args.threads:

@@ -55,6 +55,11 @@ const std::vector<ConfigKey>& config_schema() {
        {},
        0.0,
        100.0},
+      {"data.color_jitter", T::string, std::string("0,0,0,0"),
+       "training augmentation: torchvision's ColorJitter(brightness, contrast, saturation, hue) "
+       "as \"b,c,s,h\" after the crop and flip (factors uniform in [max(0, 1 - b), 1 + b], hue's "
+       "in [-h, h] with h <= 0.5, the four in a random order; 0 turns one off; a one-channel image "
+       "takes brightness and contrast only; e.g. 0.4,0.4,0.4,0)"},
       {"data.random_resized_crop", T::boolean, false,
        "folder only, training augmentation: torchvision's RandomResizedCrop(data.image_size, "
        "data.crop_scale, data.crop_ratio) instead of the resize and random crop (evaluation stays "

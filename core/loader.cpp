@@ -276,6 +276,7 @@ SampleDraw draw_sample(const AugmentConfig& aug, std::uint64_t seed, std::uint64
   d.crop.x = static_cast<float>((q >> 16) & 0xffff) / 65535.f;
   d.crop.random = true; // a RandomResizedCrop where the geometry asks for one, its draws from key
   d.crop.key = splitmix64(q ^ 0x7272637265736eull);
+  if (aug.jitters()) d.jitter = draw_jitter(aug.jitter, splitmix64(q ^ 0x6a6974746572ull));
   return d;
 }
 
@@ -291,6 +292,7 @@ ImageDecoder::Decoded augmented_sample(const Dataset& d, std::uint32_t index,
     shift_plane(src + k * plane, out + k * plane, h, w, draw.dy, draw.dx, draw.flip,
                 [](std::uint8_t v) { return v; });
   }
+  color_jitter(out, d.channels(), h, w, draw.jitter);
   return decoded;
 }
 
@@ -318,6 +320,29 @@ void fill_batch(const Dataset& d, const Sampler& sampler, const AugmentConfig& a
     const int dy = draw.dy, dx = draw.dx;
     const bool flip = draw.flip;
     const std::uint8_t* src = d.sample(index, scratch.sample, draw.crop).data();
+    if (draw.jitter.on) { // cropped and flipped as uint8, jittered, then converted below
+      scratch.jittered.resize(static_cast<std::size_t>(c) * plane);
+      std::uint8_t* j = scratch.jittered.data();
+      for (int ch = 0; ch < c; ++ch) {
+        const auto k = static_cast<std::size_t>(ch);
+        shift_plane(src + k * plane, j + k * plane, h, w, dy, dx, flip,
+                    [](std::uint8_t v) { return v; });
+      }
+      color_jitter(j, c, h, w, draw.jitter);
+      for (int ch = 0; ch < c; ++ch) {
+        const auto k = static_cast<std::size_t>(ch);
+        const std::size_t base = (i * static_cast<std::size_t>(c) + k) * plane;
+        if (as_float) {
+          const float scale = channel_scale(aug, k), shift = channel_shift(aug, k);
+          const std::uint8_t* p = j + k * plane;
+          for (std::size_t x = 0; x < plane; ++x)
+            out_f[base + x] = static_cast<float>(p[x]) * scale + shift;
+        } else {
+          std::copy_n(j + k * plane, plane, out_u + base);
+        }
+      }
+      continue;
+    }
     for (int ch = 0; ch < c; ++ch) {
       const auto k = static_cast<std::size_t>(ch);
       const std::uint8_t* plane_in = src + k * plane;

@@ -329,9 +329,10 @@ std::optional<Shape> broadcast_shape(Shape a, Shape b) {
   return a;
 }
 
-// An Expand read only by broadcasting arithmetic (Add, Sub, Mul, Div) is left out: each reader
-// broadcasts the Expand's input itself to the same output (broadcasts compose), without the
-// expanded copy first (Swin V2's cosine attention divides by a norm expanded along the row).
+// An Expand read only by broadcasting arithmetic (Add, Sub, Mul, Div) whose other operand has the
+// output's shape is left out: each reader broadcasts the Expand's input itself to the same output
+// (broadcasts compose), without the expanded copy first (Swin V2's cosine attention divides by a
+// norm expanded along the row).
 bool skip_expand_into_arithmetic(Graph& g) {
   for (std::size_t i = 0; i < g.nodes.size(); ++i) {
     const Node& n = g.nodes[i];
@@ -345,7 +346,12 @@ bool skip_expand_into_arithmetic(Graph& g) {
             return false;
           const std::string other = other_operand(reader, out);
           if (other.empty() || other == out || !reader.post_ops.empty()) return false;
-          return broadcast_shape(g.shape(in), g.shape(other)) == g.shape(reader.outputs[0]);
+          // The other operand full-sized and, for Sub and Div, first: oneDNN's binary then
+          // broadcasts the Expand's input as its second operand (the way it broadcasts).
+          const bool commutative = reader.op == "Add" || reader.op == "Mul";
+          if (!commutative && reader.inputs[1] != out) return false;
+          const Shape& os = g.shape(reader.outputs[0]);
+          return g.shape(other) == os && broadcast_shape(g.shape(in), os) == os;
         });
     if (!all_arithmetic) continue;
     g.nodes.erase(g.nodes.begin() + static_cast<std::ptrdiff_t>(i));

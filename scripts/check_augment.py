@@ -11,6 +11,8 @@ decode the same pixels), asks `kdflow data sample` for samples of a few epochs, 
 - evaluation: the pixels are CenterCrop(size)(Resize(resize)(img));
 - training without random_resized_crop: Resize(resize) then the size x size window at kdflow's
   position.
+- colour jitter (data.color_jitter): torchvision's adjust_brightness/contrast/saturation/hue on the
+  same samples unjittered, in kdflow's order with kdflow's factors (see check_jitter());
 - batch mixing (data.mixup_alpha, data.cutmix_alpha): `kdflow data sample --batch` against
   torchvision.transforms.v2.MixUp/CutMix applied to the batch's unmixed samples with kdflow's
   draws (the Beta draw and CutMix's two torch.randint corners fed from the JSON): images within
@@ -163,6 +165,44 @@ def check_mixes(args, root, checked):
             checked[mix["kind"]] += 1
 
 
+def check_jitter(args, root, checked):
+    """data.color_jitter against torchvision's own adjust_brightness/contrast/saturation/hue (the
+    tensor functions ColorJitter calls on a uint8 tensor), applied in kdflow's order with kdflow's
+    factors to the same samples without the jitter (the jitter's draw leaves the crop's and flip's
+    alone): every value within one level and at least 99.5% equal (PyTorch's float32 ops, repeated;
+    a truncation to uint8 may fall the other way where a vectorized op rounds differently)."""
+    base = ["data.random_resized_crop=true", "data.hflip=true"]
+    ranges = (0.4, 0.4, 0.4, 0.1)
+    jitter = "data.color_jitter=" + ",".join(str(r) for r in ranges)
+    adjust = [F.adjust_brightness, F.adjust_contrast, F.adjust_saturation, F.adjust_hue]
+    orders, equal, total = set(), 0, 0
+    for epoch in range(2):
+        meta, px = kdflow_samples(args, root, "train", epoch, base + [jitter])
+        _, plain = kdflow_samples(args, root, "train", epoch, base)
+        for k, s in enumerate(meta["samples"]):
+            what = f"{s['file']} (epoch {epoch}, color_jitter {s['jitter']})"
+            x = torch.from_numpy(plain[k].copy())
+            for step in s["jitter"]:
+                op, factor = step["op"], step["factor"]
+                lo, hi = (-ranges[3], ranges[3]) if op == 3 else (max(0, 1 - ranges[op]), 1 + ranges[op])
+                if not lo <= factor <= hi:
+                    raise AssertionError(f"{what}: factor {factor} outside [{lo}, {hi}]")
+                x = adjust[op](x, factor)
+            orders.add(tuple(step["op"] for step in s["jitter"]))
+            diff = np.abs(px[k].astype(int) - x.numpy().astype(int))
+            if diff.max() > 1:
+                raise AssertionError(f"{what}: {int((diff > 1).sum())} values differ from "
+                                     f"torchvision's by more than one, by up to {int(diff.max())}")
+            equal += int((diff == 0).sum())
+            total += diff.size
+            checked["color_jitter"] += 1
+    if len(orders) < 4:
+        raise AssertionError(f"the jitter drew only {len(orders)} orders of its four adjustments")
+    if equal < 0.995 * total:
+        raise AssertionError(f"color_jitter: only {equal / total:.4f} of the values equal torchvision's")
+    checked["color_jitter_values_equal"] = round(equal / total, 5)
+
+
 VALUES = {"equal": 0, "total": 0}
 
 
@@ -194,7 +234,7 @@ def main():
     root = os.path.join(args.work, "folder")
     images = make_folder(root, args.seed, args.size)
     checked = {"random_resized_crop": 0, "fallbacks": 0, "flips": 0, "evaluation": 0,
-               "resize_crop": 0, "mixup": 0, "cutmix": 0}
+               "resize_crop": 0, "mixup": 0, "cutmix": 0, "color_jitter": 0}
     scale, ratio = (0.08, 1.0), (0.75, 1.3333333)
     for epoch in range(4):
         meta, px = kdflow_samples(args, root, "train", epoch,
@@ -231,6 +271,7 @@ def main():
                 F.crop(img, top, left, args.size, args.size))
         checked["resize_crop"] += 1
     check_mixes(args, root, checked)
+    check_jitter(args, root, checked)
     if not (checked["mixup"] and checked["cutmix"]):
         raise AssertionError(f"the mixed batches drew only one kind: {checked}")
     share = VALUES["equal"] / VALUES["total"]

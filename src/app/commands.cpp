@@ -207,6 +207,12 @@ void Commands::add_teacher(CLI::App& app) {
   tbench->add_option("--feature", teacher_.features,
                      "also return this intermediate value, as teacher.features does: its cost "
                      "measured (repeatable)");
+  tbench
+      ->add_option("--replicas", teacher_.replicas,
+                   "run this many replicas of --threads each at once, each on its own physical "
+                   "cores (a training run's teacher stage): their images/s together "
+                   "(--threads 0: the cores shared out equally)")
+      ->capture_default_str();
   tbench->add_flag("--profile", teacher_.profile,
                    "also time every step of the plan and report where the time goes, by kind");
   tbench

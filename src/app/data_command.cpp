@@ -113,6 +113,15 @@ int data_sample_command(const DataSampleArgs& args) {
                         {"label", data.label(i)},
                         {"flip", draw.flip},
                         {"shift", {draw.dy, draw.dx}}};
+    if (draw.jitter.on) { // torchvision's ColorJitter draw: the order and the factors that apply
+      const JitterDraw& j = draw.jitter;
+      const float factor[4] = {j.brightness, j.contrast, j.saturation, j.hue};
+      nlohmann::json order = nlohmann::json::array();
+      for (const int op : j.order)
+        if (j.applies[static_cast<std::size_t>(op)])
+          order.push_back({{"op", op}, {"factor", static_cast<double>(factor[op])}});
+      s["jitter"] = order;
+    }
     if (data.decodes()) {
       s["file"] = data.file(i);
       s["image"] = {decoded.height, decoded.width};

@@ -53,6 +53,21 @@ AugmentConfig augment_config(const Config& config, const Dataset& data) {
   a.hflip = config.get_bool("data.hflip");
   a.mixup_alpha = config.get_double("data.mixup_alpha");
   a.cutmix_alpha = config.get_double("data.cutmix_alpha");
+  const std::string jitter = config.get_string("data.color_jitter");
+  if (std::count(jitter.begin(), jitter.end(), ',') != 3)
+    throw InputError(fmt::format("data.color_jitter = \"{}\": give four values, "
+                                 "\"brightness,contrast,saturation,hue\"",
+                                 jitter));
+  const auto j = parse_floats(jitter, "data.color_jitter", 4, false);
+  for (std::size_t k = 0; k < 4; ++k)
+    if (j[k] < 0 || (k == 3 && j[k] > 0.5f))
+      throw InputError(fmt::format("data.color_jitter = \"{}\": the {} must be {}", jitter,
+                                   k == 0   ? "brightness"
+                                   : k == 1 ? "contrast"
+                                   : k == 2 ? "saturation"
+                                            : "hue",
+                                   k == 3 ? "within [0, 0.5]" : "at least 0"));
+  a.jitter = JitterRanges{j[0], j[1], j[2], j[3]};
   if (a.mixes() && config.get_string("kd.loss") == "dkd")
     throw InputError("kd.loss = dkd decouples each sample's one target class, which a mixed batch "
                      "(data.mixup_alpha, data.cutmix_alpha) does not have: use kd.loss = kl or "

@@ -91,6 +91,8 @@ void prepare_teacher_cache_into(RunInputs& run) {
     changes = "data.hflip = true flips it at random";
   else if (run.augment.mixes())
     changes = "data.mixup_alpha/data.cutmix_alpha mix it with another sample at random";
+  else if (run.augment.jitters())
+    changes = "data.color_jitter changes its colours at random";
   else if (run.train.decodes())
     changes = fmt::format("{} is an image folder, whose training images are cropped at random",
                           run.train.source());

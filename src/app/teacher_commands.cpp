@@ -14,12 +14,15 @@
 #include <oneapi/tbb/global_control.h>
 
 #include <algorithm>
+#include <barrier>
 #include <cctype>
 #include <chrono>
+#include <exception>
 #include <fstream>
 #include <map>
 #include <optional>
 #include <random>
+#include <thread>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -98,12 +101,13 @@ void print_tuning(const teacher::Teacher& t, bool every_node) {
 struct PinnedRun {
   PinnedRun(const std::shared_ptr<const teacher::Teacher>& t, int threads,
             bool whole_process = true)
-      : topo(affinity::Topology::load()), cpus(teacher_cpus(topo, threads)),
-        arena(topo, cpus, "teacher"), replica(t) {
-    if (whole_process)
-      parallelism.emplace(oneapi::tbb::global_control::max_allowed_parallelism, cpus.size() + 1);
-    affinity::pin_this_thread(topo, cpus, "kd-teacher");
-    outs.emplace(*t); // first touched on the pinned CPUs
+      : PinnedRun(t, affinity::Topology::load(), threads, whole_process) {}
+  // On `cpus` (of `topo`), its threads named from kd-teacher-<first_index>.
+  PinnedRun(const std::shared_ptr<const teacher::Teacher>& t, affinity::Topology topology,
+            affinity::CpuList on, bool whole_process, int first_index = 0)
+      : topo(std::move(topology)), cpus(std::move(on)), arena(topo, cpus, "teacher", first_index),
+        replica(t) {
+    init(t, whole_process);
   }
   // One batch, the calling thread bound to the teacher's CPUs (again: a Python caller's binding is
   // put back between calls).
@@ -118,6 +122,20 @@ struct PinnedRun {
   affinity::PinnedArena arena;
   teacher::Replica replica;
   std::optional<teacher::OutputBuffers> outs;
+
+private:
+  PinnedRun(const std::shared_ptr<const teacher::Teacher>& t, affinity::Topology topology,
+            int threads, bool whole_process)
+      : topo(std::move(topology)), cpus(teacher_cpus(topo, threads)), arena(topo, cpus, "teacher"),
+        replica(t) {
+    init(t, whole_process);
+  }
+  void init(const std::shared_ptr<const teacher::Teacher>& t, bool whole_process) {
+    if (whole_process)
+      parallelism.emplace(oneapi::tbb::global_control::max_allowed_parallelism, cpus.size() + 1);
+    affinity::pin_this_thread(topo, cpus, "kd-teacher");
+    outs.emplace(*t); // first touched on the pinned CPUs
+  }
 };
 
 // Median time of every step over profiled batches (each step waited for before the next starts),
@@ -340,10 +358,138 @@ int teacher_infer(const TeacherArgs& args) {
   return 0;
 }
 
+// --replicas R: R replicas of --threads each on their own physical cores (the first R x threads),
+// all running the same batch at once from a common start, as a training run's teacher stage runs
+// a plan's replicas: their images/s together (each replica's batches over its own window), the
+// slowest replica's median batch time, and the FMA peak of all their cores together.
+int teacher_bench_replicas(const TeacherArgs& args) {
+  if (args.profile)
+    throw InputError(
+        fmt::format("--profile times one replica's steps: not with --replicas {}", args.replicas));
+  auto topo = affinity::Topology::load();
+  const int cores = static_cast<int>(teacher_cpus(topo, 0).size());
+  const int threads = args.threads > 0 ? args.threads : cores / args.replicas;
+  if (threads < 1 || threads * args.replicas > cores)
+    throw InputError(fmt::format("--replicas {} x --threads {}: this process may use {} physical "
+                                 "cores",
+                                 args.replicas, args.threads, cores));
+  TeacherArgs one = args;
+  one.threads = threads;
+  const auto t = load(one, args.batch);
+  const affinity::CpuList all = teacher_cpus(topo, threads * args.replicas);
+  const oneapi::tbb::global_control parallelism(
+      oneapi::tbb::global_control::max_allowed_parallelism, all.size() + 1);
+  std::vector<float> input(static_cast<std::size_t>(teacher::numel(t->input_shape())));
+  std::mt19937 rng(1);
+  std::normal_distribution<float> dist;
+  for (auto& v : input) v = dist(rng);
+
+  const auto n = static_cast<std::size_t>(args.replicas);
+  std::vector<std::vector<double>> times(n);
+  std::vector<double> windows(n);
+  std::vector<std::exception_ptr> failed(n);
+  std::barrier start(static_cast<std::ptrdiff_t>(n));
+  std::vector<std::thread> workers;
+  for (std::size_t r = 0; r < n; ++r)
+    workers.emplace_back([&, r] {
+      bool arrived = false;
+      try {
+        const auto from = all.begin() + static_cast<std::ptrdiff_t>(r) * threads;
+        PinnedRun pinned(t, affinity::Topology::load(), affinity::CpuList(from, from + threads),
+                         false, static_cast<int>(r) * threads);
+        pinned.arena.arena().execute([&] {
+          for (int i = 0; i < 3; ++i) pinned.replica.run(input.data(), pinned.outs->pointers);
+          arrived = true;
+          start.arrive_and_wait();
+          auto& mine = times[r];
+          const auto begin = std::chrono::steady_clock::now();
+          const auto since = [&] {
+            return std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+          };
+          while (since() < args.seconds || mine.size() < 5) {
+            const auto t0 = std::chrono::steady_clock::now();
+            pinned.replica.run(input.data(), pinned.outs->pointers);
+            mine.push_back(
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+          }
+          windows[r] = since();
+        });
+      } catch (...) {
+        failed[r] = std::current_exception();
+        if (!arrived) start.arrive_and_drop(); // the others do not wait for a replica that failed
+      }
+    });
+  for (auto& w : workers) w.join();
+  for (const auto& e : failed)
+    if (e) std::rethrow_exception(e);
+
+  double images = 0, slowest = 0;
+  std::size_t timed = 0;
+  nlohmann::json each = nlohmann::json::array();
+  for (std::size_t r = 0; r < n; ++r) {
+    auto& v = times[r];
+    std::sort(v.begin(), v.end());
+    const double rate =
+        static_cast<double>(v.size()) * static_cast<double>(args.batch) / windows[r];
+    images += rate;
+    slowest = std::max(slowest, v[v.size() / 2]);
+    timed += v.size();
+    each.push_back({{"images_per_s", rate},
+                    {"median_batch_ms", v[v.size() / 2] * 1e3},
+                    {"batches_timed", v.size()}});
+  }
+  teacher::PeakResult peak;
+  {
+    affinity::PinnedArena arena(topo, all, "teacher");
+    affinity::pin_this_thread(topo, all, "kd-teacher");
+    arena.arena().execute(
+        [&] { peak = teacher::measure_fma_peak(std::min(2.0, std::max(0.5, args.seconds / 4))); });
+  }
+  const auto summary = teacher::summarize(t->graph());
+  const double gflops = images * summary.flops_per_sample / 1e9;
+  const auto info = teacher::onednn_info();
+  nlohmann::json result = {
+      {"model", args.model},
+      {"images_per_s", images},
+      {"gflops_per_s", gflops},
+      {"peak_gflops_per_s", peak.gflops_per_s},
+      {"peak_fraction", peak.gflops_per_s > 0 ? gflops / peak.gflops_per_s : 0.0},
+      {"peak_isa", peak.isa},
+      {"isa", info.isa},
+      {"precision", args.precision},
+      {"native_bf16", teacher::has_native_bf16()},
+      {"batch", args.batch},
+      {"replicas", args.replicas},
+      {"threads", threads},
+      {"cpus", all},
+      {"median_batch_ms", slowest * 1e3},
+      {"batches_timed", timed},
+      {"per_replica", each},
+      {"flops_per_sample", summary.flops_per_sample},
+      {"features", args.features},
+      {"onednn", info.version + " " + info.cpu_runtime},
+  };
+  fmt::print("{}: {:.1f} images/s from {} replicas x {} thread(s), {:.1f} GFLOP/s = {:.0f}% of the "
+             "{:.1f} GFLOP/s FMA peak of their {} cores ({} {}, batch {}, slowest replica's "
+             "median batch {:.2f} ms)\n",
+             args.model, images, args.replicas, threads, gflops,
+             100 * result["peak_fraction"].get<double>(), peak.gflops_per_s, all.size(),
+             args.precision, info.isa, args.batch, slowest * 1e3);
+  if (!args.json.empty()) {
+    std::ofstream out(args.json);
+    if (!out) throw InputError(fmt::format("{}: cannot write", args.json));
+    out << result.dump(2) << "\n";
+  }
+  return 0;
+}
+
 int teacher_bench(const TeacherArgs& args) {
   if (args.batch < 1) throw InputError(fmt::format("--batch {} must be at least 1", args.batch));
   if (args.seconds <= 0)
     throw InputError(fmt::format("--seconds {} must be positive", args.seconds));
+  if (args.replicas < 1)
+    throw InputError(fmt::format("--replicas {} must be at least 1", args.replicas));
+  if (args.replicas > 1) return teacher_bench_replicas(args);
   const auto t = load(args, args.batch);
   PinnedRun pinned(t, args.threads);
   std::vector<float> input(static_cast<std::size_t>(teacher::numel(t->input_shape())));

@@ -20,6 +20,7 @@ struct TeacherArgs {
   std::string tune;                // "" = auto, except for info without --plan (off)
   bool plan = false;               // info: every node's ways, their measured times and the one kept
   std::string input_size = "auto"; // info, bench: binds the height and width a model leaves open
+  int replicas = 1; // bench: this many replicas of --threads each, on their own cores, at once
 };
 
 // A teacher as `kdflow teacher infer` runs it (the same load, pinned arena and replica), kept

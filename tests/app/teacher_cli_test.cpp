@@ -103,6 +103,47 @@ TEST(TeacherCli, BenchProfileAccountsForEveryStep) {
   EXPECT_EQ(steps_of["Conv (depthwise)"], 17);
 }
 
+// --replicas R: R replicas of --threads each on their own cores at once; the images/s are theirs
+// together, each replica's own rate listed. Bad splits are exit 2 naming the option.
+TEST(TeacherCli, BenchReplicasRunOnTheirOwnCoresAndAddUp) {
+  const fs::path dir = scratch("bench_replicas");
+  fs::create_directories(dir);
+  const fs::path out = dir / "bench.json";
+  const std::string model = fixture("mobilenet_v2_opset13.onnx").string();
+  const auto r = run({"teacher", "bench", "--model", model, "--batch", "4", "--threads", "1",
+                      "--replicas", "2", "--seconds", "0.3", "--json", out.string()},
+                     out);
+  if (r.code == 2 && r.err.find("may use 1 physical cores") != std::string::npos)
+    GTEST_SKIP() << "one physical core here: " << r.err;
+  ASSERT_EQ(r.code, 0) << r.err;
+  const json j = json::parse(read_text(out));
+  EXPECT_EQ(j.at("replicas").get<int>(), 2);
+  EXPECT_EQ(j.at("threads").get<int>(), 1);
+  const auto cpus = j.at("cpus").get<std::vector<int>>();
+  ASSERT_EQ(cpus.size(), 2u);
+  EXPECT_NE(cpus[0], cpus[1]);
+  double sum = 0;
+  ASSERT_EQ(j.at("per_replica").size(), 2u);
+  for (const auto& e : j.at("per_replica")) {
+    EXPECT_GE(e.at("batches_timed").get<int>(), 5);
+    EXPECT_GT(e.at("images_per_s").get<double>(), 0.0);
+    sum += e.at("images_per_s").get<double>();
+  }
+  EXPECT_NEAR(j.at("images_per_s").get<double>(), sum, 1e-9 * sum);
+  for (const auto& [args, what] :
+       {std::pair{std::vector<std::string>{"--replicas", "0"}, "--replicas 0"},
+        std::pair{std::vector<std::string>{"--replicas", "2", "--threads", "4096"},
+                  "--replicas 2 x --threads 4096"},
+        std::pair{std::vector<std::string>{"--replicas", "2", "--profile"}, "--replicas 2"}}) {
+    std::vector<std::string> cmd = {"teacher", "bench", "--model", model, "--seconds", "0.1"};
+    cmd.insert(cmd.end(), args.begin(), args.end());
+    const auto bad = run(cmd, dir / "bad");
+    EXPECT_EQ(bad.code, 2) << what;
+    EXPECT_NE(bad.err.find(what), std::string::npos) << bad.err;
+    EXPECT_EQ(std::count(bad.err.begin(), bad.err.end(), '\n'), 1) << bad.err;
+  }
+}
+
 // The profile says which kinds ran as kdflow's own code rather than oneDNN primitives (plain
 // kernels by rows, and reference loops element by element) and their shares of the time: an
 // Expand that a Relu reads (a broadcast copy by rows) and a reflecting Pad (element by element).

@@ -689,10 +689,19 @@ TEST(Train, BadInputsAreExit2WithOneLine) {
     expect_one_line_naming(r.err, std::string(set).substr(0, std::string(set).find('=')));
     EXPECT_NE(r.err.find("mix"), std::string::npos) << r.err;
   }
-  for (const char* set : {"data.mixup_alpha=-1", "data.cutmix_alpha=nan"}) {
+  for (const char* set : {"data.mixup_alpha=-1", "data.cutmix_alpha=nan", "data.color_jitter=0.4",
+                          "data.color_jitter=0.4,0.4,0.4,0.6", "data.color_jitter=0.4,-1,0,0",
+                          "data.color_jitter=0.4,nan,0,0"}) {
     const Result r = run(with(fast_train_args(out), {set}), out);
     EXPECT_EQ(r.code, 2) << set;
     expect_one_line_naming(r.err, std::string(set).substr(0, std::string(set).find('=')));
+  }
+  {
+    // The jitter changes the teacher's input every epoch: no cache of its outputs.
+    const Result r =
+        run(with(fast_train_args(out), {"data.color_jitter=0.4,0.4,0,0", "kd.cache=memory"}), out);
+    EXPECT_EQ(r.code, 2);
+    expect_one_line_naming(r.err, "data.color_jitter");
   }
   EXPECT_FALSE(fs::exists(out / "checkpoints")); // nothing was started
 }

@@ -10,6 +10,7 @@
 #include <oneapi/tbb/global_control.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <map>
 #include <random>
@@ -196,6 +197,7 @@ TEST(Augment, Uint8SlotsNormalizedLaterEqualFloat32Slots) {
   AugmentConfig aug;
   aug.pad_crop = 2;
   aug.hflip = true;
+  aug.jitter = {0.3f, 0.3f, 0.3f, 0.05f}; // jittered as uint8, then normalized or not
   aug.mean = {0.4f, 0.5f, 0.6f};
   aug.std = {0.2f, 0.25f, 0.3f};
   LoaderScratch scratch;
@@ -224,8 +226,8 @@ TEST(Augment, Uint8SlotsNormalizedLaterEqualFloat32Slots) {
 
 TEST(Augment, DataSampleIsWhatTheLoaderWrites) {
   // augmented_sample (what `kdflow data sample` writes, checked against torchvision by
-  // scripts/check_augment.py) is byte for byte the loader's uint8 slot, RandomResizedCrop, flip
-  // and pad shift included; the draws follow (seed, epoch, index).
+  // scripts/check_augment.py) is byte for byte the loader's uint8 slot, RandomResizedCrop, flip,
+  // pad shift and colour jitter included; the draws follow (seed, epoch, index).
   const auto root = std::filesystem::temp_directory_path() /
                     ("kdflow_loader_sample_" + std::to_string(::getpid()));
   std::filesystem::remove_all(root);
@@ -241,6 +243,7 @@ TEST(Augment, DataSampleIsWhatTheLoaderWrites) {
   aug.normalize = false;
   aug.hflip = true;
   aug.pad_crop = 1;
+  aug.jitter = {0.4f, 0.4f, 0.4f, 0.1f};
   const SlotLayout layout = loader_layout(d, 4, false);
   LoaderScratch scratch;
   SampleScratch alone;
@@ -266,6 +269,58 @@ TEST(Augment, DataSampleIsWhatTheLoaderWrites) {
   }
   EXPECT_GT(crops.size(), 15u) << "the crops differ from sample to sample and epoch to epoch";
   std::filesystem::remove_all(root);
+}
+
+// The jitter's draw is a function of its key; each factor within its range, the order a permutation
+// that varies, an adjustment that is off never applied; a grey image keeps its saturation and hue
+// (torchvision's tensor functions leave them), and factors of 1 and 0 leave an image as it was.
+TEST(ColorJitter, DrawsAreKeyedAndWithinRangeAndGreyImagesKeepSaturationAndHue) {
+  const JitterRanges r{0.4f, 0.2f, 0.6f, 0.1f};
+  std::set<std::array<int, 4>> orders;
+  for (std::uint64_t key = 0; key < 200; ++key) {
+    const JitterDraw d = draw_jitter(r, key);
+    const JitterDraw again = draw_jitter(r, key);
+    EXPECT_EQ(d.order, again.order);
+    EXPECT_EQ(d.brightness, again.brightness);
+    EXPECT_EQ(d.hue, again.hue);
+    EXPECT_TRUE(d.on);
+    auto sorted = d.order;
+    std::sort(sorted.begin(), sorted.end());
+    EXPECT_EQ(sorted, (std::array<int, 4>{0, 1, 2, 3}));
+    orders.insert(d.order);
+    EXPECT_GE(d.brightness, 0.6f);
+    EXPECT_LE(d.brightness, 1.4f);
+    EXPECT_GE(d.contrast, 0.8f);
+    EXPECT_LE(d.contrast, 1.2f);
+    EXPECT_GE(d.saturation, 0.4f);
+    EXPECT_LE(d.saturation, 1.6f);
+    EXPECT_GE(d.hue, -0.1f);
+    EXPECT_LE(d.hue, 0.1f);
+  }
+  EXPECT_GT(orders.size(), 12u);
+  EXPECT_FALSE(draw_jitter(JitterRanges{}, 7).on);
+  const JitterDraw only_hue = draw_jitter(JitterRanges{0, 0, 0, 0.2f}, 7);
+  EXPECT_EQ(only_hue.applies, (std::array<bool, 4>{false, false, false, true}));
+
+  std::mt19937 rng(3);
+  std::vector<std::uint8_t> grey(5 * 6);
+  for (auto& v : grey) v = static_cast<std::uint8_t>(rng() & 0xff);
+  auto image = grey;
+  color_jitter(image.data(), 1, 5, 6, draw_jitter(JitterRanges{0, 0, 0.9f, 0.4f}, 1));
+  EXPECT_EQ(image, grey);
+  std::vector<std::uint8_t> rgb(3 * 5 * 6);
+  for (auto& v : rgb) v = static_cast<std::uint8_t>(rng() & 0xff);
+  JitterDraw identity = draw_jitter(JitterRanges{0.1f, 0.1f, 0.1f, 0}, 2);
+  identity.brightness = identity.contrast = identity.saturation = 1.f;
+  image = rgb;
+  color_jitter(image.data(), 3, 5, 6, identity);
+  EXPECT_EQ(image, rgb);
+  JitterDraw darker = identity;
+  darker.brightness = 0.5f;
+  image = rgb;
+  color_jitter(image.data(), 3, 5, 6, darker);
+  for (std::size_t k = 0; k < rgb.size(); ++k)
+    EXPECT_EQ(image[k], static_cast<std::uint8_t>(0.5f * static_cast<float>(rgb[k]))) << k;
 }
 
 // Runs `workers` loader threads over `batches` batches and returns a checksum per batch.

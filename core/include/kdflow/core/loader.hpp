@@ -4,6 +4,7 @@
 // index): never on the number of loader threads or their timing.
 #pragma once
 
+#include "kdflow/core/color_jitter.hpp"
 #include "kdflow/core/dataset.hpp"
 #include "kdflow/core/slot_ring.hpp"
 #include "kdflow/core/stage_graph.hpp"
@@ -66,6 +67,9 @@ struct AugmentConfig {
   double mixup_alpha = 0;
   double cutmix_alpha = 0;
   [[nodiscard]] bool mixes() const { return augment && (mixup_alpha > 0 || cutmix_alpha > 0); }
+  // torchvision's ColorJitter on each training sample after its crop and flip (color_jitter.hpp).
+  JitterRanges jitter;
+  [[nodiscard]] bool jitters() const { return augment && jitter.any(); }
 };
 
 // Normalization as one multiply and add per pixel, x * scale + shift = (x / 255 - mean) / std, the
@@ -81,6 +85,7 @@ struct SampleDraw {
   int dy = 0, dx = 0;
   CropPosition crop;
   bool flip = false;
+  JitterDraw jitter;
 };
 SampleDraw draw_sample(const AugmentConfig& augment, std::uint64_t seed, std::uint64_t epoch,
                        std::uint32_t index);
@@ -128,6 +133,7 @@ struct LoaderScratch {
   std::vector<std::uint32_t> indices;
   SampleScratch sample;
   std::vector<std::byte> mix_last;
+  std::vector<std::uint8_t> jittered; // a sample's pixels between its crop and its jitter
 };
 
 // Writes batch `global_batch` (epoch and position derived from the sampler) into `slot`. A dataset
