@@ -1,10 +1,13 @@
 // The loader stage alone: images/s of kdflow's loaders (the same stage graph, pinned arena and ring
 // as `kdflow train`) on 1..N cores, for Fashion-MNIST with augmentation and for a folder of JPEGs
 // (decode, random crop, flip, normalize into float32 slots); plus the bare decoder on one core.
-// scripts/bench_loader.sh runs it beside a PIL peer on the same files and writes the ratios.
+// With --recipe-folder, the ImageNet training recipe on a folder of photographs' sizes:
+// RandomResizedCrop(size), flip, and again with ColorJitter(0.4, 0.4, 0.4), normalized into
+// float32 slots. scripts/bench_loader.sh runs it beside a PIL peer (and torchvision's transforms
+// for the recipe) on the same files and writes the ratios.
 //
-//   kdflow_loader_bench [--fmnist DIR] [--folder ROOT] [--size 224] [--resize 256] [--batch 64]
-//                       [--seconds 2] [--reps 3] [--json F]
+//   kdflow_loader_bench [--fmnist DIR] [--folder ROOT] [--recipe-folder ROOT] [--size 224]
+//                       [--resize 256] [--batch 64] [--seconds 2] [--reps 3] [--json F]
 #include "bench_util.hpp"
 
 #include "kdflow/affinity/pinning.hpp"
@@ -23,7 +26,8 @@ namespace {
 
 struct Args {
   std::string fmnist = "/usr/share/datasets/fashion-mnist";
-  std::string folder; // empty: no JPEG case
+  std::string folder;        // empty: no JPEG case
+  std::string recipe_folder; // empty: no ImageNet recipe case
   ImageGeometry geometry{224, 256};
   std::size_t batch = 64;
   double seconds = 2;
@@ -45,6 +49,8 @@ Args parse(int argc, char** argv) {
       a.fmnist = v;
     else if (k == "folder")
       a.folder = v;
+    else if (k == "recipe-folder")
+      a.recipe_folder = v;
     else if (k == "size")
       a.geometry.size = std::stoi(v);
     else if (k == "resize")
@@ -195,6 +201,29 @@ int main(int argc, char** argv) {
           {"decode_only_1_core",
            {{"images_per_s", decode}, {"what", "read, decode, centre crop, uint8 CHW"}}},
           {"loader", sweep(folder, ja)}};
+    }
+    if (!args.recipe_folder.empty()) {
+      ImageGeometry g = args.geometry;
+      g.random_resized = true;
+      const Dataset folder = Dataset::load("folder", args.recipe_folder, Split::train, g);
+      AugmentConfig ra;
+      ra.hflip = true;
+      ra.mean = {0.485f, 0.456f, 0.406f};
+      ra.std = {0.229f, 0.224f, 0.225f};
+      nlohmann::json recipes = nlohmann::json::array();
+      for (const bool jitter : {false, true}) {
+        ra.jitter = jitter ? JitterRanges{0.4f, 0.4f, 0.4f, 0.f} : JitterRanges{};
+        recipes.push_back(
+            {{"augment", jitter ? "RandomResizedCrop, hflip, ColorJitter(0.4, 0.4, 0.4), normalize"
+                                : "RandomResizedCrop, hflip, normalize"},
+             {"color_jitter", jitter},
+             {"loader", sweep(folder, ra)}});
+      }
+      result["imagenet_recipe"] = {{"root", args.recipe_folder},
+                                   {"images", folder.size()},
+                                   {"size", g.size},
+                                   {"dct_scaling", g.dct_scaling},
+                                   {"recipes", recipes}};
     }
     emit(result, args.json);
     return 0;

@@ -1,0 +1,107 @@
+#!/usr/bin/env python3
+"""The loader benchmark's ImageNet-recipe peer (the kdflow venv's python: torch, torchvision,
+Pillow): what a PyTorch user's DataLoader worker does per training sample, torchvision's
+ImageFolder loader (PIL open + convert("RGB")) and transforms.Compose([RandomResizedCrop(size),
+RandomHorizontalFlip(), (ColorJitter(0.4, 0.4, 0.4),) ToTensor(), Normalize(ImageNet)]) into a
+float32 batch tensor, one worker process per core, each pinned to its core with one torch thread
+(as DataLoader workers run).
+
+Reads kdflow_loader_bench's JSON (--kdflow, with its `imagenet_recipe` part), measures the peer on
+the same files, recipes, core counts, window and repetitions, and writes both with the ratios
+kdflow / torchvision (--out)."""
+import argparse
+import json
+import multiprocessing as mp
+import os
+import platform
+import time
+
+import PIL
+import torch
+import torchvision
+import torchvision.transforms as T
+from torchvision.datasets.folder import default_loader
+
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+def list_files(root):
+    files = []
+    for c in sorted(os.listdir(root)):
+        d = os.path.join(root, c)
+        if os.path.isdir(d):
+            files += [os.path.join(d, f) for f in sorted(os.listdir(d))
+                      if f.lower().endswith((".jpg", ".jpeg", ".png"))]
+    return files
+
+
+def worker(cpu, files, size, jitter, batch, seconds, out):
+    os.sched_setaffinity(0, {cpu})
+    torch.set_num_threads(1)
+    torch.manual_seed(cpu)
+    steps = [T.RandomResizedCrop(size), T.RandomHorizontalFlip()]
+    if jitter:
+        steps.append(T.ColorJitter(0.4, 0.4, 0.4))
+    transform = T.Compose(steps + [T.ToTensor(), T.Normalize(MEAN, STD)])
+    slot = torch.empty(batch, 3, size, size)
+
+    def one(i):
+        slot[i % batch] = transform(default_loader(files[i % len(files)]))
+
+    for i in range(min(32, len(files))):  # warm-up: page cache, imports
+        one(i)
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        one(n * 7919 + cpu)  # strided through the files, as a shuffled epoch
+        n += 1
+    out.put(n / (time.perf_counter() - t0))
+
+
+def rate(cpus, files, size, jitter, batch, seconds):
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=worker, args=(c, files, size, jitter, batch, seconds, q))
+             for c in cpus]
+    for p in procs:
+        p.start()
+    total = sum(q.get() for _ in procs)
+    for p in procs:
+        p.join()
+    return total
+
+
+def median(xs):
+    return sorted(xs)[len(xs) // 2]
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--kdflow", required=True, help="kdflow_loader_bench's JSON")
+    p.add_argument("--out", required=True)
+    a = p.parse_args()
+    k = json.load(open(a.kdflow))
+    ir = k["imagenet_recipe"]
+    reps, seconds = k["repetitions"], k["seconds_per_window"]
+    files = list_files(os.path.join(ir["root"], "train"))
+    allowed = sorted(os.sched_getaffinity(0))
+    for recipe in ir["recipes"]:
+        for row in recipe["loader"]:
+            n = row["cores"]
+            peer = median([rate(allowed[:n], files, ir["size"], recipe["color_jitter"], k["batch"],
+                                seconds) for _ in range(reps)])
+            row["torchvision_images_per_s"] = peer
+            row["torchvision_images_per_s_per_core"] = peer / n
+            row["kdflow_vs_torchvision"] = row["images_per_s"] / peer
+            print(f"{recipe['augment']}, {n} core(s): kdflow {row['images_per_s']:.0f}, "
+                  f"torchvision {peer:.0f} images/s ({row['kdflow_vs_torchvision']:.2f}x)")
+    ir["peer"] = {"route": "torchvision ImageFolder loader + transforms, one process per core, "
+                           "one torch thread each",
+                  "torch": torch.__version__, "torchvision": torchvision.__version__,
+                  "pillow": PIL.__version__, "python": platform.python_version()}
+    with open(a.out, "w") as f:
+        json.dump(k, f, indent=2)
+        f.write("\n")
+
+
+if __name__ == "__main__":
+    main()
