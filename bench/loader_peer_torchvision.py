@@ -8,12 +8,13 @@ float32 batch tensor, one worker process per core, each pinned to its core with 
 
 Reads kdflow_loader_bench's JSON (--kdflow, with its `imagenet_recipe` part), measures the peer on
 the same files, recipes, core counts, window and repetitions, and writes both with the ratios
-kdflow / torchvision (--out)."""
+kdflow / torchvision, the CPU and the commit (--out)."""
 import argparse
 import json
 import multiprocessing as mp
 import os
 import platform
+import subprocess
 import time
 
 import PIL
@@ -70,6 +71,13 @@ def rate(cpus, files, size, jitter, batch, seconds):
     return total
 
 
+def cpu_name():
+    for line in open("/proc/cpuinfo"):
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
 def median(xs):
     return sorted(xs)[len(xs) // 2]
 
@@ -98,6 +106,11 @@ def main():
                            "one torch thread each",
                   "torch": torch.__version__, "torchvision": torchvision.__version__,
                   "pillow": PIL.__version__, "python": platform.python_version()}
+    flags = next((line for line in open("/proc/cpuinfo") if line.startswith("flags")), "").split()
+    k["machine"] = {"cpu": cpu_name(), "cpus": len(allowed),
+                    "isa": "avx512" if "avx512f" in flags else "avx2" if "avx2" in flags else "sse"}
+    k["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                 text=True, cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
     with open(a.out, "w") as f:
         json.dump(k, f, indent=2)
         f.write("\n")
