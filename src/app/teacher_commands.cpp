@@ -369,7 +369,7 @@ int teacher_bench_replicas(const TeacherArgs& args) {
   auto topo = affinity::Topology::load();
   const int cores = static_cast<int>(teacher_cpus(topo, 0).size());
   const int threads = args.threads > 0 ? args.threads : cores / args.replicas;
-  if (threads < 1 || threads * args.replicas > cores)
+  if (threads < 1 || static_cast<std::int64_t>(threads) * args.replicas > cores)
     throw InputError(fmt::format("--replicas {} x --threads {}: this process may use {} physical "
                                  "cores",
                                  args.replicas, args.threads, cores));
