@@ -119,13 +119,18 @@ def error_vs_ort(binary, path, shape, batch, tune):
     return float(np.abs(got - ref).max() / max(np.abs(ref).max(), 1e-30))
 
 
-def ort_images_per_s(path, shape, batch, threads, seconds):
+def ort_session(path, threads):
+    """An ONNX Runtime CPU session of `threads` intra-op threads, every graph optimization on."""
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
     so.inter_op_num_threads = 1
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+
+
+def ort_images_per_s(path, shape, batch, threads, seconds):
+    sess = ort_session(path, threads)
     name = sess.get_inputs()[0].name
     x = np.random.default_rng(1).standard_normal((batch, *shape)).astype(np.float32)
     sess.run(None, {name: x})
@@ -185,12 +190,7 @@ def ort_throughput(path, shape, batch, sessions, threads, cpus, seconds):
     def one(k):
         try:
             os.sched_setaffinity(0, set(cpus[k * threads:(k + 1) * threads]))
-            so = ort.SessionOptions()
-            so.intra_op_num_threads = threads
-            so.inter_op_num_threads = 1
-            so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-            so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-            sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+            sess = ort_session(path, threads)
             name = sess.get_inputs()[0].name
             for _ in range(3):
                 sess.run(None, {name: x})

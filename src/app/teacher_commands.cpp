@@ -358,6 +358,39 @@ int teacher_infer(const TeacherArgs& args) {
   return 0;
 }
 
+// A batch of standard normal values for `t`, the same in every bench.
+std::vector<float> bench_input(const teacher::Teacher& t) {
+  std::vector<float> input(static_cast<std::size_t>(teacher::numel(t.input_shape())));
+  std::mt19937 rng(1);
+  std::normal_distribution<float> dist;
+  for (auto& v : input) v = dist(rng);
+  return input;
+}
+
+// What every `teacher bench` result says: the model, its rate and FLOP rate against the measured
+// peak, the ISA and precision, the batch, the FLOPs per sample, the features and oneDNN.
+nlohmann::json bench_result(const TeacherArgs& args, const teacher::Teacher& t, double images,
+                            const teacher::PeakResult& peak) {
+  const auto summary = teacher::summarize(t.graph());
+  const double gflops = images * summary.flops_per_sample / 1e9;
+  const auto info = teacher::onednn_info();
+  return {
+      {"model", args.model},
+      {"images_per_s", images},
+      {"gflops_per_s", gflops},
+      {"peak_gflops_per_s", peak.gflops_per_s},
+      {"peak_fraction", peak.gflops_per_s > 0 ? gflops / peak.gflops_per_s : 0.0},
+      {"peak_isa", peak.isa},
+      {"isa", info.isa},
+      {"precision", args.precision},
+      {"native_bf16", teacher::has_native_bf16()},
+      {"batch", args.batch},
+      {"flops_per_sample", summary.flops_per_sample},
+      {"features", args.features},
+      {"onednn", info.version + " " + info.cpu_runtime},
+  };
+}
+
 // --replicas R: R replicas of --threads each on their own physical cores (the first R x threads),
 // all running the same batch at once from a common start, as a training run's teacher stage runs
 // a plan's replicas: their images/s together (each replica's batches over its own window), the
@@ -379,10 +412,7 @@ int teacher_bench_replicas(const TeacherArgs& args) {
   const affinity::CpuList all = teacher_cpus(topo, threads * args.replicas);
   const oneapi::tbb::global_control parallelism(
       oneapi::tbb::global_control::max_allowed_parallelism, all.size() + 1);
-  std::vector<float> input(static_cast<std::size_t>(teacher::numel(t->input_shape())));
-  std::mt19937 rng(1);
-  std::normal_distribution<float> dist;
-  for (auto& v : input) v = dist(rng);
+  const std::vector<float> input = bench_input(*t);
 
   const auto n = static_cast<std::size_t>(args.replicas);
   std::vector<std::vector<double>> times(n);
@@ -445,30 +475,15 @@ int teacher_bench_replicas(const TeacherArgs& args) {
     arena.arena().execute(
         [&] { peak = teacher::measure_fma_peak(std::min(2.0, std::max(0.5, args.seconds / 4))); });
   }
-  const auto summary = teacher::summarize(t->graph());
-  const double gflops = images * summary.flops_per_sample / 1e9;
+  nlohmann::json result = bench_result(args, *t, images, peak);
+  result["replicas"] = args.replicas;
+  result["threads"] = threads;
+  result["cpus"] = all;
+  result["median_batch_ms"] = slowest * 1e3;
+  result["batches_timed"] = timed;
+  result["per_replica"] = each;
+  const double gflops = result["gflops_per_s"].get<double>();
   const auto info = teacher::onednn_info();
-  nlohmann::json result = {
-      {"model", args.model},
-      {"images_per_s", images},
-      {"gflops_per_s", gflops},
-      {"peak_gflops_per_s", peak.gflops_per_s},
-      {"peak_fraction", peak.gflops_per_s > 0 ? gflops / peak.gflops_per_s : 0.0},
-      {"peak_isa", peak.isa},
-      {"isa", info.isa},
-      {"precision", args.precision},
-      {"native_bf16", teacher::has_native_bf16()},
-      {"batch", args.batch},
-      {"replicas", args.replicas},
-      {"threads", threads},
-      {"cpus", all},
-      {"median_batch_ms", slowest * 1e3},
-      {"batches_timed", timed},
-      {"per_replica", each},
-      {"flops_per_sample", summary.flops_per_sample},
-      {"features", args.features},
-      {"onednn", info.version + " " + info.cpu_runtime},
-  };
   fmt::print("{}: {:.1f} images/s from {} replicas x {} thread(s), {:.1f} GFLOP/s = {:.0f}% of the "
              "{:.1f} GFLOP/s FMA peak of their {} cores ({} {}, batch {}, slowest replica's "
              "median batch {:.2f} ms)\n",
@@ -492,10 +507,7 @@ int teacher_bench(const TeacherArgs& args) {
   if (args.replicas > 1) return teacher_bench_replicas(args);
   const auto t = load(args, args.batch);
   PinnedRun pinned(t, args.threads);
-  std::vector<float> input(static_cast<std::size_t>(teacher::numel(t->input_shape())));
-  std::mt19937 rng(1);
-  std::normal_distribution<float> dist;
-  for (auto& v : input) v = dist(rng);
+  const std::vector<float> input = bench_input(*t);
   std::vector<double> times;
   teacher::PeakResult peak;
   nlohmann::json profile;
@@ -515,29 +527,14 @@ int teacher_bench(const TeacherArgs& args) {
   });
   std::sort(times.begin(), times.end());
   const double median = times[times.size() / 2];
-  const auto summary = teacher::summarize(t->graph());
   const double images = static_cast<double>(args.batch) / median;
-  const double gflops = images * summary.flops_per_sample / 1e9;
+  nlohmann::json result = bench_result(args, *t, images, peak);
+  result["threads"] = pinned.cpus.size();
+  result["cpus"] = pinned.cpus;
+  result["median_batch_ms"] = median * 1e3;
+  result["batches_timed"] = times.size();
+  const double gflops = result["gflops_per_s"].get<double>();
   const auto info = teacher::onednn_info();
-  nlohmann::json result = {
-      {"model", args.model},
-      {"images_per_s", images},
-      {"gflops_per_s", gflops},
-      {"peak_gflops_per_s", peak.gflops_per_s},
-      {"peak_fraction", peak.gflops_per_s > 0 ? gflops / peak.gflops_per_s : 0.0},
-      {"peak_isa", peak.isa},
-      {"isa", info.isa},
-      {"precision", args.precision},
-      {"native_bf16", teacher::has_native_bf16()},
-      {"batch", args.batch},
-      {"threads", pinned.cpus.size()},
-      {"cpus", pinned.cpus},
-      {"median_batch_ms", median * 1e3},
-      {"batches_timed", times.size()},
-      {"flops_per_sample", summary.flops_per_sample},
-      {"features", args.features},
-      {"onednn", info.version + " " + info.cpu_runtime},
-  };
   const auto& tuned = t->tune_report();
   result["tune"] = {{"mode", teacher::tune_name(tuned.mode)},
                     {"from_cache", tuned.from_cache},
