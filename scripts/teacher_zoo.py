@@ -6,7 +6,7 @@ Run with the kdflow venv's python (torch 2.11, torchvision, onnxscript; timm opt
 
 usage: teacher_zoo.py --kdflow BIN --out DIR [--json FILE] [--only NAME...] [--exporters dynamo,legacy]
                       [--batch 2] [--seed 0] [--max-params 700e6] [--keep] [--fail-on-error]
-                      [--profile]
+                      [--profile] [--bf16]
 
 A model is built with random weights (seeded), at a small input its architecture allows
 (`size_of`), run by PyTorch in fp32, exported by the dynamo exporter (dynamic batch) and by the
@@ -16,7 +16,13 @@ coverage, not speed). The result per model and exporter: ok with the normalized 
 PyTorch's own exporter fails, or `skipped` above --max-params (export time and memory, not a
 kdflow limit). With --json the table is written there (the CPU and commit named), after each
 model; with --only as well, the other models' rows already in it are kept. Exit 1 with
---fail-on-error when any model is refused or off by more than 1e-4.
+--fail-on-error when any model is refused or off by more than 1e-4 (in fp32).
+
+--bf16: each fp32-ok file also runs under `--precision bf16` where this CPU has native bf16
+(AVX512_BF16 or AMX; kdflow refuses it in one line elsewhere, recorded once as `not native`),
+against PyTorch's own bf16 (CPU autocast) on the same input: `ok` where kdflow's normalized error
+from the fp32 logits is at most PyTorch's bf16 error plus 2e-2 (the bound of the teacher tests'
+bf16 check), with both errors and the top-1 agreement of each with fp32. Recorded, not failed on.
 """
 import argparse
 import contextlib
@@ -37,6 +43,7 @@ import logging  # noqa: E402
 logging.disable(logging.WARNING)  # the dynamo exporter reports each pass it runs
 
 TOLERANCE = 1e-4
+BF16_MARGIN = 2e-2  # kdflow's bf16 error may exceed PyTorch's own by this much (tests' bound)
 
 
 def torchvision_models():
@@ -163,6 +170,31 @@ def profile(kdflow, model, out):
             "reference_kinds": {k: round(v, 4) for k, v in reference.items()}}
 
 
+def bf16_check(args, path, base, e, y, y_bf16, state):
+    """The bf16 arm of one fp32-ok file (see --bf16); `state` remembers a refusal for the run."""
+    if state.get("refused"):
+        return {"status": "not native", "why": state["refused"]}
+    out = f"{base}.{e}.bf16.npy"
+    p = subprocess.run([args.kdflow, "teacher", "infer", "--model", path, "--input",
+                        base + ".input.npy", "--output", out, "--tune", "off", "--precision",
+                        "bf16"], capture_output=True, text=True)
+    if p.returncode == 2 and "bf16 needs a CPU with" in p.stderr:
+        state["refused"] = one_line(p.stderr)
+        return {"status": "not native", "why": state["refused"]}
+    if p.returncode != 0:
+        return {"status": "refused", "exit": p.returncode, "why": one_line(p.stderr)}
+    got = np.load(out)
+    os.remove(out)
+    scale = max(np.abs(y).max(), 1e-12)
+    err = float(np.abs(got - y).max() / scale) if got.shape == y.shape else float("inf")
+    torch_err = float(np.abs(y_bf16 - y).max() / scale)
+    top1 = lambda a: a.reshape(len(a), -1).argmax(1)  # noqa: E731
+    return {"status": "ok" if err <= torch_err + BF16_MARGIN else "mismatch", "error": err,
+            "torch_bf16_error": torch_err,
+            "top1_agreement": float((top1(got) == top1(y)).mean()) if got.shape == y.shape else 0.0,
+            "torch_top1_agreement": float((top1(y_bf16) == top1(y)).mean())}
+
+
 def one_line(text):
     lines = [l for l in text.strip().splitlines() if l.strip()]
     return lines[-1][:400] if lines else ""
@@ -216,6 +248,9 @@ def main():
     ap.add_argument("--profile", action="store_true",
                     help="also time each ok file (`teacher bench --profile`, 1 thread, batch 8): "
                          "the share of the time in kdflow's plain kernels rather than oneDNN")
+    ap.add_argument("--bf16", action="store_true",
+                    help="also run each ok file in bf16 where this CPU has native bf16, against "
+                         "PyTorch's own bf16 (recorded, not failed on)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     torch.set_num_threads(os.cpu_count() or 1)
@@ -238,6 +273,7 @@ def main():
             old = json.load(f)
         earlier = [r for r in old["models"] if r["model"] not in zoo]
         args.base_commit = old.get("base_commit", old.get("commit"))
+    bf16_state = {}
     for name, (ctor, size) in zoo.items():
         torch.manual_seed(args.seed)
         t0 = time.time()
@@ -254,6 +290,10 @@ def main():
         x = torch.randn(args.batch, 3, size, size)
         with torch.no_grad():
             y = model(x).float().numpy()
+            y_bf16 = None
+            if args.bf16 and not bf16_state.get("refused"):
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    y_bf16 = model(x).float().numpy()
         base = os.path.join(args.out, name)
         np.save(base + ".input.npy", x.numpy().astype(np.float32))
         for e in exporters:
@@ -284,6 +324,8 @@ def main():
                 result.update(status="ok" if err <= TOLERANCE else "mismatch", error=err)
                 if args.profile and result["status"] == "ok":
                     result.update(profile(args.kdflow, path, base + f".{e}.bench.json"))
+                if args.bf16 and result["status"] == "ok":
+                    result["bf16"] = bf16_check(args, path, base, e, y, y_bf16, bf16_state)
             if not args.keep:
                 for f in (path, out, path + ".data"):
                     if os.path.exists(f):
@@ -294,6 +336,7 @@ def main():
         rows.append(row)
         summary = "  ".join(f"{e}: {row[e]['status']}" + (f" {row[e]['error']:.1e}" if "error" in row[e] else "")
                             + (f" ({row[e]['why'][:150]})" if "why" in row[e] else "")
+                            + (f" bf16: {row[e]['bf16']['status']}" if "bf16" in row[e] else "")
                             for e in exporters)
         print(f"{name:40s} {time.time() - t0:6.1f}s  {summary}", flush=True)
         write_json(args, earlier + rows, exporters)  # after each model: a long run keeps its rows
