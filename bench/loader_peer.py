@@ -64,25 +64,35 @@ def worker(cpu, files, size, resize, batch, seconds, decode_only, out):
             img = load(files[i % len(files)], size, resize, rng, augment=True)
             x = np.asarray(img, np.float32).transpose(2, 0, 1) / 255.0
             slot[i % batch] = (x - MEAN) / STD
-    for i in range(min(32, len(files))):  # warm-up: page cache, imports
+    timed(one, len(files), cpu, seconds, out)
+
+
+def timed(one, files, cpu, seconds, out):
+    """A worker's window: `one(i)` over the first files (warm-up: page cache, imports), then
+    strided through the files as a shuffled epoch for `seconds`; its images/s go to `out`."""
+    for i in range(min(32, files)):
         one(i)
     n, t0 = 0, time.perf_counter()
     while time.perf_counter() - t0 < seconds:
-        one(n * 7919 + cpu)  # strided through the files, as a shuffled epoch
+        one(n * 7919 + cpu)
         n += 1
     out.put(n / (time.perf_counter() - t0))
 
 
-def rate(cpus, files, size, resize, batch, seconds, decode_only=False):
-    q = mp.Queue()
-    procs = [mp.Process(target=worker, args=(c, files, size, resize, batch, seconds, decode_only, q))
-             for c in cpus]
+def processes(target, cpus, args, context=mp):
+    """images/s of one `target(cpu, *args, queue)` process per CPU, run at once, added up."""
+    q = context.Queue()
+    procs = [context.Process(target=target, args=(c, *args, q)) for c in cpus]
     for p in procs:
         p.start()
     total = sum(q.get() for _ in procs)
     for p in procs:
         p.join()
     return total
+
+
+def rate(cpus, files, size, resize, batch, seconds, decode_only=False):
+    return processes(worker, cpus, (files, size, resize, batch, seconds, decode_only))
 
 
 def median(xs):

@@ -16,7 +16,6 @@ import os
 import platform
 import subprocess
 import sys
-import time
 
 import PIL
 import torch
@@ -25,7 +24,7 @@ import torchvision.transforms as T
 from torchvision.datasets.folder import default_loader
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from loader_peer import list_files, median  # noqa: E402 (the PIL peer's, the same files and median)
+from loader_peer import list_files, median, processes, timed  # noqa: E402 (the PIL peer's)
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
@@ -43,26 +42,11 @@ def worker(cpu, files, size, jitter, batch, seconds, out):
     def one(i):
         slot[i % batch] = transform(default_loader(files[i % len(files)]))
 
-    for i in range(min(32, len(files))):  # warm-up: page cache, imports
-        one(i)
-    n, t0 = 0, time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
-        one(n * 7919 + cpu)  # strided through the files, as a shuffled epoch
-        n += 1
-    out.put(n / (time.perf_counter() - t0))
+    timed(one, len(files), cpu, seconds, out)
 
 
 def rate(cpus, files, size, jitter, batch, seconds):
-    ctx = mp.get_context("fork")
-    q = ctx.Queue()
-    procs = [ctx.Process(target=worker, args=(c, files, size, jitter, batch, seconds, q))
-             for c in cpus]
-    for p in procs:
-        p.start()
-    total = sum(q.get() for _ in procs)
-    for p in procs:
-        p.join()
-    return total
+    return processes(worker, cpus, (files, size, jitter, batch, seconds), mp.get_context("fork"))
 
 
 def cpu_name():
