@@ -261,6 +261,22 @@ SlotLayout loader_layout(const Dataset& d, std::size_t batch_size, bool float_in
   return SlotLayout(std::move(regions));
 }
 
+namespace {
+
+// A sample's planes `src` shifted, mirrored and colour-jittered per `draw`, as uint8, into `out`.
+void augment_u8(const std::uint8_t* src, std::uint8_t* out, int c, int h, int w,
+                const SampleDraw& draw) {
+  const std::size_t plane = static_cast<std::size_t>(h) * w;
+  for (int ch = 0; ch < c; ++ch) {
+    const auto k = static_cast<std::size_t>(ch);
+    shift_plane(src + k * plane, out + k * plane, h, w, draw.dy, draw.dx, draw.flip,
+                [](std::uint8_t v) { return v; });
+  }
+  color_jitter(out, c, h, w, draw.jitter);
+}
+
+} // namespace
+
 SampleDraw draw_sample(const AugmentConfig& aug, std::uint64_t seed, std::uint64_t epoch,
                        std::uint32_t index) {
   SampleDraw d;
@@ -284,15 +300,8 @@ ImageDecoder::Decoded augmented_sample(const Dataset& d, std::uint32_t index,
                                        const SampleDraw& draw, SampleScratch& scratch,
                                        std::uint8_t* out) {
   ImageDecoder::Decoded decoded;
-  const std::uint8_t* src = d.sample(index, scratch, draw.crop, &decoded).data();
-  const int h = d.height(), w = d.width();
-  const std::size_t plane = static_cast<std::size_t>(h) * w;
-  for (int ch = 0; ch < d.channels(); ++ch) {
-    const auto k = static_cast<std::size_t>(ch);
-    shift_plane(src + k * plane, out + k * plane, h, w, draw.dy, draw.dx, draw.flip,
-                [](std::uint8_t v) { return v; });
-  }
-  color_jitter(out, d.channels(), h, w, draw.jitter);
+  augment_u8(d.sample(index, scratch, draw.crop, &decoded).data(), out, d.channels(), d.height(),
+             d.width(), draw);
   return decoded;
 }
 
@@ -320,41 +329,30 @@ void fill_batch(const Dataset& d, const Sampler& sampler, const AugmentConfig& a
     const int dy = draw.dy, dx = draw.dx;
     const bool flip = draw.flip;
     const std::uint8_t* src = d.sample(index, scratch.sample, draw.crop).data();
-    if (draw.jitter.on) { // cropped and flipped as uint8, jittered, then converted below
-      scratch.jittered.resize(static_cast<std::size_t>(c) * plane);
-      std::uint8_t* j = scratch.jittered.data();
+    // The sample's planes into the slot, shifted and mirrored, normalized or not.
+    const auto write = [&](const std::uint8_t* from, int sy, int sx, bool mirror) {
       for (int ch = 0; ch < c; ++ch) {
         const auto k = static_cast<std::size_t>(ch);
-        shift_plane(src + k * plane, j + k * plane, h, w, dy, dx, flip,
-                    [](std::uint8_t v) { return v; });
-      }
-      color_jitter(j, c, h, w, draw.jitter);
-      for (int ch = 0; ch < c; ++ch) {
-        const auto k = static_cast<std::size_t>(ch);
+        const std::uint8_t* plane_in = from + k * plane;
         const std::size_t base = (i * static_cast<std::size_t>(c) + k) * plane;
         if (as_float) {
           const float scale = channel_scale(aug, k), shift = channel_shift(aug, k);
-          const std::uint8_t* p = j + k * plane;
-          for (std::size_t x = 0; x < plane; ++x)
-            out_f[base + x] = static_cast<float>(p[x]) * scale + shift;
+          shift_plane(plane_in, out_f + base, h, w, sy, sx, mirror,
+                      [=](std::uint8_t v) { return static_cast<float>(v) * scale + shift; });
         } else {
-          std::copy_n(j + k * plane, plane, out_u + base);
+          shift_plane(plane_in, out_u + base, h, w, sy, sx, mirror,
+                      [](std::uint8_t v) { return v; });
         }
       }
+    };
+    if (!draw.jitter.on) {
+      write(src, dy, dx, flip);
       continue;
     }
-    for (int ch = 0; ch < c; ++ch) {
-      const auto k = static_cast<std::size_t>(ch);
-      const std::uint8_t* plane_in = src + k * plane;
-      const std::size_t base = (i * static_cast<std::size_t>(c) + k) * plane;
-      if (as_float) {
-        const float scale = channel_scale(aug, k), shift = channel_shift(aug, k);
-        shift_plane(plane_in, out_f + base, h, w, dy, dx, flip,
-                    [=](std::uint8_t v) { return static_cast<float>(v) * scale + shift; });
-      } else {
-        shift_plane(plane_in, out_u + base, h, w, dy, dx, flip, [](std::uint8_t v) { return v; });
-      }
-    }
+    // Jittered: shifted, mirrored and jittered as uint8 first, then written as it is.
+    scratch.jittered.resize(static_cast<std::size_t>(c) * plane);
+    augment_u8(src, scratch.jittered.data(), c, h, w, draw);
+    write(scratch.jittered.data(), 0, 0, false);
   }
   // A short last batch: the rest of the slot holds zeros and label -1, and the header says so.
   const std::size_t cap = labels.size();

@@ -170,6 +170,13 @@ def profile(kdflow, model, out):
             "reference_kinds": {k: round(v, 4) for k, v in reference.items()}}
 
 
+def normalized_error(got, ref):
+    """max |got - ref| / max |ref|; infinite where the shapes differ."""
+    if got.shape != ref.shape:
+        return float("inf")
+    return float(np.abs(got - ref).max() / max(np.abs(ref).max(), 1e-12))
+
+
 def bf16_check(args, path, base, e, y, y_bf16, state):
     """The bf16 arm of one fp32-ok file (see --bf16); `state` remembers a refusal for the run."""
     if state.get("refused"):
@@ -185,9 +192,7 @@ def bf16_check(args, path, base, e, y, y_bf16, state):
         return {"status": "refused", "exit": p.returncode, "why": one_line(p.stderr)}
     got = np.load(out)
     os.remove(out)
-    scale = max(np.abs(y).max(), 1e-12)
-    err = float(np.abs(got - y).max() / scale) if got.shape == y.shape else float("inf")
-    torch_err = float(np.abs(y_bf16 - y).max() / scale)
+    err, torch_err = normalized_error(got, y), normalized_error(y_bf16, y)
     top1 = lambda a: a.reshape(len(a), -1).argmax(1)  # noqa: E731
     return {"status": "ok" if err <= torch_err + BF16_MARGIN else "mismatch", "error": err,
             "torch_bf16_error": torch_err,
@@ -319,8 +324,7 @@ def main():
                 result.update(status="refused", exit=p.returncode, why=one_line(p.stderr))
             else:
                 got = np.load(out)
-                err = float(np.abs(got - y).max() / max(np.abs(y).max(), 1e-12)) \
-                    if got.shape == y.shape else float("inf")
+                err = normalized_error(got, y)
                 result.update(status="ok" if err <= TOLERANCE else "mismatch", error=err)
                 if args.profile and result["status"] == "ok":
                     result.update(profile(args.kdflow, path, base + f".{e}.bench.json"))

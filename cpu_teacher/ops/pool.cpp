@@ -139,58 +139,44 @@ void lower_pool(Lowering& plan, const Node& node) {
 // --- ReduceMean, ReduceL2, ReduceSum, ReduceMax -------------------------------------------------
 
 // What distinguishes the reductions: oneDNN's algorithm (and its p for the L2 norm), the opset
-// from which the axes are an input, and the reference's accumulation.
+// from which the axes are an input, and the accumulation (the reference's and the rows kernel's).
 struct ReduceKind {
   dnnl::algorithm algorithm;
   float p;
   std::int64_t axes_input_since;
-  double init;
-  double (*add)(double acc, double x);
+  enum class Accumulate { sum, sum_of_squares, max } accumulate;
   double (*finish)(double acc, double n);
-  bool poolable;                         // over a 4-D map: also oneDNN's average pooling
-  double (*merge)(double acc, double b); // two partial accumulations as one
-  // The rows kernel's accumulation spelled out (`add` through a pointer is not inlined there).
-  enum class Rows { sum, sum_of_squares, max } rows;
+  bool poolable; // over a 4-D map: also oneDNN's average pooling
 };
 
-constexpr double plus(double a, double b) { return a + b; }
+// The accumulation's start and step, in the accumulator's type (double for the reference, float
+// lanes in the rows kernel): spelled out, so that the rows kernel's inner loop inlines it.
+template <const ReduceKind& R, typename T>
+constexpr T accumulate_init() {
+  return R.accumulate == ReduceKind::Accumulate::max ? -std::numeric_limits<T>::infinity() : T(0);
+}
+template <const ReduceKind& R, typename T>
+constexpr T accumulate(T acc, T x) {
+  if constexpr (R.accumulate == ReduceKind::Accumulate::sum_of_squares)
+    return acc + x * x;
+  else if constexpr (R.accumulate == ReduceKind::Accumulate::max)
+    return std::max(acc, x);
+  else
+    return acc + x;
+}
 
-constexpr ReduceKind kReduceMean{dnnl::algorithm::reduction_mean,
-                                 0.f,
-                                 18,
-                                 0.0,
-                                 [](double a, double x) { return a + x; },
-                                 [](double a, double n) { return a / n; },
-                                 true,
-                                 plus,
-                                 ReduceKind::Rows::sum};
-constexpr ReduceKind kReduceL2{dnnl::algorithm::reduction_norm_lp_sum,
-                               2.f,
-                               18,
-                               0.0,
-                               [](double a, double x) { return a + x * x; },
-                               [](double a, double) { return std::sqrt(a); },
-                               false,
-                               plus,
-                               ReduceKind::Rows::sum_of_squares};
-constexpr ReduceKind kReduceSum{dnnl::algorithm::reduction_sum,
-                                0.f,
-                                13,
-                                0.0,
-                                [](double a, double x) { return a + x; },
-                                [](double a, double) { return a; },
-                                false,
-                                plus,
-                                ReduceKind::Rows::sum};
-constexpr ReduceKind kReduceMax{dnnl::algorithm::reduction_max,
-                                0.f,
-                                18,
-                                -std::numeric_limits<double>::infinity(),
-                                [](double a, double x) { return std::max(a, x); },
-                                [](double a, double) { return a; },
-                                false,
-                                [](double a, double b) { return std::max(a, b); },
-                                ReduceKind::Rows::max};
+constexpr ReduceKind kReduceMean{
+    dnnl::algorithm::reduction_mean,          0.f, 18, ReduceKind::Accumulate::sum,
+    [](double a, double n) { return a / n; }, true};
+constexpr ReduceKind kReduceL2{
+    dnnl::algorithm::reduction_norm_lp_sum,        2.f,  18, ReduceKind::Accumulate::sum_of_squares,
+    [](double a, double) { return std::sqrt(a); }, false};
+constexpr ReduceKind kReduceSum{
+    dnnl::algorithm::reduction_sum,     0.f,  13, ReduceKind::Accumulate::sum,
+    [](double a, double) { return a; }, false};
+constexpr ReduceKind kReduceMax{
+    dnnl::algorithm::reduction_max,     0.f,  18, ReduceKind::Accumulate::max,
+    [](double a, double) { return a; }, false};
 
 // The axes are an attribute before the op's axes_input_since and a constant input from it; both
 // become sorted, non-negative `axes` (all axes when none are given, none under
@@ -235,13 +221,13 @@ std::vector<Tensor> evaluate_reduce(const Node& node, const std::vector<const Te
                                     const std::vector<InferredOutput>& outs) {
   const Shape& xs = x[0]->shape;
   const Shape kept = kept_shape(node, xs);
-  std::vector<double> acc(static_cast<std::size_t>(numel(kept)), R.init);
+  std::vector<double> acc(static_cast<std::size_t>(numel(kept)), accumulate_init<R, double>());
   const Shape ks = strides_of(kept);
   for_each_index(xs, [&](std::int64_t k, const std::vector<std::int64_t>& idx) {
     std::int64_t o = 0;
     for (std::size_t dd = 0; dd < idx.size(); ++dd) o += (kept[dd] == 1 ? 0 : idx[dd]) * ks[dd];
-    acc[static_cast<std::size_t>(o)] =
-        R.add(acc[static_cast<std::size_t>(o)], x[0]->f[static_cast<std::size_t>(k)]);
+    acc[static_cast<std::size_t>(o)] = accumulate<R, double>(acc[static_cast<std::size_t>(o)],
+                                                             x[0]->f[static_cast<std::size_t>(k)]);
   });
   const double n = static_cast<double>(numel(xs)) / static_cast<double>(numel(kept));
   std::vector<float> r(acc.size());
@@ -256,24 +242,18 @@ template <const ReduceKind& R>
 double reduce_row(const float* row, std::int64_t len) {
   constexpr int kLanes = 8;
   constexpr std::int64_t kBlock = 256;
-  constexpr bool max = R.rows == ReduceKind::Rows::max;
-  const auto add = [](float acc, float x) {
-    if constexpr (R.rows == ReduceKind::Rows::sum_of_squares)
-      return acc + x * x;
-    else if constexpr (max)
-      return std::max(acc, x);
-    else
-      return acc + x;
-  };
-  double acc = R.init;
+  double acc = accumulate_init<R, double>();
   for (std::int64_t i = 0; i < len;) {
     const std::int64_t end = std::min(len, i + kBlock);
     float lane[kLanes];
-    std::fill(lane, lane + kLanes, static_cast<float>(R.init));
+    std::fill(lane, lane + kLanes, accumulate_init<R, float>());
     for (; i + kLanes <= end; i += kLanes)
-      for (int j = 0; j < kLanes; ++j) lane[j] = add(lane[j], row[i + j]);
-    for (; i < end; ++i) lane[0] = add(lane[0], row[i]);
-    for (const float v : lane) acc = max ? std::max(acc, static_cast<double>(v)) : acc + v;
+      for (int j = 0; j < kLanes; ++j) lane[j] = accumulate<R, float>(lane[j], row[i + j]);
+    for (; i < end; ++i) lane[0] = accumulate<R, float>(lane[0], row[i]);
+    // Lanes merge by the same step but for the squares: a partial sum of squares adds as is.
+    for (const float v : lane)
+      acc = R.accumulate == ReduceKind::Accumulate::max ? std::max(acc, static_cast<double>(v))
+                                                        : acc + v;
   }
   return acc;
 }

@@ -59,14 +59,11 @@ AugmentConfig augment_config(const Config& config, const Dataset& data) {
                                  "\"brightness,contrast,saturation,hue\"",
                                  jitter));
   const auto j = parse_floats(jitter, "data.color_jitter", 4, false);
+  constexpr const char* kJitterNames[] = {"brightness", "contrast", "saturation", "hue"};
   for (std::size_t k = 0; k < 4; ++k)
     if (j[k] < 0 || (k == 3 && j[k] > 0.5f))
       throw InputError(fmt::format("data.color_jitter = \"{}\": the {} must be {}", jitter,
-                                   k == 0   ? "brightness"
-                                   : k == 1 ? "contrast"
-                                   : k == 2 ? "saturation"
-                                            : "hue",
-                                   k == 3 ? "within [0, 0.5]" : "at least 0"));
+                                   kJitterNames[k], k == 3 ? "within [0, 0.5]" : "at least 0"));
   a.jitter = JitterRanges{j[0], j[1], j[2], j[3]};
   if (a.mixes() && config.get_string("kd.loss") == "dkd")
     throw InputError("kd.loss = dkd decouples each sample's one target class, which a mixed batch "

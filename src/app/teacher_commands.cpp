@@ -4,6 +4,7 @@
 
 #include "kdflow/affinity/pinning.hpp"
 #include "kdflow/affinity/topology.hpp"
+#include "kdflow/core/atomic_file.hpp"
 #include "kdflow/core/error.hpp"
 #include "kdflow/cpu_teacher/engine.hpp"
 #include "kdflow/cpu_teacher/npy.hpp"
@@ -18,10 +19,10 @@
 #include <cctype>
 #include <chrono>
 #include <exception>
-#include <fstream>
 #include <map>
 #include <optional>
 #include <random>
+#include <system_error>
 #include <thread>
 
 #include <fmt/format.h>
@@ -367,14 +368,50 @@ std::vector<float> bench_input(const teacher::Teacher& t) {
   return input;
 }
 
+// Inside the run's arena: three batches to warm up (JIT, caches, pages).
+void warm_up(PinnedRun& pinned, const float* input) {
+  for (int i = 0; i < 3; ++i) pinned.replica.run(input, pinned.outs->pointers);
+}
+
+// Inside the run's arena: batches back to back for `seconds` (at least 5), each one's time.
+std::vector<double> time_batches(PinnedRun& pinned, const float* input, double seconds) {
+  std::vector<double> times;
+  const auto start = std::chrono::steady_clock::now();
+  const auto since = [](std::chrono::steady_clock::time_point from) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - from).count();
+  };
+  while (since(start) < seconds || times.size() < 5) {
+    const auto t0 = std::chrono::steady_clock::now();
+    pinned.replica.run(input, pinned.outs->pointers);
+    times.push_back(since(t0));
+  }
+  return times;
+}
+
+// The FMA peak of the current arena's threads, measured for a quarter of the bench's window
+// (0.5 to 2 s).
+teacher::PeakResult fma_peak(double bench_seconds) {
+  return teacher::measure_fma_peak(std::min(2.0, std::max(0.5, bench_seconds / 4)));
+}
+
 // What every `teacher bench` result says: the model, its rate and FLOP rate against the measured
-// peak, the ISA and precision, the batch, the FLOPs per sample, the features and oneDNN.
+// peak, the ISA and precision, the batch, the FLOPs per sample, the features, oneDNN and the
+// tuning.
 nlohmann::json bench_result(const TeacherArgs& args, const teacher::Teacher& t, double images,
                             const teacher::PeakResult& peak) {
   const auto summary = teacher::summarize(t.graph());
   const double gflops = images * summary.flops_per_sample / 1e9;
   const auto info = teacher::onednn_info();
+  const auto& tuned = t.tune_report();
   return {
+      {"tune",
+       {{"mode", teacher::tune_name(tuned.mode)},
+        {"from_cache", tuned.from_cache},
+        {"untuned_ms", tuned.untuned_ms},
+        {"tuned_ms", tuned.tuned_ms},
+        {"plans_timed", tuned.plans_timed},
+        {"seconds", tuned.seconds},
+        {"nodes", tuned.nodes.size()}}},
       {"model", args.model},
       {"images_per_s", images},
       {"gflops_per_s", gflops},
@@ -389,6 +426,16 @@ nlohmann::json bench_result(const TeacherArgs& args, const teacher::Teacher& t, 
       {"features", args.features},
       {"onednn", info.version + " " + info.cpu_runtime},
   };
+}
+
+// --json: the result written whole or not at all.
+void write_result(const std::string& path, const nlohmann::json& result) {
+  if (path.empty()) return;
+  try {
+    write_file_atomic(path, result.dump(2) + "\n");
+  } catch (const std::system_error& e) {
+    throw InputError(fmt::format("{}: cannot write ({})", path, e.code().message()));
+  }
 }
 
 // --replicas R: R replicas of --threads each on their own physical cores (the first R x threads),
@@ -428,21 +475,13 @@ int teacher_bench_replicas(const TeacherArgs& args) {
         PinnedRun pinned(t, affinity::Topology::load(), affinity::CpuList(from, from + threads),
                          false, static_cast<int>(r) * threads);
         pinned.arena.arena().execute([&] {
-          for (int i = 0; i < 3; ++i) pinned.replica.run(input.data(), pinned.outs->pointers);
+          warm_up(pinned, input.data());
           arrived = true;
           start.arrive_and_wait();
-          auto& mine = times[r];
           const auto begin = std::chrono::steady_clock::now();
-          const auto since = [&] {
-            return std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
-          };
-          while (since() < args.seconds || mine.size() < 5) {
-            const auto t0 = std::chrono::steady_clock::now();
-            pinned.replica.run(input.data(), pinned.outs->pointers);
-            mine.push_back(
-                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-          }
-          windows[r] = since();
+          times[r] = time_batches(pinned, input.data(), args.seconds);
+          windows[r] =
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
         });
       } catch (...) {
         failed[r] = std::current_exception();
@@ -472,8 +511,7 @@ int teacher_bench_replicas(const TeacherArgs& args) {
   {
     affinity::PinnedArena arena(topo, all, "teacher");
     affinity::pin_this_thread(topo, all, "kd-teacher");
-    arena.arena().execute(
-        [&] { peak = teacher::measure_fma_peak(std::min(2.0, std::max(0.5, args.seconds / 4))); });
+    arena.arena().execute([&] { peak = fma_peak(args.seconds); });
   }
   nlohmann::json result = bench_result(args, *t, images, peak);
   result["replicas"] = args.replicas;
@@ -490,11 +528,7 @@ int teacher_bench_replicas(const TeacherArgs& args) {
              args.model, images, args.replicas, threads, gflops,
              100 * result["peak_fraction"].get<double>(), peak.gflops_per_s, all.size(),
              args.precision, info.isa, args.batch, slowest * 1e3);
-  if (!args.json.empty()) {
-    std::ofstream out(args.json);
-    if (!out) throw InputError(fmt::format("{}: cannot write", args.json));
-    out << result.dump(2) << "\n";
-  }
+  write_result(args.json, result);
   return 0;
 }
 
@@ -512,17 +546,9 @@ int teacher_bench(const TeacherArgs& args) {
   teacher::PeakResult peak;
   nlohmann::json profile;
   pinned.arena.arena().execute([&] {
-    for (int i = 0; i < 3; ++i)
-      pinned.replica.run(input.data(), pinned.outs->pointers); // warm-up: JIT, caches, pages
-    const auto start = std::chrono::steady_clock::now();
-    while (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() <
-               args.seconds ||
-           times.size() < 5) {
-      const auto t0 = std::chrono::steady_clock::now();
-      pinned.replica.run(input.data(), pinned.outs->pointers);
-      times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-    }
-    peak = teacher::measure_fma_peak(std::min(2.0, std::max(0.5, args.seconds / 4)));
+    warm_up(pinned, input.data());
+    times = time_batches(pinned, input.data(), args.seconds);
+    peak = fma_peak(args.seconds);
     if (args.profile) profile = step_profile(pinned, *t, input.data(), args.seconds / 2);
   });
   std::sort(times.begin(), times.end());
@@ -535,14 +561,6 @@ int teacher_bench(const TeacherArgs& args) {
   result["batches_timed"] = times.size();
   const double gflops = result["gflops_per_s"].get<double>();
   const auto info = teacher::onednn_info();
-  const auto& tuned = t->tune_report();
-  result["tune"] = {{"mode", teacher::tune_name(tuned.mode)},
-                    {"from_cache", tuned.from_cache},
-                    {"untuned_ms", tuned.untuned_ms},
-                    {"tuned_ms", tuned.tuned_ms},
-                    {"plans_timed", tuned.plans_timed},
-                    {"seconds", tuned.seconds},
-                    {"nodes", tuned.nodes.size()}};
   fmt::print("{}: {:.1f} images/s, {:.1f} GFLOP/s = {:.0f}% of the {:.1f} GFLOP/s FMA peak ({} {}, "
              "batch {}, {} thread(s), "
              "median of {} batches {:.2f} ms)\n",
@@ -553,11 +571,7 @@ int teacher_bench(const TeacherArgs& args) {
     print_profile(profile);
     result["profile"] = profile;
   }
-  if (!args.json.empty()) {
-    std::ofstream out(args.json);
-    if (!out) throw InputError(fmt::format("{}: cannot write", args.json));
-    out << result.dump(2) << "\n";
-  }
+  write_result(args.json, result);
   return 0;
 }
 
