@@ -12,15 +12,18 @@
 # Uses the project venv's python (scripts/setup.sh) and build/release/src/kdflow.
 # Usage: bench/real_job.sh [--job folder|default] [--size 112] [--steps 60] [--batch 32] [--teacher resnet18]
 #   [--student mobilenet_v2] [--repeats 1] [--workers N] [--out FILE] [--set KEY=VALUE]...
-#   [--env KEY=VALUE]... [--peer-env KEY=VALUE]... [--device cpu|cuda]
+#   [--env KEY=VALUE]... [--peer-env KEY=VALUE]... [--device cpu|cuda] [--cache none|memory]
 # (--device: where both students train, cpu by default; on cuda the peer's teacher runs on the GPU
 # too, both arms under bf16 autocast, as a user's loop on a GPU would)
 # (--set: a key of kdflow's configuration for its arm, e.g. train.threads=2; --env, --peer-env: an
 # environment variable for kdflow's or the peer's arm, e.g. OMP_WAIT_POLICY=PASSIVE; repeatable)
+# (--cache memory: a third arm, kdflow with kd.cache = memory and kd.cache_augmented = true: from the
+# second epoch on, each sample's target is the teacher's output for its first view; its accuracy
+# beside the fresh teacher's at the same steps says what the stale targets cost)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 job=folder size=112 steps="" batch="" teacher=resnet18 student=mobilenet_v2 repeats=1 out=""
-device=cpu
+device=cpu cache=none
 sets=()
 envs=()
 peer_envs=()
@@ -44,6 +47,7 @@ while [ $# -gt 0 ]; do
   --env) envs+=("$2") ;;
   --peer-env) peer_envs+=("$2") ;;
   --device) device=$2 ;;
+  --cache) cache=$2 ;;
   *) refuse "unknown argument $1" ;;
   esac
   shift 2
@@ -53,6 +57,7 @@ cpu) peer_amp=none ;;
 cuda) peer_amp=bf16 ;;
 *) refuse "--device $device: cpu or cuda" ;;
 esac
+case "$cache" in none | memory) ;; *) refuse "--cache $cache: none or memory" ;; esac
 py=$(cat .kdflow-venv)/bin/python
 kdflow=build/release/src/kdflow
 [ -x "$kdflow" ] || bash scripts/build.sh release
@@ -90,25 +95,33 @@ default)
 esac
 results=$(mktemp -d)
 trap 'rm -rf "$results"' EXIT
-for r in $(seq 1 "$repeats"); do
+# kdflow_arm NAME SET...: one kdflow run of repeat $r, its summary kept as NAME_$r.json.
+kdflow_arm() {
+  local name=$1
+  shift
   rm -rf "$work/run"
   env "${envs[@]}" "$kdflow" train --out "$work/run" "${kd_args[@]}" --set "data.batch_size=$batch" \
     --set "train.max_steps=$steps" --set "train.seed=$r" --set train.export=off \
-    --set train.checkpoint_every=0 --set "student.device=$device" "${sets[@]}" >"$results/kdflow_$r.log" 2>&1 ||
+    --set train.checkpoint_every=0 --set "student.device=$device" "${sets[@]}" "$@" \
+    >"$results/${name}_$r.log" 2>&1 ||
     {
-      tail -5 "$results/kdflow_$r.log" >&2
+      tail -5 "$results/${name}_$r.log" >&2
       exit 1
     }
-  cp "$work/run/summary.json" "$results/kdflow_$r.json"
+  cp "$work/run/summary.json" "$results/${name}_$r.json"
+}
+for r in $(seq 1 "$repeats"); do
+  kdflow_arm kdflow
+  [ "$cache" = none ] || kdflow_arm kdflow_cache --set "kd.cache=$cache" --set kd.cache_augmented=true
   env "${peer_envs[@]}" "$py" bench/peer_pytorch_kd.py "${peer_args[@]}" --batch "$batch" \
     --steps "$steps" --seed "$r" --device "$device" --amp "$peer_amp" --eval >"$results/peer_$r.json"
 done
 "$py" - "$results" "$repeats" "$job" "$size" "$steps" "$batch" "$teacher" "$student" "$workers" "$out" \
-  "${sets[*]}" "${envs[*]}" "${peer_envs[*]}" "$device" <<'PY'
+  "${sets[*]}" "${envs[*]}" "${peer_envs[*]}" "$device" "$cache" <<'PY'
 import json, statistics, subprocess, sys
-d, repeats, job, size, steps, batch, teacher, student, workers, out, sets, envs, peer_envs, device = sys.argv[1:]
-k = [json.load(open(f"{d}/kdflow_{r}.json")) for r in range(1, int(repeats) + 1)]
-p = [json.load(open(f"{d}/peer_{r}.json")) for r in range(1, int(repeats) + 1)]
+d, repeats, job, size, steps, batch, teacher, student, workers, out, sets, envs, peer_envs, device, cache = sys.argv[1:]
+arm = lambda name: [json.load(open(f"{d}/{name}_{r}.json")) for r in range(1, int(repeats) + 1)]
+k, p = arm("kdflow"), arm("peer")
 cpu = subprocess.run("lscpu | sed -n 's/^Model name:[ ]*//p'", shell=True, capture_output=True,
                      text=True).stdout.strip()
 commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
@@ -132,6 +145,15 @@ result = {"cpu": cpu, "cpus": int(subprocess.run(["nproc"], capture_output=True,
           "kdflow_teacher_busy_fraction": [x.get("teacher_busy_fraction") for x in k],
           "kdflow_student_stall_fraction": [x.get("student_stall_fraction") for x in k],
           "kdflow_plan": k[-1].get("plan")}
+if cache != "none":
+    c = arm("kdflow_cache")
+    result["kdflow_cache"] = {
+        "sets": [f"kd.cache={cache}", "kd.cache_augmented=true"],
+        "samples_per_s": [x["samples_per_s"] for x in c],
+        "ratio_to_peer": statistics.median(x["samples_per_s"] for x in c) / ps,
+        "test_accuracy": [x["test_accuracy"] for x in c],
+        "teacher_cache": [x.get("teacher_cache") for x in c],
+        "student_stall_fraction": [x.get("student_stall_fraction") for x in c]}
 text = json.dumps(result, indent=1)
 print(text)
 if out:

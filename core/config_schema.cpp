@@ -213,7 +213,8 @@ const std::vector<ConfigKey>& config_schema() {
        "instead of running the teacher; disk: also kept in a file between runs (kd.cache_path), so "
        "a later run with the same teacher and data reads them from its first epoch (with several "
        "teachers, their mix is kept); needs the same teacher input every epoch (data.pad_crop = 0, "
-       "data.hflip = false, data held in memory); teacher features are kept beside the logits; "
+       "data.hflip = false, no colour jitter, data held in memory) unless kd.cache_augmented; "
+       "refused with mixup/cutmix; teacher features are kept beside the logits; "
        "several ranks each keep their own shard's",
        {"none", "memory", "disk"}},
       {"kd.cache_path", T::string, std::string(""),
@@ -228,6 +229,10 @@ const std::vector<ConfigKey>& config_schema() {
        {},
        0,
        1 << 20},
+      {"kd.cache_augmented", T::boolean, false,
+       "kd.cache with random views (crops, flips, colour jitter, an image folder): later epochs "
+       "read the teacher's outputs for each sample's first view, not the view they train on "
+       "(stale targets, no teacher cost); false: such a cache is refused"},
       {"train.epochs", T::integer, std::int64_t{1}, "passes over the training set", {}, 1, 100000},
       {"train.max_steps",
        T::integer,

@@ -36,10 +36,24 @@ std::size_t cached_feature_floats(const RunInputs& run) {
   return floats;
 }
 
+// What makes a sample's teacher input differ between epochs (mixes aside): a kept output is then
+// the first view's.
+std::vector<std::string> random_views(const RunInputs& run) {
+  std::vector<std::string> changes;
+  if (run.augment.pad_crop > 0)
+    changes.push_back(fmt::format("data.pad_crop = {} crops it at random", run.augment.pad_crop));
+  if (run.augment.hflip) changes.emplace_back("data.hflip = true flips it at random");
+  if (run.augment.jitters()) changes.emplace_back("data.color_jitter changes its colours at random");
+  if (run.train.decodes())
+    changes.push_back(fmt::format(
+        "{} is an image folder, whose training images are cropped at random", run.train.source()));
+  return changes;
+}
+
 // kd.cache = disk: what the teacher's outputs are computed from, one "name=value" per line: the
 // teacher file's bytes and precision, the teacher's input made from the data (each teacher's, and
 // their mix's weights and temperature with several), the features each returns, the data's
-// pixels, and what is kept of each sample's logits. The file's path leaves it out: the same bytes
+// pixels, its random views (kd.cache_augmented), and what is kept of each sample's logits. The file's path leaves it out: the same bytes
 // elsewhere are the same teacher.
 std::string teacher_cache_key(const RunInputs& run, const TeacherOutputCache& cache) {
   const auto spec = [](const ImageSpec& s) {
@@ -75,6 +89,10 @@ std::string teacher_cache_key(const RunInputs& run, const TeacherOutputCache& ca
   key += fmt::format("data={:016x} {}x{}x{}x{}\n", run.train.pixel_digest(), run.train.size(),
                      run.train.channels(), run.train.height(), run.train.width());
   key += fmt::format("classes={}\n", cache.classes());
+  // kd.cache_augmented: the outputs are of each sample's first random view (a run without random
+  // views keeps the key it always had).
+  const std::vector<std::string> views = random_views(run);
+  if (!views.empty()) key += fmt::format("views=first of: {}\n", fmt::join(views, "; "));
   key += cache.full() ? std::string("kept=all\n")
                       : fmt::format("kept={} at kd.temperature={:.9g}\n", cache.kept(),
                                     run.config.get_double("kd.temperature"));
@@ -84,22 +102,22 @@ std::string teacher_cache_key(const RunInputs& run, const TeacherOutputCache& ca
 void prepare_teacher_cache_into(RunInputs& run) {
   const std::string mode = run.config.get_string("kd.cache");
   if (mode == "none" || !run.teacher_runs()) return;
-  std::string changes;
-  if (run.augment.pad_crop > 0)
-    changes = fmt::format("data.pad_crop = {} crops it at random", run.augment.pad_crop);
-  else if (run.augment.hflip)
-    changes = "data.hflip = true flips it at random";
-  else if (run.augment.mixes())
-    changes = "data.mixup_alpha/data.cutmix_alpha mix it with another sample at random";
-  else if (run.augment.jitters())
-    changes = "data.color_jitter changes its colours at random";
-  else if (run.train.decodes())
-    changes = fmt::format("{} is an image folder, whose training images are cropped at random",
-                          run.train.source());
-  if (!changes.empty())
+  // A mix pairs a sample with another at random: a kept target would be another pair's.
+  if (run.augment.mixes())
+    throw InputError(fmt::format("kd.cache = {}: data.mixup_alpha/data.cutmix_alpha mix each "
+                                 "sample with another at random, and the targets follow the mix: "
+                                 "set kd.cache = none",
+                                 mode));
+  const std::vector<std::string> changes = random_views(run);
+  if (!changes.empty() && !run.config.get_bool("kd.cache_augmented"))
     throw InputError(fmt::format("kd.cache = {}: the teacher's input for a sample changes every "
-                                 "epoch ({}): set kd.cache = none",
-                                 mode, changes));
+                                 "epoch ({}): set kd.cache = none, or kd.cache_augmented = true "
+                                 "to serve each sample's first view's outputs in later epochs",
+                                 mode, fmt::join(changes, "; ")));
+  if (!changes.empty())
+    log_info(fmt::format("kd.cache_augmented: later epochs read the teacher's outputs for each "
+                         "sample's first view, not for the view they train on ({})",
+                         fmt::join(changes, "; ")));
   const auto classes = static_cast<std::size_t>(run.teachers.front().model->output_shape(0)[1]);
   const auto top_k = static_cast<std::size_t>(run.config.get_int("kd.cache_topk"));
   const std::size_t kept = top_k == 0 || top_k >= classes ? classes : top_k;

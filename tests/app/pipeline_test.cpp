@@ -155,7 +155,8 @@ TEST(Session, StudentThreadsBeyondItsCpusShareTheTeachers) {
   }
 }
 
-// A cache is refused where a sample's teacher input changes between epochs.
+// A cache is refused where a sample's teacher input changes between epochs, unless
+// kd.cache_augmented asks for the first view's outputs (never under a mix).
 TEST(CpuPipeline, TeacherOutputCacheIsRefusedWithRandomAugmentation) {
   for (const std::string set : {"data.pad_crop=2", "data.hflip=true"}) {
     const std::string key = set.substr(0, set.find('='));
@@ -165,7 +166,23 @@ TEST(CpuPipeline, TeacherOutputCacheIsRefusedWithRandomAugmentation) {
     });
     EXPECT_NE(error.find("kd.cache = memory"), std::string::npos) << error;
     EXPECT_NE(error.find(key), std::string::npos) << error;
+    EXPECT_NE(error.find("kd.cache_augmented"), std::string::npos) << "names the way out";
+    // Asked for: each sample's first view's outputs serve later epochs, and the disk file's key
+    // says so (a file of unaugmented outputs is not read for them).
+    const std::string file = std::filesystem::temp_directory_path().string() + "/kdflow_views.kdcache";
+    RunInputs views = prepare_run(
+        shipped_teacher_config({"kd.cache=disk", "kd.cache_path=" + file, "kd.cache_augmented=true", set}));
+    prepare_teacher_cache(views);
+    ASSERT_NE(views.cache, nullptr) << set;
+    EXPECT_NE(views.cache_key.find("\nviews=first of: " + key), std::string::npos) << views.cache_key;
   }
+  // A mix's targets follow the mix: refused even when asked for.
+  const std::string mixed = test::error_of([&] {
+    RunInputs run = prepare_run(shipped_teacher_config(
+        {"kd.cache=memory", "kd.cache_augmented=true", "data.mixup_alpha=0.8"}));
+    prepare_teacher_cache(run);
+  });
+  EXPECT_NE(mixed.find("data.mixup_alpha"), std::string::npos) << mixed;
   RunInputs run = prepare_run(shipped_teacher_config({}));
   prepare_teacher_cache(run);
   EXPECT_EQ(run.cache, nullptr);
