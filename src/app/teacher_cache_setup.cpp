@@ -43,7 +43,8 @@ std::vector<std::string> random_views(const RunInputs& run) {
   if (run.augment.pad_crop > 0)
     changes.push_back(fmt::format("data.pad_crop = {} crops it at random", run.augment.pad_crop));
   if (run.augment.hflip) changes.emplace_back("data.hflip = true flips it at random");
-  if (run.augment.jitters()) changes.emplace_back("data.color_jitter changes its colours at random");
+  if (run.augment.jitters())
+    changes.emplace_back("data.color_jitter changes its colours at random");
   if (run.train.decodes())
     changes.push_back(fmt::format(
         "{} is an image folder, whose training images are cropped at random", run.train.source()));
@@ -53,8 +54,8 @@ std::vector<std::string> random_views(const RunInputs& run) {
 // kd.cache = disk: what the teacher's outputs are computed from, one "name=value" per line: the
 // teacher file's bytes and precision, the teacher's input made from the data (each teacher's, and
 // their mix's weights and temperature with several), the features each returns, the data's
-// pixels, its random views (kd.cache_augmented), and what is kept of each sample's logits. The file's path leaves it out: the same bytes
-// elsewhere are the same teacher.
+// pixels, its random views (kd.cache_augmented), and what is kept of each sample's logits. The
+// file's path leaves it out: the same bytes elsewhere are the same teacher.
 std::string teacher_cache_key(const RunInputs& run, const TeacherOutputCache& cache) {
   const auto spec = [](const ImageSpec& s) {
     return fmt::format("{}x{}x{}", s.channels, s.height, s.width);

@@ -291,20 +291,28 @@ TEST(Dist, TwoRanksEachCacheTheirShard) {
 
 // Two local ranks that want a GPU each on a node with fewer: every rank refuses alike with one line
 // before any rendezvous (not rank 1 alone, leaving rank 0 to wait for it until dist.timeout_s).
+// The ranks are started as torchrun starts them (its environment) but without its agent, which
+// stops the other workers once one fails: each must refuse on its own, the slower one included.
 TEST(Dist, FewerGpusThanLocalRanksIsRefusedByEveryRankBeforeTheyMeet) {
   const int gpus = visible_gpus();
   if (gpus >= 2) GTEST_SKIP() << gpus << " GPUs: two local ranks have one each";
-  const fs::path out = scratch("dist_too_few_gpus"), logs = out.string() + ".logs";
-  auto args = with(fast_train_args(out, 32), {"student.device=cuda", "dist.timeout_s=120"});
+  const fs::path out = scratch("dist_too_few_gpus");
+  const std::string port = std::to_string(free_port());
   const auto start = Clock::now();
-  const Result r = torchrun(launch(local(2), logs, args), out);
-  const double took = std::chrono::duration<double>(Clock::now() - start).count();
-  EXPECT_NE(r.code, 0);
-  EXPECT_LT(took, 60.0) << "a rank waited for the other";
+  std::vector<Child> ranks;
+  for (int rank = 0; rank < 2; ++rank)
+    ranks.push_back(spawn(
+        with(fast_train_args(out, 32), {"student.device=cuda", "dist.timeout_s=120"}),
+        out.string() + ".rank" + std::to_string(rank), "/dev/null",
+        {"RANK=" + std::to_string(rank), "LOCAL_RANK=" + std::to_string(rank), "WORLD_SIZE=2",
+         "LOCAL_WORLD_SIZE=2", "GROUP_RANK=0", "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + port}));
   const std::string expected = gpus == 0 ? "student.device = cuda: no CUDA device is visible"
                                          : "LOCAL_WORLD_SIZE = 2: this node has 1 CUDA device(s)";
   for (int rank = 0; rank < 2; ++rank) {
-    const std::string err = rank_stderr(logs, rank);
+    EXPECT_EQ(wait_exit(ranks[static_cast<std::size_t>(rank)]), 2) << "local rank " << rank;
+    const double took = std::chrono::duration<double>(Clock::now() - start).count();
+    EXPECT_LT(took, 60.0) << "local rank " << rank << " waited for the other";
+    const std::string err = read_text(ranks[static_cast<std::size_t>(rank)].err);
     EXPECT_NE(err.find(expected), std::string::npos) << "local rank " << rank << ": " << err;
   }
   EXPECT_FALSE(fs::exists(out / "checkpoints"));

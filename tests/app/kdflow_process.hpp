@@ -44,13 +44,19 @@ struct Child {
   fs::path err;
 };
 
-// `program` (argv[0] = program) with `args`, stderr and stdout into files.
+// `program` (argv[0] = program) with `args`, stderr and stdout into files; `env`
+// ("NAME=value") beside this process's environment.
 inline Child spawn_program(const std::string& program, std::vector<std::string> args,
-                           const fs::path& err, const fs::path& out = "/dev/null") {
+                           const fs::path& err, const fs::path& out = "/dev/null",
+                           std::vector<std::string> env = {}) {
   args.insert(args.begin(), program);
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
+  std::vector<char*> envp;
+  for (auto& e : env) envp.push_back(e.data());
+  for (char** e = environ; *e != nullptr; ++e) envp.push_back(*e); // the first of a name wins
+  envp.push_back(nullptr);
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, err.c_str(),
@@ -59,14 +65,14 @@ inline Child spawn_program(const std::string& program, std::vector<std::string> 
                                    O_WRONLY | O_CREAT | O_TRUNC, 0644);
   Child c;
   c.err = err;
-  EXPECT_EQ(posix_spawn(&c.pid, program.c_str(), &actions, nullptr, argv.data(), environ), 0);
+  EXPECT_EQ(posix_spawn(&c.pid, program.c_str(), &actions, nullptr, argv.data(), envp.data()), 0);
   posix_spawn_file_actions_destroy(&actions);
   return c;
 }
 
 inline Child spawn(std::vector<std::string> args, const fs::path& err,
-                   const fs::path& out = "/dev/null") {
-  return spawn_program(KDFLOW_BIN, std::move(args), err, out);
+                   const fs::path& out = "/dev/null", std::vector<std::string> env = {}) {
+  return spawn_program(KDFLOW_BIN, std::move(args), err, out, std::move(env));
 }
 
 inline int wait_exit(const Child& c) {

@@ -169,12 +169,14 @@ TEST(CpuPipeline, TeacherOutputCacheIsRefusedWithRandomAugmentation) {
     EXPECT_NE(error.find("kd.cache_augmented"), std::string::npos) << "names the way out";
     // Asked for: each sample's first view's outputs serve later epochs, and the disk file's key
     // says so (a file of unaugmented outputs is not read for them).
-    const std::string file = std::filesystem::temp_directory_path().string() + "/kdflow_views.kdcache";
-    RunInputs views = prepare_run(
-        shipped_teacher_config({"kd.cache=disk", "kd.cache_path=" + file, "kd.cache_augmented=true", set}));
+    const std::string file =
+        std::filesystem::temp_directory_path().string() + "/kdflow_views.kdcache";
+    RunInputs views = prepare_run(shipped_teacher_config(
+        {"kd.cache=disk", "kd.cache_path=" + file, "kd.cache_augmented=true", set}));
     prepare_teacher_cache(views);
     ASSERT_NE(views.cache, nullptr) << set;
-    EXPECT_NE(views.cache_key.find("\nviews=first of: " + key), std::string::npos) << views.cache_key;
+    EXPECT_NE(views.cache_key.find("\nviews=first of: " + key), std::string::npos)
+        << views.cache_key;
   }
   // A mix's targets follow the mix: refused even when asked for.
   const std::string mixed = test::error_of([&] {
