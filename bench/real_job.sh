@@ -101,7 +101,8 @@ kdflow_arm() {
   shift
   rm -rf "$work/run"
   env "${envs[@]}" "$kdflow" train --out "$work/run" "${kd_args[@]}" --set "data.batch_size=$batch" \
-    --set "train.max_steps=$steps" --set "train.seed=$r" --set train.export=off \
+    --set "train.max_steps=$steps" --set train.epochs=100000 --set "train.seed=$r" \
+    --set train.export=off \
     --set train.checkpoint_every=0 --set "student.device=$device" "${sets[@]}" "$@" \
     >"$results/${name}_$r.log" 2>&1 ||
     {
@@ -109,6 +110,10 @@ kdflow_arm() {
       exit 1
     }
   cp "$work/run/summary.json" "$results/${name}_$r.json"
+  # Both arms run every step (train.max_steps, not the epochs, ends the run).
+  local ran
+  ran=$("$py" -c 'import json, sys; print(json.load(open(sys.argv[1]))["steps"])' "$work/run/summary.json")
+  [ "$ran" = "$steps" ] || refuse "kdflow's $name arm ran $ran of $steps steps"
 }
 for r in $(seq 1 "$repeats"); do
   kdflow_arm kdflow

@@ -915,8 +915,10 @@ TEST(Train, TheStudentComesOutCheckedAndServesAsTheNextTeacher) {
   const Result ec = run(
       {"eval", "--model", (c / "student.pt").string(), "--json", (c / "eval.json").string()}, c);
   ASSERT_EQ(ec.code, 0) << ec.err;
+  // As for the ONNX file above: the run's figure is its own precision's (bf16 autocast on a GPU),
+  // the evaluation fp32's (the lent H200 differed by 2 of 10000 near-ties, 2026-11-27).
   EXPECT_NEAR(json::parse(read_text(c / "eval.json"))["top1"].get<double>(),
-              sc["test_accuracy"].get<double>(), 2e-4);
+              sc["test_accuracy"].get<double>(), sc["precision"] == "fp32" ? 2e-4 : 1e-2);
   {
     const Result bad = run(
         {"export", "--run", c.string(), "--format", "onnx", "--out", (c / "x.onnx").string()}, c);
