@@ -4,6 +4,8 @@
 // read. --exhaustive also runs every valid plan, for the quality comparison.
 #pragma once
 
+#include <cstddef>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -19,5 +21,10 @@ struct TuneArgs {
 };
 
 int tune_cores_command(const TuneArgs& args);
+
+// How many of a teacher's `replicas` to keep: halved while `rate_of(kept)` (the stage measured on
+// that many) still reaches `target` samples/s; at least one.
+std::size_t fewest_replicas(std::size_t replicas, double target,
+                            const std::function<double(std::size_t)>& rate_of);
 
 } // namespace kdflow::app

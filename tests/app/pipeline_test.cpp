@@ -7,6 +7,7 @@
 #include "pipeline_helpers.hpp"
 #include "run.hpp"
 #include "session.hpp"
+#include "tune_cores.hpp"
 
 #include "../core/input_error.hpp"
 #include "torch_teacher_impl.hpp"
@@ -312,3 +313,24 @@ TEST(RunSchema, LossChoicesAndParameterKeysComeFromTheLossTables) {
 
 } // namespace
 } // namespace kdflow::app
+
+// tune-cores' plans with CPUs left spare: a teacher's replicas halved while the rate measured on
+// the fewer still reaches the target; never below one, never more than asked for.
+TEST(TuneCores, TeacherReplicasAreHalvedWhileTheirRateKeepsTheHeadroom) {
+  std::vector<std::size_t> asked;
+  // A stage that loses a little per replica to contention among them: 14 -> 7 -> 3 keep the
+  // target, 1 does not.
+  const auto rate = [&](std::size_t r) {
+    asked.push_back(r);
+    return static_cast<double>(r) * (1000.0 - 20.0 * static_cast<double>(r));
+  };
+  EXPECT_EQ(kdflow::app::fewest_replicas(14, 2000, rate), 3u);
+  EXPECT_EQ(asked, (std::vector<std::size_t>{7, 3, 1}));
+  asked.clear();
+  EXPECT_EQ(kdflow::app::fewest_replicas(14, 1e9, rate), 14u)
+      << "no fewer replicas keep the target";
+  EXPECT_EQ(asked, (std::vector<std::size_t>{7}));
+  asked.clear();
+  EXPECT_EQ(kdflow::app::fewest_replicas(8, 0, rate), 1u);
+  EXPECT_EQ(kdflow::app::fewest_replicas(1, 0, rate), 1u);
+}
