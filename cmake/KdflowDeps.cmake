@@ -52,7 +52,10 @@ find_package(fmt REQUIRED CONFIG)
 find_package(spdlog REQUIRED CONFIG)
 find_package(nlohmann_json 3 REQUIRED CONFIG)
 pkg_check_modules(TOMLPP REQUIRED IMPORTED_TARGET tomlplusplus>=3)
-# Image folders: libjpeg-turbo's TurboJPEG API (DCT-scaled decoding) and libpng 1.6's simplified API.
+# Image folders: libjpeg-turbo's libjpeg API (DCT-scaled decoding of the crop's region:
+# jpeg_crop_scanline, jpeg_skip_scanlines), its TurboJPEG API (the tests' JPEG writer) and libpng
+# 1.6's simplified API.
+pkg_check_modules(LIBJPEG REQUIRED IMPORTED_TARGET libjpeg>=2.0)
 pkg_check_modules(TURBOJPEG REQUIRED IMPORTED_TARGET libturbojpeg>=2)
 pkg_check_modules(LIBPNG REQUIRED IMPORTED_TARGET libpng16)
 # Imported targets are directory-scoped: found here so every directory links them alike.

@@ -11,13 +11,18 @@
 #include <fcntl.h>
 #include <png.h>
 #include <sys/stat.h>
-#include <turbojpeg.h>
 #include <unistd.h>
+
+// jpeglib.h needs size_t and FILE declared first.
+#include <cstddef>
+#include <cstdio>
+#include <jpeglib.h>
 
 #include <algorithm>
 #include <array>
 #include <cctype>
 #include <cmath>
+#include <csetjmp>
 #include <cstring>
 #include <limits>
 #include <tuple>
@@ -101,10 +106,96 @@ void read_whole(const std::string& path, std::vector<std::uint8_t>& buffer, std:
   ::close(fd);
 }
 
-struct TjDeleter {
-  void operator()(void* h) const {
-    if (h != nullptr) tjDestroy(h);
+// libjpeg's errors, and its warnings (a truncated scan, for one: the image would be part grey),
+// end the decode: its error_exit and emit_message jump back to the setjmp of the call in progress.
+struct JpegError {
+  jpeg_error_mgr mgr{};
+  std::jmp_buf jump{};
+  std::array<char, JMSG_LENGTH_MAX> message{};
+};
+
+extern "C" void jpeg_fail(j_common_ptr cinfo) {
+  auto* e = reinterpret_cast<JpegError*>(cinfo->err);
+  (*cinfo->err->format_message)(cinfo, e->message.data());
+  std::longjmp(e->jump, 1);
+}
+
+extern "C" void jpeg_message(j_common_ptr cinfo, int level) {
+  if (level < 0) jpeg_fail(cinfo); // a warning; trace messages (level >= 0) are ignored
+}
+
+// One decompressor, reused image after image (jpeg_abort_decompress between them).
+class JpegDecompressor {
+public:
+  JpegDecompressor() {
+    cinfo_.err = jpeg_std_error(&error_.mgr);
+    error_.mgr.error_exit = jpeg_fail;
+    error_.mgr.emit_message = jpeg_message;
+    jpeg_create_decompress(&cinfo_);
   }
+  ~JpegDecompressor() { jpeg_destroy_decompress(&cinfo_); }
+  JpegDecompressor(const JpegDecompressor&) = delete;
+  JpegDecompressor& operator=(const JpegDecompressor&) = delete;
+
+  // The file's header: false (message()) when libjpeg refuses it.
+  bool header(const std::uint8_t* data, std::size_t size, int& width, int& height) {
+    jpeg_abort_decompress(&cinfo_);
+    if (setjmp(error_.jump) != 0) return fail();
+    jpeg_mem_src(&cinfo_, data, static_cast<unsigned long>(size));
+    jpeg_read_header(&cinfo_, TRUE);
+    width = static_cast<int>(cinfo_.image_width);
+    height = static_cast<int>(cinfo_.image_height);
+    return true;
+  }
+
+  // After header(): the image at 1/`denom` scale (DCT domain), as interleaved RGB, of which only
+  // rows [top, bottom) and columns [left, right) are wanted. Every row is entropy-decoded (so a
+  // damaged file fails whatever the region), but only the region's iMCU rows and columns, with
+  // one iMCU of context around them (so its pixels are the full decode's), go through the inverse
+  // DCT, upsampling and colour conversion. `rgb` receives rows [*row0, *row0 + rows) and columns
+  // [*col0, *col0 + *cols) of the scaled image; false (message()) when libjpeg fails.
+  bool region(int denom, int top, int bottom, int left, int right, std::vector<std::uint8_t>& rgb,
+              int& row0, int& col0, int& cols) {
+    if (setjmp(error_.jump) != 0) return fail();
+    cinfo_.scale_num = 1;
+    cinfo_.scale_denom = static_cast<unsigned int>(denom);
+    cinfo_.out_color_space = JCS_EXT_RGB;
+    jpeg_start_decompress(&cinfo_);
+    const int width = static_cast<int>(cinfo_.output_width);
+    const int height = static_cast<int>(cinfo_.output_height);
+    const int imcu_w = cinfo_.max_h_samp_factor * cinfo_.min_DCT_scaled_size;
+    const int imcu_h = cinfo_.max_v_samp_factor * cinfo_.min_DCT_scaled_size;
+    JDIMENSION x = static_cast<JDIMENSION>(std::max(left - imcu_w, 0));
+    JDIMENSION w = static_cast<JDIMENSION>(std::min(right + imcu_w, width)) - x;
+    if (w < static_cast<JDIMENSION>(width)) jpeg_crop_scanline(&cinfo_, &x, &w);
+    const int first = std::max(top - imcu_h, 0);
+    const int last = std::min(bottom + imcu_h, height);
+    row0 = first;
+    col0 = static_cast<int>(x);
+    cols = static_cast<int>(w);
+    rgb.resize(static_cast<std::size_t>(last - first) * w * 3);
+    if (first > 0) jpeg_skip_scanlines(&cinfo_, static_cast<JDIMENSION>(first));
+    while (cinfo_.output_scanline < static_cast<JDIMENSION>(last)) {
+      JSAMPROW row =
+          rgb.data() + (static_cast<std::size_t>(cinfo_.output_scanline) - first) * w * 3;
+      jpeg_read_scanlines(&cinfo_, &row, 1);
+    }
+    if (cinfo_.output_scanline < cinfo_.output_height)
+      jpeg_skip_scanlines(&cinfo_, cinfo_.output_height - cinfo_.output_scanline);
+    jpeg_finish_decompress(&cinfo_);
+    return true;
+  }
+
+  [[nodiscard]] const char* message() const { return error_.message.data(); }
+
+private:
+  bool fail() {
+    jpeg_abort_decompress(&cinfo_);
+    return false;
+  }
+
+  jpeg_decompress_struct cinfo_{};
+  JpegError error_;
 };
 
 } // namespace
@@ -253,18 +344,19 @@ void resample_bilinear_aa(const std::uint8_t* src, int stride, int x0, int y0, i
   // Horizontal pass, 8-bit, over the window's columns and the rows it needs: rows x size x 3.
   m.rows.resize(static_cast<std::size_t>(rows) * size * 3);
   for (int r = 0; r < rows; ++r) {
-    const std::uint8_t* in = src + (static_cast<std::size_t>(y0 + first + r) * stride + x0) * 3;
+    // The row; columns are indexed from the region's x0, which may lie left of `src`'s first.
+    const std::uint8_t* in = src + static_cast<std::size_t>(y0 + first + r) * stride * 3;
     std::uint8_t* row = m.rows.data() + static_cast<std::size_t>(r) * size * 3;
     for (int x = 0; x < size; ++x) {
       const auto xx = static_cast<std::size_t>(ox + x);
       if (!horizontal) {
-        std::memcpy(row + x * 3, in + xx * 3, 3);
+        std::memcpy(row + x * 3, in + static_cast<std::size_t>(x0 + ox + x) * 3, 3);
         continue;
       }
       const int xmin = m.xbounds[xx * 2], xmax = m.xbounds[xx * 2 + 1];
       const std::int32_t* k = m.xk.data() + xx * static_cast<std::size_t>(kx);
       std::int32_t s0 = 1 << (kPrecisionBits - 1), s1 = s0, s2 = s0;
-      const std::uint8_t* p = in + static_cast<std::size_t>(xmin) * 3;
+      const std::uint8_t* p = in + static_cast<std::size_t>(x0 + xmin) * 3;
       for (int t = 0; t < xmax; ++t) {
         s0 += p[t * 3] * k[t];
         s1 += p[t * 3 + 1] * k[t];
@@ -303,26 +395,63 @@ void resample_bilinear_aa(const std::uint8_t* src, int stride, int x0, int y0, i
 // of which the size x size window at (oy, ox) is kept.
 struct CropPlan {
   CropBox box;
-  int out_h = 0, out_w = 0, oy = 0, ox = 0;
+  int out_h = 0, out_w = 0, oy = 0, ox = 0, size = 0;
 };
 
+// The decoded pixels: the image is dh x dw (a DCT-scaled JPEG's fewer than the file's h x w), of
+// which `rgb` holds rows from `top` and columns [left, left + stride) (a JPEG: the region the
+// crop reads; a PNG: all of it).
+struct DecodedRegion {
+  CropPlan plan;
+  int h = 0, w = 0, dh = 0, dw = 0;
+  int top = 0, left = 0, stride = 0;
+};
+
+// The plan's box in the decoded pixels: rows [y0, y0 + height), columns [x0, x0 + width), at least
+// one of each.
+struct DecodedBox {
+  int y0 = 0, x0 = 0, height = 0, width = 0;
+};
+DecodedBox box_in_decoded(const DecodedRegion& d) {
+  const auto scaled = [](int v, int decoded, int original) {
+    return static_cast<int>(std::lround(static_cast<double>(v) * decoded / original));
+  };
+  const CropBox& box = d.plan.box;
+  const int x0 = std::min(scaled(box.left, d.dw, d.w), d.dw - 1);
+  const int y0 = std::min(scaled(box.top, d.dh, d.h), d.dh - 1);
+  const int x1 = std::max(scaled(box.left + box.width, d.dw, d.w), x0 + 1);
+  const int y1 = std::max(scaled(box.top + box.height, d.dh, d.h), y0 + 1);
+  return {y0, x0, std::min(y1, d.dh) - y0, std::min(x1, d.dw) - x0};
+}
+
+// The source rows (or columns) [first, last) that the outputs [o, o + n) of a resize from `in` to
+// `out` samples read (PIL's bilinear support, widened by the downscale factor), a sample more on
+// each side for rounding.
+std::pair<int, int> source_span(int in, int out, int o, int n) {
+  const double scale = static_cast<double>(in) / out;
+  const double support = std::max(scale, 1.0);
+  const int first = static_cast<int>(std::floor((o + 0.5) * scale - support)) - 1;
+  const int last = static_cast<int>(std::ceil((o + n - 0.5) * scale + support)) + 2;
+  return {std::clamp(first, 0, in), std::clamp(last, 0, in)};
+}
+
 struct ImageDecoder::Impl {
-  std::unique_ptr<void, TjDeleter> jpeg{tjInitDecompress()};
+  JpegDecompressor jpeg;
   std::vector<std::uint8_t> file, rgb;
   ResampleScratch resample;
 
-  // Decodes `path` (already in `file`) to interleaved RGB in `rgb`; returns the plan `plan_of`
-  // makes for the file's height and width, and the decoded height and width. A JPEG is decoded with
-  // the smallest DCT scaling that keeps the plan's box at least as large as what it becomes
-  // (where `dct_scaling` allows it).
+  // Decodes `path` (already in `file`) to interleaved RGB in `rgb`: the plan `plan_of` makes for
+  // the file's height and width, and where the decoded pixels lie. A JPEG is decoded with the
+  // smallest DCT scaling that keeps the plan's box at least as large as what it becomes (where
+  // `dct_scaling` allows it), and only around what the crop reads.
   template <typename PlanOf>
-  std::tuple<CropPlan, int, int, int, int> decode_rgb(const std::string& path,
-                                                      const PlanOf& plan_of, bool dct_scaling) {
+  DecodedRegion decode_rgb(const std::string& path, const PlanOf& plan_of, bool dct_scaling,
+                           bool region) {
     switch (kind_of(file.data(), file.size())) {
-    case ImageKind::jpeg: return decode_jpeg(path, plan_of, dct_scaling);
+    case ImageKind::jpeg: return decode_jpeg(path, plan_of, dct_scaling, region);
     case ImageKind::png: {
       const auto [h, w] = decode_png(path);
-      return {plan_of(h, w), h, w, h, w};
+      return {plan_of(h, w), h, w, h, w, 0, 0, w};
     }
     case ImageKind::other: break;
     }
@@ -330,39 +459,43 @@ struct ImageDecoder::Impl {
   }
 
   template <typename PlanOf>
-  std::tuple<CropPlan, int, int, int, int> decode_jpeg(const std::string& path,
-                                                       const PlanOf& plan_of, bool dct_scaling) {
-    if (!jpeg) throw std::runtime_error("libjpeg-turbo: tjInitDecompress failed");
-    int w = 0, h = 0, subsampling = 0, colorspace = 0;
-    if (tjDecompressHeader3(jpeg.get(), file.data(), file.size(), &w, &h, &subsampling,
-                            &colorspace) != 0)
-      throw InputError(fmt::format("{}: undecodable JPEG ({})", path, tjGetErrorStr2(jpeg.get())));
+  DecodedRegion decode_jpeg(const std::string& path, const PlanOf& plan_of, bool dct_scaling,
+                            bool region) {
+    int w = 0, h = 0;
+    if (!jpeg.header(file.data(), file.size(), w, h))
+      throw InputError(fmt::format("{}: undecodable JPEG ({})", path, jpeg.message()));
     check_pixels(path, w, h);
-    const CropPlan plan = plan_of(h, w);
-    int factors = 0;
-    const tjscalingfactor* scaling = tjGetScalingFactors(&factors);
-    int sw = w, sh = h;
+    DecodedRegion d;
+    d.plan = plan_of(h, w);
+    d.h = h;
+    d.w = w;
+    const CropPlan& plan = d.plan;
     // The smallest scaled size that is still large enough, among 1/2, 1/4 and 1/8 (PIL's draft
-    // sizes: libjpeg-turbo's other factors are not exact DCT reductions).
-    for (int k = 0; k < factors && dct_scaling; ++k) {
-      const tjscalingfactor f = scaling[k];
-      if (f.num != 1 || (f.denom != 2 && f.denom != 4 && f.denom != 8)) continue;
-      const int kw = TJSCALED(w, f), kh = TJSCALED(h, f);
+    // sizes: libjpeg-turbo's other factors are not exact DCT reductions); libjpeg rounds a scaled
+    // side up.
+    int denom = 1;
+    for (const int k : {2, 4, 8}) {
       const auto fits = [&](int part, int want) {
-        return std::int64_t{part} * f.num >= std::int64_t{want} * f.denom;
+        return std::int64_t{part} >= std::int64_t{want} * k;
       };
-      if (fits(plan.box.height, plan.out_h) && fits(plan.box.width, plan.out_w) &&
-          std::int64_t{kw} * kh < std::int64_t{sw} * sh) {
-        sw = kw;
-        sh = kh;
-      }
+      if (dct_scaling && fits(plan.box.height, plan.out_h) && fits(plan.box.width, plan.out_w))
+        denom = k;
     }
-    rgb.resize(static_cast<std::size_t>(sw) * sh * 3);
-    // Warnings (a truncated scan, for one) count as failures: the image would be part grey.
-    if (tjDecompress2(jpeg.get(), file.data(), file.size(), rgb.data(), sw, 0, sh, TJPF_RGB,
-                      TJFLAG_STOPONWARNING) != 0)
-      throw InputError(fmt::format("{}: undecodable JPEG ({})", path, tjGetErrorStr2(jpeg.get())));
-    return {plan, h, w, sh, sw};
+    d.dh = (h + denom - 1) / denom;
+    d.dw = (w + denom - 1) / denom;
+    // What the crop reads, in the decoded pixels: the box (RandomResizedCrop reads nothing
+    // outside it) and, within it, the window's own source rows and columns.
+    const DecodedBox b = box_in_decoded(d);
+    auto [ry0, ry1] = source_span(b.height, plan.out_h, plan.oy, plan.size);
+    auto [rx0, rx1] = source_span(b.width, plan.out_w, plan.ox, plan.size);
+    if (!region) {
+      std::tie(ry0, ry1) = std::pair{-b.y0, d.dh - b.y0};
+      std::tie(rx0, rx1) = std::pair{-b.x0, d.dw - b.x0};
+    }
+    if (!jpeg.region(denom, b.y0 + ry0, b.y0 + ry1, b.x0 + rx0, b.x0 + rx1, rgb, d.top, d.left,
+                     d.stride))
+      throw InputError(fmt::format("{}: undecodable JPEG ({})", path, jpeg.message()));
+    return d;
   }
 
   std::pair<int, int> decode_png(const std::string& path) {
@@ -417,6 +550,7 @@ ImageDecoder::Decoded ImageDecoder::decode(const std::string& path, const ImageG
   const bool resized_crop = crop.random && g.random_resized;
   const auto plan_of = [&](int h, int w) {
     CropPlan p;
+    p.size = g.size;
     if (resized_crop) {
       p.box = random_resized_crop_box(h, w, g.range, crop.key);
       p.out_h = p.out_w = g.size;
@@ -429,18 +563,11 @@ ImageDecoder::Decoded ImageDecoder::decode(const std::string& path, const ImageG
     p.ox = py_round(std::clamp(crop.x, 0.f, 1.f) * static_cast<double>(p.out_w - g.size));
     return p;
   };
-  const auto [plan, h, w, dh, dw] = m.decode_rgb(path, plan_of, g.dct_scaling);
-  // The box in the decoded pixels (a DCT-scaled JPEG's are fewer than the file's).
-  const auto scaled = [](int v, int decoded, int original) {
-    return static_cast<int>(std::lround(static_cast<double>(v) * decoded / original));
-  };
-  const int x0 = std::min(scaled(plan.box.left, dw, w), dw - 1);
-  const int y0 = std::min(scaled(plan.box.top, dh, h), dh - 1);
-  const int x1 = std::max(scaled(plan.box.left + plan.box.width, dw, w), x0 + 1);
-  const int y1 = std::max(scaled(plan.box.top + plan.box.height, dh, h), y0 + 1);
-  resample_bilinear_aa(m.rgb.data(), dw, x0, y0, std::min(x1, dw) - x0, std::min(y1, dh) - y0,
-                       plan.out_h, plan.out_w, plan.oy, plan.ox, g.size, out, m.resample);
-  return {h, w, plan.box};
+  const DecodedRegion d = m.decode_rgb(path, plan_of, g.dct_scaling, g.region_decode);
+  const DecodedBox b = box_in_decoded(d);
+  resample_bilinear_aa(m.rgb.data(), d.stride, b.x0 - d.left, b.y0 - d.top, b.width, b.height,
+                       d.plan.out_h, d.plan.out_w, d.plan.oy, d.plan.ox, g.size, out, m.resample);
+  return {d.h, d.w, d.plan.box};
 }
 
 } // namespace kdflow

@@ -18,7 +18,7 @@ apt_packages=(
   libcli11-dev libspdlog-dev libfmt-dev libtomlplusplus-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libboost-dev libreaderwriterqueue-dev relacy-dev
-  libturbojpeg0-dev libpng-dev zlib1g-dev
+  libturbojpeg0-dev libjpeg62-turbo-dev libpng-dev zlib1g-dev
   clang-14 libclang-rt-14-dev  # the fuzz preset: clang's libFuzzer and sanitizer runtimes
   dataset-fashion-mnist gnuplot-nox
   pybind11-dev python3-dev  # kdflow's Python module (python/), for the venv's python (3.11)

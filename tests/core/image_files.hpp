@@ -63,14 +63,17 @@ inline void write_png(const std::filesystem::path& path, const Pixels& p) {
       << image.message;
 }
 
-inline std::vector<std::uint8_t> jpeg_bytes(const Pixels& p, int quality) {
+// JPEG bytes of `p`: 4:4:4 (grey for one channel) unless `subsampling` (TJSAMP_*) says
+// otherwise; `flags` are TurboJPEG's (TJFLAG_PROGRESSIVE, for one).
+inline std::vector<std::uint8_t> jpeg_bytes(const Pixels& p, int quality, int subsampling = -1,
+                                            int flags = 0) {
   tjhandle h = tjInitCompress();
   unsigned char* out = nullptr;
   unsigned long size = 0;
   const int format = p.channels == 1 ? TJPF_GRAY : TJPF_RGB;
-  const int subsampling = p.channels == 1 ? TJSAMP_GRAY : TJSAMP_444;
+  if (subsampling < 0) subsampling = p.channels == 1 ? TJSAMP_GRAY : TJSAMP_444;
   EXPECT_EQ(tjCompress2(h, p.data.data(), p.width, 0, p.height, format, &out, &size, subsampling,
-                        quality, 0),
+                        quality, flags),
             0)
       << tjGetErrorStr2(h);
   std::vector<std::uint8_t> bytes(out, out + size);

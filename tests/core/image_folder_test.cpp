@@ -10,6 +10,7 @@
 #include "kdflow/core/image_folder.hpp"
 
 #include <gtest/gtest.h>
+#include <turbojpeg.h>
 #include <zlib.h>
 
 #include <sys/stat.h>
@@ -227,6 +228,57 @@ TEST(ImageDecoder, LargeJpegUsesDctScalingAndStaysClose) {
         total += std::abs(planar(out, 64, c, y, x) - p.at(sy, sx, c));
       }
   EXPECT_LT(total / (3 * 64 * 64), 3.0);
+}
+
+// The crop's region decoded alone (jpeg_crop_scanline, jpeg_skip_scanlines, an iMCU of context)
+// against the whole image decoded: every subsampling, baseline and progressive, with and without
+// DCT scaling, RandomResizedCrop boxes and resize + crop windows anywhere: the same bytes.
+TEST(ImageDecoder, JpegRegionDecodeIsTheWholeDecodeBitForBit) {
+  const fs::path dir = fresh_dir("jpeg_region");
+  // Detail everywhere (noise on a gradient), an odd size: partial iMCUs on the right and bottom.
+  Pixels p = test::smooth_pixels(301, 397, 5);
+  const Pixels noise = test::random_pixels(301, 397, 3, 6);
+  for (std::size_t i = 0; i < p.data.size(); ++i)
+    p.data[i] = static_cast<std::uint8_t>((p.data[i] * 3 + noise.data[i]) / 4);
+  const Pixels grey = test::random_pixels(211, 173, 1, 7);
+  struct File {
+    std::string name;
+    std::vector<std::uint8_t> bytes;
+  };
+  std::vector<File> files;
+  for (const int sub : {TJSAMP_444, TJSAMP_422, TJSAMP_420, TJSAMP_440})
+    for (const int flags : {0, TJFLAG_PROGRESSIVE})
+      files.push_back({"s" + std::to_string(sub) + "_f" + std::to_string(flags) + ".jpg",
+                       test::jpeg_bytes(p, 90, sub, flags)});
+  files.push_back({"grey.jpg", test::jpeg_bytes(grey, 90)});
+  std::uint64_t seen = 0;
+  for (const File& f : files) {
+    test::write_bytes(dir / f.name, f.bytes);
+    for (const bool dct : {true, false})
+      for (const auto& [size, resize, random_resized] :
+           {std::tuple{64, 73, true}, std::tuple{112, 128, true}, std::tuple{64, 73, false},
+            std::tuple{160, 183, false}}) {
+        ImageGeometry g;
+        g.size = size;
+        g.resize = resize;
+        g.random_resized = random_resized;
+        g.dct_scaling = dct;
+        ImageGeometry whole = g;
+        whole.region_decode = false;
+        for (int k = 0; k < 12; ++k) {
+          CropPosition crop;
+          crop.random = true;
+          crop.key = 1000 * static_cast<std::uint64_t>(k) + 17;
+          crop.y = static_cast<float>(k % 4) / 3.f;
+          crop.x = static_cast<float>(k / 4) / 2.f;
+          ASSERT_EQ(decode(dir / f.name, g, crop), decode(dir / f.name, whole, crop))
+              << f.name << " size " << size << " resize " << resize << " random_resized "
+              << random_resized << " dct " << dct << " crop " << k;
+          ++seen;
+        }
+      }
+  }
+  EXPECT_EQ(seen, 9u * 2 * 4 * 12);
 }
 
 TEST(ImageDecoder, HeadersClaimingHugeImagesAreRefusedBeforeDecoding) {

@@ -32,6 +32,10 @@ struct ImageGeometry {
   // its output size (far less to decode and resample; values then differ slightly from a full
   // decode's). False: always the full decode, pixel for pixel torchvision's.
   bool dct_scaling = true;
+  // A JPEG's inverse DCT, upsampling and colour conversion run only on the rows and columns the
+  // crop reads (with an iMCU of context: the values are the full decode's, bit for bit). False:
+  // on the whole image (the tests' and benchmarks' reference).
+  bool region_decode = true;
 };
 
 // Where the crop sits: with `random` false, in the resized image, as fractions of the free room
@@ -62,7 +66,8 @@ CropBox random_resized_crop_box(int h, int w, const ResizedCropRange& range, std
 // triangle filter widened by the downscale factor (antialiased), coefficients in PIL's fixed point,
 // the horizontal pass first into 8-bit rows, then the vertical one. `src` is interleaved RGB with
 // `stride` pixels a row; the region [x0, x0 + w) x [y0, y0 + h) is resampled as if it were the
-// whole image (taps never read outside it) to out_h x out_w, of which the window of `size` rows and
+// whole image (taps never read outside it; x0 and y0 may be negative where `src` holds only the
+// part of the region the window reads) to out_h x out_w, of which the window of `size` rows and
 // columns from (oy, ox) is written planar (3 x size x size) to `out`. A crop or a resize along one
 // axis is exactly PIL's; along both, within one level (Pillow 13 orders its two passes by a rule of
 // its own for some shapes, and the 8-bit rounding between them differs).
