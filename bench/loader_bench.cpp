@@ -219,6 +219,19 @@ int main(int argc, char** argv) {
              {"color_jitter", jitter},
              {"loader", sweep(folder, ra)}});
       }
+      // The same recipe (no jitter) with each JPEG decoded whole, as before the region decode:
+      // what decoding only the crop's rows and columns gains, in the same run.
+      ImageGeometry whole = g;
+      whole.region_decode = false;
+      ra.jitter = JitterRanges{};
+      nlohmann::json& rows = recipes.front()["loader"];
+      const nlohmann::json whole_rows =
+          sweep(Dataset::load("folder", args.recipe_folder, Split::train, whole), ra);
+      for (std::size_t i = 0; i < rows.size(); ++i) {
+        const double w = whole_rows[i]["images_per_s"].get<double>();
+        rows[i]["whole_decode_images_per_s"] = w;
+        rows[i]["region_vs_whole_decode"] = rows[i]["images_per_s"].get<double>() / w;
+      }
       result["imagenet_recipe"] = {{"root", args.recipe_folder},
                                    {"images", folder.size()},
                                    {"size", g.size},

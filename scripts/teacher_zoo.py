@@ -212,6 +212,15 @@ def cpu_name():
     return "unknown"
 
 
+def cpu_isa():
+    """The flags that decide the teacher's kernels: AVX2, AVX-512, AVX512_BF16, AMX."""
+    for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines():
+        if line.startswith("Flags"):
+            flags = line.split(":", 1)[1].split()
+            return [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
+    return []
+
+
 def head():
     return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                           cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
@@ -225,7 +234,8 @@ def write_json(args, rows, exporters):
             counts[f"{e}:{s}"] = counts.get(f"{e}:{s}", 0) + 1
     if args.json:
         rev = head()
-        doc = {"date": datetime.date.today().isoformat(), "cpu": cpu_name(), "cpus": os.cpu_count(),
+        doc = {"date": datetime.date.today().isoformat(), "cpu": cpu_name(), "isa": cpu_isa(),
+               "cpus": os.cpu_count(),
                "commit": rev, "base_commit": args.base_commit or rev,
                "commit_note": "each row names the commit its kdflow was built from; rows without "
                               "one are base_commit's", "torch": torch.__version__, "batch": args.batch, "seed": args.seed,
