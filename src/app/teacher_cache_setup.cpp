@@ -90,10 +90,15 @@ std::string teacher_cache_key(const RunInputs& run, const TeacherOutputCache& ca
   key += fmt::format("data={:016x} {}x{}x{}x{}\n", run.train.pixel_digest(), run.train.size(),
                      run.train.channels(), run.train.height(), run.train.width());
   key += fmt::format("classes={}\n", cache.classes());
-  // kd.cache_augmented: the outputs are of each sample's first random view (a run without random
-  // views keeps the key it always had).
-  const std::vector<std::string> views = random_views(run);
-  if (!views.empty()) key += fmt::format("views=first of: {}\n", fmt::join(views, "; "));
+  // kd.cache_augmented: the outputs are of each sample's first random view, drawn as these keys
+  // say (a run without random views keeps the key it always had; no path in it).
+  if (!random_views(run).empty()) {
+    std::vector<std::string> draws;
+    for (const char* k : {"data.pad_crop", "data.hflip", "data.color_jitter", "data.resize",
+                          "data.random_resized_crop", "data.crop_scale", "data.crop_ratio"})
+      draws.push_back(fmt::format("{}={}", k, run.config.text(k)));
+    key += fmt::format("views=first of {}\n", fmt::join(draws, " "));
+  }
   key += cache.full() ? std::string("kept=all\n")
                       : fmt::format("kept={} at kd.temperature={:.9g}\n", cache.kept(),
                                     run.config.get_double("kd.temperature"));
