@@ -123,14 +123,15 @@ for r in $(seq 1 "$repeats"); do
 done
 "$py" - "$results" "$repeats" "$job" "$size" "$steps" "$batch" "$teacher" "$student" "$workers" "$out" \
   "${sets[*]}" "${envs[*]}" "${peer_envs[*]}" "$device" "$cache" <<'PY'
-import json, statistics, subprocess, sys
+import json, os, statistics, subprocess, sys
 d, repeats, job, size, steps, batch, teacher, student, workers, out, sets, envs, peer_envs, device, cache = sys.argv[1:]
 arm = lambda name: [json.load(open(f"{d}/{name}_{r}.json")) for r in range(1, int(repeats) + 1)]
 k, p = arm("kdflow"), arm("peer")
 cpu = subprocess.run("lscpu | sed -n 's/^Model name:[ ]*//p'", shell=True, capture_output=True,
                      text=True).stdout.strip()
-commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                        text=True).stdout.strip()
+# On a lent GPU machine the tree's .git may lag what was built: gpu_check.sh names the packed commit.
+commit = os.environ.get("KD_SOURCE_COMMIT") or subprocess.run(
+    ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
 ks = statistics.median(x["samples_per_s"] for x in k)
 ps = statistics.median(x["samples_per_s"] for x in p)
 result = {"cpu": cpu, "cpus": int(subprocess.run(["nproc"], capture_output=True, text=True).stdout),

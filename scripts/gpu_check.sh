@@ -50,6 +50,8 @@ pack() {
   echo "$venv" >"$bundle/venv"
   (cd "$venv" && ls -d lib/python3*/site-packages) >"$bundle/site_packages"
   echo "$root" >"$bundle/source_dir"
+  # The commit built (the lent machine's copy of .git may lag the working tree).
+  git rev-parse --short HEAD >"$bundle/commit"
   # Every ELF file of the build tree, and what it loads, less torch (the lent machine has its own)
   # and the C/C++ runtime (the lent machine's is newer).
   local elves
@@ -279,6 +281,9 @@ run() {
   # Whatever happens, the results come back as one archive (the device tool returns few files).
   trap 'tar -C "$OUT" -czf "$OUT/gpu_check.tar.gz" gpu_check; rm -rf "$work"' EXIT
   install_bundle
+  KD_SOURCE_COMMIT=$(cat "$bundle/commit")
+  export KD_SOURCE_COMMIT
+  echo "$KD_SOURCE_COMMIT" >"$work/commit.txt"
   { nvidia-smi; lscpu; "$kdflow" --version; "$kdflow" cores; } >"$work/machine.txt" 2>&1 || true
   grep -E 'Model name|^CPU\(s\)|NVIDIA H|^GPUs' "$work/machine.txt" | cut -c1-160 || true
   local deadline=${KD_GPU_DEADLINE_S:-540} failed=() p limit left rc
