@@ -76,6 +76,7 @@ struct ResampleScratch {
   std::vector<int> xbounds, ybounds;
   std::vector<std::int32_t> xk, yk;
   std::vector<std::uint8_t> rows;
+  std::vector<std::int32_t> acc; // one output row's sums
 };
 void resample_bilinear_aa(const std::uint8_t* src, int stride, int x0, int y0, int w, int h,
                           int out_h, int out_w, int oy, int ox, int size, std::uint8_t* out,
