@@ -263,8 +263,11 @@ namespace {
 // PIL's fixed point for 8-bit resampling (Resample.c): 22 fraction bits, round half away from 0.
 // The resample's loops vectorize: with GCC it is built for AVX-512 (x86-64-v4) and AVX2 beside the
 // baseline, the loader picking the widest this CPU has when it is loaded (function
-// multiversioning); integer arithmetic, so every build gives the same bytes.
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+// multiversioning); integer arithmetic, so every build gives the same bytes. Not under the
+// sanitizers: the clones' resolver runs before their runtimes are up (a TSan build crashed at
+// start).
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) &&                             \
+    !defined(__SANITIZE_THREAD__) && !defined(__SANITIZE_ADDRESS__)
 #define KD_VECTOR_CLONES __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
 #else
 #define KD_VECTOR_CLONES
