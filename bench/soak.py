@@ -129,10 +129,13 @@ def main():
             last = statistics.median(s[key] for s in tail)
             peak = max(s[key] for s in settled)
             growth = last - ref
-            # A leak raises the level and the floor; a transient (an evaluation's threads and
-            # buffers) raises neither. RSS within 16 MiB (the allocator's arenas); the rest exact.
+            # A leak raises the level and the floor; transients (an evaluation's threads and
+            # buffers, the allocator's arenas) can lift the level of a short tail but not its
+            # floor: a key grows only where both do. RSS within 16 MiB; the rest exact. (A 3-minute
+            # run on a Zen 4 swung between 586 and 672 MiB with a flat floor: its median alone
+            # failed one run of two.)
             floor_growth = min(s[key] for s in tail) - min(s[key] for s in second)
-            flat = growth <= noise and floor_growth <= noise
+            flat = growth <= noise or floor_growth <= noise
             verdict[key] = {"after_epoch_1_median": ref, "last_quarter_median": last, "peak": peak,
                             "growth": growth, "floor_growth": floor_growth,
                             "allowed_growth": noise, "flat": flat}
