@@ -132,8 +132,8 @@ def main():
             # A leak raises the level and the floor; transients (an evaluation's threads and
             # buffers, the allocator's arenas) can lift the level of a short tail but not its
             # floor: a key grows only where both do. RSS within 16 MiB; the rest exact. (A 3-minute
-            # run on a Zen 4 swung between 586 and 672 MiB with a flat floor: its median alone
-            # failed one run of two.)
+            # run's RSS on a Zen 4 swung between 586 and 672 MiB: the level alone failed one run
+            # of two.)
             floor_growth = min(s[key] for s in tail) - min(s[key] for s in second)
             flat = growth <= noise or floor_growth <= noise
             verdict[key] = {"after_epoch_1_median": ref, "last_quarter_median": last, "peak": peak,
