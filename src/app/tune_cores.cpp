@@ -407,13 +407,18 @@ void CoreTuner::add_trimmed() {
   if (nteachers_ != 1 || !session_.run().teacher_runs()) return;
   constexpr double kTeacherHeadroom = 1.25;
   const RunInputs& run = session_.run();
-  const auto trimmed = [&](const Candidate& c, std::size_t kept) {
+  // The plan with its last `kept` replicas (none where that plan is not valid here).
+  const auto trimmed = [&](const Candidate& c, std::size_t kept) -> std::optional<Candidate> {
     Candidate t = c;
     t.plan.teacher.erase(t.plan.teacher.begin(),
                          t.plan.teacher.begin() +
                              static_cast<std::ptrdiff_t>(c.plan.teacher.size() - kept));
     t.plan.teacher_of.assign(kept, 0);
-    affinity::validate(t.plan, run.topology, true); // the CPUs let go become spare
+    try {
+      affinity::validate(t.plan, run.topology, true); // the CPUs let go become spare
+    } catch (const InputError&) {
+      return std::nullopt;
+    }
     return t;
   };
   std::vector<Candidate> with;
@@ -425,11 +430,11 @@ void CoreTuner::add_trimmed() {
     std::size_t kept = n;
     if (c.precision && n > 1 && teacher_rate_.at(stages_of(c, 1)[0]) >= target)
       kept = fewest_replicas(n, target, [&](std::size_t r) {
-        const Candidate t = trimmed(c, r);
-        return profile_teacher(t, stages_of(t, 1)[0]);
+        const auto t = trimmed(c, r);
+        return t ? profile_teacher(*t, stages_of(*t, 1)[0]) : 0.0;
       });
     if (kept < n) {
-      Candidate t = trimmed(c, kept);
+      Candidate t = *trimmed(c, kept);
       const auto label = t.label();
       const auto same = [&](const Candidate& o) { return o.label() == label; };
       if (std::none_of(with.begin(), with.end(), same)) {
