@@ -98,6 +98,7 @@ void Lowering::build(const std::vector<std::string>& features) {
   p_.input_md = plain(g_.input_shape, dt::f32);
   loc_[g_.input] = ArgRef{ArgRef::Kind::input, 0, 0, p_.input_md};
   find_flatten_into_gemm();
+  find_wide_values();
   for (const auto& node : g_.nodes) {
     if (skipped_.count(node.name)) continue;
     with_node(node, g_.file, [&] {
@@ -260,6 +261,60 @@ const PostOp* Lowering::sum_post(const Node& node) {
 const std::string* Lowering::flat_source(const Node& node) const {
   const auto it = flat_source_.find(node.name);
   return it == flat_source_.end() ? nullptr : &it->second;
+}
+
+// --- bf16 as PyTorch's autocast runs it ---------------------------------------------------------
+// Under teacher.precision = bf16 the products (Conv, Gemm, MatMul, Einsum) read bf16 and write
+// bf16, as CPU autocast runs them; every other value keeps the type PyTorch's type promotion gives
+// it there, so that kdflow's bf16 teacher rounds where PyTorch's own bf16 run rounds and no more.
+// A value is wide (f32) when it is the input, when a product's fused residual sum accumulates into
+// a wide value, or when another op computes it from a wide value or, for arithmetic, concatenation,
+// selection and gathers, from a parameter tensor (a float constant of more than one element: a
+// layer scale, a position embedding, a class token, an attention bias); one-element constants
+// promote nothing, as PyTorch's Python numbers and 0-d tensors do not. Normalizations read their
+// scale and shift as parameters of their own and keep their input's type. In ViTs, ConvNeXts and
+// Swins this keeps the residual stream and the attention logits in f32, as PyTorch does; a CNN with
+// batch norm stays bf16 throughout.
+void Lowering::find_wide_values() {
+  if (act_ == dt::f32) return;
+  static const std::set<std::string> products = {"Conv", "ConvTranspose", "Gemm", "MatMul",
+                                                 "Einsum"};
+  static const std::set<std::string> promoting = {"Add",
+                                                  "Sub",
+                                                  "Mul",
+                                                  "Div",
+                                                  "Pow",
+                                                  "Max",
+                                                  "Min",
+                                                  "Sum",
+                                                  "Mean",
+                                                  "Where",
+                                                  "Concat",
+                                                  "Gather",
+                                                  "GatherElements",
+                                                  "GatherND",
+                                                  "Expand",
+                                                  "Tile"};
+  wide_.insert(g_.input);
+  for (const auto& node : g_.nodes) {
+    bool wide = false;
+    if (products.count(node.op) != 0) {
+      const PostOp* sum = sum_post(node);
+      wide = sum != nullptr && wide_.count(sum->sum_input) != 0;
+    } else {
+      const bool promotes = promoting.count(node.op) != 0;
+      for (const auto& in : node.inputs) {
+        if (in.empty()) continue;
+        if (!g_.is_constant(in)) {
+          wide = wide || wide_.count(in) != 0;
+        } else if (promotes) {
+          const Tensor& t = g_.constants.at(in);
+          wide = wide || (t.type == ElemType::f32 && t.size() > 1);
+        }
+      }
+    }
+    if (wide) wide_.insert(node.outputs.begin(), node.outputs.end());
+  }
 }
 
 // --- a flattening view feeding a Gemm ------------------------------------------------------------
@@ -469,12 +524,29 @@ std::size_t Teacher::reorders() const {
 const TuneReport& Teacher::tune_report() const { return plan_->tune; }
 
 std::vector<StepInfo> Teacher::step_info() const {
+  const auto type_name = [](dt t) -> std::string {
+    switch (t) {
+    case dt::f32: return "f32";
+    case dt::bf16: return "bf16";
+    case dt::s32: return "s32";
+    case dt::s8: return "s8";
+    case dt::u8: return "u8";
+    default: return "other";
+    }
+  };
   std::vector<StepInfo> out;
-  for (const auto& s : plan_->steps)
+  for (const auto& s : plan_->steps) {
+    // A primitive's destination (a reorder's target); a kernel's last operand.
+    std::string writes;
+    for (const auto& [arg, ref] : s.args)
+      if (!s.prim || arg == DNNL_ARG_DST || arg == DNNL_ARG_TO)
+        writes = type_name(ref.md.get_data_type());
     out.push_back({s.label, s.kind,
                    s.prim                       ? impl_of(*s.prim)
                    : s.loop == KernelLoop::rows ? "plain kernel"
-                                                : "reference loop"});
+                                                : "reference loop",
+                   writes});
+  }
   return out;
 }
 

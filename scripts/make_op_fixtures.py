@@ -327,6 +327,19 @@ def cases():
         node("ReduceMax", ["x", "ax"], ["n"], keepdims=1), helper.make_node("Expand", ["n", "shape"], ["e"], name="expand"),
         helper.make_node("Relu", ["e"], ["y"], name="relu")], X,
         [const("ax", np.array([-1], np.int64)), const("shape", np.array([1, 4, 9, 11], np.int64))], opset=18, out_shape=["N", 4, 9, 11])
+    # A block with a layer scale and residual sums (ConvNeXt's shape): under bf16 the convolutions
+    # write bf16, the layer scale (a parameter tensor) promotes to f32, and the residual stream
+    # stays f32, the last sum fused into a convolution writing f32 (TeacherBf16).
+    c["layer_scale_residual"] = model([
+        helper.make_node("Conv", ["x", "w1"], ["h"], name="conv1", pads=[1, 1, 1, 1]),
+        helper.make_node("Conv", ["h", "w2"], ["c"], name="conv2", pads=[1, 1, 1, 1]),
+        helper.make_node("Mul", ["c", "gamma"], ["s"], name="scale"),
+        helper.make_node("Add", ["h", "s"], ["r"], name="residual"),
+        helper.make_node("Relu", ["r"], ["a"], name="relu"),
+        helper.make_node("Conv", ["a", "w3"], ["z"], name="conv3", pads=[1, 1, 1, 1]),
+        helper.make_node("Add", ["z", "r"], ["y"], name="residual_fused")], X,
+        [const("w1", rand(4, 4, 3, 3) * 0.2), const("w2", rand(4, 4, 3, 3) * 0.2), const("gamma", rand(4, 1, 1) * 0.1),
+         const("w3", rand(4, 4, 3, 3) * 0.2)])
     c["reduce_sum_opset13"] = model([node("ReduceSum", ["x", "ax"], keepdims=1)], X, [const("ax", np.array([1, 3], np.int64))], opset=13,
                                     out_shape=["N", 1, 9, 1])
     c["reduce_max_no_keepdims"] = model([node("ReduceMax", ["x"], axes=[2], keepdims=0)], X, opset=17, out_shape=["N", 4, 11])

@@ -181,12 +181,19 @@ void lower_binary(Lowering& plan, const Node& node) {
   } else if (g.shape(b) == os) {
     src1 = plan.at(b);
   } else {
-    const ArgRef r = plan.get_plain(b, plan.act());
-    src1 = ArgRef{r.kind, r.index, r.offset, plain(bs, plan.act())};
+    const dt type = plan.at(b).md.get_data_type();
+    const ArgRef r = plan.get_plain(b, type);
+    src1 = ArgRef{r.kind, r.index, r.offset, plain(bs, type)};
   }
+  // The output in the first operand's layout, in the type the output is kept in (f32 where a
+  // parameter or an f32 operand promotes a bf16 one, as in PyTorch).
+  const dt out = plan.type_of(node.outputs[0]);
+  const memory::desc dst_md = src0.md.get_data_type() == out
+                                  ? src0.md
+                                  : memory::desc(dims_of(os), out, memory::format_tag::any);
   const auto pd =
       dnnl::binary::primitive_desc(plan.eng(), static_cast<dnnl::algorithm>(A.algorithm), src0.md,
-                                   src1.md, src0.md, Lowering::plain_attr());
+                                   src1.md, dst_md, Lowering::plain_attr());
   // oneDNN's reference implementation (a broadcast its kernels do not cover) is many times slower
   // than the rows kernel; the rows kernel where it applies.
   if (std::string(pd.impl_info_str()).rfind("ref", 0) == 0)

@@ -153,8 +153,9 @@ bool pointwise_on_channels_last(const Lowering& plan, const Node& node) {
   for (const auto v : node.ints_attr("pads"))
     if (v != 0) return false;
   const auto last = [&](const std::string& value) {
-    return plan.at(value).md ==
-           memory::desc(dims_of(g.shape(value)), plan.act(), memory::format_tag::acdb);
+    const memory::desc& md = plan.at(value).md;
+    return md ==
+           memory::desc(dims_of(g.shape(value)), md.get_data_type(), memory::format_tag::acdb);
   };
   const PostOp* sum = Lowering::sum_post(node);
   return last(node.inputs[0]) && (!sum || last(sum->sum_input));
@@ -182,10 +183,11 @@ void matrix_conv(Lowering& plan, const Node& node, bool unroll) {
   const std::int64_t rows = unroll ? xs[0] : xs[0] * xs[2] * xs[3];
   const std::int64_t in_cols = unroll ? xs[1] * xs[2] * xs[3] : xs[1];
   const std::int64_t out_cols = unroll ? os[1] * os[2] * os[3] : os[1];
+  const dt out = plan.type_of(node.outputs[0]);
   const auto tag = memory::format_tag::acdb;
-  const memory::desc src_map(dims_of(xs), act, tag), dst_map(dims_of(os), act, tag);
+  const memory::desc src_map(dims_of(xs), act, tag), dst_map(dims_of(os), out, tag);
   const memory::desc src_row({rows, in_cols}, act, memory::format_tag::ab);
-  const memory::desc dst_row({rows, out_cols}, act, memory::format_tag::ab);
+  const memory::desc dst_row({rows, out_cols}, out, memory::format_tag::ab);
   const memory::desc w_user({out_cols, in_cols}, dt::f32, memory::format_tag::oi);
   const memory::desc any_w({out_cols, in_cols}, act, memory::format_tag::any);
   const memory::desc bias_md({out_cols}, dt::f32, memory::format_tag::a);
@@ -241,7 +243,7 @@ void direct_conv(Lowering& plan, const Node& node, bool channels_last) {
   // With a residual sum the conv writes over the other operand's buffer, in its layout.
   const memory::desc dst_md =
       sum ? plan.at(sum->sum_input).md
-          : memory::desc(dims_of(os), act,
+          : memory::desc(dims_of(os), plan.type_of(node.outputs[0]),
                          channels_last ? memory::format_tag::acdb : memory::format_tag::any);
   const auto pd =
       has_bias
@@ -279,7 +281,8 @@ std::string channels_last_impl(Lowering& plan, const Node& node) {
       plan.eng(), dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
       memory::desc(dims_of(xs), plan.act(), memory::format_tag::any),
       memory::desc(wdims, plan.act(), memory::format_tag::any),
-      memory::desc(dims_of(g.shape(node.outputs[0])), plan.act(), memory::format_tag::acdb),
+      memory::desc(dims_of(g.shape(node.outputs[0])), plan.type_of(node.outputs[0]),
+                   memory::format_tag::acdb),
       {s[0], s[1]}, {d[0] - 1, d[1] - 1}, {pads[0], pads[1]}, {pads[2], pads[3]},
       plan.attr_with(node));
   return pd.impl_info_str();

@@ -98,7 +98,8 @@ void matmul(Lowering& plan, const Node& node) {
     return s;
   };
   const Shape as = padded(g.shape(node.inputs[0])), bs = padded(g.shape(node.inputs[1]));
-  const memory::desc a_md = plain(as, act), b_md = plain(bs, act), dst_md = plain(os, act);
+  const memory::desc a_md = plain(as, act), b_md = plain(bs, act),
+                     dst_md = plain(os, plan.type_of(node.outputs[0]));
   // alpha (a scale fused by the passes): a scale of the weights, which oneDNN's gemm-based
   // matmul passes to the gemm as its alpha at no cost; where the implementation takes no scales,
   // the first post-op (an extra pass over the output), the node's own after it.
@@ -177,7 +178,9 @@ void inner_product(Lowering& plan, const Node& node) {
   const dt type = g.is_output(node.outputs[0]) ? dt::f32 : plan.act();
   const memory::desc any_src(dims_of(src_shape), type, memory::format_tag::any);
   const memory::desc any_w(wdims, type, memory::format_tag::any);
-  const memory::desc any_dst({os[0], n}, type, memory::format_tag::any);
+  const memory::desc any_dst({os[0], n},
+                             g.is_output(node.outputs[0]) ? dt::f32 : plan.type_of(node.outputs[0]),
+                             memory::format_tag::any);
   const auto attr = plan.attr_with(node);
   const auto pd =
       bias ? dnnl::inner_product_forward::primitive_desc(plan.eng(),

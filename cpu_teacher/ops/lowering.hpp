@@ -106,8 +106,14 @@ public:
   // --- for op lowerings ------------------------------------------------------------------------
   [[nodiscard]] const Graph& graph() const { return g_; }
   [[nodiscard]] const dnnl::engine& eng() const { return p_.eng; }
-  // The activations' element type: f32, or bf16 under teacher.precision = bf16.
+  // The element type products (Conv, Gemm, MatMul, Einsum) read: f32, or bf16 under
+  // teacher.precision = bf16.
   [[nodiscard]] dt act() const { return act_; }
+  // The element type `value` is written in: act(), but f32 where PyTorch's CPU autocast keeps it
+  // in fp32 under bf16 (see find_wide_values).
+  [[nodiscard]] dt type_of(const std::string& value) const {
+    return wide_.count(value) != 0 ? dt::f32 : act_;
+  }
   // An InputError "<file>: <node>: <what>".
   [[noreturn]] void fail(const Node& node, const std::string& what) const;
   // StepInfo::kind of the steps the node adds from now on (its op type unless refined).
@@ -149,6 +155,7 @@ public:
 
 private:
   void find_flatten_into_gemm();
+  void find_wide_values();
   void add_node(const Node& node);
 
   Teacher::Plan& p_;
@@ -157,6 +164,7 @@ private:
   std::map<std::string, ArgRef> loc_;
   std::vector<std::pair<std::string, ArgRef>> converted_;
   std::set<std::string> skipped_;
+  std::set<std::string> wide_; // the values kept in f32 under bf16
   std::map<std::string, std::string> flat_source_;
   std::string kind_;
   std::string node_;

@@ -264,12 +264,13 @@ void set_reduced(Lowering& plan, const Node& node, const ArgRef& reduced, const 
   const Graph& g = plan.graph();
   const Shape& os = g.shape(node.outputs[0]);
   if (os == kept) return plan.set(node.outputs[0], reduced);
+  const dt type = reduced.md.get_data_type();
   ArgRef flat = reduced;
-  if (reduced.md != plain(kept, plan.act())) {
-    flat = plan.new_buffer(plain(kept, plan.act()));
+  if (reduced.md != plain(kept, type)) {
+    flat = plan.new_buffer(plain(kept, type));
     plan.add_reorder(reduced, flat, node.outputs[0]);
   }
-  flat.md = plain(os, plan.act());
+  flat.md = plain(os, type);
   plan.set(node.outputs[0], flat);
 }
 
@@ -280,7 +281,7 @@ void set_reduced(Lowering& plan, const Node& node, const ArgRef& reduced, const 
 template <const ReduceKind& R>
 void lower_reduce(Lowering& plan, const Node& node) {
   const Graph& g = plan.graph();
-  const dt act = plan.act();
+  const dt act = plan.type_of(node.outputs[0]); // the input's type: bf16, or f32 where it is wide
   const Shape& xs = g.shape(node.inputs[0]);
   const Shape kept = kept_shape(node, xs);
   if (kept == xs) { // every reduced axis has extent 1: a view

@@ -200,16 +200,15 @@ void lower_concat(Lowering& plan, const Node& node) {
   const Graph& g = plan.graph();
   std::vector<memory::desc> mds;
   std::vector<ArgRef> srcs;
+  // One element type for all (the output's: f32 where a parameter or an f32 input promotes, as
+  // in PyTorch's cat): the odd ones converted.
+  const dt type = plan.type_of(node.outputs[0]);
   for (const auto& in : node.inputs) {
-    srcs.push_back(g.is_constant(in) ? plan.constant(in, g.shape(in)) : plan.at(in));
+    srcs.push_back(g.is_constant(in) ? plan.constant(in, g.shape(in), plain(g.shape(in), type))
+                                     : plan.at(in));
+    if (srcs.back().md.get_data_type() != type) srcs.back() = plan.get_plain(in, type);
     mds.push_back(srcs.back().md);
   }
-  const dt type = mds[0].get_data_type();
-  for (std::size_t k = 0; k < srcs.size(); ++k)
-    if (mds[k].get_data_type() != type) { // one element type for all: convert the odd ones
-      srcs[k] = g.is_constant(node.inputs[k]) ? srcs[k] : plan.get_plain(node.inputs[k], type);
-      mds[k] = srcs[k].md;
-    }
   const auto pd = dnnl::concat::primitive_desc(
       plan.eng(), static_cast<int>(node.int_attr("axis", 0)), mds, Lowering::plain_attr());
   const ArgRef dst = plan.new_buffer(pd.dst_desc());

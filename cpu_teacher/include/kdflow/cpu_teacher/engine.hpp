@@ -94,6 +94,9 @@ struct StepInfo {
   // (rows or blocks: contiguous inner loops, copies, fills) or "reference loop" (element by
   // element, each element's offsets computed from its index, as the reference computes it).
   std::string impl;
+  // The element type it writes: "f32" or "bf16" (teacher.precision = bf16 keeps some values in
+  // f32, as PyTorch's autocast does).
+  std::string writes;
 };
 
 class Teacher {
