@@ -12,6 +12,18 @@
 #include <fmt/format.h>
 
 namespace kdflow::affinity {
+namespace {
+
+// The calling thread's scheduling policy (Linux applies sched_setscheduler(0, ...) to the calling
+// thread alone). A refusal (a sandbox without the syscall) leaves the thread as it was: priorities
+// change how fast a shared CPU is split, never what is computed.
+void set_this_thread_policy(int policy) {
+  sched_param param{};
+  param.sched_priority = 0;
+  (void)sched_setscheduler(0, policy, &param);
+}
+
+} // namespace
 
 void pin_this_thread(const Topology& topology, const CpuList& cpus, const std::string& name) {
   // Linux limits thread names to 15 characters; longer ones would fail with ERANGE.
@@ -43,9 +55,10 @@ PlaceMemory bind_to_numa_of(const Topology& topology, const CpuList& near_cpus) 
   };
 }
 
-PinnedArena::PinnedArena(const Topology& topology, CpuList cpus, std::string role, int first_index)
+PinnedArena::PinnedArena(const Topology& topology, CpuList cpus, std::string role, int first_index,
+                         Priority priority)
     : topology_(topology), cpus_(std::move(cpus)), role_(std::move(role)),
-      first_index_(first_index),
+      first_index_(first_index), priority_(priority),
       // No slot reserved for an outside thread: the pool is exactly its CPUs' worth of workers.
       arena_(static_cast<int>(cpus_.size()), 0), observer_(arena_, *this) {
   if (cpus_.empty()) throw InputError(fmt::format("core plan: role '{}' has no CPU", role_));
@@ -60,6 +73,14 @@ void PinnedArena::Observer::on_scheduler_entry(bool is_worker) {
   const int slot = oneapi::tbb::this_task_arena::current_thread_index();
   pin_this_thread(owner_.topology_, owner_.cpus_,
                   fmt::format("kd-{}-{}", owner_.role_, owner_.first_index_ + slot));
+  // Set on entry either way: a worker that left a background arena without its exit being seen
+  // must not carry SCHED_IDLE into this one.
+  const int want = owner_.priority_ == Priority::background ? SCHED_IDLE : SCHED_OTHER;
+  if (sched_getscheduler(0) != want) set_this_thread_policy(want);
+}
+
+void PinnedArena::Observer::on_scheduler_exit(bool is_worker) {
+  if (is_worker && owner_.priority_ == Priority::background) set_this_thread_policy(SCHED_OTHER);
 }
 
 } // namespace kdflow::affinity

@@ -139,6 +139,9 @@ def main():
     p.add_argument("--resize", type=int, default=256)
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--schedule-steps", type=int, default=0,
+                   help="the steps the warm-up + cosine schedule spans (0: --steps); kdflow's spans "
+                        "its epochs, and train.max_steps only stops it")
     p.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) // 2))
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1,
                    help="torch.set_num_threads in the training process")
@@ -196,7 +199,7 @@ def main():
     def lr_at(step):
         if step < a.warmup:
             return a.lr * (step + 1) / a.warmup
-        t = (step - a.warmup) / max(1, a.steps - a.warmup)
+        t = (step - a.warmup) / max(1, (a.schedule_steps or a.steps) - a.warmup)
         return 0.5 * a.lr * (1 + math.cos(math.pi * min(t, 1.0)))
 
     mixes = []

@@ -79,6 +79,7 @@ folder)
     --set "data.resize=$resize" --set data.random_resized_crop=true --set data.hflip=true
     --set "teacher.model=$work/teacher_$size/$teacher.onnx" --set "student.arch=$kd_student"
     --set student.stem=imagenet)
+  train_samples=$(find "$work/data/train" -type f | wc -l)
   peer_args=(--data "$work/data" --teacher-arch "$teacher"
     --teacher-weights "$work/teacher_$size/$teacher.pt" --student-arch "$student" --size "$size"
     --resize "$resize" --workers "$workers")
@@ -87,12 +88,20 @@ default)
   # One epoch of Fashion-MNIST's 60000 images at kdflow's default batch of 64, both arms on the
   # shipped teacher; the peer's threads are every CPU (it runs the teacher and student in turn).
   steps=${steps:-937} batch=${batch:-64} size=28 teacher=fmnist_teacher student=cnn workers=0
+  train_samples=60000
   kd_args=()
   peer_args=(--idx /usr/share/datasets/fashion-mnist --teacher-onnx models/fmnist_teacher.onnx
     --student-arch kdflow-cnn)
   ;;
 *) refuse "--job $job: folder or default" ;;
 esac
+# The schedule both arms follow: kdflow's warm-up + cosine spans its epochs (train.max_steps stops
+# the run, it does not shorten the schedule), so both get the whole epochs the steps need and the
+# peer's schedule spans those epochs' steps too (batches per epoch: drop_last, as kdflow's default).
+per_epoch=$((train_samples / batch))
+[ "$per_epoch" -gt 0 ] || refuse "$train_samples training samples make no batch of $batch"
+epochs=$(((steps + per_epoch - 1) / per_epoch))
+schedule=$((epochs * per_epoch))
 results=$(mktemp -d)
 trap 'rm -rf "$results"' EXIT
 # kdflow_arm NAME SET...: one kdflow run of repeat $r, its summary kept as NAME_$r.json.
@@ -101,7 +110,7 @@ kdflow_arm() {
   shift
   rm -rf "$work/run"
   env "${envs[@]}" "$kdflow" train --out "$work/run" "${kd_args[@]}" --set "data.batch_size=$batch" \
-    --set "train.max_steps=$steps" --set train.epochs=100000 --set "train.seed=$r" \
+    --set "train.max_steps=$steps" --set "train.epochs=$epochs" --set "train.seed=$r" \
     --set train.export=off \
     --set train.checkpoint_every=0 --set "student.device=$device" "${sets[@]}" "$@" \
     >"$results/${name}_$r.log" 2>&1 ||
@@ -119,12 +128,12 @@ for r in $(seq 1 "$repeats"); do
   kdflow_arm kdflow
   [ "$cache" = none ] || kdflow_arm kdflow_cache --set "kd.cache=$cache" --set kd.cache_augmented=true
   env "${peer_envs[@]}" "$py" bench/peer_pytorch_kd.py "${peer_args[@]}" --batch "$batch" \
-    --steps "$steps" --seed "$r" --device "$device" --amp "$peer_amp" --eval >"$results/peer_$r.json"
+    --steps "$steps" --schedule-steps "$schedule" --seed "$r" --device "$device" --amp "$peer_amp" --eval >"$results/peer_$r.json"
 done
-"$py" - "$results" "$repeats" "$job" "$size" "$steps" "$batch" "$teacher" "$student" "$workers" "$out" \
+"$py" - "$results" "$repeats" "$job" "$size" "$steps" "$schedule" "$batch" "$teacher" "$student" "$workers" "$out" \
   "${sets[*]}" "${envs[*]}" "${peer_envs[*]}" "$device" "$cache" <<'PY'
 import json, os, statistics, subprocess, sys
-d, repeats, job, size, steps, batch, teacher, student, workers, out, sets, envs, peer_envs, device, cache = sys.argv[1:]
+d, repeats, job, size, steps, schedule, batch, teacher, student, workers, out, sets, envs, peer_envs, device, cache = sys.argv[1:]
 arm = lambda name: [json.load(open(f"{d}/{name}_{r}.json")) for r in range(1, int(repeats) + 1)]
 k, p = arm("kdflow"), arm("peer")
 cpu = subprocess.run("lscpu | sed -n 's/^Model name:[ ]*//p'", shell=True, capture_output=True,
@@ -135,7 +144,8 @@ commit = os.environ.get("KD_SOURCE_COMMIT") or subprocess.run(
 ks = statistics.median(x["samples_per_s"] for x in k)
 ps = statistics.median(x["samples_per_s"] for x in p)
 result = {"cpu": cpu, "cpus": int(subprocess.run(["nproc"], capture_output=True, text=True).stdout),
-          "commit": commit, "job": job, "size": int(size), "steps": int(steps), "batch": int(batch),
+          "commit": commit, "job": job, "size": int(size), "steps": int(steps),
+          "schedule_steps": int(schedule), "batch": int(batch),
           "teacher": teacher, "student": student, "student_device": device,
           "gpu": subprocess.run("nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1",
                                 shell=True, capture_output=True, text=True).stdout.strip() or None,

@@ -354,6 +354,14 @@ const std::vector<ConfigKey>& config_schema() {
        {},
        0,
        4096},
+      {"cores.student_first",
+       T::string,
+       std::string("auto"),
+       "loaders and teachers on CPUs the student's threads also run on (the plan's shared CPUs, "
+       "train.threads beyond the student's) run only when the student's threads leave the CPU "
+       "idle (Linux's SCHED_IDLE), so that the student's parallel steps never wait behind them: "
+       "auto (those CPUs only), on (every loader and teacher CPU), off",
+       {"auto", "on", "off"}},
       {"cores.elastic", T::boolean, true,
        "kd-ctl: while training, move CPUs between the loader pool and the teacher replicas when "
        "the student waits for the slower of them (false: the plan stays as it starts)"},

@@ -222,6 +222,10 @@ def cpu_isa():
 
 
 def head():
+    """The commit kdflow was built from: KD_SOURCE_COMMIT where the binary was copied aside (a long
+    run while the tree moves on), else the tree's HEAD."""
+    if os.environ.get("KD_SOURCE_COMMIT"):
+        return os.environ["KD_SOURCE_COMMIT"]
     return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                           cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
 

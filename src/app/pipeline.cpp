@@ -80,7 +80,8 @@ CpuPipeline::CpuPipeline(const RunInputs& run, const Sampler& sampler, std::uint
   const std::size_t threads = run.plan.loader.size() + affinity::cpu_count(run.plan.teacher);
   parallelism_ = std::make_unique<oneapi::tbb::global_control>(
       oneapi::tbb::global_control::max_allowed_parallelism, threads + 1);
-  loader_arena_ = std::make_unique<affinity::PinnedArena>(run.topology, run.plan.loader, "loader");
+  loader_arena_ = std::make_unique<affinity::PinnedArena>(
+      run.topology, run.plan.loader, "loader", 0, producer_priority(run, run.plan.loader));
   assignment_.loader = run.plan.loader;
   if (run.teacher_runs()) {
     for (std::size_t t = 0; t < run.teachers.size(); ++t)
@@ -144,7 +145,8 @@ void CpuPipeline::start(std::uint64_t first_batch, std::uint64_t batches,
     loaders_run_ = true;
     if (options.share_teacher_cpus && run_.teacher_runs())
       if (const affinity::CpuList cpus = widen_loaders(); !cpus.empty())
-        loader_arena_ = std::make_unique<affinity::PinnedArena>(run_.topology, cpus, "loader");
+        loader_arena_ = std::make_unique<affinity::PinnedArena>(run_.topology, cpus, "loader", 0,
+                                                                producer_priority(run_, cpus));
     start_loader_graph();
   }
   if (!teacher) return;
@@ -227,7 +229,8 @@ bool CpuPipeline::rebuild_loaders(const affinity::CpuList& cpus) {
   if (ring_->closed()) return false;
   loaders_.reset();
   loader_arena_.reset(); // its workers return to oneTBB's pool; the new arena's are re-pinned
-  loader_arena_ = std::make_unique<affinity::PinnedArena>(run_.topology, cpus, "loader");
+  loader_arena_ = std::make_unique<affinity::PinnedArena>(run_.topology, cpus, "loader", 0,
+                                                          producer_priority(run_, cpus));
   start_loader_graph();
   return true;
 }

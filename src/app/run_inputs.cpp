@@ -109,4 +109,27 @@ RunInputs load_run_inputs(const Config& config, const DistEnv& dist, const RunRe
   return run;
 }
 
+affinity::Priority producer_priority(const RunInputs& run, const affinity::CpuList& cpus) {
+  const std::string& mode = run.config.get_string("cores.student_first");
+  if (mode == "off") return affinity::Priority::normal;
+  if (mode == "on") return affinity::Priority::background;
+  const affinity::CpuList student = student_cpus(run);
+  for (const int c : cpus)
+    if (std::find(student.begin(), student.end(), c) != student.end())
+      return affinity::Priority::background;
+  return affinity::Priority::normal;
+}
+
+affinity::CpuList student_cpus(const RunInputs& run) {
+  affinity::CpuList cpus = run.plan.student;
+  const auto threads = run.config.get_int("train.threads");
+  if (run.device.is_cuda() || threads <= static_cast<std::int64_t>(cpus.size())) return cpus;
+  // More intra-op threads than the student's CPUs: they run on the teachers' CPUs too, where the
+  // teachers run in the background (cores.student_first): the student takes what they leave.
+  for (const auto& replica : run.plan.teacher)
+    for (const int c : replica)
+      if (std::find(cpus.begin(), cpus.end(), c) == cpus.end()) cpus.push_back(c);
+  return cpus;
+}
+
 } // namespace kdflow::app

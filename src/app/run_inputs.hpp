@@ -3,6 +3,7 @@
 // What the CPU pipeline reads; it holds no student (device.hpp is a torch-free value type).
 #pragma once
 
+#include "kdflow/affinity/pinning.hpp"
 #include "kdflow/affinity/plan.hpp"
 #include "kdflow/affinity/topology.hpp"
 #include "kdflow/core/config.hpp"
@@ -102,5 +103,14 @@ RunInputs load_run_inputs(const Config& config, const DistEnv& dist, const RunRe
 // read the cache (RunRequest::cache: train, bench-overlap); eval, export and tune-cores leave it
 // out.
 void prepare_teacher_cache(RunInputs& run);
+
+// The CPUs the student's thread (and its intra-op threads) run on: the plan's student CPUs, and on
+// the CPU, with train.threads above their count, the teachers' CPUs too (shared with them).
+affinity::CpuList student_cpus(const RunInputs& run);
+
+// How a loader pool or teacher replica on `cpus` competes with the student's threads
+// (cores.student_first): in the background where the student's threads run on any of them (auto),
+// everywhere (on), or never (off).
+affinity::Priority producer_priority(const RunInputs& run, const affinity::CpuList& cpus);
 
 } // namespace kdflow::app

@@ -41,16 +41,4 @@ void Session::prepare(const RunRequest& request, const std::function<void()>& th
                          run_->config.get_int("train.threads")));
 }
 
-affinity::CpuList student_cpus(const RunInputs& run) {
-  affinity::CpuList cpus = run.plan.student;
-  const auto threads = run.config.get_int("train.threads");
-  if (run.device.is_cuda() || threads <= static_cast<std::int64_t>(cpus.size())) return cpus;
-  // More intra-op threads than the student's CPUs: they run on the teachers' CPUs too, which the
-  // OS shares between the two (the student takes what the teachers leave idle).
-  for (const auto& replica : run.plan.teacher)
-    for (const int c : replica)
-      if (std::find(cpus.begin(), cpus.end(), c) == cpus.end()) cpus.push_back(c);
-  return cpus;
-}
-
 } // namespace kdflow::app

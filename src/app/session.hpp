@@ -58,8 +58,4 @@ private:
   std::uint32_t slots_;
 };
 
-// The CPUs the student's thread (and its intra-op threads) run on: the plan's student CPUs, and on
-// the CPU, with train.threads above their count, the teachers' CPUs too (shared with them).
-affinity::CpuList student_cpus(const RunInputs& run);
-
 } // namespace kdflow::app

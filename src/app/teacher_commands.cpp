@@ -182,6 +182,7 @@ nlohmann::json step_profile(PinnedRun& pinned, const teacher::Teacher& t, const 
     rows.push_back({{"label", info[i].label},
                     {"kind", info[i].kind},
                     {"impl", info[i].impl},
+                    {"writes", info[i].writes},
                     {"ms", median * 1e3}});
   }
   std::vector<std::pair<std::string, std::pair<int, double>>> by_kind(kinds.begin(), kinds.end());

@@ -31,7 +31,8 @@ void run_in_arena(oneapi::tbb::task_arena& arena, const std::function<void()>& f
 TeacherUnit::TeacherUnit(const RunInputs& run, std::size_t teacher, const affinity::CpuList& cpus,
                          int first_index)
     : run_(run), teacher_(teacher),
-      arena_(std::make_unique<affinity::PinnedArena>(run.topology, cpus, "teacher", first_index)) {
+      arena_(std::make_unique<affinity::PinnedArena>(run.topology, cpus, "teacher", first_index,
+                                                     producer_priority(run, cpus))) {
   // The replica's buffers are first touched on its own cores (its NUMA node); with uint8 slots,
   // so is its float32 copy of the batch's inputs.
   run_in_arena(arena_->arena(), [&] {

@@ -9,10 +9,13 @@
 
 #include <oneapi/tbb/global_control.h>
 
+#include <sched.h>
+
 #include <algorithm>
 #include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <latch>
 #include <map>
 #include <memory>
@@ -40,6 +43,28 @@ std::map<std::string, std::string> thread_bindings() {
     out[comm] = read_line_with(task.path() / "status", "Cpus_allowed_list:");
   }
   return out;
+}
+
+// The scheduling policy of the worker that runs a task enqueued in `arena`.
+int policy_in(PinnedArena& arena) {
+  std::promise<int> policy;
+  arena.arena().enqueue([&] { policy.set_value(sched_getscheduler(0)); });
+  return policy.get_future().get();
+}
+
+// A background arena's workers run at SCHED_IDLE inside it and at the normal policy anywhere
+// else: with one oneTBB worker for both arenas, the same thread moves between them each round.
+TEST(LivePinning, BackgroundArenaWorkersYieldInsideItAndOnlyThere) {
+  const Topology topo = Topology::load();
+  const CpuList cpus = {current_thread_cpus().front()};
+  oneapi::tbb::global_control one_worker(oneapi::tbb::global_control::max_allowed_parallelism, 2);
+  PinnedArena background(topo, cpus, "teacher", 0, Priority::background);
+  PinnedArena normal(topo, cpus, "loader");
+  for (int round = 0; round < 3; ++round) {
+    EXPECT_EQ(policy_in(background), SCHED_IDLE) << round;
+    EXPECT_EQ(policy_in(normal), SCHED_OTHER) << round;
+  }
+  EXPECT_EQ(sched_getscheduler(0), SCHED_OTHER); // the calling thread is never changed
 }
 
 TEST(LivePinning, EveryKdThreadIsBoundToItsRole) {

@@ -166,6 +166,7 @@ TEST(TeacherCli, BenchProfileSaysWhatRanAsPlainKernelsAndReferenceLoops) {
     // kind -> (plain kernel steps, reference loop steps, steps)
     std::map<std::string, std::tuple<int, int, int>> of;
     for (const auto& s : p.at("steps")) {
+      EXPECT_EQ(s.at("writes"), "f32") << s; // an fp32 run writes f32 throughout
       const std::string how = s.at("impl");
       const bool reference = how == "reference loop", plain = reference || how == "plain kernel";
       if (plain) plain_ms += s.at("ms").get<double>();

@@ -21,6 +21,12 @@ CpuList current_thread_cpus();
 // Binds [data, data + bytes) to the NUMA node holding `near_cpus` (before mlock faults it in).
 PlaceMemory bind_to_numa_of(const Topology& topology, const CpuList& near_cpus);
 
+// How an arena's workers compete for their CPUs with other threads bound there: as any thread
+// (normal), or only when no other thread wants the CPU (background: Linux's SCHED_IDLE, set on
+// each worker as it enters the arena and cleared as it leaves, since oneTBB's workers move between
+// arenas).
+enum class Priority { normal, background };
+
 // A task arena of exactly cpus.size() threads for one role (loader pool, a teacher replica); every
 // worker that enters it is bound to `cpus` and named "kd-<role>-<first_index + slot>" (replicas
 // number their threads on from the previous replica's, so names stay unique per role). A oneDNN
@@ -30,7 +36,8 @@ PlaceMemory bind_to_numa_of(const Topology& topology, const CpuList& near_cpus);
 // the arenas wait for one another's workers.
 class PinnedArena {
 public:
-  PinnedArena(const Topology& topology, CpuList cpus, std::string role, int first_index = 0);
+  PinnedArena(const Topology& topology, CpuList cpus, std::string role, int first_index = 0,
+              Priority priority = Priority::normal);
   ~PinnedArena();
   // Workers hold a pointer to the observer inside; the arena never moves.
   PinnedArena(const PinnedArena&) = delete;
@@ -46,6 +53,7 @@ private:
     Observer(oneapi::tbb::task_arena& arena, const PinnedArena& owner)
         : oneapi::tbb::task_scheduler_observer(arena), owner_(owner) {}
     void on_scheduler_entry(bool is_worker) override;
+    void on_scheduler_exit(bool is_worker) override;
 
   private:
     const PinnedArena& owner_;
@@ -55,6 +63,7 @@ private:
   CpuList cpus_;
   std::string role_;
   int first_index_;
+  Priority priority_;
   oneapi::tbb::task_arena arena_;
   Observer observer_;
 };
