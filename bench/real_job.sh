@@ -143,7 +143,9 @@ commit = os.environ.get("KD_SOURCE_COMMIT") or subprocess.run(
     ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
 ks = statistics.median(x["samples_per_s"] for x in k)
 ps = statistics.median(x["samples_per_s"] for x in p)
-result = {"cpu": cpu, "cpus": int(subprocess.run(["nproc"], capture_output=True, text=True).stdout),
+flags = open("/proc/cpuinfo").read().split("flags", 1)[-1].split("\n", 1)[0].split()
+isa = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
+result = {"cpu": cpu, "isa": isa, "cpus": int(subprocess.run(["nproc"], capture_output=True, text=True).stdout),
           "commit": commit, "job": job, "size": int(size), "steps": int(steps),
           "schedule_steps": int(schedule), "batch": int(batch),
           "teacher": teacher, "student": student, "student_device": device,
