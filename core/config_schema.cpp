@@ -357,10 +357,10 @@ const std::vector<ConfigKey>& config_schema() {
       {"cores.student_first",
        T::string,
        std::string("auto"),
-       "loaders and teachers on CPUs the student's threads also run on (the plan's shared CPUs, "
-       "train.threads beyond the student's) run only when the student's threads leave the CPU "
-       "idle (Linux's SCHED_IDLE), so that the student's parallel steps never wait behind them: "
-       "auto (those CPUs only), on (every loader and teacher CPU), off",
+       "loaders and teachers on CPUs that the student's threads beyond its own CPUs also run on "
+       "(train.threads) run only when the student's threads leave the CPU idle (Linux's "
+       "SCHED_IDLE), so that the student's parallel steps never wait behind them: auto (those "
+       "CPUs only), on (every loader and teacher CPU), off",
        {"auto", "on", "off"}},
       {"cores.elastic", T::boolean, true,
        "kd-ctl: while training, move CPUs between the loader pool and the teacher replicas when "

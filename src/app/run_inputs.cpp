@@ -113,7 +113,11 @@ affinity::Priority producer_priority(const RunInputs& run, const affinity::CpuLi
   const std::string& mode = run.config.get_string("cores.student_first");
   if (mode == "off") return affinity::Priority::normal;
   if (mode == "on") return affinity::Priority::background;
+  // Only where the run asked the student onto more CPUs than its own (train.threads): a producer
+  // sharing the plan's student CPU as well (the 2-CPU plan's loaders) stays normal, since at
+  // SCHED_IDLE any other busy process on that CPU would starve it.
   const affinity::CpuList student = student_cpus(run);
+  if (student.size() == run.plan.student.size()) return affinity::Priority::normal;
   for (const int c : cpus)
     if (std::find(student.begin(), student.end(), c) != student.end())
       return affinity::Priority::background;

@@ -109,8 +109,8 @@ void prepare_teacher_cache(RunInputs& run);
 affinity::CpuList student_cpus(const RunInputs& run);
 
 // How a loader pool or teacher replica on `cpus` competes with the student's threads
-// (cores.student_first): in the background where the student's threads run on any of them (auto),
-// everywhere (on), or never (off).
+// (cores.student_first): in the background where the student's threads beyond its own CPUs
+// (train.threads) run on any of them (auto), everywhere (on), or never (off).
 affinity::Priority producer_priority(const RunInputs& run, const affinity::CpuList& cpus);
 
 } // namespace kdflow::app

@@ -153,7 +153,23 @@ TEST(Session, StudentThreadsBeyondItsCpusShareTheTeachers) {
     } else {
       EXPECT_EQ(got, run.plan.student);
     }
+    // cores.student_first = auto: the teachers (and loaders) whose CPUs the student's extra
+    // threads share go to the background; with no extra threads every producer stays normal, the
+    // loaders beside the student's own CPU included.
+    for (const auto& replica : run.plan.teacher)
+      EXPECT_EQ(producer_priority(run, replica),
+                threads == 8 ? affinity::Priority::background : affinity::Priority::normal);
+    EXPECT_EQ(producer_priority(run, run.plan.student),
+              threads == 8 ? affinity::Priority::background : affinity::Priority::normal);
   }
+  // on and off: every producer, whatever it shares.
+  const RunInputs on = prepare_run(shipped_teacher_config({"cores.student_first=on"}));
+  const RunInputs off =
+      prepare_run(shipped_teacher_config({"cores.student_first=off", "train.threads=8"}));
+  for (const auto& replica : on.plan.teacher)
+    EXPECT_EQ(producer_priority(on, replica), affinity::Priority::background);
+  for (const auto& replica : off.plan.teacher)
+    EXPECT_EQ(producer_priority(off, replica), affinity::Priority::normal);
 }
 
 // A cache is refused where a sample's teacher input changes between epochs, unless
