@@ -433,13 +433,14 @@ void CoreTuner::add_trimmed() {
         const auto t = trimmed(c, r);
         return t ? profile_teacher(*t, stages_of(*t, 1)[0]) : 0.0;
       });
-    if (kept < n) {
-      Candidate t = *trimmed(c, kept);
-      const auto label = t.label();
+    std::optional<Candidate> t;
+    if (kept < n) t = trimmed(c, kept); // none where that plan is not valid (its rate was 0)
+    if (t) {
+      const auto label = t->label();
       const auto same = [&](const Candidate& o) { return o.label() == label; };
       if (std::none_of(with.begin(), with.end(), same)) {
-        with.push_back(t);
-        if (std::none_of(every_.begin(), every_.end(), same)) every_.push_back(std::move(t));
+        with.push_back(*t);
+        if (std::none_of(every_.begin(), every_.end(), same)) every_.push_back(std::move(*t));
         ++added;
       }
     }
