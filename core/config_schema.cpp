@@ -318,10 +318,12 @@ const std::vector<ConfigKey>& config_schema() {
        4096},
       {"ring.slots",
        T::integer,
-       std::int64_t{8},
-       "batches in flight between loaders, teacher and student",
+       std::int64_t{0},
+       "batches in flight between loaders, teacher and student (0: sized for the plan: one for "
+       "each loader CPU and teacher replica and 4 for the student, at least 8, the ring at most "
+       "an eighth of the machine's memory; 1 is refused)",
        {},
-       2,
+       0,
        4096},
       {"pipeline.stall_timeout_s",
        T::real,

@@ -2,6 +2,7 @@
 // their stage graphs, and the moves of CPUs between the pools.
 #include "pipeline.hpp"
 
+#include "kdflow/core/error.hpp"
 #include "kdflow/core/fault_hooks.hpp"
 #include "kdflow/core/log.hpp"
 #include "kdflow/core/trace.hpp"
@@ -14,6 +15,8 @@
 #include <stdexcept>
 
 #include <fmt/format.h>
+
+#include <unistd.h>
 
 namespace kdflow::app {
 
@@ -29,6 +32,28 @@ std::string feature_region(const std::string& value, std::size_t teacher) {
 }
 
 std::string teacher_logits_region(std::size_t k) { return fmt::format("logits:teacher{}", k); }
+
+std::uint32_t auto_ring_slots(std::size_t producers, std::size_t slot_bytes, double memory_bytes,
+                              int ranks_on_node) {
+  constexpr std::size_t kFewest = 8, kStudent = 4, kMost = 4096;
+  std::size_t slots = std::clamp(producers + kStudent, kFewest, kMost);
+  const double share = memory_bytes / 8.0 / static_cast<double>(std::max(ranks_on_node, 1));
+  const double fit = share / static_cast<double>(std::max<std::size_t>(slot_bytes, 1));
+  if (static_cast<double>(slots) > fit)
+    slots = std::max(kFewest, static_cast<std::size_t>(std::max(fit, 0.0)));
+  return static_cast<std::uint32_t>(slots);
+}
+
+std::uint32_t CpuPipeline::slots_for(const RunInputs& run) {
+  const std::int64_t set = run.config.get_int("ring.slots");
+  if (set == 1)
+    throw InputError("ring.slots = 1: the ring needs at least 2 (0: sized for the plan)");
+  if (set > 0) return static_cast<std::uint32_t>(set);
+  const double memory =
+      static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGESIZE));
+  return auto_ring_slots(run.plan.loader.size() + run.plan.teacher.size(),
+                         layout_for(run).slot_bytes(), memory, run.dist.local_world);
+}
 
 SlotLayout CpuPipeline::layout_for(const RunInputs& run) {
   std::vector<RegionSpec> extra;

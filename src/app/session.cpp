@@ -1,6 +1,8 @@
 // The start-up every pipeline command shares (session.hpp).
 #include "session.hpp"
 
+#include "pipeline.hpp"
+
 #include "kdflow/affinity/pinning.hpp"
 #include "kdflow/core/log.hpp"
 
@@ -17,8 +19,9 @@ Session::Session(const std::string& config_file, const std::vector<std::string>&
     : config_(resolve_config(config_file, sets, cores)), dist_(dist_env().value_or(DistEnv{})),
       device_(student::resolve_device(config_.get_string("student.device"), dist_.local_rank,
                                       dist_.local_world)),
-      group_(join_job(config_, dist_, device_)),
-      slots_(static_cast<std::uint32_t>(config_.get_int("ring.slots"))) {}
+      group_(join_job(config_, dist_, device_)) {}
+
+std::uint32_t Session::slots() const { return CpuPipeline::slots_for(*run_); }
 
 void Session::prepare(const RunRequest& request, const std::function<void()>& then) {
   run_.emplace(agreed([&] {

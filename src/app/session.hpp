@@ -46,7 +46,9 @@ public:
   [[nodiscard]] RunInputs& run() { return *run_; }
   [[nodiscard]] const RunInputs& run() const { return *run_; }
   [[nodiscard]] const Sampler& sampler() const { return *sampler_; }
-  [[nodiscard]] std::uint32_t slots() const { return slots_; } // ring.slots
+  // The ring's slots for the run's plan as it is now (CpuPipeline::slots_for: ring.slots, or sized
+  // for the plan; tune-cores changes the plan between candidates).
+  [[nodiscard]] std::uint32_t slots() const;
 
 private:
   const Config config_;
@@ -55,7 +57,6 @@ private:
   std::unique_ptr<student::ProcessGroup> group_;
   std::optional<RunInputs> run_;
   std::optional<Sampler> sampler_;
-  std::uint32_t slots_;
 };
 
 } // namespace kdflow::app

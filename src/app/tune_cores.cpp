@@ -560,7 +560,10 @@ json CoreTuner::report() {
             {{"teacher", run.teacher_runs() ? run.teachers.front().spec.path : std::string()},
              {"student", session_.config().get_string("student.arch")},
              {"batch", run.sampler.batch_size},
-             {"ring_slots", session_.slots()}}}});
+             // Sized for each candidate's plan unless set (CpuPipeline::slots_for).
+             {"ring_slots", session_.config().get_int("ring.slots") == 0
+                                ? json("auto: sized for each plan")
+                                : json(session_.config().get_int("ring.slots"))}}}});
   return report;
 }
 

@@ -172,6 +172,35 @@ TEST(Session, StudentThreadsBeyondItsCpusShareTheTeachers) {
     EXPECT_EQ(producer_priority(off, replica), affinity::Priority::normal);
 }
 
+// ring.slots = 0 (the default) sizes the ring for the plan: a slot for every loader CPU and
+// teacher replica and four for the student, at least 8, within an eighth of the memory.
+TEST(CpuPipeline, TheRingIsSizedForEveryProducerAndTheStudent) {
+  constexpr double kGiB = 1 << 30;
+  EXPECT_EQ(auto_ring_slots(2, 1000, 64 * kGiB, 1), 8u);
+  EXPECT_EQ(auto_ring_slots(4, 1000, 64 * kGiB, 1), 8u);
+  EXPECT_EQ(auto_ring_slots(15, 1000, 64 * kGiB, 1), 19u);
+  EXPECT_EQ(auto_ring_slots(100000, 1000, 64 * kGiB, 1), 4096u);
+  // The memory bound: 8 GiB of 64 over 100 MiB slots is 81; halved for two ranks on the node; and
+  // never under 8 slots.
+  EXPECT_EQ(auto_ring_slots(200, 100 << 20, 64 * kGiB, 1), 81u);
+  EXPECT_EQ(auto_ring_slots(200, 100 << 20, 64 * kGiB, 2), 40u);
+  EXPECT_EQ(auto_ring_slots(200, std::size_t{2} << 30, 64 * kGiB, 4), 8u);
+
+  RunInputs run = prepare_run(shipped_teacher_config({"student.device=cpu"}));
+  const std::size_t producers = run.plan.loader.size() + run.plan.teacher.size();
+  EXPECT_EQ(CpuPipeline::slots_for(run), std::max<std::size_t>(8, producers + 4));
+  // A plan of 14 replicas (as tune-cores measures on 16 CPUs) gets a ring they all fit in.
+  const auto replica = run.plan.teacher.front();
+  run.plan.teacher.assign(14, replica);
+  run.plan.teacher_of.assign(14, 0);
+  EXPECT_EQ(CpuPipeline::slots_for(run), run.plan.loader.size() + 14 + 4);
+  // Set: as set; 1 is refused naming the key.
+  EXPECT_EQ(CpuPipeline::slots_for(prepare_run(shipped_teacher_config({"ring.slots=3"}))), 3u);
+  const std::string one = test::error_of(
+      [] { (void)CpuPipeline::slots_for(prepare_run(shipped_teacher_config({"ring.slots=1"}))); });
+  EXPECT_NE(one.find("ring.slots = 1"), std::string::npos) << one;
+}
+
 // A cache is refused where a sample's teacher input changes between epochs, unless
 // kd.cache_augmented asks for the first view's outputs (never under a mix).
 TEST(CpuPipeline, TeacherOutputCacheIsRefusedWithRandomAugmentation) {
