@@ -132,7 +132,7 @@ def main():
                                              "kdflow_samples_per_s", "peer_samples_per_s", "ratio",
                                              "kdflow_test_accuracy", "peer_test_accuracy",
                                              "kdflow_teacher_busy_fraction", "kdflow_student_stall_fraction",
-                                             "kdflow_plan", "kdflow_cache")} if r else None
+                                             "kdflow_plan", "kdflow_pace", "kdflow_cache")} if r else None
     try:
         tune_log = open(os.path.join(work, "ctest_tune.log")).read()
         m = re.search(r"(\d+)% tests passed(?:, (\d+) tests failed)? out of (\d+)", tune_log)
@@ -192,6 +192,8 @@ def main():
                      f"{', '.join(f'{v:,.0f}' for v in j['peer_samples_per_s'])}: {j['ratio']:.2f}x (kdflow's teacher busy "
                      f"{', '.join(f'{100 * (v or 0):.0f}%' for v in j['kdflow_teacher_busy_fraction'])}, student stalled "
                      f"{', '.join(f'{100 * (v or 0):.0f}%' for v in j['kdflow_student_stall_fraction'])}; plan {j['kdflow_plan']})")
+        for line in j.get("kdflow_pace") or []:
+            lines.append(f"  kdflow's start-up line: {line}")
         c = j.get("kdflow_cache")
         if c:
             lines.append(f"  with kd.cache (first views' outputs): {', '.join(f'{v:,.0f}' for v in c['samples_per_s'])} "

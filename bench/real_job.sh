@@ -135,6 +135,16 @@ done
 import json, os, statistics, subprocess, sys
 d, repeats, job, size, steps, schedule, batch, teacher, student, workers, out, sets, envs, peer_envs, device, cache = sys.argv[1:]
 arm = lambda name: [json.load(open(f"{d}/{name}_{r}.json")) for r in range(1, int(repeats) + 1)]
+
+
+def pace(log):
+    """The run's line on which stage sets the pace (train_log.cpp), its log prefix cut; or None."""
+    for line in open(log, errors="replace"):
+        if "samples/s; the teacher's" in line:
+            return line.split("] ", 2)[-1].strip()
+    return None
+
+
 k, p = arm("kdflow"), arm("peer")
 cpu = subprocess.run("lscpu | sed -n 's/^Model name:[ ]*//p'", shell=True, capture_output=True,
                      text=True).stdout.strip()
@@ -162,7 +172,9 @@ result = {"cpu": cpu, "isa": isa, "cpus": int(subprocess.run(["nproc"], capture_
           "kdflow_teacher_test_accuracy": k[-1].get("teacher_test_accuracy"),
           "kdflow_teacher_busy_fraction": [x.get("teacher_busy_fraction") for x in k],
           "kdflow_student_stall_fraction": [x.get("student_stall_fraction") for x in k],
-          "kdflow_plan": k[-1].get("plan")}
+          "kdflow_plan": k[-1].get("plan"),
+          # kdflow's start-up verdict on the pace (after the first interval): which stage is slower.
+          "kdflow_pace": [pace(f"{d}/kdflow_{r}.log") for r in range(1, int(repeats) + 1)]}
 if cache != "none":
     c = arm("kdflow_cache")
     result["kdflow_cache"] = {
