@@ -201,6 +201,10 @@ def main():
                          f"{', '.join(f'{v:.4f}' for v in c['test_accuracy'])} against kdflow's "
                          f"{', '.join(f'{v:.4f}' for v in j['kdflow_test_accuracy'])} and the loop's "
                          f"{', '.join(f'{v:.4f}' for v in j['peer_test_accuracy'])}")
+            for r, rows in enumerate(c.get("epochs") or []):
+                lines.append(f"  kd.cache arm, repeat {r + 1}, per epoch: " + "; ".join(
+                    f"{e['epoch']}: {e['samples_per_s']:,.0f} samples/s, student waiting "
+                    f"{100 * e['student_wait_share']:.0f}%" for e in rows))
     elif no_gpu:
         lines.append("real job (224 px, GPU students): skipped: no GPU")
     e = out["tune_exhaustive"]

@@ -119,6 +119,7 @@ kdflow_arm() {
       exit 1
     }
   cp "$work/run/summary.json" "$results/${name}_$r.json"
+  cp "$work/run/metrics.jsonl" "$results/${name}_$r.metrics.jsonl"
   # Both arms run every step (train.max_steps, not the epochs, ends the run).
   local ran
   ran=$("$py" -c 'import json, sys; print(json.load(open(sys.argv[1]))["steps"])' "$work/run/summary.json")
@@ -143,6 +144,29 @@ def pace(log):
         if "samples/s; the teacher's" in line:
             return line.split("] ", 2)[-1].strip()
     return None
+
+
+def epochs(name):
+    """Per epoch of each repeat, from metrics.jsonl's interval lines: samples/s, the student's
+    share of time waiting for a batch, and the teacher batches read from kd.cache by its end."""
+    out = []
+    for r in range(1, int(repeats) + 1):
+        per = {}
+        for text in open(f"{d}/{name}_{r}.metrics.jsonl"):
+            line = json.loads(text)
+            if "interval_s" not in line or "samples_per_s" not in line:
+                continue
+            e = per.setdefault(line["epoch"], {"epoch": line["epoch"], "seconds": 0.0, "samples": 0.0,
+                                                "wait_s": 0.0, "cached_batches": None})
+            e["seconds"] += line["interval_s"]
+            e["samples"] += line["samples_per_s"] * line["interval_s"]
+            e["wait_s"] += line.get("student_wait_ms", 0.0) / 1e3
+            e["cached_batches"] = line.get("teacher_cached_batches")
+        out.append([{"epoch": e["epoch"], "samples_per_s": e["samples"] / e["seconds"],
+                     "student_wait_share": e["wait_s"] / e["seconds"],
+                     "cached_batches": e["cached_batches"]}
+                    for e in sorted(per.values(), key=lambda e: e["epoch"]) if e["seconds"] > 0])
+    return out
 
 
 k, p = arm("kdflow"), arm("peer")
@@ -174,7 +198,8 @@ result = {"cpu": cpu, "isa": isa, "cpus": int(subprocess.run(["nproc"], capture_
           "kdflow_student_stall_fraction": [x.get("student_stall_fraction") for x in k],
           "kdflow_plan": k[-1].get("plan"),
           # kdflow's start-up verdict on the pace (after the first interval): which stage is slower.
-          "kdflow_pace": [pace(f"{d}/kdflow_{r}.log") for r in range(1, int(repeats) + 1)]}
+          "kdflow_pace": [pace(f"{d}/kdflow_{r}.log") for r in range(1, int(repeats) + 1)],
+          "kdflow_epochs": epochs("kdflow")}
 if cache != "none":
     c = arm("kdflow_cache")
     result["kdflow_cache"] = {
@@ -183,7 +208,9 @@ if cache != "none":
         "ratio_to_peer": statistics.median(x["samples_per_s"] for x in c) / ps,
         "test_accuracy": [x["test_accuracy"] for x in c],
         "teacher_cache": [x.get("teacher_cache") for x in c],
-        "student_stall_fraction": [x.get("student_stall_fraction") for x in c]}
+        "student_stall_fraction": [x.get("student_stall_fraction") for x in c],
+        # The cached epochs apart from the first (which fills the cache).
+        "epochs": epochs("kdflow_cache")}
 text = json.dumps(result, indent=1)
 print(text)
 if out:
