@@ -320,8 +320,8 @@ const std::vector<ConfigKey>& config_schema() {
        T::integer,
        std::int64_t{0},
        "batches in flight between loaders, teacher and student (0: sized for the plan: one for "
-       "each loader CPU and teacher replica and 4 for the student, at least 8, the ring at most "
-       "an eighth of the machine's memory; 1 is refused)",
+       "each loader and teacher CPU and each teacher replica and 4 for the student, at least 8, "
+       "the ring at most an eighth of the machine's memory; 1 is refused)",
        {},
        0,
        4096},

@@ -51,8 +51,11 @@ std::uint32_t CpuPipeline::slots_for(const RunInputs& run) {
   if (set > 0) return static_cast<std::uint32_t>(set);
   const double memory =
       static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGESIZE));
-  return auto_ring_slots(run.plan.loader.size() + run.plan.teacher.size(),
-                         layout_for(run).slot_bytes(), memory, run.dist.local_world);
+  // A loader worker may run on every loader and teacher CPU (kd.cache's share, kd-ctl's moves),
+  // beside every replica.
+  const std::size_t producers =
+      run.plan.loader.size() + affinity::cpu_count(run.plan.teacher) + run.plan.teacher.size();
+  return auto_ring_slots(producers, layout_for(run).slot_bytes(), memory, run.dist.local_world);
 }
 
 SlotLayout CpuPipeline::layout_for(const RunInputs& run) {

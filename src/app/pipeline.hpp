@@ -32,8 +32,8 @@ std::string feature_region(const std::string& value, std::size_t teacher = 0);
 // The slot region of teacher k's own logits, with several teachers.
 std::string teacher_logits_region(std::size_t k);
 
-// The ring auto-sized: every producer thread (a loader CPU, a teacher replica; a move of CPUs
-// between them keeps their sum bound) can hold a slot while the student holds four more (its copy
+// The ring auto-sized: every producer thread (`producers`: the loader workers and the teacher
+// replicas that may hold a slot at once) can hold one while the student holds four more (its copy
 // group, its step, the next ready ones), at least 8; but the ring (`slot_bytes` a slot) takes at
 // most an eighth of `memory_bytes` shared by `ranks_on_node` rings, unless 8 slots already do.
 std::uint32_t auto_ring_slots(std::size_t producers, std::size_t slot_bytes, double memory_bytes,
@@ -62,8 +62,9 @@ public:
   // The slot layout a run of `run` needs (for sizing the memory before construction).
   static SlotLayout layout_for(const RunInputs& run);
   // The ring's slots for `run`'s plan: ring.slots, or with 0 (auto, the default) auto_ring_slots
-  // for the plan's loader CPUs and teacher replicas, this slot layout, this machine's memory and
-  // the node's ranks. ring.slots = 1: InputError naming it.
+  // for a loader worker on each loader and teacher CPU (kd.cache's share puts them on both) and
+  // each teacher replica, this slot layout, this machine's memory and the node's ranks.
+  // ring.slots = 1: InputError naming it.
   static std::uint32_t slots_for(const RunInputs& run);
 
   void start(std::uint64_t first_batch, std::uint64_t batches, const StartOptions& options = {});

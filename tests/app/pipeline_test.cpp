@@ -186,14 +186,16 @@ TEST(CpuPipeline, TheRingIsSizedForEveryProducerAndTheStudent) {
   EXPECT_EQ(auto_ring_slots(200, 100 << 20, 64 * kGiB, 2), 40u);
   EXPECT_EQ(auto_ring_slots(200, std::size_t{2} << 30, 64 * kGiB, 4), 8u);
 
+  // Loader workers on every loader and teacher CPU (kd.cache's share) beside every replica.
   RunInputs run = prepare_run(shipped_teacher_config({"student.device=cpu"}));
-  const std::size_t producers = run.plan.loader.size() + run.plan.teacher.size();
+  const std::size_t producers =
+      run.plan.loader.size() + affinity::cpu_count(run.plan.teacher) + run.plan.teacher.size();
   EXPECT_EQ(CpuPipeline::slots_for(run), std::max<std::size_t>(8, producers + 4));
-  // A plan of 14 replicas (as tune-cores measures on 16 CPUs) gets a ring they all fit in.
-  const auto replica = run.plan.teacher.front();
-  run.plan.teacher.assign(14, replica);
+  // A plan of 14 one-CPU replicas (as tune-cores measures on 16 CPUs) gets a ring they and the
+  // loaders beside them all fit in.
+  run.plan.teacher.assign(14, affinity::CpuList{run.plan.teacher.front().front()});
   run.plan.teacher_of.assign(14, 0);
-  EXPECT_EQ(CpuPipeline::slots_for(run), run.plan.loader.size() + 14 + 4);
+  EXPECT_EQ(CpuPipeline::slots_for(run), run.plan.loader.size() + 14 + 14 + 4);
   // Set: as set; 1 is refused naming the key.
   EXPECT_EQ(CpuPipeline::slots_for(prepare_run(shipped_teacher_config({"ring.slots=3"}))), 3u);
   const std::string one = test::error_of(
