@@ -5,6 +5,7 @@
 #include "kdflow/cpu_teacher/engine.hpp"
 #include "kdflow/cpu_teacher/precision_names.hpp"
 
+#include "kdflow/core/digest.hpp"
 #include "kdflow/core/error.hpp"
 #include "kdflow/cpu_teacher/versions.hpp"
 #include "ops/lowering.hpp"
@@ -12,6 +13,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -23,17 +25,25 @@
 namespace kdflow::teacher {
 
 const std::vector<std::string>& precision_names() {
-  static const std::vector<std::string> names = {"fp32", "bf16"};
+  static const std::vector<std::string> names = {"fp32", "bf16", "int8"};
   return names;
 }
 
 Precision parse_precision(const std::string& text) {
   if (text == precision_names()[0]) return Precision::fp32;
   if (text == precision_names()[1]) return Precision::bf16;
-  throw InputError(fmt::format("precision '{}' is not fp32 or bf16", text));
+  if (text == precision_names()[2]) return Precision::int8;
+  throw InputError(fmt::format("precision '{}' is not fp32, bf16 or int8", text));
 }
 
-const char* precision_name(Precision p) { return p == Precision::fp32 ? "fp32" : "bf16"; }
+const char* precision_name(Precision p) {
+  switch (p) {
+  case Precision::fp32: return "fp32";
+  case Precision::bf16: return "bf16";
+  case Precision::int8: return "int8";
+  }
+  return "?";
+}
 
 Tune parse_tune(const std::string& text) {
   if (text == "auto") return Tune::automatic;
@@ -65,6 +75,15 @@ bool has_native_bf16() {
          isa == dnnl::cpu_isa::avx512_core_amx_fp16 || isa == dnnl::cpu_isa::avx2_vnni_2;
 }
 
+bool has_native_int8() {
+  using dnnl::cpu_isa;
+  const auto isa = dnnl::get_effective_cpu_isa();
+  return isa == cpu_isa::avx2_vnni || isa == cpu_isa::avx2_vnni_2 ||
+         isa == cpu_isa::avx512_core_vnni || isa == cpu_isa::avx512_core_bf16 ||
+         isa == cpu_isa::avx512_core_fp16 || isa == cpu_isa::avx512_core_amx ||
+         isa == cpu_isa::avx512_core_amx_fp16;
+}
+
 namespace {
 
 // The implementation oneDNN chose for a primitive ("jit_dw:avx512_core_bf16").
@@ -93,6 +112,7 @@ auto with_node(const Node& node, const std::string& file, F&& f) {
 
 Lowering::Lowering(Teacher::Plan& plan)
     : p_(plan), g_(plan.graph), act_(plan.precision == Precision::bf16 ? dt::bf16 : dt::f32) {}
+// (Under int8 every value is f32: products read theirs quantized through get_quantized.)
 
 void Lowering::build(const std::vector<std::string>& features) {
   p_.input_md = plain(g_.input_shape, dt::f32);
@@ -171,6 +191,46 @@ ArgRef Lowering::get(const std::string& value, const memory::desc& want) {
   add_reorder(cur, dst, value);
   converted_.emplace_back(value, dst);
   return dst;
+}
+
+std::optional<Lowering::Quant> Lowering::quant_of(const std::string& value) const {
+  if (p_.precision != Precision::int8 || !p_.calibration) return std::nullopt;
+  const auto it = p_.calibration->ranges.find(value);
+  if (it == p_.calibration->ranges.end()) return std::nullopt;
+  const auto [lo, hi] = it->second;
+  if (!std::isfinite(lo) || !std::isfinite(hi)) return std::nullopt;
+  const bool unsigned_ok = lo >= 0.f;
+  const float top = unsigned_ok ? hi : std::max(-lo, hi);
+  const float levels = unsigned_ok ? 255.f : 127.f;
+  return Quant{unsigned_ok ? dt::u8 : dt::s8, top > 0.f ? top / levels : 1.f};
+}
+
+ArgRef Lowering::get_quantized(const std::string& value, const memory::desc& want, const Quant& q) {
+  const ArgRef& cur = at(value);
+  if (cur.md == want) return cur;
+  for (const auto& [name, ref] : converted_)
+    if (name == value && ref.md == want) return ref;
+  ArgRef dst = new_buffer(want);
+  dnnl::primitive_attr attr;
+  attr.set_scales_mask(DNNL_ARG_DST, 0);
+  const dnnl::reorder::primitive_desc pd(p_.eng, cur.md, p_.eng, want, attr);
+  Step s;
+  s.prim = dnnl::reorder(pd);
+  s.args = {{DNNL_ARG_FROM, cur},
+            {DNNL_ARG_TO, dst},
+            {DNNL_ARG_ATTR_SCALES | DNNL_ARG_DST, scales({q.scale})}};
+  s.label = "reorder (quantize) " + value;
+  s.kind = "reorder";
+  s.node = node_;
+  s.reorder = true;
+  p_.steps.push_back(std::move(s));
+  converted_.emplace_back(value, dst);
+  return dst;
+}
+
+ArgRef Lowering::scales(std::vector<float> values) {
+  const memory::desc md({static_cast<memory::dim>(values.size())}, dt::f32, memory::format_tag::a);
+  return weight(std::move(values), md, md);
 }
 
 void Lowering::set(const std::string& value, ArgRef ref) {
@@ -346,8 +406,34 @@ void Lowering::add_node(const Node& node) {
     fail(node, fmt::format("op type '{}' is not supported by kdflow's teacher", node.op));
   kind_ = node.op;
   node_ = node.name;
+  if (p_.observe && quantizable(g_, node)) observe(node.inputs[0]);
   op->lower(*this, node);
   node_.clear();
+}
+
+// A calibration step: the value's smallest and largest element so far (its whole buffer: a blocked
+// layout's padding holds zeros, which at most widens the range to include 0).
+void Lowering::observe(const std::string& value) {
+  const auto seen = std::find(p_.observed_values.begin(), p_.observed_values.end(), value);
+  if (seen != p_.observed_values.end()) return;
+  const ArgRef& ref = at(value);
+  if (ref.md.get_data_type() != dt::f32) return;
+  const std::size_t slot = p_.observed_values.size();
+  p_.observed_values.push_back(value);
+  p_.observed->emplace_back(std::numeric_limits<float>::infinity(),
+                            -std::numeric_limits<float>::infinity());
+  const std::size_t n = ref.md.get_size() / sizeof(float);
+  add_kernel(
+      [ranges = p_.observed, slot, n](std::byte* const* ptrs) {
+        const auto* x = reinterpret_cast<const float*>(ptrs[0]);
+        float lo = (*ranges)[slot].first, hi = (*ranges)[slot].second;
+        for (std::size_t i = 0; i < n; ++i) {
+          lo = std::min(lo, x[i]);
+          hi = std::max(hi, x[i]);
+        }
+        (*ranges)[slot] = {lo, hi};
+      },
+      {ref}, "observe " + value);
 }
 
 std::string Lowering::choose(const Node& node, std::vector<std::string> options) {
@@ -395,6 +481,16 @@ std::shared_ptr<const Teacher> Teacher::load(const std::string& path,
         "{}: teacher.precision = bf16 needs a CPU with AVX512_BF16 or AMX, and this one runs "
         "oneDNN's {} ISA; use fp32 (teacher.precision = fp32, or --precision fp32)",
         path, onednn_info().isa));
+  if (options.precision == Precision::int8) {
+    if (!has_native_int8())
+      throw InputError(fmt::format(
+          "{}: teacher.precision = int8 needs a CPU with int8 dot products (AVX512_VNNI, "
+          "AVX-VNNI or AMX), and this one runs oneDNN's {} ISA; use fp32 (or bf16 where the CPU "
+          "has it)",
+          path, onednn_info().isa));
+    if (!options.calibration)
+      throw std::logic_error("teacher.precision = int8 without a calibration");
+  }
   LoadOptions lo;
   lo.batch = options.batch;
   lo.sample_shape = options.sample_shape;
@@ -408,11 +504,10 @@ std::shared_ptr<const Teacher> Teacher::load(const std::string& path,
   if (options.tune == Tune::automatic) {
     t->plan_ = tuned_plan(std::move(graph), options, path);
   } else {
-    t->plan_ = build_plan(std::move(graph), options.precision, options.features, {});
+    t->plan_ = build_plan(std::move(graph), options, {});
     if (!options.prefer.empty()) {
       auto ways = prefer_ways(t->plan_->options, options.prefer);
-      t->plan_ = build_plan(std::move(t->plan_->graph), options.precision, options.features,
-                            std::move(ways));
+      t->plan_ = build_plan(std::move(t->plan_->graph), options, std::move(ways));
     }
     for (const auto& o : t->plan_->options)
       t->plan_->tune.nodes.push_back(
@@ -475,21 +570,126 @@ void place_buffers(Teacher::Plan& p) {
 
 } // namespace
 
-std::unique_ptr<Teacher::Plan> Teacher::build_plan(Graph&& graph, Precision precision,
-                                                   const std::vector<std::string>& features,
+std::unique_ptr<Teacher::Plan> Teacher::build_plan(Graph&& graph, const TeacherOptions& options,
                                                    std::map<std::string, std::string> choices) {
   auto plan = std::make_unique<Plan>();
   plan->graph = std::move(graph);
-  plan->precision = precision;
+  plan->precision = options.precision;
+  plan->calibration = options.calibration;
   plan->choices = std::move(choices);
   try {
-    Lowering(*plan).build(features);
+    Lowering(*plan).build(options.features);
   } catch (...) {
     graph = std::move(plan->graph); // the caller keeps its graph (the lowering only reads it)
     throw;
   }
   place_buffers(*plan);
   return plan;
+}
+
+Calibration Teacher::calibrate(const std::string& path, const TeacherOptions& options,
+                               std::span<const float> samples, const std::string& source) {
+  TeacherOptions fp32 = options;
+  fp32.precision = Precision::fp32;
+  fp32.tune = Tune::off;
+  fp32.features.clear();
+  fp32.prefer.clear();
+  fp32.calibration.reset();
+  LoadOptions lo;
+  lo.batch = fp32.batch;
+  lo.sample_shape = fp32.sample_shape;
+  lo.sample_default = fp32.sample_default;
+  lo.sample_source = fp32.sample_source;
+  lo.limits = fp32.limits;
+  lo.keep = options.features; // the same graph (and value names) as the plan it calibrates
+  std::shared_ptr<Teacher> t(new Teacher());
+  t->plan_ = std::make_unique<Plan>();
+  Plan& plan = *t->plan_;
+  plan.graph = load_onnx(path, lo);
+  plan.observe = true;
+  plan.observed = std::make_shared<std::vector<std::pair<float, float>>>();
+  Lowering(plan).build({});
+  place_buffers(plan);
+  const auto batch_floats = static_cast<std::size_t>(numel(t->input_shape()));
+  if (samples.empty() || samples.size() % batch_floats != 0)
+    throw InputError(fmt::format(
+        "{}: {} floats are not a whole number of the teacher's batches of {} (input {}): the "
+        "int8 calibration runs whole batches",
+        source, samples.size(), batch_floats, format_shape(t->input_shape())));
+  Replica replica(t);
+  OutputBuffers out(*t);
+  Calibration c;
+  c.batches = samples.size() / batch_floats;
+  c.samples = c.batches * static_cast<std::size_t>(t->batch());
+  for (std::size_t b = 0; b < c.batches; ++b)
+    replica.run(samples.data() + b * batch_floats, out.pointers);
+  std::string text;
+  for (std::size_t k = 0; k < plan.observed_values.size(); ++k) {
+    const auto range = (*plan.observed)[k];
+    c.ranges.emplace(plan.observed_values[k], range);
+    text += fmt::format("{} {:a} {:a}\n", plan.observed_values[k], range.first, range.second);
+  }
+  c.digest = fnv1a(std::as_bytes(std::span(text.data(), text.size())));
+  return c;
+}
+
+LogitAgreement compare_logits(std::span<const float> reference, std::span<const float> other,
+                              std::int64_t classes) {
+  if (classes < 1 || reference.size() != other.size() ||
+      reference.size() % static_cast<std::size_t>(classes) != 0)
+    throw std::invalid_argument("compare_logits: mismatched logits");
+  const auto k = static_cast<std::size_t>(classes);
+  LogitAgreement a;
+  a.samples = reference.size() / k;
+  if (a.samples == 0) return a;
+  std::size_t agree = 0;
+  double kl = 0;
+  for (std::size_t s = 0; s < a.samples; ++s) {
+    const float* p = reference.data() + s * k;
+    const float* q = other.data() + s * k;
+    agree += std::max_element(p, p + k) - p == std::max_element(q, q + k) - q;
+    // log-softmax of each, then sum p * (log p - log q)
+    const auto log_norm = [k](const float* x) {
+      const double m = *std::max_element(x, x + k);
+      double z = 0;
+      for (std::size_t c = 0; c < k; ++c) z += std::exp(double(x[c]) - m);
+      return m + std::log(z);
+    };
+    const double lp = log_norm(p), lq = log_norm(q);
+    for (std::size_t c = 0; c < k; ++c) {
+      const double log_p = p[c] - lp, log_q = q[c] - lq;
+      kl += std::exp(log_p) * (log_p - log_q);
+    }
+  }
+  a.top1 = static_cast<double>(agree) / static_cast<double>(a.samples);
+  a.kl = kl / static_cast<double>(a.samples);
+  return a;
+}
+
+std::shared_ptr<const Teacher> Teacher::load_int8(const std::string& path, TeacherOptions options,
+                                                  std::span<const float> samples,
+                                                  std::span<const float> check,
+                                                  const std::string& source) {
+  options.precision = Precision::int8;
+  options.calibration =
+      std::make_shared<const Calibration>(Teacher::calibrate(path, options, samples, source));
+  auto int8 = Teacher::load(path, options);
+  TeacherOptions fp32 = options;
+  fp32.precision = Precision::fp32;
+  fp32.tune = Tune::off;
+  fp32.calibration.reset();
+  fp32.prefer.clear();
+  const auto reference = Teacher::load(path, fp32);
+  if (check.size() != static_cast<std::size_t>(numel(reference->input_shape())))
+    throw InputError(fmt::format("{}: the check batch holds {} floats, not one batch of input {}",
+                                 source, check.size(), format_shape(reference->input_shape())));
+  OutputBuffers want(*reference), got(*int8);
+  Replica(reference).run(check.data(), want.pointers);
+  Replica(int8).run(check.data(), got.pointers);
+  const Shape logits = int8->output_shape(0);
+  const std::int64_t classes = logits.size() > 1 ? numel(logits) / logits[0] : 1;
+  int8->plan_->int8_check = compare_logits(want.data[0], got.data[0], classes);
+  return int8;
 }
 
 Teacher::~Teacher() = default;
@@ -522,6 +722,10 @@ std::size_t Teacher::reorders() const {
 }
 
 const TuneReport& Teacher::tune_report() const { return plan_->tune; }
+const Calibration* Teacher::calibration() const {
+  return plan_->precision == Precision::int8 ? plan_->calibration.get() : nullptr;
+}
+std::optional<LogitAgreement> Teacher::int8_check() const { return plan_->int8_check; }
 
 std::vector<StepInfo> Teacher::step_info() const {
   const auto type_name = [](dt t) -> std::string {

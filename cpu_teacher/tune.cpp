@@ -91,12 +91,14 @@ std::unique_ptr<Teacher::Plan> Teacher::tuned_plan(Graph graph, const TeacherOpt
   std::string features;
   for (const auto& f : options.features) features += f + ",";
   const OnednnInfo dnnl = onednn_info();
-  const std::string key =
-      fmt::format("kdflow plan v{} | model {} | input {} x{} | {} | {} threads | features {} | "
-                  "oneDNN {} {} {} | {}",
-                  kPlanVersion, file_digest(path), format_shape(graph.input_shape), graph.chunks,
-                  precision_name(options.precision), threads, features, dnnl.version, dnnl.hash,
-                  dnnl.isa, cpu_model_name());
+  const std::string key = fmt::format(
+      "kdflow plan v{} | model {} | input {} x{} | {} | {} threads | features {} | "
+      "oneDNN {} {} {} | {}{}",
+      kPlanVersion, file_digest(path), format_shape(graph.input_shape), graph.chunks,
+      precision_name(options.precision), threads, features, dnnl.version, dnnl.hash, dnnl.isa,
+      cpu_model_name(),
+      options.calibration ? fmt::format(" | calibration {:016x}", options.calibration->digest)
+                          : std::string());
   const fs::path folder = cache_folder(options);
   const fs::path file =
       folder.empty()
@@ -121,7 +123,7 @@ std::unique_ptr<Teacher::Plan> Teacher::tuned_plan(Graph graph, const TeacherOpt
           {n.at("node").get<std::string>(), n.at("options").get<std::vector<std::string>>(),
            n.at("ms").get<std::vector<double>>(), n.at("chosen").get<std::string>()});
     Choices choices = j.at("choices").get<Choices>(); // parsed before the graph moves
-    auto plan = build_plan(std::move(g), options.precision, options.features, std::move(choices));
+    auto plan = build_plan(std::move(g), options, std::move(choices));
     cached.seconds = std::chrono::duration<double>(Clock::now() - started).count();
     plan->tune = std::move(cached);
     return plan;
@@ -189,7 +191,7 @@ std::unique_ptr<Teacher::Plan> Teacher::tuned_plan(Graph graph, const TeacherOpt
   // Every node's ways, and what each cost where it was timed.
   std::map<std::string, std::map<std::string, double>> cost;
   std::vector<std::pair<Choices, double>> measured; // effective choices, ms per batch
-  auto plan = build_plan(std::move(graph), options.precision, options.features, {});
+  auto plan = build_plan(std::move(graph), options, {});
   const std::vector<NodeOptions> nodes = plan->options;
   const auto measure = [&](std::unique_ptr<Plan>& p) {
     const Timing t = time_plan(p);
@@ -213,8 +215,7 @@ std::unique_ptr<Teacher::Plan> Teacher::tuned_plan(Graph graph, const TeacherOpt
   const auto try_choices = [&](Choices choices) {
     std::unique_ptr<Plan> p;
     try {
-      p = build_plan(std::move(plan->graph), options.precision, options.features,
-                     std::move(choices));
+      p = build_plan(std::move(plan->graph), options, std::move(choices));
     } catch (const InputError& e) {
       report.note += fmt::format("{}a tuning candidate could not be built ({}): left out",
                                  report.note.empty() ? "" : "; ", e.what());
@@ -251,8 +252,7 @@ std::unique_ptr<Teacher::Plan> Teacher::tuned_plan(Graph graph, const TeacherOpt
       best_ms = ms;
     }
   report.tuned_ms = best_ms;
-  if (effective(*plan) != best)
-    plan = build_plan(std::move(plan->graph), options.precision, options.features, best);
+  if (effective(*plan) != best) plan = build_plan(std::move(plan->graph), options, best);
   for (const auto& o : plan->options) {
     TunedNode n{o.node, o.options, {}, o.chosen};
     for (const auto& way : o.options) {

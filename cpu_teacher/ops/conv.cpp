@@ -6,6 +6,7 @@
 #include "lowering.hpp"
 #include "op_table.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <optional>
 #include <tuple>
@@ -184,21 +185,30 @@ void matrix_conv(Lowering& plan, const Node& node, bool unroll) {
   const std::int64_t in_cols = unroll ? xs[1] * xs[2] * xs[3] : xs[1];
   const std::int64_t out_cols = unroll ? os[1] * os[2] * os[3] : os[1];
   const dt out = plan.type_of(node.outputs[0]);
+  const auto q = plan.quant_of(node.inputs[0]);
+  const dt src_type = q ? q->type : act;
+  std::vector<float> w_scales;
+  if (q) std::tie(w_data, w_scales) = quantize_rows(w_data, out_cols);
   const auto tag = memory::format_tag::acdb;
-  const memory::desc src_map(dims_of(xs), act, tag), dst_map(dims_of(os), out, tag);
-  const memory::desc src_row({rows, in_cols}, act, memory::format_tag::ab);
+  const memory::desc src_map(dims_of(xs), src_type, tag), dst_map(dims_of(os), out, tag);
+  const memory::desc src_row({rows, in_cols}, src_type, memory::format_tag::ab);
   const memory::desc dst_row({rows, out_cols}, out, memory::format_tag::ab);
   const memory::desc w_user({out_cols, in_cols}, dt::f32, memory::format_tag::oi);
-  const memory::desc any_w({out_cols, in_cols}, act, memory::format_tag::any);
+  const memory::desc any_w({out_cols, in_cols}, q ? dt::s8 : act, memory::format_tag::any);
   const memory::desc bias_md({out_cols}, dt::f32, memory::format_tag::a);
-  const auto attr = plan.attr_with(node);
+  auto attr = plan.attr_with(node);
+  if (q) {
+    attr.set_scales_mask(DNNL_ARG_SRC, 0);
+    attr.set_scales_mask(DNNL_ARG_WEIGHTS, 1);
+  }
   const auto pd =
       has_bias ? dnnl::inner_product_forward::primitive_desc(plan.eng(),
                                                              dnnl::prop_kind::forward_inference,
                                                              src_row, any_w, bias_md, dst_row, attr)
                : dnnl::inner_product_forward::primitive_desc(
                      plan.eng(), dnnl::prop_kind::forward_inference, src_row, any_w, dst_row, attr);
-  ArgRef src = plan.get(node.inputs[0], src_map);
+  ArgRef src =
+      q ? plan.get_quantized(node.inputs[0], src_map, *q) : plan.get(node.inputs[0], src_map);
   src.md = src_row;
   const PostOp* sum = Lowering::sum_post(node);
   // With a residual sum it accumulates into the other operand (channels-last, dead after it).
@@ -211,6 +221,10 @@ void matrix_conv(Lowering& plan, const Node& node, bool unroll) {
       {DNNL_ARG_DST, dst_view}};
   if (has_bias)
     args.emplace_back(DNNL_ARG_BIAS, plan.weight(std::move(bias_data), bias_md, bias_md));
+  if (q) {
+    args.emplace_back(DNNL_ARG_ATTR_SCALES | DNNL_ARG_SRC, plan.scales({q->scale}));
+    args.emplace_back(DNNL_ARG_ATTR_SCALES | DNNL_ARG_WEIGHTS, plan.scales(std::move(w_scales)));
+  }
   plan.add_primitive(dnnl::inner_product_forward(pd), std::move(args), node.describe(),
                      pd.scratchpad_desc());
   plan.set(node.outputs[0], dst);
@@ -234,12 +248,19 @@ void direct_conv(Lowering& plan, const Node& node, bool channels_last) {
       group == 1 ? dims_of(ws) : memory::dims{group, ws[0] / group, ws[1], ws[2], ws[3]};
   const memory::desc w_user(wdims, dt::f32,
                             group == 1 ? memory::format_tag::oihw : memory::format_tag::goihw);
-  const memory::desc any_src(dims_of(xs), act, memory::format_tag::any);
-  const memory::desc any_w(wdims, act, memory::format_tag::any);
+  const auto q = plan.quant_of(node.inputs[0]);
+  std::vector<float> w_data = g.constants.at(node.inputs[1]).f, w_scales;
+  if (q) std::tie(w_data, w_scales) = quantize_rows(w_data, ws[0]);
+  const memory::desc any_src(dims_of(xs), q ? q->type : act, memory::format_tag::any);
+  const memory::desc any_w(wdims, q ? dt::s8 : act, memory::format_tag::any);
   const bool has_bias = node.inputs.size() > 2 && !node.inputs[2].empty();
   const memory::desc bias_md({ws[0]}, dt::f32, memory::format_tag::a);
   const PostOp* sum = Lowering::sum_post(node);
-  const auto attr = plan.attr_with(node);
+  auto attr = plan.attr_with(node);
+  if (q) {
+    attr.set_scales_mask(DNNL_ARG_SRC, 0);
+    attr.set_scales_mask(DNNL_ARG_WEIGHTS, group == 1 ? 1 : 3); // per output channel
+  }
   // With a residual sum the conv writes over the other operand's buffer, in its layout.
   const memory::desc dst_md =
       sum ? plan.at(sum->sum_input).md
@@ -253,14 +274,19 @@ void direct_conv(Lowering& plan, const Node& node, bool channels_last) {
           : dnnl::convolution_forward::primitive_desc(
                 plan.eng(), dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
                 any_src, any_w, dst_md, strides, dil, pl, pr, attr);
-  const ArgRef src = plan.get(node.inputs[0], pd.src_desc());
-  const ArgRef w = plan.weight(g.constants.at(node.inputs[1]).f, w_user, pd.weights_desc());
+  const ArgRef src = q ? plan.get_quantized(node.inputs[0], pd.src_desc(), *q)
+                       : plan.get(node.inputs[0], pd.src_desc());
+  const ArgRef w = plan.weight(std::move(w_data), w_user, pd.weights_desc());
   const ArgRef dst = sum ? plan.at(sum->sum_input) : plan.new_buffer(pd.dst_desc());
   std::vector<std::pair<int, ArgRef>> args = {
       {DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, w}, {DNNL_ARG_DST, dst}};
   if (has_bias)
     args.emplace_back(DNNL_ARG_BIAS,
                       plan.weight(g.constants.at(node.inputs[2]).f, bias_md, bias_md));
+  if (q) {
+    args.emplace_back(DNNL_ARG_ATTR_SCALES | DNNL_ARG_SRC, plan.scales({q->scale}));
+    args.emplace_back(DNNL_ARG_ATTR_SCALES | DNNL_ARG_WEIGHTS, plan.scales(std::move(w_scales)));
+  }
   plan.add_primitive(dnnl::convolution_forward(pd), std::move(args), node.describe(),
                      pd.scratchpad_desc());
   plan.set(node.outputs[0], dst);
@@ -277,14 +303,19 @@ std::string channels_last_impl(Lowering& plan, const Node& node) {
              pads = node.ints_attr("pads");
   const memory::dims wdims =
       group == 1 ? dims_of(ws) : memory::dims{group, ws[0] / group, ws[1], ws[2], ws[3]};
+  const auto q = plan.quant_of(node.inputs[0]);
+  auto attr = plan.attr_with(node);
+  if (q) {
+    attr.set_scales_mask(DNNL_ARG_SRC, 0);
+    attr.set_scales_mask(DNNL_ARG_WEIGHTS, group == 1 ? 1 : 3);
+  }
   const auto pd = dnnl::convolution_forward::primitive_desc(
       plan.eng(), dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
-      memory::desc(dims_of(xs), plan.act(), memory::format_tag::any),
-      memory::desc(wdims, plan.act(), memory::format_tag::any),
+      memory::desc(dims_of(xs), q ? q->type : plan.act(), memory::format_tag::any),
+      memory::desc(wdims, q ? dt::s8 : plan.act(), memory::format_tag::any),
       memory::desc(dims_of(g.shape(node.outputs[0])), plan.type_of(node.outputs[0]),
                    memory::format_tag::acdb),
-      {s[0], s[1]}, {d[0] - 1, d[1] - 1}, {pads[0], pads[1]}, {pads[2], pads[3]},
-      plan.attr_with(node));
+      {s[0], s[1]}, {d[0] - 1, d[1] - 1}, {pads[0], pads[1]}, {pads[2], pads[3]}, attr);
   return pd.impl_info_str();
 }
 
@@ -336,6 +367,30 @@ void lower_conv(Lowering& plan, const Node& node) {
 }
 
 PostOps conv_post_ops(const Graph&, const Node&) { return PostOps::eltwise_and_sum; }
+
+} // namespace
+
+bool quantizable(const Graph& g, const Node& node) {
+  return node.op == "Conv" && g.is_constant(node.inputs[1]) && !g.is_constant(node.inputs[0]) &&
+         g.shape(node.inputs[1]).size() == 4;
+}
+
+std::pair<std::vector<float>, std::vector<float>> quantize_rows(const std::vector<float>& w,
+                                                                std::int64_t rows) {
+  const std::size_t n = static_cast<std::size_t>(rows);
+  const std::size_t cols = n == 0 ? 0 : w.size() / n;
+  std::vector<float> q(w.size()), scale(n, 1.f);
+  for (std::size_t r = 0; r < n; ++r) {
+    float top = 0.f;
+    for (std::size_t c = 0; c < cols; ++c) top = std::max(top, std::fabs(w[r * cols + c]));
+    if (top > 0.f) scale[r] = top / 127.f;
+    for (std::size_t c = 0; c < cols; ++c)
+      q[r * cols + c] = std::clamp(std::nearbyint(w[r * cols + c] / scale[r]), -127.f, 127.f);
+  }
+  return {std::move(q), std::move(scale)};
+}
+
+namespace {
 
 // The multiply-adds of taps that read the input, not padding: the work done, whichever way the
 // convolution runs (an unrolled one multiplies zeros too, and is not credited for them).

@@ -9,6 +9,7 @@
 
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
@@ -65,6 +66,13 @@ std::map<std::string, std::string> prefer_ways(const std::vector<NodeOptions>& n
 struct Teacher::Plan {
   Graph graph;
   Precision precision = Precision::fp32;
+  std::shared_ptr<const Calibration> calibration; // int8's ranges
+  std::optional<LogitAgreement> int8_check;       // Teacher::load_int8
+  // Calibration plans (fp32): each quantizable product's input is observed by a step that widens
+  // its (min, max) in `observed`, value by value as `observed_values` names them.
+  bool observe = false;
+  std::vector<std::string> observed_values;
+  std::shared_ptr<std::vector<std::pair<float, float>>> observed;
   // What the tuner (or a cache) chose, node by node; a node not named takes its first option.
   std::map<std::string, std::string> choices;
   std::vector<NodeOptions> options; // filled while lowering: every node with a choice
@@ -114,6 +122,19 @@ public:
   [[nodiscard]] dt type_of(const std::string& value) const {
     return wide_.count(value) != 0 ? dt::f32 : act_;
   }
+  // teacher.precision = int8: how a product reads `value`, quantized with one scale (u8 where
+  // its calibrated range is non-negative, s8 elsewhere; value = scale * integer), or nullopt
+  // where it reads act() (another precision, or a value without a range).
+  struct Quant {
+    dt type;
+    float scale;
+  };
+  [[nodiscard]] std::optional<Quant> quant_of(const std::string& value) const;
+  // `value` quantized with `q` in layout `want` (of q.type): one reorder applying the scale,
+  // made once and shared by every product reading it so.
+  ArgRef get_quantized(const std::string& value, const memory::desc& want, const Quant& q);
+  // Constant f32 values a primitive reads as runtime scales (DNNL_ARG_ATTR_SCALES | arg).
+  ArgRef scales(std::vector<float> values);
   // An InputError "<file>: <node>: <what>".
   [[noreturn]] void fail(const Node& node, const std::string& what) const;
   // StepInfo::kind of the steps the node adds from now on (its op type unless refined).
@@ -157,6 +178,7 @@ private:
   void find_flatten_into_gemm();
   void find_wide_values();
   void add_node(const Node& node);
+  void observe(const std::string& value);
 
   Teacher::Plan& p_;
   const Graph& g_;
@@ -169,6 +191,15 @@ private:
   std::string kind_;
   std::string node_;
 };
+
+// Whether int8 quantizes the node: a 2-D convolution with constant weights, its input observed
+// by the calibration and read quantized (ops/conv.cpp).
+bool quantizable(const Graph& g, const Node& node);
+
+// Weights of `rows` output rows (row-major, each row one output channel's) quantized per row:
+// integer-valued floats in [-127, 127] (so that a reorder to s8 is exact) and each row's scale.
+std::pair<std::vector<float>, std::vector<float>> quantize_rows(const std::vector<float>& w,
+                                                                std::int64_t rows);
 
 // y = x * scale[c] + shift[c] over channel axis 1 of `x` (plain, of shape `xs`, its data type):
 // one oneDNN binary with the shift as its post-op, into a new buffer (ops/norm.cpp).

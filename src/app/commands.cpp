@@ -2,6 +2,8 @@
 // only calls what the user chose.
 #include "commands.hpp"
 
+#include "kdflow/cpu_teacher/precision_names.hpp"
+
 #include "run.hpp"
 
 #include "kdflow/affinity/plan.hpp"
@@ -156,8 +158,10 @@ void Commands::add_teacher(CLI::App& app) {
   info->add_option("--input-size", teacher_.input_size,
                    "N or HxW: the height and width a model leaves open (or checks a fixed one)")
       ->capture_default_str();
-  info->add_option("--precision", teacher_.precision, "fp32 or bf16")
-      ->check(CLI::IsMember({"fp32", "bf16"}));
+  info->add_option("--calibration", teacher_.calibration,
+                   "int8: .npy of real samples of the teacher's input (two batches or more)");
+  info->add_option("--precision", teacher_.precision, "fp32, bf16 or int8")
+      ->check(CLI::IsMember(teacher::precision_names()));
   info->add_option("--threads", teacher_.threads,
                    "threads the plan is tuned for (0: every allowed physical core)");
   info->add_option("--tune", teacher_.tune,
@@ -178,8 +182,10 @@ void Commands::add_teacher(CLI::App& app) {
   infer->add_option("--output", teacher_.output, "output .npy (the logits; features beside it)")
       ->required();
   infer->add_option("--threads", teacher_.threads, "threads (0: every allowed physical core)");
-  infer->add_option("--precision", teacher_.precision, "fp32 or bf16")
-      ->check(CLI::IsMember({"fp32", "bf16"}));
+  infer->add_option("--calibration", teacher_.calibration,
+                    "int8: .npy of real samples of the teacher's input (two batches or more)");
+  infer->add_option("--precision", teacher_.precision, "fp32, bf16 or int8")
+      ->check(CLI::IsMember(teacher::precision_names()));
   infer->add_option("--feature", teacher_.features,
                     "also write this intermediate value (`teacher info` lists them) to "
                     "OUTPUT.<value>.npy, any character but letters, digits, '.' and '-' made "
@@ -198,8 +204,10 @@ void Commands::add_teacher(CLI::App& app) {
                    "N or HxW: the height and width a model leaves open (or checks a fixed one)")
       ->capture_default_str();
   tbench->add_option("--threads", teacher_.threads, "threads (0: every allowed physical core)");
-  tbench->add_option("--precision", teacher_.precision, "fp32 or bf16")
-      ->check(CLI::IsMember({"fp32", "bf16"}));
+  tbench->add_option("--calibration", teacher_.calibration,
+                     "int8: .npy of real samples of the teacher's input (two batches or more)");
+  tbench->add_option("--precision", teacher_.precision, "fp32, bf16 or int8")
+      ->check(CLI::IsMember(teacher::precision_names()));
   tbench->add_option("--seconds", teacher_.seconds, "measuring time")
       ->check(seconds(false))
       ->capture_default_str();

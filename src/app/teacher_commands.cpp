@@ -43,6 +43,46 @@ affinity::CpuList teacher_cpus(const affinity::Topology& topo, int threads) {
   return cpus;
 }
 
+// --precision int8: calibrated on --calibration's samples but the last batch, which checks the
+// int8 logits against fp32 (printed to stderr).
+std::shared_ptr<const teacher::Teacher> load_int8(const TeacherArgs& args,
+                                                  teacher::TeacherOptions opts) {
+  if (args.calibration.empty())
+    throw InputError("--precision int8 needs --calibration FILE.npy: real samples of the "
+                     "teacher's input, at least two batches (the last is held out to check the "
+                     "int8 logits against fp32)");
+  const teacher::NpyArray data = teacher::read_npy(args.calibration);
+  const teacher::Shape sample(data.shape.begin() + (data.shape.empty() ? 0 : 1), data.shape.end());
+  const std::int64_t rows = data.shape.empty() ? 0 : data.shape[0];
+  if (rows < 2 * opts.batch)
+    throw InputError(fmt::format("{}: {} samples, fewer than two batches of {} (the last batch "
+                                 "checks the int8 logits against fp32)",
+                                 args.calibration, rows, opts.batch));
+  if (!opts.sample_shape) {
+    opts.sample_shape = sample;
+    opts.sample_source = "--calibration";
+  }
+  const auto per = static_cast<std::size_t>(teacher::numel(sample));
+  const auto batch = static_cast<std::size_t>(opts.batch);
+  const std::size_t batches = static_cast<std::size_t>(rows) / batch - 1;
+  const std::span<const float> all(data.data);
+  auto t = teacher::Teacher::load_int8(args.model, opts, all.first(batches * batch * per),
+                                       all.subspan(batches * batch * per, batch * per),
+                                       args.calibration);
+  const teacher::Shape in = t->input_shape();
+  if (teacher::Shape(in.begin() + 1, in.end()) != sample)
+    throw InputError(fmt::format("{}: samples of shape {}, and the teacher reads {}",
+                                 args.calibration, teacher::format_shape(sample),
+                                 teacher::format_shape({in.begin() + 1, in.end()})));
+  const auto check = *t->int8_check();
+  fmt::print(stderr,
+             "kdflow: int8 teacher calibrated on {} samples of {}; on the next {}: top-1 "
+             "agreement with fp32 {:.2f}%, KL {:.2e}\n",
+             t->calibration()->samples, args.calibration, check.samples, 100 * check.top1,
+             check.kl);
+  return t;
+}
+
 // The command's teacher at `batch` (and, when given, the samples' shape): --precision and
 // --feature as the user gave them.
 std::shared_ptr<const teacher::Teacher> load(const TeacherArgs& args, std::int64_t batch,
@@ -61,7 +101,8 @@ std::shared_ptr<const teacher::Teacher> load(const TeacherArgs& args, std::int64
   }
   opts.tune = args.tune.empty() ? teacher::Tune::automatic : teacher::parse_tune(args.tune);
   opts.threads = static_cast<int>(teacher_cpus(affinity::Topology::load(), args.threads).size());
-  auto t = teacher::Teacher::load(args.model, opts);
+  auto t = opts.precision == teacher::Precision::int8 ? load_int8(args, opts)
+                                                      : teacher::Teacher::load(args.model, opts);
   if (const auto& note = t->tune_report().note; !note.empty())
     fmt::print(stderr, "kdflow: {}\n", note);
   return t;
@@ -422,6 +463,13 @@ nlohmann::json bench_result(const TeacherArgs& args, const teacher::Teacher& t, 
       {"isa", info.isa},
       {"precision", args.precision},
       {"native_bf16", teacher::has_native_bf16()},
+      {"native_int8", teacher::has_native_int8()},
+      {"int8", t.int8_check() ? nlohmann::json{{"calibration", args.calibration},
+                                               {"calibration_samples", t.calibration()->samples},
+                                               {"check_samples", t.int8_check()->samples},
+                                               {"top1_agreement", t.int8_check()->top1},
+                                               {"kl", t.int8_check()->kl}}
+                              : nlohmann::json(nullptr)},
       {"batch", args.batch},
       {"flops_per_sample", summary.flops_per_sample},
       {"features", args.features},

@@ -15,6 +15,7 @@ struct TeacherArgs {
   int batch = 64;
   double seconds = 5.0;
   std::string precision = "fp32";
+  std::string calibration; // int8: .npy of real samples of the teacher's input
   std::vector<std::string> features;
   bool profile = false;            // bench: time each step of the plan too
   std::string tune;                // "" = auto, except for info without --plan (off)

@@ -17,12 +17,27 @@
 
 namespace kdflow::teacher {
 
-enum class Precision { fp32, bf16 };
+enum class Precision { fp32, bf16, int8 };
 
-Precision parse_precision(const std::string& text); // "fp32" | "bf16", InputError otherwise
+Precision parse_precision(const std::string& text); // "fp32" | "bf16" | "int8", else InputError
 const char* precision_name(Precision p);
 // Whether this CPU runs bf16 natively (AVX512_BF16 or AMX); bf16 elsewhere is emulated and slow.
 bool has_native_bf16();
+// Whether this CPU has int8 dot products (VNNI: AVX512_VNNI, AVX-VNNI, or AMX); int8 without
+// them runs through 16-bit pairwise sums that are barely faster than fp32 and can saturate.
+bool has_native_int8();
+
+// teacher.precision = int8: post-training calibration. Each quantized product's input (a
+// convolution's, an inner product's) gets one scale for the whole tensor from the range the fp32
+// plan saw on real batches; weights get one scale per output channel at load. Products read u8
+// where the range is non-negative (after a ReLU), s8 elsewhere, and write f32: every other op runs
+// in f32.
+struct Calibration {
+  std::map<std::string, std::pair<float, float>> ranges; // value -> (min, max) seen
+  std::size_t batches = 0;
+  std::size_t samples = 0;
+  std::uint64_t digest = 0; // of the ranges: keys the tuned plans
+};
 
 // teacher.tune: `auto` times each node's ways to run at load (or reads the choice from the plan
 // cache) and keeps the fastest; `off` runs every node its first way.
@@ -60,6 +75,8 @@ struct TeacherOptions {
   // else ~/.cache/kdflow (a "plans" folder inside).
   std::string cache_dir;
   GraphLimits limits; // LoadOptions
+  // teacher.precision = int8: the ranges to quantize with (calibrate()); required there.
+  std::shared_ptr<const Calibration> calibration;
 };
 
 // One node that can run more than one way, and what the tuner measured for each way (ms per
@@ -85,6 +102,17 @@ struct TuneReport {
 
 class Replica;
 
+// How closely one teacher's logits follow a reference's on the same samples ([samples, classes]
+// each): the share of samples whose top-1 class agrees, and the mean KL(reference || other) of
+// their softmaxes (nats). int8 against fp32 on a batch the calibration did not see.
+struct LogitAgreement {
+  double top1 = 0;
+  double kl = 0;
+  std::size_t samples = 0;
+};
+LogitAgreement compare_logits(std::span<const float> reference, std::span<const float> other,
+                              std::int64_t classes);
+
 // One step of the execution plan, for profiles: what it computes and what runs it.
 struct StepInfo {
   std::string label; // the node ("Conv 'features.2.conv.1.0'") or the conversion ("reorder ...")
@@ -103,6 +131,21 @@ class Teacher {
 public:
   static std::shared_ptr<const Teacher> load(const std::string& path,
                                              const TeacherOptions& options);
+  // teacher.precision = int8's calibration: the fp32 plan of the teacher at `path` (`options` as
+  // for load; its precision, tuning and features are not used) runs `samples` (plain floats of
+  // the teacher's input, real samples, a whole number of batches) and records the range of every
+  // value a product reads quantized under int8. An InputError naming `source` when `samples` is
+  // not a whole number of batches.
+  static Calibration calibrate(const std::string& path, const TeacherOptions& options,
+                               std::span<const float> samples, const std::string& source);
+  // teacher.precision = int8 in one call: calibrate on `samples` (options.calibration is set from
+  // them), load the int8 teacher, and compare its logits (output 0) with the fp32 plan's on
+  // `check`, one batch of real samples the calibration did not see (int8_check()). `source`
+  // names the data in errors.
+  static std::shared_ptr<const Teacher> load_int8(const std::string& path, TeacherOptions options,
+                                                  std::span<const float> samples,
+                                                  std::span<const float> check,
+                                                  const std::string& source);
   ~Teacher();
 
   [[nodiscard]] const Graph& graph() const;
@@ -119,15 +162,19 @@ public:
   [[nodiscard]] std::size_t unshared_buffer_bytes() const;
   [[nodiscard]] std::vector<StepInfo> step_info() const; // one per step, in execution order
   [[nodiscard]] const TuneReport& tune_report() const;
+  // int8: the ranges it quantizes with, and (load_int8) its logits against the fp32 plan's on a
+  // batch the calibration did not see; null / nullopt otherwise.
+  [[nodiscard]] const Calibration* calibration() const;
+  [[nodiscard]] std::optional<LogitAgreement> int8_check() const;
 
   struct Plan;
   [[nodiscard]] const Plan& plan() const { return *plan_; }
 
 private:
   Teacher() = default;
-  // The plan for `graph` with `choices`; where it cannot be built, `graph` is left as it was.
-  static std::unique_ptr<Plan> build_plan(Graph&& graph, Precision precision,
-                                          const std::vector<std::string>& features,
+  // The plan for `graph` in options' precision (and calibration), with its features and
+  // `choices`; where it cannot be built, `graph` is left as it was.
+  static std::unique_ptr<Plan> build_plan(Graph&& graph, const TeacherOptions& options,
                                           std::map<std::string, std::string> choices);
   // tune.cpp: the plan cache, or the fastest of the plans timed at load.
   static std::unique_ptr<Plan> tuned_plan(Graph graph, const TeacherOptions& options,
