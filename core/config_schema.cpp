@@ -92,7 +92,18 @@ const std::vector<ConfigKey>& config_schema() {
       // Choices of the keys below that name a module's vocabulary (teacher.precision,
       // student.device, train.amp, dist.backend, kd.loss, student.arch) are the module's, which
       // the app adds (run_schema): core includes no module.
-      {"teacher.precision", T::string, std::string("fp32"), "teacher arithmetic on the CPU"},
+      {"teacher.precision", T::string, std::string("fp32"),
+       "teacher arithmetic on the CPU: fp32; bf16 (AVX512_BF16 or AMX); int8 (VNNI or AMX: "
+       "calibrated at start on teacher.calibration_batches batches of training images, then "
+       "checked against fp32 on the next batch)"},
+      {"teacher.calibration_batches",
+       T::integer,
+       std::int64_t{8},
+       "teacher.precision = int8: training batches (unaugmented, a fixed draw by train.seed) the "
+       "fp32 teacher runs at start to set each quantized input's range",
+       {},
+       1,
+       1024},
       {"teacher.tune",
        T::string,
        std::string("auto"),

@@ -108,6 +108,17 @@ auto with_node(const Node& node, const std::string& file, F&& f) {
   }
 }
 
+// Refused, not run slowly: without VNNI oneDNN's int8 kernels sum u8 x s8 pairs in 16 bits
+// (saturating) and run barely faster than fp32.
+void refuse_int8_without_vnni(const std::string& path) {
+  if (!has_native_int8())
+    throw InputError(fmt::format(
+        "{}: teacher.precision = int8 needs a CPU with int8 dot products (AVX512_VNNI, "
+        "AVX-VNNI or AMX), and this one runs oneDNN's {} ISA; use fp32 (or bf16 where the CPU "
+        "has it)",
+        path, onednn_info().isa));
+}
+
 } // namespace
 
 Lowering::Lowering(Teacher::Plan& plan)
@@ -482,12 +493,7 @@ std::shared_ptr<const Teacher> Teacher::load(const std::string& path,
         "oneDNN's {} ISA; use fp32 (teacher.precision = fp32, or --precision fp32)",
         path, onednn_info().isa));
   if (options.precision == Precision::int8) {
-    if (!has_native_int8())
-      throw InputError(fmt::format(
-          "{}: teacher.precision = int8 needs a CPU with int8 dot products (AVX512_VNNI, "
-          "AVX-VNNI or AMX), and this one runs oneDNN's {} ISA; use fp32 (or bf16 where the CPU "
-          "has it)",
-          path, onednn_info().isa));
+    refuse_int8_without_vnni(path);
     if (!options.calibration)
       throw std::logic_error("teacher.precision = int8 without a calibration");
   }
@@ -670,6 +676,7 @@ std::shared_ptr<const Teacher> Teacher::load_int8(const std::string& path, Teach
                                                   std::span<const float> samples,
                                                   std::span<const float> check,
                                                   const std::string& source) {
+  refuse_int8_without_vnni(path);
   options.precision = Precision::int8;
   options.calibration =
       std::make_shared<const Calibration>(Teacher::calibrate(path, options, samples, source));

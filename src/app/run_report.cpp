@@ -17,6 +17,20 @@ std::string host_name() {
   return name.data();
 }
 
+// Each int8 teacher's calibration and check (Teacher::int8_check), by teacher file; null when
+// none runs in int8.
+json int8_checks(const RunInputs& run) {
+  json out = json::array();
+  for (const auto& t : run.teachers)
+    if (const auto check = t.model->int8_check())
+      out.push_back({{"model", t.spec.path},
+                     {"calibration_samples", t.model->calibration()->samples},
+                     {"check_samples", check->samples},
+                     {"top1_agreement", check->top1},
+                     {"kl", check->kl}});
+  return out.empty() ? json(nullptr) : out;
+}
+
 } // namespace
 
 nlohmann::json rank_line(const DistEnv& dist, const std::string& device, const RunFigures& figures,
@@ -62,6 +76,9 @@ json run_summary(const SummaryParts& p) {
         {"parameters", trainer.parameters()}}},
       {"export", p.exported},
       {"teacher", p.run.teacher_runs() ? json(p.run.teachers.front().spec.path) : json(nullptr)},
+      // teacher.precision = int8: each int8 teacher's check against fp32 on a batch of training
+      // images its calibration did not see.
+      {"teacher_int8", int8_checks(p.run)},
       // Several teachers: each alone (teacher_test_accuracy is their mixture's, the target).
       {"teachers", p.state.teachers},
       {"teacher_cache", p.cache},

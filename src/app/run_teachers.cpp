@@ -5,12 +5,15 @@
 
 #include "kdflow/core/error.hpp"
 #include "kdflow/core/input_file.hpp"
+#include "kdflow/core/log.hpp"
 #include "kdflow/cpu_teacher/graph.hpp"
 #include "kdflow/cpu_teacher/passes.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <numeric>
+#include <random>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -85,9 +88,13 @@ std::vector<TeacherSpec> teacher_specs(const Config& config) {
 
 ImageAdapter teacher_input(const RunInputs& run, const TeacherSpec& spec,
                            const teacher::Teacher& model) {
+  return teacher_input(run, spec, model.input_shape());
+}
+
+ImageAdapter teacher_input(const RunInputs& run, const TeacherSpec& spec,
+                           const teacher::Shape& in) {
   const ImageSpec data{run.train.channels(), run.train.height(), run.train.width()};
   const Normalization data_norm{run.augment.mean, run.augment.std};
-  const teacher::Shape in = model.input_shape();
   const std::string& mean = spec.mean;
   const std::string& stdev = spec.std;
   if (in == teacher::Shape{in[0], data.channels, data.height, data.width} && mean == "auto" &&
@@ -211,6 +218,58 @@ std::vector<double> teacher_costs(const Config& config, const std::vector<Teache
   return costs;
 }
 
+namespace {
+
+// teacher.precision = int8: calibrated on teacher.calibration_batches batches of training images
+// (unaugmented, as the teacher reads them; a fixed draw by train.seed), checked against fp32 on
+// the next batch.
+std::shared_ptr<const teacher::Teacher> load_int8_teacher(const RunInputs& run,
+                                                          const TeacherSpec& spec,
+                                                          const teacher::TeacherOptions& options) {
+  teacher::LoadOptions lo;
+  lo.batch = options.batch;
+  lo.sample_shape = options.sample_shape;
+  lo.sample_default = options.sample_default;
+  lo.sample_source = options.sample_source;
+  lo.limits = options.limits;
+  lo.keep = options.features;
+  teacher::Shape in = teacher::load_onnx(spec.path, lo).input_shape;
+  const ImageAdapter adapter = teacher_input(run, spec, in);
+  const auto batch = static_cast<std::size_t>(options.batch);
+  const auto wanted = static_cast<std::size_t>(run.config.get_int("teacher.calibration_batches"));
+  if (run.train.size() < 2 * batch)
+    throw InputError(
+        fmt::format("{}.precision = int8: the training set's {} samples are fewer than "
+                    "two batches of {} (calibration and its check)",
+                    spec.key, run.train.size(), batch));
+  const std::size_t batches = std::min(wanted, run.train.size() / batch - 1);
+  std::vector<std::size_t> order(run.train.size());
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  std::mt19937_64 rng(static_cast<std::uint64_t>(run.config.get_int("train.seed")));
+  std::shuffle(order.begin(), order.end(), rng);
+  const auto per =
+      static_cast<std::size_t>(adapter.to().channels) * adapter.to().height * adapter.to().width;
+  std::vector<float> samples((batches + 1) * batch * per);
+  SampleScratch scratch;
+  std::vector<float> adapt;
+  for (std::size_t k = 0; k < (batches + 1) * batch; ++k) {
+    const auto image = run.train.sample(order[k], scratch);
+    adapter.run(image.data(), 1, samples.data() + k * per, adapt);
+  }
+  log_info(fmt::format("{}: int8: calibrating on {} training images", spec.path, batches * batch));
+  const std::span<const float> all(samples);
+  auto t = teacher::Teacher::load_int8(spec.path, options, all.first(batches * batch * per),
+                                       all.subspan(batches * batch * per),
+                                       fmt::format("{}'s training images", run.train.source()));
+  const auto check = *t->int8_check();
+  log_info(fmt::format("{}: int8 against fp32 on the next {} training images: top-1 agreement "
+                       "{:.2f}%, KL {:.2e}",
+                       spec.path, check.samples, 100 * check.top1, check.kl));
+  return t;
+}
+
+} // namespace
+
 std::shared_ptr<const teacher::Teacher> load_run_teacher(const RunInputs& run,
                                                          const TeacherSpec& spec,
                                                          teacher::Precision precision,
@@ -220,7 +279,8 @@ std::shared_ptr<const teacher::Teacher> load_run_teacher(const RunInputs& run,
   options.precision = precision;
   options.tune = teacher::parse_tune(run.config.get_string("teacher.tune"));
   options.threads = threads;
-  auto loaded = teacher::Teacher::load(spec.path, options);
+  auto loaded = precision == teacher::Precision::int8 ? load_int8_teacher(run, spec, options)
+                                                      : teacher::Teacher::load(spec.path, options);
   if (const auto& note = loaded->tune_report().note; !note.empty())
     fmt::print(stderr, "kdflow: {}\n", note);
   const teacher::Shape out = loaded->output_shape(0);

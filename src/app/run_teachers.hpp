@@ -49,5 +49,7 @@ std::vector<double> teacher_costs(const Config& config, const std::vector<Teache
 // not an image the data can become.
 ImageAdapter teacher_input(const RunInputs& run, const TeacherSpec& spec,
                            const teacher::Teacher& model);
+// The same from the teacher's input shape [batch, channels, height, width].
+ImageAdapter teacher_input(const RunInputs& run, const TeacherSpec& spec, const teacher::Shape& in);
 
 } // namespace kdflow::app

@@ -4,6 +4,7 @@
 #include "../teacher/fixtures.hpp"
 #include "kdflow_process.hpp"
 
+#include "kdflow/cpu_teacher/engine.hpp"
 #include "kdflow/cpu_teacher/npy.hpp"
 
 #include <gtest/gtest.h>
@@ -253,6 +254,58 @@ TEST(TeacherCli, BadInputIsOneLineAndExitCode2) {
   EXPECT_EQ(r.code, 2);
   expect_one_line_naming(r.err, input);
   EXPECT_FALSE(fs::exists(dir / "y.npy"));
+}
+
+// `teacher bench --precision int8 --calibration FILE.npy`: calibrated on the file's batches but
+// the last, which checks the int8 logits against fp32; the JSON carries the check. Without the
+// file, with too few samples, or on a CPU capped below VNNI (ONEDNN_MAX_CPU_ISA=AVX2): one line,
+// exit 2, naming what is wrong.
+TEST(TeacherCli, BenchInt8CalibratesChecksAndRefusesWhatItCannotRun) {
+  const fs::path dir = scratch("int8");
+  fs::create_directories(dir);
+  const std::string model = fixture("resnet18_opset17.onnx").string();
+  const std::string calib = fixture("resnet18_opset17.input.npy").string(); // 64 samples
+  auto r = run({"teacher", "bench", "--model", model, "--precision", "int8", "--batch", "16"},
+               dir / "none");
+  EXPECT_EQ(r.code, 2);
+  expect_one_line_naming(r.err, "--calibration");
+  r = run({"teacher", "bench", "--model", model, "--precision", "int8", "--batch", "64",
+           "--calibration", calib},
+          dir / "few");
+  EXPECT_EQ(r.code, 2);
+  expect_one_line_naming(r.err, calib);
+
+  const fs::path json_out = dir / "bench.json";
+  const std::vector<std::string> args = {"teacher",       "bench",
+                                         "--model",       model,
+                                         "--precision",   "int8",
+                                         "--batch",       "16",
+                                         "--threads",     "1",
+                                         "--seconds",     "0.5",
+                                         "--json",        json_out.string(),
+                                         "--calibration", calib};
+  const fs::path capped_err = dir / "capped.stderr";
+  const Child capped = spawn(args, capped_err, "/dev/null", {"ONEDNN_MAX_CPU_ISA=AVX2"});
+  EXPECT_EQ(wait_exit(capped), 2);
+  expect_one_line_naming(read_text(capped_err), "int8 dot products");
+  EXPECT_FALSE(fs::exists(json_out));
+
+  r = run(args, dir / "bench");
+  const auto native = kdflow::teacher::has_native_int8();
+  if (!native) {
+    EXPECT_EQ(r.code, 2);
+    GTEST_SKIP() << "no int8 dot products on this CPU: " << r.err;
+  }
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("calibrated on 48 samples"), std::string::npos) << r.err;
+  const auto j = json::parse(read_text(json_out));
+  EXPECT_EQ(j["precision"], "int8");
+  EXPECT_EQ(j["int8"]["calibration_samples"], 48);
+  EXPECT_EQ(j["int8"]["check_samples"], 16);
+  EXPECT_GE(j["int8"]["top1_agreement"].get<double>(), 0.0);
+  EXPECT_LE(j["int8"]["top1_agreement"].get<double>(), 1.0);
+  EXPECT_GE(j["int8"]["kl"].get<double>(), 0.0);
+  EXPECT_GT(j["images_per_s"].get<double>(), 0.0);
 }
 
 } // namespace
