@@ -292,9 +292,10 @@ PlanFile read_plan_file(const std::filesystem::path& path) {
   // "-": the plan was tuned without a teacher (kd.alpha = 0).
   if (const auto p = doc.find("teacher_precision");
       doc.contains("plan") && p != doc.end() && *p != "-") {
-    if (!p->is_string() || (*p != "fp32" && *p != "bf16"))
-      throw InputError(fmt::format("{}: key 'teacher_precision' = {}: not \"fp32\" or \"bf16\"",
-                                   path.string(), p->dump()));
+    if (!p->is_string() || (*p != "fp32" && *p != "bf16" && *p != "int8"))
+      throw InputError(
+          fmt::format("{}: key 'teacher_precision' = {}: not \"fp32\", \"bf16\" or \"int8\"",
+                      path.string(), p->dump()));
     file.teacher_precision = p->get<std::string>();
   }
   const nlohmann::json& j = doc.contains("plan") ? doc["plan"] : doc;

@@ -216,11 +216,52 @@ std::optional<Lowering::Quant> Lowering::quant_of(const std::string& value) cons
   return Quant{unsigned_ok ? dt::u8 : dt::s8, top > 0.f ? top / levels : 1.f};
 }
 
+const std::string& Lowering::product_input(const Node& node) const {
+  const std::string* flat = flat_source(node);
+  return flat != nullptr ? *flat : node.inputs[0];
+}
+
+bool Lowering::quantizable(const Node& node) const {
+  if (node.inputs.size() < 2 || g_.is_constant(node.inputs[0]) || !g_.is_constant(node.inputs[1]))
+    return false;
+  const Shape& w = g_.shape(node.inputs[1]);
+  if (node.op == "Conv") return w.size() == 4;
+  if (node.op != "Gemm" && node.op != "MatMul") return false;
+  if (g_.is_output(node.outputs[0]) || node.int_attr("transA", 0) != 0) return false;
+  // B of [K, N], or with leading ones only (a MatMul's broadcast batch of one).
+  return w.size() >= 2 &&
+         std::all_of(w.begin(), w.end() - 2, [](std::int64_t d) { return d == 1; });
+}
+
+std::optional<Lowering::Quant> Lowering::quant_input(const Node& node) const {
+  if (p_.precision != Precision::int8 || !quantizable(node)) return std::nullopt;
+  return quant_of(product_input(node));
+}
+
+std::optional<Lowering::Quant> Lowering::quantized_output(const Node& node) const {
+  const std::string& value = node.outputs[0];
+  if (!quant_input(node) || sum_post(node) != nullptr || g_.is_output(value)) return std::nullopt;
+  const auto q = quant_of(value);
+  if (!q) return std::nullopt;
+  const auto readers = g_.consumers(value);
+  if (readers.empty()) return std::nullopt;
+  for (const std::size_t r : readers) {
+    const Node& reader = g_.nodes[r];
+    if (skipped_.count(reader.name) != 0 || !quant_input(reader) ||
+        product_input(reader) != value || sum_post(reader) != nullptr)
+      return std::nullopt;
+    for (std::size_t k = 1; k < reader.inputs.size(); ++k)
+      if (reader.inputs[k] == value) return std::nullopt;
+  }
+  return q;
+}
+
 ArgRef Lowering::get_quantized(const std::string& value, const memory::desc& want, const Quant& q) {
   const ArgRef& cur = at(value);
   if (cur.md == want) return cur;
   for (const auto& [name, ref] : converted_)
     if (name == value && ref.md == want) return ref;
+  if (cur.md.get_data_type() == q.type) return get(value, want); // written quantized: layout only
   ArgRef dst = new_buffer(want);
   dnnl::primitive_attr attr;
   attr.set_scales_mask(DNNL_ARG_DST, 0);
@@ -417,7 +458,7 @@ void Lowering::add_node(const Node& node) {
     fail(node, fmt::format("op type '{}' is not supported by kdflow's teacher", node.op));
   kind_ = node.op;
   node_ = node.name;
-  if (p_.observe && quantizable(g_, node)) observe(node.inputs[0]);
+  if (p_.observe && quantizable(node)) observe(product_input(node));
   op->lower(*this, node);
   node_.clear();
 }
@@ -668,7 +709,7 @@ LogitAgreement compare_logits(std::span<const float> reference, std::span<const 
     }
   }
   a.top1 = static_cast<double>(agree) / static_cast<double>(a.samples);
-  a.kl = kl / static_cast<double>(a.samples);
+  a.kl = std::max(0.0, kl / static_cast<double>(a.samples)); // not -1e-17 for equal logits
   return a;
 }
 

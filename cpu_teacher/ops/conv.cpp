@@ -184,8 +184,9 @@ void matrix_conv(Lowering& plan, const Node& node, bool unroll) {
   const std::int64_t rows = unroll ? xs[0] : xs[0] * xs[2] * xs[3];
   const std::int64_t in_cols = unroll ? xs[1] * xs[2] * xs[3] : xs[1];
   const std::int64_t out_cols = unroll ? os[1] * os[2] * os[3] : os[1];
-  const dt out = plan.type_of(node.outputs[0]);
-  const auto q = plan.quant_of(node.inputs[0]);
+  const auto q = plan.quant_input(node);
+  const auto q_out = plan.quantized_output(node);
+  const dt out = q_out ? q_out->type : plan.type_of(node.outputs[0]);
   const dt src_type = q ? q->type : act;
   std::vector<float> w_scales;
   if (q) std::tie(w_data, w_scales) = quantize_rows(w_data, out_cols);
@@ -201,6 +202,7 @@ void matrix_conv(Lowering& plan, const Node& node, bool unroll) {
     attr.set_scales_mask(DNNL_ARG_SRC, 0);
     attr.set_scales_mask(DNNL_ARG_WEIGHTS, 1);
   }
+  if (q_out) attr.set_scales_mask(DNNL_ARG_DST, 0);
   const auto pd =
       has_bias ? dnnl::inner_product_forward::primitive_desc(plan.eng(),
                                                              dnnl::prop_kind::forward_inference,
@@ -225,6 +227,7 @@ void matrix_conv(Lowering& plan, const Node& node, bool unroll) {
     args.emplace_back(DNNL_ARG_ATTR_SCALES | DNNL_ARG_SRC, plan.scales({q->scale}));
     args.emplace_back(DNNL_ARG_ATTR_SCALES | DNNL_ARG_WEIGHTS, plan.scales(std::move(w_scales)));
   }
+  if (q_out) args.emplace_back(DNNL_ARG_ATTR_SCALES | DNNL_ARG_DST, plan.scales({q_out->scale}));
   plan.add_primitive(dnnl::inner_product_forward(pd), std::move(args), node.describe(),
                      pd.scratchpad_desc());
   plan.set(node.outputs[0], dst);
@@ -248,7 +251,7 @@ void direct_conv(Lowering& plan, const Node& node, bool channels_last) {
       group == 1 ? dims_of(ws) : memory::dims{group, ws[0] / group, ws[1], ws[2], ws[3]};
   const memory::desc w_user(wdims, dt::f32,
                             group == 1 ? memory::format_tag::oihw : memory::format_tag::goihw);
-  const auto q = plan.quant_of(node.inputs[0]);
+  const auto q = plan.quant_input(node);
   std::vector<float> w_data = g.constants.at(node.inputs[1]).f, w_scales;
   if (q) std::tie(w_data, w_scales) = quantize_rows(w_data, ws[0]);
   const memory::desc any_src(dims_of(xs), q ? q->type : act, memory::format_tag::any);
@@ -261,10 +264,12 @@ void direct_conv(Lowering& plan, const Node& node, bool channels_last) {
     attr.set_scales_mask(DNNL_ARG_SRC, 0);
     attr.set_scales_mask(DNNL_ARG_WEIGHTS, group == 1 ? 1 : 3); // per output channel
   }
+  const auto q_out = plan.quantized_output(node);
+  if (q_out) attr.set_scales_mask(DNNL_ARG_DST, 0);
   // With a residual sum the conv writes over the other operand's buffer, in its layout.
   const memory::desc dst_md =
       sum ? plan.at(sum->sum_input).md
-          : memory::desc(dims_of(os), plan.type_of(node.outputs[0]),
+          : memory::desc(dims_of(os), q_out ? q_out->type : plan.type_of(node.outputs[0]),
                          channels_last ? memory::format_tag::acdb : memory::format_tag::any);
   const auto pd =
       has_bias
@@ -287,6 +292,7 @@ void direct_conv(Lowering& plan, const Node& node, bool channels_last) {
     args.emplace_back(DNNL_ARG_ATTR_SCALES | DNNL_ARG_SRC, plan.scales({q->scale}));
     args.emplace_back(DNNL_ARG_ATTR_SCALES | DNNL_ARG_WEIGHTS, plan.scales(std::move(w_scales)));
   }
+  if (q_out) args.emplace_back(DNNL_ARG_ATTR_SCALES | DNNL_ARG_DST, plan.scales({q_out->scale}));
   plan.add_primitive(dnnl::convolution_forward(pd), std::move(args), node.describe(),
                      pd.scratchpad_desc());
   plan.set(node.outputs[0], dst);
@@ -303,18 +309,20 @@ std::string channels_last_impl(Lowering& plan, const Node& node) {
              pads = node.ints_attr("pads");
   const memory::dims wdims =
       group == 1 ? dims_of(ws) : memory::dims{group, ws[0] / group, ws[1], ws[2], ws[3]};
-  const auto q = plan.quant_of(node.inputs[0]);
+  const auto q = plan.quant_input(node);
   auto attr = plan.attr_with(node);
   if (q) {
     attr.set_scales_mask(DNNL_ARG_SRC, 0);
     attr.set_scales_mask(DNNL_ARG_WEIGHTS, group == 1 ? 1 : 3);
   }
+  const auto q_out = plan.quantized_output(node);
+  if (q_out) attr.set_scales_mask(DNNL_ARG_DST, 0);
   const auto pd = dnnl::convolution_forward::primitive_desc(
       plan.eng(), dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
       memory::desc(dims_of(xs), q ? q->type : plan.act(), memory::format_tag::any),
       memory::desc(wdims, q ? dt::s8 : plan.act(), memory::format_tag::any),
-      memory::desc(dims_of(g.shape(node.outputs[0])), plan.type_of(node.outputs[0]),
-                   memory::format_tag::acdb),
+      memory::desc(dims_of(g.shape(node.outputs[0])),
+                   q_out ? q_out->type : plan.type_of(node.outputs[0]), memory::format_tag::acdb),
       {s[0], s[1]}, {d[0] - 1, d[1] - 1}, {pads[0], pads[1]}, {pads[2], pads[3]}, attr);
   return pd.impl_info_str();
 }
@@ -369,11 +377,6 @@ void lower_conv(Lowering& plan, const Node& node) {
 PostOps conv_post_ops(const Graph&, const Node&) { return PostOps::eltwise_and_sum; }
 
 } // namespace
-
-bool quantizable(const Graph& g, const Node& node) {
-  return node.op == "Conv" && g.is_constant(node.inputs[1]) && !g.is_constant(node.inputs[0]) &&
-         g.shape(node.inputs[1]).size() == 4;
-}
 
 std::pair<std::vector<float>, std::vector<float>> quantize_rows(const std::vector<float>& w,
                                                                 std::int64_t rows) {

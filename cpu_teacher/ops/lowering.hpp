@@ -130,8 +130,21 @@ public:
     float scale;
   };
   [[nodiscard]] std::optional<Quant> quant_of(const std::string& value) const;
+  // The value a product reads as its input (a Gemm fed by a flattening view reads the 4-D tensor
+  // before it), and whether int8 quantizes the product: a 2-D convolution with constant weights,
+  // or a Gemm/MatMul with a constant 2-D B (the linear layers of transformers and ConvNeXts) that
+  // does not write a graph output (the classifier head stays f32, as under bf16).
+  [[nodiscard]] const std::string& product_input(const Node& node) const;
+  [[nodiscard]] bool quantizable(const Node& node) const;
+  // quant_of(product_input(node)) where the node is quantizable, else nullopt.
+  [[nodiscard]] std::optional<Quant> quant_input(const Node& node) const;
+  // The quantization a quantized convolution writes its output in, when every reader of it is a
+  // convolution that reads it quantized (the readers' input scale applied as the writer's output
+  // scale, so no f32 tensor or quantizing reorder sits between them); nullopt: it writes f32.
+  [[nodiscard]] std::optional<Quant> quantized_output(const Node& node) const;
   // `value` quantized with `q` in layout `want` (of q.type): one reorder applying the scale,
-  // made once and shared by every product reading it so.
+  // made once and shared by every product reading it so (a layout change only, where a
+  // convolution wrote it quantized already).
   ArgRef get_quantized(const std::string& value, const memory::desc& want, const Quant& q);
   // Constant f32 values a primitive reads as runtime scales (DNNL_ARG_ATTR_SCALES | arg).
   ArgRef scales(std::vector<float> values);
@@ -191,10 +204,6 @@ private:
   std::string kind_;
   std::string node_;
 };
-
-// Whether int8 quantizes the node: a 2-D convolution with constant weights, its input observed
-// by the calibration and read quantized (ops/conv.cpp).
-bool quantizable(const Graph& g, const Node& node);
 
 // Weights of `rows` output rows (row-major, each row one output channel's) quantized per row:
 // integer-valued floats in [-127, 127] (so that a reorder to s8 is exact) and each row's scale.

@@ -6,6 +6,8 @@
 #include "../core/image_files.hpp"
 #include "kdflow_process.hpp"
 
+#include "kdflow/cpu_teacher/engine.hpp"
+
 #include <gtest/gtest.h>
 
 #include <fcntl.h>
@@ -1078,6 +1080,34 @@ TEST(Train, Uint8SlotsTrainAsFloat32SlotsDo) {
   EXPECT_NEAR(sa.at("test_accuracy").get<double>(), sb.at("test_accuracy").get<double>(), 0.005);
   EXPECT_NEAR(sa.at("teacher_test_accuracy").get<double>(),
               sb.at("teacher_test_accuracy").get<double>(), 1e-9);
+}
+
+// teacher.precision = int8: calibrated at start on teacher.calibration_batches training batches
+// and checked against fp32 on the next one, reported in summary.json; the shipped teacher keeps
+// its fp32 test accuracy within 1% and agrees on >= 95% of the check batch. Exit 2 without VNNI.
+TEST(Train, Int8TeacherIsCalibratedCheckedAndReported) {
+  const fs::path f32 = scratch("int8_fp32"), i8 = scratch("int8");
+  const auto args = with(fast_train_args(i8), {"train.max_steps=10", "teacher.precision=int8",
+                                               "teacher.calibration_batches=3"});
+  if (!kdflow::teacher::has_native_int8()) {
+    const Result r = run(args, i8);
+    EXPECT_EQ(r.code, 2);
+    expect_one_line_naming(r.err, "int8 dot products");
+    GTEST_SKIP() << "no int8 dot products on this CPU";
+  }
+  const Result a = run(with(fast_train_args(f32), {"train.max_steps=10"}), f32);
+  ASSERT_EQ(a.code, 0) << a.err;
+  const Result b = run(args, i8);
+  ASSERT_EQ(b.code, 0) << b.err;
+  const json sa = summary(f32), sb = summary(i8);
+  EXPECT_TRUE(sa.at("teacher_int8").is_null());
+  const json& check = sb.at("teacher_int8").at(0);
+  EXPECT_EQ(check.at("calibration_samples").get<int>(), 3 * sb.at("batch_size").get<int>());
+  EXPECT_EQ(check.at("check_samples").get<int>(), sb.at("batch_size").get<int>());
+  EXPECT_GE(check.at("top1_agreement").get<double>(), 0.95);
+  EXPECT_LE(check.at("kl").get<double>(), 1e-2);
+  EXPECT_NEAR(sa.at("teacher_test_accuracy").get<double>(),
+              sb.at("teacher_test_accuracy").get<double>(), 0.01);
 }
 
 TEST(Train, MixedBatchesTrainTheStudentOnTheMix) {
