@@ -663,6 +663,13 @@ Calibration Teacher::calibrate(const std::string& path, const TeacherOptions& op
         "{}: {} floats are not a whole number of the teacher's batches of {} (input {}): the "
         "int8 calibration runs whole batches",
         source, samples.size(), batch_floats, format_shape(t->input_shape())));
+  std::string features;
+  for (const auto& f : options.features) features += f + ",";
+  const std::string key = fmt::format(
+      "kdflow calibration v1 | model {} | input {} x{} | features {} | samples {:016x} {}",
+      file_digest(path), format_shape(plan.graph.input_shape), plan.graph.chunks, features,
+      fnv1a_wide(std::as_bytes(samples)), samples.size());
+  if (auto cached = read_calibration_cache(options, key)) return std::move(*cached);
   Replica replica(t);
   OutputBuffers out(*t);
   Calibration c;
@@ -670,14 +677,18 @@ Calibration Teacher::calibrate(const std::string& path, const TeacherOptions& op
   c.samples = c.batches * static_cast<std::size_t>(t->batch());
   for (std::size_t b = 0; b < c.batches; ++b)
     replica.run(samples.data() + b * batch_floats, out.pointers);
-  std::string text;
-  for (std::size_t k = 0; k < plan.observed_values.size(); ++k) {
-    const auto range = (*plan.observed)[k];
-    c.ranges.emplace(plan.observed_values[k], range);
-    text += fmt::format("{} {:a} {:a}\n", plan.observed_values[k], range.first, range.second);
-  }
-  c.digest = fnv1a(std::as_bytes(std::span(text.data(), text.size())));
+  for (std::size_t k = 0; k < plan.observed_values.size(); ++k)
+    c.ranges.emplace(plan.observed_values[k], (*plan.observed)[k]);
+  c.digest = ranges_digest(c);
+  write_calibration_cache(options, key, c);
   return c;
+}
+
+std::uint64_t ranges_digest(const Calibration& c) {
+  std::string text;
+  for (const auto& [value, range] : c.ranges)
+    text += fmt::format("{} {:a} {:a}\n", value, range.first, range.second);
+  return fnv1a(std::as_bytes(std::span(text.data(), text.size())));
 }
 
 LogitAgreement compare_logits(std::span<const float> reference, std::span<const float> other,

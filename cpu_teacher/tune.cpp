@@ -318,4 +318,66 @@ std::unique_ptr<Teacher::Plan> Teacher::tuned_plan(Graph graph, const TeacherOpt
   return plan;
 }
 
+std::optional<Calibration> read_calibration_cache(const TeacherOptions& options,
+                                                  const std::string& key) {
+  const fs::path folder = cache_folder(options);
+  if (folder.empty()) return std::nullopt;
+  const fs::path file =
+      folder / fmt::format("calibration-{:016x}.json",
+                           fnv1a(std::as_bytes(std::span(key.data(), key.size()))));
+  std::error_code ec;
+  if (!fs::exists(file, ec)) return std::nullopt;
+  try {
+    std::ifstream in(file);
+    const auto j = nlohmann::json::parse(in);
+    if (j.at("key").get<std::string>() != key) return std::nullopt;
+    Calibration c;
+    c.batches = j.at("batches").get<std::size_t>();
+    c.samples = j.at("samples").get<std::size_t>();
+    for (const auto& r : j.at("ranges"))
+      c.ranges.emplace(r.at(0).get<std::string>(),
+                       std::pair{r.at(1).get<float>(), r.at(2).get<float>()});
+    c.digest = ranges_digest(c);
+    c.from_cache = true;
+    c.cache_file = file.string();
+    return c;
+  } catch (const nlohmann::json::exception&) {
+    return std::nullopt; // damaged: calibrated again and replaced
+  }
+}
+
+void write_calibration_cache(const TeacherOptions& options, const std::string& key,
+                             Calibration& c) {
+  const fs::path folder = cache_folder(options);
+  if (folder.empty()) {
+    c.note = "no cache folder: the calibration is kept for this run only";
+    return;
+  }
+  const fs::path file =
+      folder / fmt::format("calibration-{:016x}.json",
+                           fnv1a(std::as_bytes(std::span(key.data(), key.size()))));
+  nlohmann::json ranges = nlohmann::json::array();
+  for (const auto& [value, range] : c.ranges) ranges.push_back({value, range.first, range.second});
+  const nlohmann::json j = {
+      {"key", key}, {"batches", c.batches}, {"samples", c.samples}, {"ranges", ranges}};
+  std::error_code ec;
+  fs::create_directories(folder, ec);
+  const fs::path tmp = file.string() + fmt::format(".tmp{}", ::getpid());
+  {
+    std::ofstream out(tmp);
+    out << j.dump(1);
+    out.close();
+    if (!out) ec = std::make_error_code(std::errc::io_error);
+  }
+  if (!ec) fs::rename(tmp, file, ec);
+  if (ec) {
+    std::error_code ignored;
+    fs::remove(tmp, ignored);
+    c.note = fmt::format("could not write the calibration cache {} ({}): kept for this run only",
+                         file.string(), ec.message());
+    return;
+  }
+  c.cache_file = file.string();
+}
+
 } // namespace kdflow::teacher

@@ -58,6 +58,15 @@ struct NodeOptions {
   std::string chosen;
 };
 
+// The int8 calibration cache (tune.cpp): the ranges kept under `key` in the plan cache's folder,
+// or nullopt (no folder, no file, another key, a damaged file); and the ranges written there
+// (whole or not at all; `c.cache_file` or `c.note` says which).
+std::optional<Calibration> read_calibration_cache(const TeacherOptions& options,
+                                                  const std::string& key);
+void write_calibration_cache(const TeacherOptions& options, const std::string& key, Calibration& c);
+// The digest of a calibration's ranges (Calibration::digest).
+std::uint64_t ranges_digest(const Calibration& c);
+
 // Each node's first way from `prefer` that it offers (nodes offering none are left out: they run
 // their first way).
 std::map<std::string, std::string> prefer_ways(const std::vector<NodeOptions>& nodes,

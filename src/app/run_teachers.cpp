@@ -262,6 +262,12 @@ std::shared_ptr<const teacher::Teacher> load_int8_teacher(const RunInputs& run,
                                        all.subspan(batches * batch * per),
                                        fmt::format("{}'s training images", run.train.source()));
   const auto check = *t->int8_check();
+  const teacher::Calibration& c = *t->calibration();
+  if (c.from_cache)
+    log_info(fmt::format("{}: int8: the ranges of those images read back from {}", spec.path,
+                         c.cache_file));
+  else if (!c.note.empty())
+    log_warn(fmt::format("{}: int8: {}", spec.path, c.note));
   log_info(fmt::format("{}: int8 against fp32 on the next {} training images: top-1 agreement "
                        "{:.2f}%, KL {:.2e}",
                        spec.path, check.samples, 100 * check.top1, check.kl));

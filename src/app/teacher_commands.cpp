@@ -75,11 +75,15 @@ std::shared_ptr<const teacher::Teacher> load_int8(const TeacherArgs& args,
                                  args.calibration, teacher::format_shape(sample),
                                  teacher::format_shape({in.begin() + 1, in.end()})));
   const auto check = *t->int8_check();
+  const teacher::Calibration& c = *t->calibration();
   fmt::print(stderr,
-             "kdflow: int8 teacher calibrated on {} samples of {}; on the next {}: top-1 "
+             "kdflow: int8 teacher calibrated on {} samples of {}{}; on the next {}: top-1 "
              "agreement with fp32 {:.2f}%, KL {:.2e}\n",
-             t->calibration()->samples, args.calibration, check.samples, 100 * check.top1,
-             check.kl);
+             c.samples, args.calibration,
+             c.from_cache     ? fmt::format(" (ranges read back from {})", c.cache_file)
+             : c.note.empty() ? std::string()
+                              : " (" + c.note + ")",
+             check.samples, 100 * check.top1, check.kl);
   return t;
 }
 

@@ -298,6 +298,10 @@ CoreTuner::CoreTuner(const TuneArgs& args)
   std::vector<teacher::Precision> precisions = {teacher::Precision::fp32};
   if (run.teacher_runs() && teacher::has_native_bf16())
     precisions.push_back(teacher::Precision::bf16);
+  // int8 changes the teacher more than bf16's rounding and needs a calibration: tried only where
+  // the run asks for it (teacher.precision = int8), beside fp32 and bf16.
+  if (run.teacher_runs() && run.teachers.front().spec.precision == teacher::Precision::int8)
+    precisions.push_back(teacher::Precision::int8);
   if (nteachers_ > 1) precisions = {run.teachers.front().spec.precision};
   for (const auto p : precisions) {
     if (!run.teacher_runs()) break;

@@ -29,6 +29,8 @@
 #include <random>
 #include <thread>
 
+#include <unistd.h>
+
 namespace kdflow::teacher {
 namespace {
 
@@ -497,6 +499,40 @@ TEST(TeacherInt8, RefusedWithoutVnniAndOnPartialBatches) {
       EXPECT_NE(what.find(onednn_info().isa), std::string::npos) << what;
     }
   }
+}
+
+// The calibration is kept in the plan cache's folder: the same samples read the ranges back
+// (the same digest, so the same tuned plan), other samples calibrate again, a damaged file is
+// calibrated again and replaced.
+TEST(TeacherInt8, CalibrationIsCachedBySamplesAndReadBack) {
+  const fs::path dir = fixture_dir("models");
+  const std::string path = (dir / "resnet18_opset17.onnx").string();
+  const fs::path cache =
+      fs::temp_directory_path() / ("kdflow_calib_cache_" + std::to_string(::getpid()));
+  fs::remove_all(cache);
+  TeacherOptions opts;
+  opts.batch = 4;
+  opts.cache_dir = cache.string();
+  const auto x = random_input({8, 3, 32, 32});
+  const Calibration first = Teacher::calibrate(path, opts, x, "x");
+  EXPECT_FALSE(first.from_cache);
+  ASSERT_FALSE(first.cache_file.empty()) << first.note;
+  EXPECT_EQ(first.batches, 2u);
+  EXPECT_GT(first.ranges.size(), 10u);
+  const Calibration again = Teacher::calibrate(path, opts, x, "x");
+  EXPECT_TRUE(again.from_cache);
+  EXPECT_EQ(again.ranges, first.ranges);
+  EXPECT_EQ(again.digest, first.digest);
+  EXPECT_EQ(again.samples, first.samples);
+  const Calibration other = Teacher::calibrate(path, opts, random_input({8, 3, 32, 32}), "y");
+  EXPECT_FALSE(other.from_cache);
+  EXPECT_NE(other.digest, first.digest);
+  { std::ofstream(first.cache_file) << "{\"key\": 1"; }
+  const Calibration damaged = Teacher::calibrate(path, opts, x, "x");
+  EXPECT_FALSE(damaged.from_cache);
+  EXPECT_EQ(damaged.ranges, first.ranges);
+  EXPECT_TRUE(Teacher::calibrate(path, opts, x, "x").from_cache);
+  fs::remove_all(cache);
 }
 
 TEST(TeacherInt8, CompareLogitsCountsAgreementAndKl) {

@@ -37,6 +37,11 @@ struct Calibration {
   std::size_t batches = 0;
   std::size_t samples = 0;
   std::uint64_t digest = 0; // of the ranges: keys the tuned plans
+  // Kept in the plan cache's folder, keyed by the model's bytes, its input, the features and the
+  // samples' bytes: a run that calibrates on the same samples reads the ranges back.
+  bool from_cache = false;
+  std::string cache_file; // "" where it could not be kept (the reason in `note`)
+  std::string note;
 };
 
 // teacher.tune: `auto` times each node's ways to run at load (or reads the choice from the plan
