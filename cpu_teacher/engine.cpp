@@ -240,18 +240,34 @@ std::optional<Lowering::Quant> Lowering::quant_input(const Node& node) const {
 
 std::optional<Lowering::Quant> Lowering::quantized_output(const Node& node) const {
   const std::string& value = node.outputs[0];
-  if (!quant_input(node) || sum_post(node) != nullptr || g_.is_output(value)) return std::nullopt;
-  const auto q = quant_of(value);
-  if (!q) return std::nullopt;
-  const auto readers = g_.consumers(value);
-  if (readers.empty()) return std::nullopt;
-  for (const std::size_t r : readers) {
-    const Node& reader = g_.nodes[r];
-    if (skipped_.count(reader.name) != 0 || !quant_input(reader) ||
-        product_input(reader) != value || sum_post(reader) != nullptr)
-      return std::nullopt;
-    for (std::size_t k = 1; k < reader.inputs.size(); ++k)
-      if (reader.inputs[k] == value) return std::nullopt;
+  if (!quant_input(node) || sum_post(node) != nullptr) return std::nullopt;
+  // Every reader, through views (a Reshape between a Gemm and the next), must be a quantized
+  // product reading it as its input only, all at one quantization: views hold the same data, so
+  // their calibrated ranges are the value's.
+  std::optional<Quant> q;
+  std::vector<std::string> todo = {value};
+  while (!todo.empty()) {
+    const std::string v = todo.back();
+    todo.pop_back();
+    const auto readers = g_.consumers(v);
+    if (g_.is_output(v) || readers.empty()) return std::nullopt;
+    for (const std::size_t r : readers) {
+      const Node& reader = g_.nodes[r];
+      if (skipped_.count(reader.name) != 0 || reader.inputs.empty() || reader.inputs[0] != v)
+        return std::nullopt;
+      for (std::size_t k = 1; k < reader.inputs.size(); ++k)
+        if (!reader.inputs[k].empty() && !g_.is_constant(reader.inputs[k])) return std::nullopt;
+      const OpDef* op = find_op(reader.op);
+      if (op != nullptr && op->view && reader.outputs.size() == 1) {
+        todo.push_back(reader.outputs[0]);
+        continue;
+      }
+      const auto qr = quant_input(reader);
+      if (!qr || product_input(reader) != v || sum_post(reader) != nullptr ||
+          (q && (q->type != qr->type || q->scale != qr->scale)))
+        return std::nullopt;
+      q = qr;
+    }
   }
   return q;
 }

@@ -114,11 +114,15 @@ void quantized_matmul(Lowering& plan, const Node& node, const Lowering::Quant& q
           std::clamp(std::nearbyint(static_cast<float>(b.at(i * n + j)) / scale), -127.f, 127.f);
     scales[static_cast<std::size_t>(j)] = scale * alpha;
   }
-  const memory::desc a_md = plain(as, q.type), dst_md = plain(os, plan.type_of(node.outputs[0]));
+  // Quantized out where every reader reads it quantized (fc1 + GELU -> fc2).
+  const auto q_out = plan.quantized_output(node);
+  const memory::desc a_md = plain(as, q.type),
+                     dst_md = plain(os, q_out ? q_out->type : plan.type_of(node.outputs[0]));
   const memory::desc b_any(dims_of(bs), dt::s8, memory::format_tag::any);
   dnnl::primitive_attr attr = plan.attr_with(node);
   attr.set_scales_mask(DNNL_ARG_SRC, 0);
   attr.set_scales_mask(DNNL_ARG_WEIGHTS, 1 << (bs.size() - 1));
+  if (q_out) attr.set_scales_mask(DNNL_ARG_DST, 0);
   const dnnl::matmul::primitive_desc pd(plan.eng(), a_md, b_any, dst_md, attr);
   const ArgRef a = plan.get_quantized(node.inputs[0], a_md, q);
   const ArgRef w = plan.weight(std::move(bq), plain(bs, dt::f32), pd.weights_desc());
@@ -129,6 +133,7 @@ void quantized_matmul(Lowering& plan, const Node& node, const Lowering::Quant& q
       {DNNL_ARG_DST, dst},
       {DNNL_ARG_ATTR_SCALES | DNNL_ARG_SRC, plan.scales({q.scale})},
       {DNNL_ARG_ATTR_SCALES | DNNL_ARG_WEIGHTS, plan.scales(std::move(scales))}};
+  if (q_out) args.emplace_back(DNNL_ARG_ATTR_SCALES | DNNL_ARG_DST, plan.scales({q_out->scale}));
   plan.add_primitive(dnnl::matmul(pd), std::move(args), node.describe(), pd.scratchpad_desc());
   plan.set(node.outputs[0], dst);
 }
@@ -229,14 +234,18 @@ void inner_product(Lowering& plan, const Node& node) {
   if (q) std::tie(w, w_scales) = quantize_rows(w, n);
   const memory::desc any_src(dims_of(src_shape), q ? q->type : type, memory::format_tag::any);
   const memory::desc any_w(wdims, q ? dt::s8 : type, memory::format_tag::any);
+  const auto q_out = plan.quantized_output(node);
   const memory::desc any_dst({os[0], n},
-                             g.is_output(node.outputs[0]) ? dt::f32 : plan.type_of(node.outputs[0]),
+                             q_out                          ? q_out->type
+                             : g.is_output(node.outputs[0]) ? dt::f32
+                                                            : plan.type_of(node.outputs[0]),
                              memory::format_tag::any);
   auto attr = plan.attr_with(node);
   if (q) {
     attr.set_scales_mask(DNNL_ARG_SRC, 0);
     attr.set_scales_mask(DNNL_ARG_WEIGHTS, 1);
   }
+  if (q_out) attr.set_scales_mask(DNNL_ARG_DST, 0);
   const auto pd =
       bias ? dnnl::inner_product_forward::primitive_desc(plan.eng(),
                                                          dnnl::prop_kind::forward_inference,
@@ -254,6 +263,7 @@ void inner_product(Lowering& plan, const Node& node) {
     args.emplace_back(DNNL_ARG_ATTR_SCALES | DNNL_ARG_SRC, plan.scales({q->scale}));
     args.emplace_back(DNNL_ARG_ATTR_SCALES | DNNL_ARG_WEIGHTS, plan.scales(std::move(w_scales)));
   }
+  if (q_out) args.emplace_back(DNNL_ARG_ATTR_SCALES | DNNL_ARG_DST, plan.scales({q_out->scale}));
   plan.add_primitive(dnnl::inner_product_forward(pd), std::move(args), node.describe(),
                      pd.scratchpad_desc());
   plan.set(node.outputs[0], dst);

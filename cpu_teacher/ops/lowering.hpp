@@ -147,8 +147,8 @@ public:
   [[nodiscard]] bool quantizable(const Node& node) const;
   // quant_of(product_input(node)) where the node is quantizable, else nullopt.
   [[nodiscard]] std::optional<Quant> quant_input(const Node& node) const;
-  // The quantization a quantized convolution writes its output in, when every reader of it is a
-  // convolution that reads it quantized (the readers' input scale applied as the writer's output
+  // The quantization a quantized product writes its output in, when every reader of it is a
+  // product that reads it quantized (the readers' input scale applied as the writer's output
   // scale, so no f32 tensor or quantizing reorder sits between them); nullopt: it writes f32.
   [[nodiscard]] std::optional<Quant> quantized_output(const Node& node) const;
   // `value` quantized with `q` in layout `want` (of q.type): one reorder applying the scale,

@@ -418,6 +418,7 @@ TEST(TeacherInt8, EveryNetworkAndEveryConvolutionWayStaysNearFp32) {
   std::map<std::string, int> nodes_run;
   int quantized_networks = 0;
   double agree = 0, checked = 0;
+  std::map<std::string, int> writes_quantized; // products writing their readers' u8/s8
   for (const auto& entry : m["models"]) {
     const std::string name = entry["name"];
     const std::string path = (dir / (name + ".onnx")).string();
@@ -433,11 +434,14 @@ TEST(TeacherInt8, EveryNetworkAndEveryConvolutionWayStaysNearFp32) {
       if (!way.empty()) opts.prefer = {way};
       const auto t = Teacher::load_int8(path, opts, calib, x.data, "random batches");
       std::size_t quantize = 0;
-      for (const auto& step : t->step_info())
+      for (const auto& step : t->step_info()) {
         if (step.label.find("(quantize)") != std::string::npos) {
           ++quantize;
           EXPECT_TRUE(step.writes == "u8" || step.writes == "s8") << step.label;
+        } else if (step.kind != "reorder" && (step.writes == "u8" || step.writes == "s8")) {
+          ++writes_quantized[step.kind.substr(0, step.kind.find(' '))];
         }
+      }
       if (quantize == 0) break; // no convolution: nothing runs in int8
       int taken = 0;
       for (const auto& n : t->tune_report().nodes) taken += !way.empty() && n.chosen == way;
@@ -473,6 +477,12 @@ TEST(TeacherInt8, EveryNetworkAndEveryConvolutionWayStaysNearFp32) {
   }
   EXPECT_GE(quantized_networks, 10);
   EXPECT_GE(agree / checked, 0.98);
+  // Convolutions hand u8 to the next (ResNets, MobileNets) and linear layers too (a ConvNeXt's
+  // Gemm + GELU through a Reshape into the next Gemm, a ViT's MLP).
+  EXPECT_GT(writes_quantized["Conv"], 0);
+  EXPECT_GT(writes_quantized["Gemm"] + writes_quantized["MatMul"], 0);
+  for (const auto& [kind, n] : writes_quantized)
+    std::printf("%s steps writing u8/s8 for their readers: %d\n", kind.c_str(), n);
   for (const auto& way : {"library", "channels_last", "inner_product", "unrolled"})
     EXPECT_GT(nodes_run[way], 0) << way << " never ran in int8";
 }
