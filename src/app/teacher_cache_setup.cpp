@@ -68,6 +68,9 @@ std::string teacher_cache_key(const RunInputs& run, const TeacherOutputCache& ca
     const ImageAdapter& adapt = teacher.input;
     key += fmt::format("{}={}\n", name, file_digest(teacher.spec.path));
     key += fmt::format("{}.precision={}\n", name, teacher::precision_name(teacher.spec.precision));
+    // int8: the ranges it quantizes with (another calibration draw gives other outputs).
+    if (const teacher::Calibration* c = teacher.model->calibration())
+      key += fmt::format("{}.calibration={:016x}\n", name, c->digest);
     key += fmt::format("{}.input={} from {} mean={:.9g} std={:.9g}\n", name, spec(adapt.to()),
                        spec(adapt.from()), fmt::join(adapt.to_norm().mean, ","),
                        fmt::join(adapt.to_norm().std, ","));
