@@ -537,6 +537,17 @@ void check_features(const Graph& g, const TeacherOptions& options) {
 
 } // namespace
 
+LoadOptions load_options(const TeacherOptions& options) {
+  LoadOptions lo;
+  lo.batch = options.batch;
+  lo.sample_shape = options.sample_shape;
+  lo.sample_default = options.sample_default;
+  lo.sample_source = options.sample_source;
+  lo.limits = options.limits;
+  lo.keep = options.features;
+  return lo;
+}
+
 std::shared_ptr<const Teacher> Teacher::load(const std::string& path,
                                              const TeacherOptions& options) {
   if (options.batch < 1)
@@ -554,14 +565,7 @@ std::shared_ptr<const Teacher> Teacher::load(const std::string& path,
     if (!options.calibration)
       throw std::logic_error("teacher.precision = int8 without a calibration");
   }
-  LoadOptions lo;
-  lo.batch = options.batch;
-  lo.sample_shape = options.sample_shape;
-  lo.sample_default = options.sample_default;
-  lo.sample_source = options.sample_source;
-  lo.limits = options.limits;
-  lo.keep = options.features;
-  Graph graph = load_onnx(path, lo);
+  Graph graph = load_onnx(path, load_options(options));
   check_features(graph, options);
   std::shared_ptr<Teacher> t(new Teacher());
   if (options.tune == Tune::automatic) {
@@ -652,23 +656,12 @@ std::unique_ptr<Teacher::Plan> Teacher::build_plan(Graph&& graph, const TeacherO
 
 Calibration Teacher::calibrate(const std::string& path, const TeacherOptions& options,
                                std::span<const float> samples, const std::string& source) {
-  TeacherOptions fp32 = options;
-  fp32.precision = Precision::fp32;
-  fp32.tune = Tune::off;
-  fp32.features.clear();
-  fp32.prefer.clear();
-  fp32.calibration.reset();
-  LoadOptions lo;
-  lo.batch = fp32.batch;
-  lo.sample_shape = fp32.sample_shape;
-  lo.sample_default = fp32.sample_default;
-  lo.sample_source = fp32.sample_source;
-  lo.limits = fp32.limits;
-  lo.keep = options.features; // the same graph (and value names) as the plan it calibrates
+  // The fp32 plan, untuned, every node its first way (the ranges do not depend on the way).
   std::shared_ptr<Teacher> t(new Teacher());
   t->plan_ = std::make_unique<Plan>();
   Plan& plan = *t->plan_;
-  plan.graph = load_onnx(path, lo);
+  // The features kept: the same graph (and value names) as the plan it calibrates.
+  plan.graph = load_onnx(path, load_options(options));
   plan.observe = true;
   plan.observed = std::make_shared<std::vector<std::pair<float, float>>>();
   Lowering(plan).build({});

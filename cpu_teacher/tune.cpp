@@ -46,6 +46,18 @@ fs::path cache_folder(const TeacherOptions& options) {
   return home.empty() ? home : home / "plans";
 }
 
+// `text` written whole to a temporary beside `file` (its folder made), whose path it returns for
+// the caller to publish (rename or link); `ec` set where it could not be written.
+fs::path write_temporary(const fs::path& file, const std::string& text, std::error_code& ec) {
+  fs::create_directories(file.parent_path(), ec);
+  const fs::path tmp = file.string() + fmt::format(".tmp{}", ::getpid());
+  std::ofstream out(tmp);
+  out << text;
+  out.close();
+  if (!out) ec = std::make_error_code(std::errc::io_error);
+  return tmp;
+}
+
 // Per step, ms per batch (the fastest of the timed runs), and the whole plan's median.
 struct Timing {
   std::vector<double> step_ms;
@@ -275,14 +287,7 @@ std::unique_ptr<Teacher::Plan> Teacher::tuned_plan(Graph graph, const TeacherOpt
                               {"plans_timed", report.plans_timed},
                               {"nodes", nodes_json}};
     std::error_code ec;
-    fs::create_directories(folder, ec);
-    const fs::path tmp = file.string() + fmt::format(".tmp{}", ::getpid());
-    {
-      std::ofstream out(tmp);
-      out << j.dump(1);
-      out.close();
-      if (!out) ec = std::make_error_code(std::errc::io_error);
-    }
+    const fs::path tmp = write_temporary(file, j.dump(1), ec);
     // The first plan written for a key wins: processes that tuned the same teacher at once
     // (ranks, parallel runs) all run the same plan, so their teacher outputs agree bit for bit.
     bool lost_race = false;
@@ -361,14 +366,7 @@ void write_calibration_cache(const TeacherOptions& options, const std::string& k
   const nlohmann::json j = {
       {"key", key}, {"batches", c.batches}, {"samples", c.samples}, {"ranges", ranges}};
   std::error_code ec;
-  fs::create_directories(folder, ec);
-  const fs::path tmp = file.string() + fmt::format(".tmp{}", ::getpid());
-  {
-    std::ofstream out(tmp);
-    out << j.dump(1);
-    out.close();
-    if (!out) ec = std::make_error_code(std::errc::io_error);
-  }
+  const fs::path tmp = write_temporary(file, j.dump(1), ec);
   if (!ec) fs::rename(tmp, file, ec);
   if (ec) {
     std::error_code ignored;

@@ -206,14 +206,10 @@ std::vector<double> teacher_costs(const Config& config, const std::vector<Teache
     check_teacher_file(spec);
     const teacher::TeacherOptions options =
         teacher_options(config, spec, config.get_int("data.batch_size"), data);
-    teacher::LoadOptions lo;
-    lo.batch = options.batch;
-    lo.sample_shape = options.sample_shape;
-    lo.sample_default = options.sample_default;
-    lo.sample_source = options.sample_source;
-    lo.keep = options.features;
     costs.push_back(
-        std::max(teacher::summarize(teacher::load_onnx(spec.path, lo)).flops_per_sample, 1.0));
+        std::max(teacher::summarize(teacher::load_onnx(spec.path, teacher::load_options(options)))
+                     .flops_per_sample,
+                 1.0));
   }
   return costs;
 }
@@ -226,14 +222,8 @@ namespace {
 std::shared_ptr<const teacher::Teacher> load_int8_teacher(const RunInputs& run,
                                                           const TeacherSpec& spec,
                                                           const teacher::TeacherOptions& options) {
-  teacher::LoadOptions lo;
-  lo.batch = options.batch;
-  lo.sample_shape = options.sample_shape;
-  lo.sample_default = options.sample_default;
-  lo.sample_source = options.sample_source;
-  lo.limits = options.limits;
-  lo.keep = options.features;
-  teacher::Shape in = teacher::load_onnx(spec.path, lo).input_shape;
+  const teacher::Shape in =
+      teacher::load_onnx(spec.path, teacher::load_options(options)).input_shape;
   const ImageAdapter adapter = teacher_input(run, spec, in);
   const auto batch = static_cast<std::size_t>(options.batch);
   const auto wanted = static_cast<std::size_t>(run.config.get_int("teacher.calibration_batches"));

@@ -84,6 +84,10 @@ struct TeacherOptions {
   std::shared_ptr<const Calibration> calibration;
 };
 
+// The graph import a teacher with `options` reads: its batch, sample shape, limits and the
+// features kept from fusion.
+LoadOptions load_options(const TeacherOptions& options);
+
 // One node that can run more than one way, and what the tuner measured for each way (ms per
 // batch of the node's own steps, the reorders it needs included; < 0 where not measured).
 struct TunedNode {
