@@ -123,7 +123,8 @@ void refuse_int8_without_vnni(const std::string& path) {
 
 Lowering::Lowering(Teacher::Plan& plan)
     : p_(plan), g_(plan.graph), act_(plan.precision == Precision::bf16 ? dt::bf16 : dt::f32) {}
-// (Under int8 every value is f32: products read theirs quantized through get_quantized.)
+// (Under int8 act() is f32: products read their inputs through get_quantized, and only a
+// product whose readers are all quantized products writes u8/s8: quantized_output.)
 
 void Lowering::build(const std::vector<std::string>& features) {
   p_.input_md = plain(g_.input_shape, dt::f32);
@@ -228,9 +229,9 @@ bool Lowering::quantizable(const Node& node) const {
   if (node.op == "Conv") return w.size() == 4;
   if (node.op != "Gemm" && node.op != "MatMul") return false;
   if (g_.is_output(node.outputs[0]) || node.int_attr("transA", 0) != 0) return false;
-  // B of [K, N], or with leading ones only (a MatMul's broadcast batch of one).
-  return w.size() >= 2 &&
-         std::all_of(w.begin(), w.end() - 2, [](std::int64_t d) { return d == 1; });
+  // What runs as one inner product (ops/gemm.cpp): A of [M, K] and B of [K, N]. The passes make
+  // every MatMul with a constant 2-D B such a Gemm over A's rows (matmul_as_gemm).
+  return w.size() == 2 && g_.shape(node.inputs[0]).size() == 2;
 }
 
 std::optional<Lowering::Quant> Lowering::quant_input(const Node& node) const {

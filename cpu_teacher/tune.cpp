@@ -323,13 +323,22 @@ std::unique_ptr<Teacher::Plan> Teacher::tuned_plan(Graph graph, const TeacherOpt
   return plan;
 }
 
+namespace {
+
+// Where the calibration under `key` is kept ("" without a cache folder).
+fs::path calibration_file(const TeacherOptions& options, const std::string& key) {
+  const fs::path folder = cache_folder(options);
+  if (folder.empty()) return folder;
+  return folder / fmt::format("calibration-{:016x}.json",
+                              fnv1a(std::as_bytes(std::span(key.data(), key.size()))));
+}
+
+} // namespace
+
 std::optional<Calibration> read_calibration_cache(const TeacherOptions& options,
                                                   const std::string& key) {
-  const fs::path folder = cache_folder(options);
-  if (folder.empty()) return std::nullopt;
-  const fs::path file =
-      folder / fmt::format("calibration-{:016x}.json",
-                           fnv1a(std::as_bytes(std::span(key.data(), key.size()))));
+  const fs::path file = calibration_file(options, key);
+  if (file.empty()) return std::nullopt;
   std::error_code ec;
   if (!fs::exists(file, ec)) return std::nullopt;
   try {
@@ -353,14 +362,11 @@ std::optional<Calibration> read_calibration_cache(const TeacherOptions& options,
 
 void write_calibration_cache(const TeacherOptions& options, const std::string& key,
                              Calibration& c) {
-  const fs::path folder = cache_folder(options);
-  if (folder.empty()) {
+  const fs::path file = calibration_file(options, key);
+  if (file.empty()) {
     c.note = "no cache folder: the calibration is kept for this run only";
     return;
   }
-  const fs::path file =
-      folder / fmt::format("calibration-{:016x}.json",
-                           fnv1a(std::as_bytes(std::span(key.data(), key.size()))));
   nlohmann::json ranges = nlohmann::json::array();
   for (const auto& [value, range] : c.ranges) ranges.push_back({value, range.first, range.second});
   const nlohmann::json j = {

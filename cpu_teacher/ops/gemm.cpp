@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <cctype>
-#include <cmath>
 #include <map>
 #include <optional>
 #include <tuple>
@@ -89,59 +88,9 @@ std::vector<Tensor> evaluate_product(const Node& node, const std::vector<const T
   return {Tensor::floats(os, std::move(r))};
 }
 
-// teacher.precision = int8, a constant B of [K, N] (leading ones allowed) and A of rank above 2 (a
-// transformer's or a ConvNeXt's linear layer): A read quantized, B s8 with one scale per column
-// (alpha folded into them) in the layout the matmul prefers, f32 out.
-void quantized_matmul(Lowering& plan, const Node& node, const Lowering::Quant& q) {
-  const Graph& g = plan.graph();
-  const Shape& os = g.shape(node.outputs[0]);
-  const auto padded = [&](Shape s) {
-    while (s.size() < os.size()) s.insert(s.begin(), 1);
-    return s;
-  };
-  const Shape as = padded(g.shape(node.inputs[0])), bs = padded(g.shape(node.inputs[1]));
-  const std::int64_t k = bs[bs.size() - 2], n = bs.back();
-  const Tensor& b = g.constants.at(node.inputs[1]);
-  const float alpha = node.float_attr("alpha", 1);
-  std::vector<float> bq(static_cast<std::size_t>(k * n)), scales(static_cast<std::size_t>(n), 1.f);
-  for (std::int64_t j = 0; j < n; ++j) {
-    float top = 0.f;
-    for (std::int64_t i = 0; i < k; ++i)
-      top = std::max(top, std::fabs(static_cast<float>(b.at(i * n + j))));
-    const float scale = top > 0.f ? top / 127.f : 1.f;
-    for (std::int64_t i = 0; i < k; ++i)
-      bq[static_cast<std::size_t>(i * n + j)] =
-          std::clamp(std::nearbyint(static_cast<float>(b.at(i * n + j)) / scale), -127.f, 127.f);
-    scales[static_cast<std::size_t>(j)] = scale * alpha;
-  }
-  // Quantized out where every reader reads it quantized (fc1 + GELU -> fc2).
-  const auto q_out = plan.quantized_output(node);
-  const memory::desc a_md = plain(as, q.type),
-                     dst_md = plain(os, q_out ? q_out->type : plan.type_of(node.outputs[0]));
-  const memory::desc b_any(dims_of(bs), dt::s8, memory::format_tag::any);
-  dnnl::primitive_attr attr = plan.attr_with(node);
-  attr.set_scales_mask(DNNL_ARG_SRC, 0);
-  attr.set_scales_mask(DNNL_ARG_WEIGHTS, 1 << (bs.size() - 1));
-  if (q_out) attr.set_scales_mask(DNNL_ARG_DST, 0);
-  const dnnl::matmul::primitive_desc pd(plan.eng(), a_md, b_any, dst_md, attr);
-  const ArgRef a = plan.get_quantized(node.inputs[0], a_md, q);
-  const ArgRef w = plan.weight(std::move(bq), plain(bs, dt::f32), pd.weights_desc());
-  const ArgRef dst = plan.new_buffer(dst_md);
-  std::vector<std::pair<int, ArgRef>> args = {
-      {DNNL_ARG_SRC, a},
-      {DNNL_ARG_WEIGHTS, w},
-      {DNNL_ARG_DST, dst},
-      {DNNL_ARG_ATTR_SCALES | DNNL_ARG_SRC, plan.scales({q.scale})},
-      {DNNL_ARG_ATTR_SCALES | DNNL_ARG_WEIGHTS, plan.scales(std::move(scales))}};
-  if (q_out) args.emplace_back(DNNL_ARG_ATTR_SCALES | DNNL_ARG_DST, plan.scales({q_out->scale}));
-  plan.add_primitive(dnnl::matmul(pd), std::move(args), node.describe(), pd.scratchpad_desc());
-  plan.set(node.outputs[0], dst);
-}
-
 // MatMul with a computed B (or A of rank above 2): oneDNN's matmul on plain operands, broadcast by
 // rank.
 void matmul(Lowering& plan, const Node& node) {
-  if (const auto q = plan.quant_input(node)) return quantized_matmul(plan, node, *q);
   const Graph& g = plan.graph();
   const dt act = plan.act();
   const Shape& os = g.shape(node.outputs[0]);

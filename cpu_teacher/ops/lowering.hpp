@@ -141,8 +141,9 @@ public:
   [[nodiscard]] std::optional<Quant> quant_of(const std::string& value) const;
   // The value a product reads as its input (a Gemm fed by a flattening view reads the 4-D tensor
   // before it), and whether int8 quantizes the product: a 2-D convolution with constant weights,
-  // or a Gemm/MatMul with a constant 2-D B (the linear layers of transformers and ConvNeXts) that
-  // does not write a graph output (the classifier head stays f32, as under bf16).
+  // or a Gemm/MatMul of a 2-D A and a constant 2-D B (the linear layers of transformers and
+  // ConvNeXts, which the passes make Gemms over A's rows) that does not write a graph output (the
+  // classifier head stays f32, as under bf16).
   [[nodiscard]] const std::string& product_input(const Node& node) const;
   [[nodiscard]] bool quantizable(const Node& node) const;
   // quant_of(product_input(node)) where the node is quantizable, else nullopt.

@@ -28,10 +28,10 @@ bool has_native_bf16();
 bool has_native_int8();
 
 // teacher.precision = int8: post-training calibration. Each quantized product's input (a
-// convolution's, an inner product's) gets one scale for the whole tensor from the range the fp32
-// plan saw on real batches; weights get one scale per output channel at load. Products read u8
-// where the range is non-negative (after a ReLU), s8 elsewhere, and write f32: every other op runs
-// in f32.
+// convolution's, a Gemm's or MatMul's with constant weights) gets one scale for the whole tensor
+// from the range the fp32 plan saw on real batches; weights get one scale per output channel at
+// load. Products read u8 where the range is non-negative (after a ReLU), s8 elsewhere, and write
+// f32, or u8/s8 where only quantized products read their output; every other op runs in f32.
 struct Calibration {
   std::map<std::string, std::pair<float, float>> ranges; // value -> (min, max) seen
   std::size_t batches = 0;
