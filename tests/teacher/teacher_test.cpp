@@ -402,11 +402,13 @@ TEST(TeacherModels, MatchPyTorchInFp32AndBf16) {
 // inputs' distribution and checked on the fixture's own inputs (which the calibration did not
 // see), keeps PyTorch's fp32 top-1 and softmax with each convolution way forced in turn: the
 // quantized convolutions read u8/s8 through one quantizing reorder per value and write f32.
-// Measured on the AVX-512 VNNI Zen 4: top-1 agreement 0.95-1.0 per network (3 near-ties of 64 in
-// the op zoo at worst; the calibration draw is random), KL <= 5.3e-4; the
-// largest logit errors (0.12-0.25 of the largest logit: squeezenet, the ResNets with random batch
-// norms) are the networks' wide random ranges under one scale per tensor, and move no top-1.
-// load_int8's check agrees with what the test measures itself.
+// The fixtures' weights and the calibration draw are new each run, so the bounds hold for any
+// draw. Measured on the AVX-512 VNNI Zen 4 over 13 fixture draws: top-1 agreement 0.92-1.0 per
+// network (a random DenseNet's near-tied rows; the op zoo 0.97), every changed row within 2.4
+// RMS of the int8 error (bound 6), KL <= 2.6e-3 per check (bound 2e-2), 1.4e-4 at most over all
+// (bound 2e-3); the largest logit errors (up to 0.17 of the largest logit: the ResNets with random
+// batch norms) are the networks' wide random ranges under one scale per tensor, and move no
+// decided top-1. load_int8's check agrees with what the test measures itself.
 TEST(TeacherInt8, EveryNetworkAndEveryConvolutionWayStaysNearFp32) {
   if (!has_native_int8())
     GTEST_SKIP() << "no int8 dot products on this CPU (" << onednn_info().isa << ")";
@@ -417,7 +419,8 @@ TEST(TeacherInt8, EveryNetworkAndEveryConvolutionWayStaysNearFp32) {
                                          "unrolled"};
   std::map<std::string, int> nodes_run;
   int quantized_networks = 0;
-  double agree = 0, checked = 0;
+  double agree = 0, checked = 0, kl_sum = 0;
+  int checks = 0;
   std::map<std::string, int> writes_quantized; // products writing their readers' u8/s8
   for (const auto& entry : m["models"]) {
     const std::string name = entry["name"];
@@ -454,29 +457,54 @@ TEST(TeacherInt8, EveryNetworkAndEveryConvolutionWayStaysNearFp32) {
       const auto check = t->int8_check();
       ASSERT_TRUE(check.has_value());
       EXPECT_EQ(check->samples, static_cast<std::size_t>(batch));
-      const auto own = compare_logits(run(Teacher::load(path,
+      const std::vector<float> fp32 = run(Teacher::load(path,
                                                         [&] {
                                                           TeacherOptions o;
                                                           o.batch = batch;
                                                           return o;
                                                         }()),
-                                          x.data)[0],
-                                      got[0], ref.shape[1]);
-      EXPECT_NEAR(check->top1, own.top1, 1e-12);
-      EXPECT_NEAR(check->kl, own.kl, 1e-6 + 1e-3 * own.kl);
+                                          x.data)[0];
+      const std::int64_t classes = ref.shape[1];
+      const auto own = compare_logits(fp32, got[0], classes);
+      // load_int8 compares with an fp32 plan of its own: the same top-1 but where two classes tie
+      // within the fp32 ways' own differences (one row at most).
+      EXPECT_LE(std::abs(check->top1 - own.top1), 1.0 / static_cast<double>(batch) + 1e-12);
+      EXPECT_NEAR(check->kl, own.kl, 1e-6 + 1e-2 * own.kl);
       EXPECT_EQ(t->calibration()->samples, static_cast<std::size_t>(3 * batch));
-      EXPECT_GE(check->top1, 0.9);
-      EXPECT_LE(check->kl, 5e-3);
+      // A changed top-1 is a near-tie that int8's rounding decided: the fp32 margin between the
+      // two classes within a few times the int8 error's RMS over the batch. (Random weights can
+      // leave a whole batch near-tied: a random DenseNet agrees on 92-100% of 64 rows by the
+      // draw, every change such a tie.) A wrong scale or type changes decided rows too.
+      double square = 0;
+      for (std::size_t i = 0; i < fp32.size(); ++i)
+        square += (static_cast<double>(got[0][i]) - fp32[i]) * (got[0][i] - fp32[i]);
+      const double rms = std::sqrt(square / static_cast<double>(fp32.size()));
+      double worst_margin = 0; // of a changed row, in units of the RMS
+      for (std::int64_t r = 0; r < batch; ++r) {
+        const auto row32 = fp32.begin() + r * classes;
+        const auto row8 = got[0].begin() + r * classes;
+        const auto a32 = std::max_element(row32, row32 + classes) - row32;
+        const auto a8 = std::max_element(row8, row8 + classes) - row8;
+        if (a32 != a8) worst_margin = std::max(worst_margin, (row32[a32] - row32[a8]) / rms);
+      }
+      EXPECT_LE(worst_margin, 6.0) << "a decided row changed its top-1";
+      EXPECT_GE(check->top1, 0.75);
+      EXPECT_LE(check->kl, 2e-2);
       agree += check->top1 * static_cast<double>(check->samples);
+      kl_sum += check->kl;
       checked += static_cast<double>(check->samples);
-      std::printf("%s %s: int8 error %.4f, top-1 agreement with fp32 %.3f, KL %.2e, %zu "
-                  "quantizing reorders\n",
+      ++checks;
+      std::printf("%s %s: int8 error %.4f, top-1 agreement with fp32 %.3f (a changed row's fp32 "
+                  "margin at most %.2f RMS of the error), KL %.2e, %zu quantizing reorders\n",
                   name.c_str(), way.empty() ? "(first ways)" : way.c_str(), error, check->top1,
-                  check->kl, quantize);
+                  worst_margin, check->kl, quantize);
     }
   }
   EXPECT_GE(quantized_networks, 10);
   EXPECT_GE(agree / checked, 0.98);
+  EXPECT_LE(kl_sum / checks, 2e-3);
+  std::printf("over %d checks: top-1 agreement %.4f, mean KL %.2e\n", checks, agree / checked,
+              kl_sum / checks);
   // Convolutions hand u8 to the next (ResNets, MobileNets) and linear layers too (a ConvNeXt's
   // Gemm + GELU through a Reshape into the next Gemm, a ViT's MLP).
   EXPECT_GT(writes_quantized["Conv"], 0);
