@@ -5,6 +5,7 @@
 #include "kdflow/gpu_student/settings.hpp"
 #include "kdflow/gpu_student/versions.hpp"
 
+#include <ATen/Parallel.h>
 #include <fmt/format.h>
 
 namespace kdflow::student {
@@ -27,5 +28,7 @@ Device resolve_device(const std::string& wanted, int local_rank, int local_world
   const int devices = wanted == "cpu" ? 0 : cuda_device_count();
   return choose_device(wanted, devices, local_rank, local_world);
 }
+
+int intra_op_threads() { return at::get_num_threads(); }
 
 } // namespace kdflow::student

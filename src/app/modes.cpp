@@ -2,15 +2,19 @@
 // them from the loaders or from the benchmark's own producers, and measures its window.
 #include "modes.hpp"
 
+#include "kdflow/affinity/pinning.hpp"
 #include "kdflow/core/trace.hpp"
+#include "kdflow/gpu_student/device.hpp"
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <exception>
 #include <memory>
 #include <optional>
 #include <random>
 #include <stdexcept>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -26,6 +30,7 @@ const char* mode_name(Mode m) {
   case Mode::loader_alone: return "loader-alone";
   case Mode::serial_cpu: return "serial-cpu";
   case Mode::colocated: return "colocated";
+  case Mode::loop: return "loop";
   case Mode::overlapped: return "overlapped";
   case Mode::overlapped_cached: return "overlapped-cached";
   }
@@ -205,17 +210,65 @@ StudentLogits student_logits(Mode mode) {
   switch (mode) {
   case Mode::teacher_alone:
   case Mode::loader_alone: return StudentLogits::none;
-  case Mode::colocated: return StudentLogits::colocated;
+  case Mode::colocated:
+  case Mode::loop: return StudentLogits::colocated;
   default: return StudentLogits::teacher;
   }
 }
+
+// Every CPU of the plan: the plain loop's share of the machine.
+affinity::CpuList loop_cpus(const RunInputs& run) {
+  affinity::CpuList cpus = run.plan.student;
+  cpus.insert(cpus.end(), run.plan.loader.begin(), run.plan.loader.end());
+  for (const auto& replica : run.plan.teacher)
+    cpus.insert(cpus.end(), replica.begin(), replica.end());
+  std::sort(cpus.begin(), cpus.end());
+  cpus.erase(std::unique(cpus.begin(), cpus.end()), cpus.end());
+  return cpus;
+}
+
+// One repetition on the calling thread.
+Rep run_rep_here(const Setup& setup, Mode mode);
 
 } // namespace
 
 Rep run_rep(const Setup& setup, Mode mode) {
   const RunInputs& run = setup.run;
-  Assembled parts = assemble(run, setup.sampler, setup.slots, setup.options, student_logits(mode),
-                             setup.colocated);
+  if (mode != Mode::loop || run.device.is_cuda()) return run_rep_here(setup, mode);
+  // The loop's student on a thread of its own, bound to every CPU of the plan: LibTorch's intra-op
+  // threads (OpenMP's team of the thread that starts a parallel region) are made by it, keep its
+  // CPUs, and end with it, while the student's own thread and team keep the student's CPUs.
+  Rep rep;
+  std::exception_ptr error;
+  std::thread loop([&] {
+    try {
+      affinity::pin_this_thread(run.topology, loop_cpus(run), "kd-student");
+      rep = run_rep_here(setup, mode);
+    } catch (...) {
+      error = std::current_exception();
+    }
+  });
+  loop.join();
+  if (error) std::rethrow_exception(error);
+  return rep;
+}
+
+namespace {
+
+Rep run_rep_here(const Setup& setup, Mode mode) {
+  const RunInputs& run = setup.run;
+  student::TrainerOptions options = setup.options;
+  if (mode == Mode::loop && !run.device.is_cuda())
+    options.threads = static_cast<int>(loop_cpus(run).size());
+  Assembled parts =
+      assemble(run, setup.sampler, setup.slots, options, student_logits(mode), setup.colocated);
+  Rep rep;
+  if (parts.trainer && !run.device.is_cuda()) {
+    // As they are on this thread now: the intra-op threads the trainer set, and this thread's
+    // CPUs, which its intra-op threads inherit.
+    rep.student_threads = student::intra_op_threads();
+    rep.student_cpus = affinity::format_cpus(affinity::current_thread_cpus());
+  }
   CpuPipeline& pipeline = *parts.pipeline;
   student::Trainer* trainer = parts.trainer.get();
   SlotRing& ring = pipeline.ring();
@@ -240,6 +293,10 @@ Rep run_rep(const Setup& setup, Mode mode) {
     break;
   case Mode::loader_alone:
   case Mode::colocated: pipeline.start(0, total, {.loaders = true, .teacher = false}); break;
+  case Mode::loop:
+    // A DataLoader's workers run anywhere: here on the teachers' CPUs too, which no teacher uses.
+    pipeline.start(0, total, {.loaders = true, .teacher = false, .share_teacher_cpus = true});
+    break;
   case Mode::overlapped: pipeline.start(0, total, {.loaders = true, .teacher = true}); break;
   case Mode::overlapped_cached:
     // As a run's epochs after the cache is full: the loaders take the teacher's CPUs too.
@@ -255,7 +312,6 @@ Rep run_rep(const Setup& setup, Mode mode) {
     return pipeline.loader_totals().busy_ns.load() + producer.busy_ns();
   };
 
-  Rep rep;
   // Several ranks end their window at one step: a rank that is done asks with its next step, and
   // every rank stops after the step any rank asked at (their all-reduces stay paired).
   const bool ranks = trainer != nullptr && setup.options.group != nullptr;
@@ -326,6 +382,8 @@ Rep run_rep(const Setup& setup, Mode mode) {
   rep.ring_ready /= static_cast<double>(std::max<std::uint64_t>(1, rep.steps));
   return rep;
 }
+
+} // namespace
 
 CacheFill fill_teacher_cache(const Setup& setup) {
   const RunInputs& run = setup.run;

@@ -9,6 +9,11 @@
 //   loader-alone   loaders -> drained
 //   serial-cpu     one thread: load (loader cores), teach (teacher cores), then the student step
 //   colocated      loaders -> student, which runs the teacher graph on its own device (LibTorch)
+//   loop           the plain distillation loop a PyTorch user writes (bench/peer_pytorch_kd.py):
+//                  colocated with the loaders on every CPU of the plan (a DataLoader's workers)
+//                  and, on the CPU, the student's intra-op threads on every CPU of the plan too
+//                  (torch.set_num_threads over the whole machine's share): the baseline kdflow's
+//                  speed-ups are stated against
 //   overlapped     loaders -> CPU teacher -> student, all at once (kdflow)
 //   overlapped-cached  overlapped with kd.cache filled (fill_teacher_cache): the teacher stage
 //                  reads the outputs kept for the batch's samples and the loaders run on the
@@ -34,12 +39,13 @@ enum class Mode {
   loader_alone,
   serial_cpu,
   colocated,
+  loop,
   overlapped,
   overlapped_cached // measured only with kd.cache (not one of kModes)
 };
 inline constexpr Mode kModes[] = {Mode::student_alone, Mode::student_contended, Mode::teacher_alone,
                                   Mode::loader_alone,  Mode::serial_cpu,        Mode::colocated,
-                                  Mode::overlapped};
+                                  Mode::loop,          Mode::overlapped};
 
 const char* mode_name(Mode m);
 // Whether the student trains in this mode (the others drain the ring instead).
@@ -56,6 +62,9 @@ struct Rep {
   double loader_wait_s = 0, teacher_wait_s = 0;
   double ring_ready = 0; // mean ready slots seen at each step
   std::string device;    // the student's, as the trainer names it
+  // On the CPU: the student's intra-op threads and the CPUs they run on (0 and empty elsewhere).
+  int student_threads = 0;
+  std::string student_cpus;
   [[nodiscard]] double rate() const { return static_cast<double>(samples) / seconds; }
 };
 

@@ -18,7 +18,7 @@ using namespace kdflow_test;
 using nlohmann::json;
 
 const char* const kModes[] = {"student-alone", "student-contended", "teacher-alone", "loader-alone",
-                              "serial-cpu",    "colocated",         "overlapped"};
+                              "serial-cpu",    "colocated",         "loop",          "overlapped"};
 
 // setup.sh installs gnuplot; the lent GPU machine has none (../shared/GPU.md), and there the
 // test checks everything but the picture.
@@ -133,6 +133,24 @@ TEST(BenchOverlap, WritesJsonTraceAndPlotThatAgreeWithTheModes) {
               rate("overlapped") / rate("serial-cpu"), 1e-9);
   EXPECT_NEAR(report.at("speedup_vs_colocated").get<double>(),
               rate("overlapped") / rate("colocated"), 1e-9);
+  EXPECT_NEAR(report.at("speedup_vs_loop").get<double>(), rate("overlapped") / rate("loop"), 1e-9);
+  // The loop is the plain PyTorch loop: on the CPU its student's intra-op threads span every CPU
+  // of the plan (the other modes' keep to the student's own).
+  if (!gpu_visible()) {
+    const json& plan = report.at("plan");
+    std::set<int> every;
+    for (const char* role : {"student", "loader"})
+      for (const auto& c : plan.at(role)) every.insert(c.get<int>());
+    for (const auto& replica : plan.at("teacher"))
+      for (const auto& c : replica) every.insert(c.get<int>());
+    const json& loop = report.at("modes").at("loop");
+    EXPECT_EQ(loop.at("student_threads").get<int>(), static_cast<int>(every.size()));
+    EXPECT_EQ(report.at("modes").at("colocated").at("student_threads").get<int>(),
+              static_cast<int>(plan.at("student").size()));
+    std::cout << "loop: " << loop.at("student_threads") << " threads on CPUs "
+              << loop.at("student_cpus") << "; colocated on "
+              << report.at("modes").at("colocated").at("student_cpus") << "\n";
+  }
   const double idle = report.at("student_idle_fraction");
   EXPECT_GE(idle, 0.0);
   EXPECT_LE(idle, 1.0);
@@ -159,6 +177,7 @@ TEST(BenchOverlap, WritesJsonTraceAndPlotThatAgreeWithTheModes) {
       {"loader-alone", {"load", "wait"}},
       {"serial-cpu", {"load", "teacher", "wait", "step"}},
       {"colocated", {"load", "teacher", "wait", "step"}},
+      {"loop", {"load", "teacher", "wait", "step"}},
       {"overlapped", {"load", "teacher", "wait", "step"}}};
   for (const auto& [mode, names] : expected) {
     SCOPED_TRACE(mode);
@@ -186,6 +205,7 @@ TEST(BenchOverlap, WritesJsonTraceAndPlotThatAgreeWithTheModes) {
       on_teacher_threads += named({{thread, spans}}, "teacher").size();
   EXPECT_GT(on_teacher_threads, 0u);
   EXPECT_FALSE(named({{"kd-student", modes.at("colocated").at("kd-student")}}, "teacher").empty());
+  EXPECT_FALSE(named({{"kd-student", modes.at("loop").at("kd-student")}}, "teacher").empty());
   // The pipeline overlaps the teacher with the student's steps; the serial loop never does.
   EXPECT_TRUE(
       any_overlap(named(modes.at("overlapped"), "teacher"), named(modes.at("overlapped"), "step")));

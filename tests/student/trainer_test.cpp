@@ -11,10 +11,12 @@
 #include "kdflow/core/teacher_mix.hpp"
 #include "kdflow/cpu_teacher/engine.hpp"
 #include "kdflow/cpu_teacher/npy.hpp"
+#include "kdflow/gpu_student/device.hpp"
 #include "kdflow/gpu_student/pinned_host.hpp"
 #include "kdflow/gpu_student/trainer.hpp"
 #include "losses.hpp"
 
+#include <ATen/Parallel.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 #include <torch/cuda.h>
@@ -24,11 +26,16 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <optional>
 #include <random>
+#include <sched.h>
+#include <set>
 #include <stdlib.h>
+#include <sys/syscall.h>
+#include <thread>
 #include <tuple>
 #include <unistd.h>
 
@@ -737,6 +744,56 @@ TEST(Trainer, CudaCheckpointRestoresTheExactState) {
   o.optimizer = "adamw";
   expect_checkpoint_restores_exactly(o,
                                      std::filesystem::temp_directory_path() / "kdflow_cuda.ckpt");
+}
+
+// bench-overlap's loop mode runs its student on a thread of its own bound to every CPU of the
+// plan: the OpenMP team LibTorch starts from a thread is that thread's own, made with its CPUs,
+// and ends with it.
+TEST(IntraOpThreads, AThreadsOwnTeamKeepsItsCpusAndEndsWithIt) {
+  const auto tasks = [] {
+    std::set<pid_t> out;
+    for (const auto& e : std::filesystem::directory_iterator("/proc/self/task"))
+      out.insert(static_cast<pid_t>(std::stoi(e.path().filename().string())));
+    return out;
+  };
+  cpu_set_t all;
+  ASSERT_EQ(sched_getaffinity(0, sizeof(all), &all), 0);
+  int first = 0;
+  while (!CPU_ISSET(first, &all)) ++first;
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(first, &one);
+  (void)torch::ones({1 << 22}).add_(1).sum(); // the test thread's own team, if any, first
+  std::set<pid_t> team;
+  std::thread loop([&] {
+    ASSERT_EQ(sched_setaffinity(0, sizeof(one), &one), 0);
+    at::set_num_threads(3); // (its pool for QNNPACK, if it makes one, is the process's)
+    EXPECT_EQ(intra_op_threads(), 3);
+    const std::set<pid_t> before = tasks();
+    const auto x = torch::ones({1 << 24});
+    EXPECT_EQ(x.add(1).sum().item<double>(), 2.0 * (1 << 24)); // a parallel region of 3
+    for (const pid_t tid : tasks())
+      if (!before.count(tid)) team.insert(tid);
+    for (const pid_t tid : team) {
+      cpu_set_t got;
+      ASSERT_EQ(sched_getaffinity(tid, sizeof(got), &got), 0);
+      EXPECT_TRUE(CPU_EQUAL(&got, &one)) << "thread " << tid << " of the team";
+    }
+  });
+  loop.join();
+  EXPECT_EQ(team.size(), 2u); // the thread's two workers
+  // Its workers leave with it.
+  std::set<pid_t> left;
+  for (int i = 0; i < 500; ++i) {
+    left.clear();
+    const std::set<pid_t> now = tasks();
+    for (const pid_t tid : team)
+      if (now.count(tid)) left.insert(tid);
+    if (left.empty()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_TRUE(left.empty()) << left.size() << " of the team's " << team.size()
+                            << " threads still running";
 }
 
 } // namespace

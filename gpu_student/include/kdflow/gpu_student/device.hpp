@@ -25,4 +25,7 @@ Device choose_device(const std::string& wanted, int cuda_devices, int local_rank
 // The same against what LibTorch sees.
 Device resolve_device(const std::string& wanted, int local_rank = 0, int local_world = 1);
 
+// LibTorch's CPU intra-op threads for parallel work the calling thread starts.
+int intra_op_threads();
+
 } // namespace kdflow::student
