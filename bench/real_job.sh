@@ -13,6 +13,7 @@
 # Usage: bench/real_job.sh [--job folder|default] [--size 112] [--steps 60] [--batch 32] [--teacher resnet18]
 #   [--student mobilenet_v2] [--repeats 1] [--workers N] [--out FILE] [--set KEY=VALUE]...
 #   [--env KEY=VALUE]... [--peer-env KEY=VALUE]... [--device cpu|cuda] [--cache none|memory]
+#   [--overlap STEPS]
 # (--device: where both students train, cpu by default; on cuda the peer's teacher runs on the GPU
 # too, both arms under bf16 autocast, as a user's loop on a GPU would)
 # (--set: a key of kdflow's configuration for its arm, e.g. train.threads=2; --env, --peer-env: an
@@ -20,10 +21,14 @@
 # (--cache memory: a third arm, kdflow with kd.cache = memory and kd.cache_augmented = true: from the
 # second epoch on, each sample's target is the teacher's output for its first view; its accuracy
 # beside the fresh teacher's at the same steps says what the stale targets cost)
+# (--overlap STEPS: after the arms, `kdflow bench-overlap` on the same job and settings, STEPS
+# measured steps a mode, median of 3: its `loop` mode (the plain loop as LibTorch, which its
+# speed-ups are stated against) beside the peer's rate of this run, so the JSON says how close
+# that stand-in is to the real PyTorch loop)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 job=folder size=112 steps="" batch="" teacher=resnet18 student=mobilenet_v2 repeats=1 out=""
-device=cpu cache=none
+device=cpu cache=none overlap=0
 sets=()
 envs=()
 peer_envs=()
@@ -48,6 +53,7 @@ while [ $# -gt 0 ]; do
   --peer-env) peer_envs+=("$2") ;;
   --device) device=$2 ;;
   --cache) cache=$2 ;;
+  --overlap) overlap=$2 ;;
   *) refuse "unknown argument $1" ;;
   esac
   shift 2
@@ -58,6 +64,7 @@ cuda) peer_amp=bf16 ;;
 *) refuse "--device $device: cpu or cuda" ;;
 esac
 case "$cache" in none | memory) ;; *) refuse "--cache $cache: none or memory" ;; esac
+case "$overlap" in '' | *[!0-9]*) refuse "--overlap $overlap: a number of steps" ;; esac
 py=$(cat .kdflow-venv)/bin/python
 kdflow=build/release/src/kdflow
 [ -x "$kdflow" ] || bash scripts/build.sh release
@@ -131,6 +138,14 @@ for r in $(seq 1 "$repeats"); do
   env "${peer_envs[@]}" "$py" bench/peer_pytorch_kd.py "${peer_args[@]}" --batch "$batch" \
     --steps "$steps" --schedule-steps "$schedule" --seed "$r" --device "$device" --amp "$peer_amp" --eval >"$results/peer_$r.json"
 done
+if [ "$overlap" -gt 0 ]; then
+  env "${envs[@]}" "$kdflow" bench-overlap "${kd_args[@]}" --set "data.batch_size=$batch" \
+    --set "train.epochs=$epochs" --set "student.device=$device" "${sets[@]}" --steps "$overlap" \
+    --repeats 3 --json "$results/overlap.json" >"$results/overlap.log" 2>&1 || {
+    tail -5 "$results/overlap.log" >&2
+    exit 1
+  }
+fi
 "$py" - "$results" "$repeats" "$job" "$size" "$steps" "$schedule" "$batch" "$teacher" "$student" "$workers" "$out" \
   "${sets[*]}" "${envs[*]}" "${peer_envs[*]}" "$device" "$cache" <<'PY'
 import json, os, statistics, subprocess, sys
@@ -200,6 +215,23 @@ result = {"cpu": cpu, "isa": isa, "cpus": int(subprocess.run(["nproc"], capture_
           # kdflow's start-up verdict on the pace (after the first interval): which stage is slower.
           "kdflow_pace": [pace(f"{d}/kdflow_{r}.log") for r in range(1, int(repeats) + 1)],
           "kdflow_epochs": epochs("kdflow")}
+if os.path.exists(f"{d}/overlap.json"):
+    o = json.load(open(f"{d}/overlap.json"))
+    rate = lambda mode: o["modes"][mode]["samples_per_s"]
+    result["bench_overlap"] = {
+        "steps": o["setup"]["steps"],
+        "modes": {m: {"samples_per_s": rate(m), "repetitions_samples_per_s":
+                      o["modes"][m]["repetitions_samples_per_s"],
+                      "student_threads": o["modes"][m].get("student_threads"),
+                      "student_cpus": o["modes"][m].get("student_cpus")}
+                  for m in ("student-alone", "teacher-alone", "serial-cpu", "colocated", "loop",
+                            "overlapped")},
+        "speedup_vs_loop": o["speedup_vs_loop"],
+        # The stand-in against the real loop, measured in this run: 1 where bench-overlap's loop
+        # is as fast as the PyTorch loop it stands for.
+        "loop_to_peer": rate("loop") / ps,
+        "overlapped_to_peer": rate("overlapped") / ps,
+        "plan_summary": o["plan_summary"]}
 if cache != "none":
     c = arm("kdflow_cache")
     result["kdflow_cache"] = {
