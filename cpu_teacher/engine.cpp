@@ -240,12 +240,29 @@ std::optional<Lowering::Quant> Lowering::quant_input(const Node& node) const {
 }
 
 std::optional<Lowering::Quant> Lowering::quantized_output(const Node& node) const {
-  const std::string& value = node.outputs[0];
-  if (!quant_input(node) || sum_post(node) != nullptr) return std::nullopt;
+  if (!quant_input(node)) return std::nullopt;
+  if (const PostOp* sum = sum_post(node)) {
+    // Only a convolution sums into a quantized summand (ops/conv.cpp), and only into one its
+    // producer wrote quantized.
+    if (node.op != "Conv") return std::nullopt;
+    const Node* producer = nullptr;
+    for (const Node& n : g_.nodes)
+      if (std::find(n.outputs.begin(), n.outputs.end(), sum->sum_input) != n.outputs.end())
+        producer = &n;
+    if (producer == nullptr || skipped_.count(producer->name) != 0 || !quantized_output(*producer))
+      return std::nullopt;
+  }
+  return stored_quant(node.outputs[0]);
+}
+
+std::optional<Lowering::Quant> Lowering::stored_quant(const std::string& value) const {
+  if (p_.precision != Precision::int8) return std::nullopt;
   // Every reader, through views (a Reshape between a Gemm and the next), must be a quantized
-  // product reading it as its input only, all at one quantization: views hold the same data, so
-  // their calibrated ranges are the value's.
+  // product reading it as its input only, all at one quantization (views hold the same data, so
+  // their calibrated ranges are the value's), or a convolution summing into it that writes its
+  // own output quantized, in the same type.
   std::optional<Quant> q;
+  std::vector<dt> summed_into; // the types those convolutions write
   std::vector<std::string> todo = {value};
   while (!todo.empty()) {
     const std::string v = todo.back();
@@ -254,8 +271,20 @@ std::optional<Lowering::Quant> Lowering::quantized_output(const Node& node) cons
     if (g_.is_output(v) || readers.empty()) return std::nullopt;
     for (const std::size_t r : readers) {
       const Node& reader = g_.nodes[r];
-      if (skipped_.count(reader.name) != 0 || reader.inputs.empty() || reader.inputs[0] != v)
-        return std::nullopt;
+      if (skipped_.count(reader.name) != 0 || reader.inputs.empty()) return std::nullopt;
+      const PostOp* sum = sum_post(reader);
+      if (sum != nullptr && sum->sum_input == v) {
+        const auto out = reader.op == "Conv" && v == value &&
+                                 std::find(reader.inputs.begin(), reader.inputs.end(), v) ==
+                                     reader.inputs.end() &&
+                                 quant_input(reader)
+                             ? stored_quant(reader.outputs[0])
+                             : std::nullopt;
+        if (!out) return std::nullopt;
+        summed_into.push_back(out->type);
+        continue;
+      }
+      if (reader.inputs[0] != v) return std::nullopt;
       for (std::size_t k = 1; k < reader.inputs.size(); ++k)
         if (!reader.inputs[k].empty() && !g_.is_constant(reader.inputs[k])) return std::nullopt;
       const OpDef* op = find_op(reader.op);
@@ -264,12 +293,14 @@ std::optional<Lowering::Quant> Lowering::quantized_output(const Node& node) cons
         continue;
       }
       const auto qr = quant_input(reader);
-      if (!qr || product_input(reader) != v || sum_post(reader) != nullptr ||
+      if (!qr || product_input(reader) != v ||
           (q && (q->type != qr->type || q->scale != qr->scale)))
         return std::nullopt;
       q = qr;
     }
   }
+  for (const dt t : summed_into)
+    if (!q || t != q->type) return std::nullopt;
   return q;
 }
 
@@ -357,14 +388,14 @@ void Lowering::add_kernel(Kernel k, std::vector<ArgRef> operands, const std::str
   p_.steps.push_back(std::move(s));
 }
 
-dnnl::primitive_attr Lowering::attr_with(const Node& node, float scale) const {
+dnnl::primitive_attr Lowering::attr_with(const Node& node, float scale, float sum_scale) const {
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   dnnl::post_ops ops;
   if (scale != 1.f) ops.append_eltwise(dnnl::algorithm::eltwise_linear, scale, 0.f);
   for (const auto& post : node.post_ops) {
     if (post.kind == PostOp::Kind::sum) {
-      ops.append_sum(1.f);
+      ops.append_sum(sum_scale);
     } else {
       const Activation& a = *find_op(post.op)->activation;
       const auto [alpha, beta] = a.onednn_params.value_or(std::pair{post.alpha, post.beta});

@@ -162,6 +162,18 @@ bool pointwise_on_channels_last(const Lowering& plan, const Node& node) {
   return last(node.inputs[0]) && (!sum || last(sum->sum_input));
 }
 
+// The sum post-op's scale: a residual summand written quantized (the convolution then writes
+// quantized too, into the summand's buffer: Lowering::quantized_output) is read at its own scale.
+float summand_scale(const Lowering& plan, const Node& node,
+                    const std::optional<Lowering::Quant>& q_out) {
+  const PostOp* sum = Lowering::sum_post(node);
+  if (sum == nullptr || !q_out) return 1.f;
+  const auto stored = plan.stored_quant(sum->sum_input);
+  if (!stored || stored->type != q_out->type)
+    throw std::logic_error("teacher plan: a quantized residual sum into an f32 summand");
+  return stored->scale;
+}
+
 // A convolution run as one inner product over channels-last views of its input and output:
 // unrolled (each sample's whole map is one row, the weights OC*OH*OW x C*IH*IW) or pointwise
 // (each pixel is a row, the weights OC x C). oneDNN's convolutions block their rows within one
@@ -186,6 +198,7 @@ void matrix_conv(Lowering& plan, const Node& node, bool unroll) {
   const std::int64_t out_cols = unroll ? os[1] * os[2] * os[3] : os[1];
   const auto q = plan.quant_input(node);
   const auto q_out = plan.quantized_output(node);
+  const PostOp* sum = Lowering::sum_post(node);
   const dt out = q_out ? q_out->type : plan.type_of(node.outputs[0]);
   const dt src_type = q ? q->type : act;
   std::vector<float> w_scales;
@@ -197,7 +210,7 @@ void matrix_conv(Lowering& plan, const Node& node, bool unroll) {
   const memory::desc w_user({out_cols, in_cols}, dt::f32, memory::format_tag::oi);
   const memory::desc any_w({out_cols, in_cols}, q ? dt::s8 : act, memory::format_tag::any);
   const memory::desc bias_md({out_cols}, dt::f32, memory::format_tag::a);
-  auto attr = plan.attr_with(node);
+  auto attr = plan.attr_with(node, 1.f, summand_scale(plan, node, q_out));
   if (q) {
     attr.set_scales_mask(DNNL_ARG_SRC, 0);
     attr.set_scales_mask(DNNL_ARG_WEIGHTS, 1);
@@ -212,7 +225,6 @@ void matrix_conv(Lowering& plan, const Node& node, bool unroll) {
   ArgRef src =
       q ? plan.get_quantized(node.inputs[0], src_map, *q) : plan.get(node.inputs[0], src_map);
   src.md = src_row;
-  const PostOp* sum = Lowering::sum_post(node);
   // With a residual sum it accumulates into the other operand (channels-last, dead after it).
   ArgRef dst = sum ? plan.get(sum->sum_input, dst_map) : plan.new_buffer(dst_map);
   ArgRef dst_view = dst;
@@ -259,12 +271,12 @@ void direct_conv(Lowering& plan, const Node& node, bool channels_last) {
   const bool has_bias = node.inputs.size() > 2 && !node.inputs[2].empty();
   const memory::desc bias_md({ws[0]}, dt::f32, memory::format_tag::a);
   const PostOp* sum = Lowering::sum_post(node);
-  auto attr = plan.attr_with(node);
+  const auto q_out = plan.quantized_output(node);
+  auto attr = plan.attr_with(node, 1.f, summand_scale(plan, node, q_out));
   if (q) {
     attr.set_scales_mask(DNNL_ARG_SRC, 0);
     attr.set_scales_mask(DNNL_ARG_WEIGHTS, group == 1 ? 1 : 3); // per output channel
   }
-  const auto q_out = plan.quantized_output(node);
   if (q_out) attr.set_scales_mask(DNNL_ARG_DST, 0);
   // With a residual sum the conv writes over the other operand's buffer, in its layout.
   const memory::desc dst_md =

@@ -151,7 +151,14 @@ public:
   // The quantization a quantized product writes its output in, when every reader of it is a
   // product that reads it quantized (the readers' input scale applied as the writer's output
   // scale, so no f32 tensor or quantizing reorder sits between them); nullopt: it writes f32.
+  // A convolution with a residual sum writes so too when its summand was written quantized (in
+  // the same type): the residual stream stays u8/s8 from block to block (ResNets, MobileNets),
+  // the summand read at its own scale (the sum post-op's scale) and overwritten at the output's.
   [[nodiscard]] std::optional<Quant> quantized_output(const Node& node) const;
+  // How `value` is stored when a quantized product writes it: the one quantization every reader
+  // takes it in (a quantized product's input, or the summand of a convolution that writes
+  // quantized in turn), or nullopt where some reader needs it in f32.
+  [[nodiscard]] std::optional<Quant> stored_quant(const std::string& value) const;
   // `value` quantized with `q` in layout `want` (of q.type): one reorder applying the scale,
   // made once and shared by every product reading it so (a layout change only, where a
   // convolution wrote it quantized already).
@@ -189,7 +196,9 @@ public:
 
   // A user scratchpad and the node's fused post-ops (eltwise activations, residual sum), after a
   // scaling by `scale` when it is not 1.
-  [[nodiscard]] dnnl::primitive_attr attr_with(const Node& node, float scale = 1.f) const;
+  // (`sum_scale`: the residual summand's own scale where it is read quantized.)
+  [[nodiscard]] dnnl::primitive_attr attr_with(const Node& node, float scale = 1.f,
+                                               float sum_scale = 1.f) const;
   // A user scratchpad, no post-ops.
   [[nodiscard]] static dnnl::primitive_attr plain_attr();
   [[nodiscard]] static const PostOp* sum_post(const Node& node);
