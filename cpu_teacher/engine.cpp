@@ -124,7 +124,8 @@ void refuse_int8_without_vnni(const std::string& path) {
 Lowering::Lowering(Teacher::Plan& plan)
     : p_(plan), g_(plan.graph), act_(plan.precision == Precision::bf16 ? dt::bf16 : dt::f32) {}
 // (Under int8 act() is f32: products read their inputs through get_quantized, and only a
-// product whose readers are all quantized products writes u8/s8: quantized_output.)
+// product whose readers are all quantized products, or convolutions summing into it quantized,
+// writes u8/s8: quantized_output.)
 
 void Lowering::build(const std::vector<std::string>& features) {
   p_.input_md = plain(g_.input_shape, dt::f32);

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -97,17 +98,35 @@ void lower_layer_norm(Lowering& plan, const Node& node) {
   };
   const memory::desc row_md({len}, dt::f32, memory::format_tag::a);
   const auto flags = dnnl::normalization_flags::use_scale | dnnl::normalization_flags::use_shift;
-  const auto pd = dnnl::layer_normalization_forward::primitive_desc(
-      plan.eng(), dnnl::prop_kind::forward_inference, src.md, src.md,
-      node.float_attr("epsilon", 1e-5f), flags, Lowering::plain_attr());
+  // Under int8, where every reader is a quantized product (a transformer's QKV or MLP linear, a
+  // ConvNeXt's first linear), the normalization writes their u8/s8 input itself, at their scale,
+  // so no quantizing reorder sits between them; f32 where oneDNN has no such kernel here.
+  std::optional<Lowering::Quant> q_out = plan.stored_quant(node.outputs[0]);
+  const auto primitive_desc = [&](const std::optional<Lowering::Quant>& q) {
+    dnnl::primitive_attr attr = Lowering::plain_attr();
+    if (q) attr.set_scales_mask(DNNL_ARG_DST, 0);
+    return dnnl::layer_normalization_forward::primitive_desc(
+        plan.eng(), dnnl::prop_kind::forward_inference, src.md,
+        q ? plain({rows, len}, q->type) : src.md, node.float_attr("epsilon", 1e-5f), flags, attr);
+  };
+  dnnl::layer_normalization_forward::primitive_desc pd;
+  try {
+    pd = primitive_desc(q_out);
+  } catch (const dnnl::error&) {
+    if (!q_out) throw;
+    q_out.reset();
+    pd = primitive_desc(q_out);
+  }
   const ArgRef scale = plan.weight(expand_to_row(constant(1), normalized, 1.f), row_md, row_md);
   const ArgRef shift = plan.weight(expand_to_row(constant(2), normalized, 0.f), row_md, row_md);
-  const ArgRef dst = plan.new_buffer(src.md);
-  plan.add_primitive(
-      dnnl::layer_normalization_forward(pd),
-      {{DNNL_ARG_SRC, src}, {DNNL_ARG_SCALE, scale}, {DNNL_ARG_SHIFT, shift}, {DNNL_ARG_DST, dst}},
-      node.describe(), pd.scratchpad_desc());
-  plan.set(node.outputs[0], ArgRef{dst.kind, dst.index, dst.offset, plain(xs, type)});
+  const ArgRef dst = plan.new_buffer(pd.dst_desc());
+  std::vector<std::pair<int, ArgRef>> args = {
+      {DNNL_ARG_SRC, src}, {DNNL_ARG_SCALE, scale}, {DNNL_ARG_SHIFT, shift}, {DNNL_ARG_DST, dst}};
+  if (q_out) args.emplace_back(DNNL_ARG_ATTR_SCALES | DNNL_ARG_DST, plan.scales({q_out->scale}));
+  plan.add_primitive(dnnl::layer_normalization_forward(pd), std::move(args), node.describe(),
+                     pd.scratchpad_desc());
+  plan.set(node.outputs[0],
+           ArgRef{dst.kind, dst.index, dst.offset, plain(xs, q_out ? q_out->type : type)});
 }
 
 // --- InstanceNormalization, GroupNormalization

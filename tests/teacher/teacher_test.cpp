@@ -446,6 +446,12 @@ TEST(TeacherInt8, EveryNetworkAndEveryConvolutionWayStaysNearFp32) {
         }
       }
       if (quantize == 0) break; // no convolution: nothing runs in int8
+      // Inverted residual blocks stay u8/s8 from the first convolution on: each block's output
+      // and the residual stream (the projection summing into it quantized) are written so, and
+      // only the network's input is quantized by a reorder.
+      if (name.starts_with("mobilenet_v2") || name.starts_with("mnasnet")) {
+        EXPECT_EQ(quantize, 1u) << "quantizing reorders";
+      }
       int taken = 0;
       for (const auto& n : t->tune_report().nodes) taken += !way.empty() && n.chosen == way;
       if (!way.empty() && taken == 0) continue;
@@ -509,6 +515,8 @@ TEST(TeacherInt8, EveryNetworkAndEveryConvolutionWayStaysNearFp32) {
   // Gemm + GELU through a Reshape into the next Gemm, a ViT's MLP).
   EXPECT_GT(writes_quantized["Conv"], 0);
   EXPECT_GT(writes_quantized["Gemm"] + writes_quantized["MatMul"], 0);
+  // A LayerNorm before a linear (ViT, ConvNeXt) writes the linear's quantized input itself.
+  EXPECT_GT(writes_quantized["LayerNormalization"], 0);
   for (const auto& [kind, n] : writes_quantized)
     std::printf("%s steps writing u8/s8 for their readers: %d\n", kind.c_str(), n);
   for (const auto& way : {"library", "channels_last", "inner_product", "unrolled"})
