@@ -141,17 +141,26 @@ std::vector<Tensor> evaluate_transpose(const Node& node, const std::vector<const
   return {r};
 }
 
-// One reorder from the input seen with permuted axes into a plain output.
+// The input as it lies (whatever layout its producer wrote), seen with permuted axes: where that
+// is the output's plain layout already (a channels-last NCHW value transposed to NHWC) the output
+// is the input's buffer, no copy, provided nothing else reads the input (so nothing can write
+// the shared buffer in place under another reader); elsewhere one reorder into a plain output,
+// straight from the input's layout (no plain copy of the input first).
 void lower_transpose(Lowering& plan, const Node& node) {
-  const dt type = plan.at(node.inputs[0]).md.get_data_type();
-  const ArgRef src = plan.get_plain(node.inputs[0], type);
+  const Graph& g = plan.graph();
+  const ArgRef cur = plan.at(node.inputs[0]);
+  const dt type = cur.md.get_data_type();
   const auto perm = node.ints_attr("perm");
   std::vector<int> inverse(perm.size());
   for (std::size_t k = 0; k < perm.size(); ++k)
     inverse[static_cast<std::size_t>(perm[k])] = static_cast<int>(k);
-  const memory::desc permuted = src.md.permute_axes(inverse);
-  const ArgRef dst = plan.new_buffer(plain(plan.graph().shape(node.outputs[0]), type));
-  plan.add_reorder(ArgRef{src.kind, src.index, src.offset, permuted}, dst, node.describe());
+  const memory::desc permuted = cur.md.permute_axes(inverse);
+  const memory::desc out = plain(g.shape(node.outputs[0]), type);
+  if (permuted == out && cur.kind == ArgRef::Kind::buffer && !g.is_output(node.inputs[0]) &&
+      g.consumers(node.inputs[0]).size() == 1)
+    return plan.set(node.outputs[0], ArgRef{cur.kind, cur.index, cur.offset, out});
+  const ArgRef dst = plan.new_buffer(out);
+  plan.add_reorder(ArgRef{cur.kind, cur.index, cur.offset, permuted}, dst, node.describe());
   plan.set(node.outputs[0], dst);
 }
 
