@@ -241,6 +241,15 @@ std::optional<Lowering::Quant> Lowering::quant_input(const Node& node) const {
 }
 
 std::optional<Lowering::Quant> Lowering::quantized_output(const Node& node) const {
+  // By its output: a graph assigns each value once (node names need not be unique).
+  if (const auto it = quantized_output_.find(node.outputs[0]); it != quantized_output_.end())
+    return it->second;
+  std::optional<Quant> q = written_quant(node);
+  quantized_output_.emplace(node.outputs[0], q);
+  return q;
+}
+
+std::optional<Lowering::Quant> Lowering::written_quant(const Node& node) const {
   if (!quant_input(node)) return std::nullopt;
   if (const PostOp* sum = sum_post(node)) {
     // Only a convolution sums into a quantized summand (ops/conv.cpp), and only into one its
@@ -258,6 +267,13 @@ std::optional<Lowering::Quant> Lowering::quantized_output(const Node& node) cons
 
 std::optional<Lowering::Quant> Lowering::stored_quant(const std::string& value) const {
   if (p_.precision != Precision::int8) return std::nullopt;
+  if (const auto it = stored_quant_.find(value); it != stored_quant_.end()) return it->second;
+  std::optional<Quant> q = readers_quant(value);
+  stored_quant_.emplace(value, q);
+  return q;
+}
+
+std::optional<Lowering::Quant> Lowering::readers_quant(const std::string& value) const {
   // Every reader, through views (a Reshape between a Gemm and the next), must be a quantized
   // product reading it as its input only, all at one quantization (views hold the same data, so
   // their calibrated ranges are the value's), or a convolution summing into it that writes its
@@ -327,6 +343,25 @@ ArgRef Lowering::get_quantized(const std::string& value, const memory::desc& wan
   p_.steps.push_back(std::move(s));
   converted_.emplace_back(value, dst);
   return dst;
+}
+
+void Lowering::set_quant_masks(dnnl::primitive_attr& attr, const std::optional<Quant>& q,
+                               const std::optional<Quant>& q_out, int weights_mask) {
+  if (q) {
+    attr.set_scales_mask(DNNL_ARG_SRC, 0);
+    attr.set_scales_mask(DNNL_ARG_WEIGHTS, weights_mask);
+  }
+  if (q_out) attr.set_scales_mask(DNNL_ARG_DST, 0);
+}
+
+void Lowering::add_quant_scales(std::vector<std::pair<int, ArgRef>>& args,
+                                const std::optional<Quant>& q, std::vector<float> weight_scales,
+                                const std::optional<Quant>& q_out) {
+  if (q) {
+    args.emplace_back(DNNL_ARG_ATTR_SCALES | DNNL_ARG_SRC, scales({q->scale}));
+    args.emplace_back(DNNL_ARG_ATTR_SCALES | DNNL_ARG_WEIGHTS, scales(std::move(weight_scales)));
+  }
+  if (q_out) args.emplace_back(DNNL_ARG_ATTR_SCALES | DNNL_ARG_DST, scales({q_out->scale}));
 }
 
 ArgRef Lowering::scales(std::vector<float> values) {

@@ -211,11 +211,7 @@ void matrix_conv(Lowering& plan, const Node& node, bool unroll) {
   const memory::desc any_w({out_cols, in_cols}, q ? dt::s8 : act, memory::format_tag::any);
   const memory::desc bias_md({out_cols}, dt::f32, memory::format_tag::a);
   auto attr = plan.attr_with(node, 1.f, summand_scale(plan, node, q_out));
-  if (q) {
-    attr.set_scales_mask(DNNL_ARG_SRC, 0);
-    attr.set_scales_mask(DNNL_ARG_WEIGHTS, 1);
-  }
-  if (q_out) attr.set_scales_mask(DNNL_ARG_DST, 0);
+  Lowering::set_quant_masks(attr, q, q_out, 1);
   const auto pd =
       has_bias ? dnnl::inner_product_forward::primitive_desc(plan.eng(),
                                                              dnnl::prop_kind::forward_inference,
@@ -235,11 +231,7 @@ void matrix_conv(Lowering& plan, const Node& node, bool unroll) {
       {DNNL_ARG_DST, dst_view}};
   if (has_bias)
     args.emplace_back(DNNL_ARG_BIAS, plan.weight(std::move(bias_data), bias_md, bias_md));
-  if (q) {
-    args.emplace_back(DNNL_ARG_ATTR_SCALES | DNNL_ARG_SRC, plan.scales({q->scale}));
-    args.emplace_back(DNNL_ARG_ATTR_SCALES | DNNL_ARG_WEIGHTS, plan.scales(std::move(w_scales)));
-  }
-  if (q_out) args.emplace_back(DNNL_ARG_ATTR_SCALES | DNNL_ARG_DST, plan.scales({q_out->scale}));
+  plan.add_quant_scales(args, q, std::move(w_scales), q_out);
   plan.add_primitive(dnnl::inner_product_forward(pd), std::move(args), node.describe(),
                      pd.scratchpad_desc());
   plan.set(node.outputs[0], dst);
@@ -273,11 +265,7 @@ void direct_conv(Lowering& plan, const Node& node, bool channels_last) {
   const PostOp* sum = Lowering::sum_post(node);
   const auto q_out = plan.quantized_output(node);
   auto attr = plan.attr_with(node, 1.f, summand_scale(plan, node, q_out));
-  if (q) {
-    attr.set_scales_mask(DNNL_ARG_SRC, 0);
-    attr.set_scales_mask(DNNL_ARG_WEIGHTS, group == 1 ? 1 : 3); // per output channel
-  }
-  if (q_out) attr.set_scales_mask(DNNL_ARG_DST, 0);
+  Lowering::set_quant_masks(attr, q, q_out, group == 1 ? 1 : 3); // per output channel
   // With a residual sum the conv writes over the other operand's buffer, in its layout.
   const memory::desc dst_md =
       sum ? plan.at(sum->sum_input).md
@@ -300,11 +288,7 @@ void direct_conv(Lowering& plan, const Node& node, bool channels_last) {
   if (has_bias)
     args.emplace_back(DNNL_ARG_BIAS,
                       plan.weight(g.constants.at(node.inputs[2]).f, bias_md, bias_md));
-  if (q) {
-    args.emplace_back(DNNL_ARG_ATTR_SCALES | DNNL_ARG_SRC, plan.scales({q->scale}));
-    args.emplace_back(DNNL_ARG_ATTR_SCALES | DNNL_ARG_WEIGHTS, plan.scales(std::move(w_scales)));
-  }
-  if (q_out) args.emplace_back(DNNL_ARG_ATTR_SCALES | DNNL_ARG_DST, plan.scales({q_out->scale}));
+  plan.add_quant_scales(args, q, std::move(w_scales), q_out);
   plan.add_primitive(dnnl::convolution_forward(pd), std::move(args), node.describe(),
                      pd.scratchpad_desc());
   plan.set(node.outputs[0], dst);
@@ -323,12 +307,8 @@ std::string channels_last_impl(Lowering& plan, const Node& node) {
       group == 1 ? dims_of(ws) : memory::dims{group, ws[0] / group, ws[1], ws[2], ws[3]};
   const auto q = plan.quant_input(node);
   auto attr = plan.attr_with(node);
-  if (q) {
-    attr.set_scales_mask(DNNL_ARG_SRC, 0);
-    attr.set_scales_mask(DNNL_ARG_WEIGHTS, group == 1 ? 1 : 3);
-  }
   const auto q_out = plan.quantized_output(node);
-  if (q_out) attr.set_scales_mask(DNNL_ARG_DST, 0);
+  Lowering::set_quant_masks(attr, q, q_out, group == 1 ? 1 : 3);
   const auto pd = dnnl::convolution_forward::primitive_desc(
       plan.eng(), dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
       memory::desc(dims_of(xs), q ? q->type : plan.act(), memory::format_tag::any),

@@ -190,11 +190,7 @@ void inner_product(Lowering& plan, const Node& node) {
                                                             : plan.type_of(node.outputs[0]),
                              memory::format_tag::any);
   auto attr = plan.attr_with(node);
-  if (q) {
-    attr.set_scales_mask(DNNL_ARG_SRC, 0);
-    attr.set_scales_mask(DNNL_ARG_WEIGHTS, 1);
-  }
-  if (q_out) attr.set_scales_mask(DNNL_ARG_DST, 0);
+  Lowering::set_quant_masks(attr, q, q_out, 1);
   const auto pd =
       bias ? dnnl::inner_product_forward::primitive_desc(plan.eng(),
                                                          dnnl::prop_kind::forward_inference,
@@ -208,11 +204,7 @@ void inner_product(Lowering& plan, const Node& node) {
   std::vector<std::pair<int, ArgRef>> args = {
       {DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wref}, {DNNL_ARG_DST, dst}};
   if (bias) args.emplace_back(DNNL_ARG_BIAS, plan.weight(std::move(*bias), bias_md, bias_md));
-  if (q) {
-    args.emplace_back(DNNL_ARG_ATTR_SCALES | DNNL_ARG_SRC, plan.scales({q->scale}));
-    args.emplace_back(DNNL_ARG_ATTR_SCALES | DNNL_ARG_WEIGHTS, plan.scales(std::move(w_scales)));
-  }
-  if (q_out) args.emplace_back(DNNL_ARG_ATTR_SCALES | DNNL_ARG_DST, plan.scales({q_out->scale}));
+  plan.add_quant_scales(args, q, std::move(w_scales), q_out);
   plan.add_primitive(dnnl::inner_product_forward(pd), std::move(args), node.describe(),
                      pd.scratchpad_desc());
   plan.set(node.outputs[0], dst);

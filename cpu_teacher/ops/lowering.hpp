@@ -165,6 +165,14 @@ public:
   ArgRef get_quantized(const std::string& value, const memory::desc& want, const Quant& q);
   // Constant f32 values a primitive reads as runtime scales (DNNL_ARG_ATTR_SCALES | arg).
   ArgRef scales(std::vector<float> values);
+  // A quantized product's runtime scales: reading `q` (one source scale, and the weights' one per
+  // output channel: `weights_mask`, oneDNN's mask of that axis in its weights' layout), writing
+  // `q_out` where it writes quantized. The masks go on `attr` before the primitive is made, the
+  // values (`weight_scales` from quantize_rows) into its `args` after.
+  static void set_quant_masks(dnnl::primitive_attr& attr, const std::optional<Quant>& q,
+                              const std::optional<Quant>& q_out, int weights_mask);
+  void add_quant_scales(std::vector<std::pair<int, ArgRef>>& args, const std::optional<Quant>& q,
+                        std::vector<float> weight_scales, const std::optional<Quant>& q_out);
   // An InputError "<file>: <node>: <what>".
   [[noreturn]] void fail(const Node& node, const std::string& what) const;
   // StepInfo::kind of the steps the node adds from now on (its op type unless refined).
@@ -211,6 +219,9 @@ private:
   void find_wide_values();
   void add_node(const Node& node);
   void observe(const std::string& value);
+  // quantized_output's and stored_quant's answers, worked out (they keep them).
+  [[nodiscard]] std::optional<Quant> written_quant(const Node& node) const;
+  [[nodiscard]] std::optional<Quant> readers_quant(const std::string& value) const;
 
   Teacher::Plan& p_;
   const Graph& g_;
@@ -220,6 +231,10 @@ private:
   std::set<std::string> skipped_;
   std::set<std::string> wide_; // the values kept in f32 under bf16
   std::map<std::string, std::string> flat_source_;
+  // stored_quant by value and quantized_output by the node's output: both walk the graph (readers
+  // forward, residual summands back), and every convolution way asks again; the answers hold for
+  // the whole lowering (the graph, the views skipped and the ranges are fixed before it starts).
+  mutable std::map<std::string, std::optional<Quant>> stored_quant_, quantized_output_;
   std::string kind_;
   std::string node_;
 };
