@@ -2,6 +2,7 @@
 #include "kdflow/affinity/pinning.hpp"
 
 #include "hwloc_handle.hpp"
+#include "kdflow/core/arena_thread.hpp"
 #include "kdflow/core/error.hpp"
 
 #include <pthread.h>
@@ -68,8 +69,9 @@ PinnedArena::PinnedArena(const Topology& topology, CpuList cpus, std::string rol
 PinnedArena::~PinnedArena() { observer_.observe(false); }
 
 void PinnedArena::Observer::on_scheduler_entry(bool is_worker) {
-  // A thread that calls execute() keeps its own name and binding; only pool workers are pinned.
-  if (!is_worker) return;
+  // A thread that calls execute() keeps its own name and binding; pool workers and the threads
+  // started to work in the arena (start_in_arena) are pinned.
+  if (!is_worker && !on_arena_thread()) return;
   const int slot = oneapi::tbb::this_task_arena::current_thread_index();
   pin_this_thread(owner_.topology_, owner_.cpus_,
                   fmt::format("kd-{}-{}", owner_.role_, owner_.first_index_ + slot));
@@ -80,7 +82,8 @@ void PinnedArena::Observer::on_scheduler_entry(bool is_worker) {
 }
 
 void PinnedArena::Observer::on_scheduler_exit(bool is_worker) {
-  if (is_worker && owner_.priority_ == Priority::background) set_this_thread_policy(SCHED_OTHER);
+  if ((is_worker || on_arena_thread()) && owner_.priority_ == Priority::background)
+    set_this_thread_policy(SCHED_OTHER);
 }
 
 } // namespace kdflow::affinity

@@ -1,8 +1,11 @@
 // The stage graph: input_node (batch numbers) -> function_node (rejecting, `concurrency` bodies).
-// The driver task builds the graph inside the arena (a flow graph runs its tasks in the arena it
-// was made in) and waits for it there, executing bodies meanwhile, so every body runs on one of the
-// arena's pinned workers.
+// The driver, on a thread of its own inside the arena (start_in_arena), builds the graph there (a
+// flow graph runs its tasks in the arena it was made in) and waits for it, executing bodies
+// meanwhile, so every body runs on one of the arena's pinned threads: the driver's, or a worker
+// oneTBB sends to the arena's other slots.
 #include "kdflow/core/stage_graph.hpp"
+
+#include "kdflow/core/arena_thread.hpp"
 
 #include <oneapi/tbb/concurrent_queue.h>
 #include <oneapi/tbb/flow_graph.h>
@@ -24,13 +27,15 @@ StageGraph::~StageGraph() { wait(); }
 void StageGraph::start() {
   if (started_) return;
   started_ = true;
-  arena_.enqueue([this] { run(); });
+  driver_ = start_in_arena(arena_, [this] { run(); });
 }
 
 void StageGraph::wait() {
   if (!started_) return;
   std::unique_lock lock(done_mutex_);
   done_.wait(lock, [this] { return finished_.load(std::memory_order_acquire); });
+  // The driver has left run() and leaves the arena: joined before the arena may go.
+  if (driver_.joinable()) driver_.join();
 }
 
 void StageGraph::run() {

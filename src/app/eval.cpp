@@ -7,6 +7,7 @@
 #include "run.hpp"
 
 #include "kdflow/affinity/pinning.hpp"
+#include "kdflow/core/arena_thread.hpp"
 #include "kdflow/core/atomic_file.hpp"
 #include "kdflow/core/error.hpp"
 #include "kdflow/core/input_file.hpp"

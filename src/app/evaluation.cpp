@@ -5,6 +5,7 @@
 #include "pipeline.hpp"
 
 #include "kdflow/affinity/pinning.hpp"
+#include "kdflow/core/arena_thread.hpp"
 #include "kdflow/core/loader.hpp"
 #include "kdflow/core/log.hpp"
 #include "kdflow/cpu_teacher/engine.hpp"

@@ -3,6 +3,7 @@
 #include "modes.hpp"
 
 #include "kdflow/affinity/pinning.hpp"
+#include "kdflow/core/arena_thread.hpp"
 #include "kdflow/core/trace.hpp"
 #include "kdflow/gpu_student/device.hpp"
 
@@ -79,9 +80,7 @@ public:
       for (std::size_t r = 0; r < pipeline.teacher(t).replicas(); ++r)
         units.push_back(&pipeline.teacher(t).unit(r));
     for (TeacherUnit* u : units) {
-      state_->running.fetch_add(1);
-      // The workers hold the state: the last one's notify may come after stop() returned.
-      u->arena().enqueue([state = state_, &pipeline, &run, u] {
+      threads_.push_back(start_in_arena(u->arena(), [state = state_, &pipeline, &run, u] {
         state->started.fetch_add(1);
         state->started.notify_all();
         // An unrelated batch: fixed values, the replica's own input and output buffers.
@@ -101,8 +100,7 @@ public:
           }
           count_teacher_batch(pipeline, t0);
         }
-        if (state->running.fetch_sub(1) == 1) state->running.notify_all();
-      });
+      }));
     }
     // Every replica is at work when the measured steps begin.
     for (std::size_t n = state_->started.load(); n < units.size(); n = state_->started.load())
@@ -114,17 +112,17 @@ public:
 
   void stop() {
     state_->stop.store(true);
-    for (int n = state_->running.load(); n != 0; n = state_->running.load())
-      state_->running.wait(n);
+    for (auto& t : threads_)
+      if (t.joinable()) t.join();
   }
 
 private:
   struct State {
     std::atomic<bool> stop{false};
-    std::atomic<int> running{0};
     std::atomic<std::size_t> started{0};
   };
   std::shared_ptr<State> state_ = std::make_shared<State>();
+  std::vector<std::thread> threads_; // one per replica, inside its arena
 };
 
 // The benchmark's own producers, in place of the loader stage: what the modes that measure the

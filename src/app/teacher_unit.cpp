@@ -1,9 +1,6 @@
 // A teacher replica's unit (teacher_unit.hpp).
 #include "teacher_unit.hpp"
 
-#include <atomic>
-#include <exception>
-
 namespace kdflow::app {
 namespace {
 
@@ -11,22 +8,6 @@ namespace {
 std::size_t first_feature(const teacher::Teacher& t) { return t.graph().outputs.size(); }
 
 } // namespace
-
-void run_in_arena(oneapi::tbb::task_arena& arena, const std::function<void()>& fn) {
-  std::atomic<bool> done{false};
-  std::exception_ptr error;
-  arena.enqueue([&] {
-    try {
-      fn();
-    } catch (...) {
-      error = std::current_exception();
-    }
-    done.store(true, std::memory_order_release);
-    done.notify_all();
-  });
-  while (!done.load(std::memory_order_acquire)) done.wait(false, std::memory_order_acquire);
-  if (error) std::rethrow_exception(error);
-}
 
 TeacherUnit::TeacherUnit(const RunInputs& run, std::size_t teacher, const affinity::CpuList& cpus,
                          int first_index)

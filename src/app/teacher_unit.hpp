@@ -8,6 +8,7 @@
 #include "run_inputs.hpp"
 
 #include "kdflow/affinity/pinning.hpp"
+#include "kdflow/core/arena_thread.hpp"
 #include "kdflow/core/slot_ring.hpp"
 #include "kdflow/core/stage_graph.hpp"
 #include "kdflow/cpu_teacher/engine.hpp"
@@ -62,8 +63,5 @@ private:
   std::vector<std::vector<float>> other_outputs_;
   std::vector<float*> outputs_;
 };
-
-// Runs `fn` on one of `arena`'s own (pinned) workers and waits for it; rethrows what it throws.
-void run_in_arena(oneapi::tbb::task_arena& arena, const std::function<void()>& fn);
 
 } // namespace kdflow::app

@@ -3,12 +3,14 @@
 // every kd-* thread bound to exactly its role's CPUs.
 #include "kdflow/affinity/pinning.hpp"
 #include "kdflow/affinity/plan.hpp"
+#include "kdflow/core/arena_thread.hpp"
 #include "kdflow/core/slot_ring.hpp"
 
 #include <gtest/gtest.h>
 
 #include <oneapi/tbb/global_control.h>
 
+#include <pthread.h>
 #include <sched.h>
 
 #include <algorithm>
@@ -19,6 +21,8 @@
 #include <latch>
 #include <map>
 #include <memory>
+#include <stdexcept>
+#include <string>
 
 namespace kdflow::affinity {
 namespace {
@@ -65,6 +69,37 @@ TEST(LivePinning, BackgroundArenaWorkersYieldInsideItAndOnlyThere) {
     EXPECT_EQ(policy_in(normal), SCHED_OTHER) << round;
   }
   EXPECT_EQ(sched_getscheduler(0), SCHED_OTHER); // the calling thread is never changed
+}
+
+// A thread started into an arena (start_in_arena: a stage's driver, run_in_arena) is pinned and
+// named as the arena's workers are, at its priority; the calling thread is left as it was, and
+// run_in_arena rethrows what its function throws.
+TEST(LivePinning, AThreadStartedIntoAnArenaIsOneOfItsThreads) {
+  const Topology topo = Topology::load();
+  const CpuList mine = current_thread_cpus();
+  const CpuList cpus = {mine.back()};
+  PinnedArena background(topo, cpus, "teacher", 3, Priority::background);
+  CpuList seen;
+  std::string name;
+  int policy = -1;
+  bool marked = false;
+  run_in_arena(background.arena(), [&] {
+    seen = current_thread_cpus();
+    char buf[16] = {};
+    pthread_getname_np(pthread_self(), buf, sizeof(buf));
+    name = buf;
+    policy = sched_getscheduler(0);
+    marked = on_arena_thread();
+  });
+  EXPECT_EQ(seen, cpus);
+  EXPECT_EQ(name, "kd-teacher-3");
+  EXPECT_EQ(policy, SCHED_IDLE);
+  EXPECT_TRUE(marked);
+  EXPECT_FALSE(on_arena_thread());
+  EXPECT_EQ(current_thread_cpus(), mine);
+  EXPECT_EQ(sched_getscheduler(0), SCHED_OTHER);
+  EXPECT_THROW(run_in_arena(background.arena(), [] { throw std::runtime_error("in the arena"); }),
+               std::runtime_error);
 }
 
 TEST(LivePinning, EveryKdThreadIsBoundToItsRole) {

@@ -6,6 +6,7 @@
 #include "teacher_unit.hpp"
 
 #include "kdflow/affinity/pinning.hpp"
+#include "kdflow/core/arena_thread.hpp"
 #include "kdflow/core/dataset.hpp"
 #include "kdflow/cpu_teacher/graph.hpp"
 

@@ -152,6 +152,65 @@ TEST(StageGraph, StagesRestartedOnOtherArenasMidRunLoseAndRepeatNoBatch) {
   EXPECT_GT(loader_totals.busy_ns.load(), 0u);
 }
 
+// A stage runs whether or not oneTBB sends its arena a worker: its graph runs on a thread of its
+// own in the arena. Here oneTBB's only worker is held in another arena until the stage's batches
+// have all arrived (or a minute has passed: then it is let go, so the test ends either way). A
+// stage whose graph waited for a worker (enqueued into its arena) would get none; oneTBB 2021.8's
+// market once left a replica's arena so, with an idle worker asleep, and the run hung.
+TEST(StageGraph, AStageRunsWhenOneTbbSendsItsArenaNoWorker) {
+  const std::uint64_t batches = 32;
+  const std::uint32_t slots = 2;
+  SlotLayout layout({{"inputs", DType::u8, {1, kValues}}});
+  const std::size_t bytes = std::size_t{slots} * layout.slot_bytes();
+  SlotRing ring(std::move(layout), slots, allocate_locked(bytes));
+  oneapi::tbb::global_control one_worker(oneapi::tbb::global_control::max_allowed_parallelism, 2);
+  oneapi::tbb::task_arena holder(1, 0), stage_arena(1, 0);
+  std::atomic<bool> held{false}, release{false};
+  holder.enqueue([&] {
+    held.store(true);
+    held.notify_all();
+    while (!release.load()) std::this_thread::sleep_for(1ms);
+  });
+  held.wait(false);
+
+  std::atomic<std::thread::id> body_thread{};
+  StageGraph stage("loader", stage_arena, 1, ring, RingStage::loader, batches,
+                   [&](std::uint64_t b, int) {
+                     auto slot = ring.acquire_free(b);
+                     if (!slot) return false;
+                     body_thread.store(std::this_thread::get_id());
+                     auto in = slot->region<std::uint8_t>(0);
+                     for (std::int64_t i = 0; i < kValues; ++i)
+                       in[static_cast<std::size_t>(i)] = payload(b, i);
+                     ring.publish(*slot, SlotState::filling, SlotState::ready);
+                     return true;
+                   });
+  stage.start();
+  std::atomic<std::uint64_t> consumed{0}, bad{0};
+  std::thread student([&] {
+    for (std::uint64_t b = 0; b < batches; ++b) {
+      auto slot = ring.acquire_ready(b);
+      if (!slot) return;
+      const auto in = slot->region<std::uint8_t>(0);
+      for (std::int64_t i = 0; i < kValues; ++i)
+        bad.fetch_add(in[static_cast<std::size_t>(i)] != payload(b, i));
+      ring.release(*slot);
+      consumed.fetch_add(1);
+    }
+  });
+  const auto deadline = std::chrono::steady_clock::now() + 60s;
+  while (consumed.load() < batches && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(1ms);
+  const std::uint64_t while_held = consumed.load();
+  release.store(true);
+  student.join();
+  stage.wait();
+  EXPECT_EQ(while_held, batches) << "the stage ran while oneTBB's only worker was elsewhere";
+  EXPECT_EQ(consumed.load(), batches);
+  EXPECT_EQ(bad.load(), 0u);
+  EXPECT_NE(body_thread.load(), std::this_thread::get_id());
+}
+
 // A loader stage and a teacher stage over a small ring, with the student on this thread; `fault`
 // runs in the teacher's body for each batch (it may throw, or stall until the ring closes).
 // Returns the StageError the student's acquire throws, with the batches it consumed before.

@@ -28,12 +28,13 @@ PlaceMemory bind_to_numa_of(const Topology& topology, const CpuList& near_cpus);
 enum class Priority { normal, background };
 
 // A task arena of exactly cpus.size() threads for one role (loader pool, a teacher replica); every
-// worker that enters it is bound to `cpus` and named "kd-<role>-<first_index + slot>" (replicas
+// worker that enters it, and every thread start_in_arena() starts into it (a stage's driver,
+// run_in_arena), is bound to `cpus` and named "kd-<role>-<first_index + slot>" (replicas
 // number their threads on from the previous replica's, so names stay unique per role). A oneDNN
 // primitive executed inside stays inside: the TBB runtime of oneDNN parallelizes over the current
 // arena. oneTBB's worker pool is global (hardware threads - 1 by default): a process with several
 // arenas raises it with tbb::global_control(max_allowed_parallelism, sum of arena sizes + 1), or
-// the arenas wait for one another's workers.
+// the arenas wait for one another's workers (a stage's own thread still runs it, arena_thread.hpp).
 class PinnedArena {
 public:
   PinnedArena(const Topology& topology, CpuList cpus, std::string role, int first_index = 0,

@@ -16,6 +16,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 
 namespace kdflow {
 
@@ -52,9 +53,12 @@ public:
   StageGraph(const StageGraph&) = delete;
   StageGraph& operator=(const StageGraph&) = delete;
 
-  // Builds the graph inside the arena and runs it there; returns at once.
+  // Builds the graph inside the arena and runs it there, on a thread of its own that enters the
+  // arena (arena_thread.hpp: the stage starts whether or not oneTBB sends the arena a worker);
+  // returns at once.
   void start();
-  // Blocks until the source has stopped and every body has returned. Idempotent.
+  // Blocks until the source has stopped, every body has returned and the driver's thread has
+  // ended. Idempotent; safe from several threads at once.
   void wait();
   // The source takes no further ticket; the batches already taken are finished (their bodies may
   // wait for the stages around them, so those must keep running). Then wait(), and a new graph of
@@ -79,8 +83,9 @@ private:
   bool started_ = false;
   std::atomic<bool> stopping_{false};
   std::atomic<bool> finished_{false};
-  std::mutex done_mutex_; // cold path: the end of the stage
+  std::mutex done_mutex_; // cold path: the end of the stage (and the driver's join)
   std::condition_variable done_;
+  std::thread driver_;
   StageTotals* totals_;
 };
 
