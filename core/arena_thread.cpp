@@ -22,15 +22,13 @@ std::thread start_in_arena(oneapi::tbb::task_arena& arena, std::function<void()>
 
 void run_in_arena(oneapi::tbb::task_arena& arena, const std::function<void()>& fn) {
   std::exception_ptr error;
-  start_in_arena(arena,
-                 [&] {
-                   try {
-                     fn();
-                   } catch (...) {
-                     error = std::current_exception();
-                   }
-                 })
-      .join();
+  start_in_arena(arena, [&] {
+    try {
+      fn();
+    } catch (...) {
+      error = std::current_exception();
+    }
+  }).join();
   if (error) std::rethrow_exception(error);
 }
 

@@ -1,6 +1,8 @@
 // Running the kdflow binary in a child process, as a user does, for the end-to-end tests.
 #pragma once
 
+#include "../test_scratch.hpp"
+
 #include "kdflow/core/dataset.hpp"
 
 #include <gtest/gtest.h>
@@ -32,8 +34,7 @@ inline fs::path fixture(const std::string& name) {
 }
 
 inline fs::path scratch(const std::string& name) {
-  const fs::path p =
-      fs::temp_directory_path() / ("kdflow_app_test_" + std::to_string(::getpid())) / name;
+  const fs::path p = fs::path(process_scratch("kdflow_app_test_")) / name;
   fs::remove_all(p);
   fs::create_directories(p.parent_path());
   return p;

@@ -1,5 +1,7 @@
 // Atomic and checked files: round trips, every kind of damage recognised, and a writer killed with
 // SIGKILL at random moments never leaves the target unreadable.
+#include "../test_scratch.hpp"
+
 #include "kdflow/core/atomic_file.hpp"
 #include "kdflow/core/error.hpp"
 
@@ -21,7 +23,7 @@ namespace {
 namespace fs = std::filesystem;
 
 fs::path scratch(const std::string& name) {
-  const fs::path dir = fs::temp_directory_path() / ("kdflow_atomic_" + std::to_string(::getpid()));
+  const fs::path dir = kdflow_test::process_scratch("kdflow_atomic_");
   fs::create_directories(dir);
   fs::remove(dir / name);
   return dir / name;

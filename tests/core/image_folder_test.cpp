@@ -2,6 +2,7 @@
 // decoding against the pixels that were written (exact for PNG, close for JPEG), crops, resizing
 // (box reduction exact, bilinear exact on linear ramps, DCT-scaled JPEG close), the Dataset built
 // on them, and every bad input: each an InputError of one line naming the file or folder.
+#include "../test_scratch.hpp"
 #include "image_files.hpp"
 #include "input_error.hpp"
 
@@ -25,8 +26,7 @@ namespace fs = std::filesystem;
 using test::Pixels;
 
 fs::path fresh_dir(const std::string& name) {
-  const fs::path d =
-      fs::temp_directory_path() / ("kdflow_images_" + std::to_string(::getpid())) / name;
+  const fs::path d = fs::path(kdflow_test::process_scratch("kdflow_images_")) / name;
   fs::remove_all(d);
   fs::create_directories(d);
   return d;

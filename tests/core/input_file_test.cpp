@@ -1,5 +1,7 @@
 // Paths to read, resolved before reading: every kind of wrong path is one InputError naming the
 // path and the reason, and a file that must stay in its folder stays there after its links.
+#include "../test_scratch.hpp"
+
 #include "kdflow/core/error.hpp"
 #include "kdflow/core/input_file.hpp"
 
@@ -18,8 +20,7 @@ namespace {
 namespace fs = std::filesystem;
 
 fs::path fresh(const std::string& name) {
-  const fs::path dir =
-      fs::temp_directory_path() / ("kdflow_input_file_" + std::to_string(::getpid())) / name;
+  const fs::path dir = fs::path(kdflow_test::process_scratch("kdflow_input_file_")) / name;
   fs::remove_all(dir);
   fs::create_directories(dir);
   return dir;

@@ -6,6 +6,7 @@
 // checkpoints restore exactly too.
 #include "../core/input_error.hpp"
 #include "../teacher/fixtures.hpp"
+#include "../test_scratch.hpp"
 #include "kdflow/core/error.hpp"
 #include "kdflow/core/loader.hpp"
 #include "kdflow/core/teacher_mix.hpp"
@@ -267,7 +268,7 @@ std::pair<double, bool> compare_logits(const std::vector<float>& a, const std::v
 TEST(Trainer, ExportedStudentsGiveTheStudentsLogits) {
   // A fresh folder (mkdtemp: LibTorch carries its own std::filesystem, whose remove_all the
   // dynamic linker may bind here).
-  std::string pattern = (std::filesystem::temp_directory_path() / "kdflow_exports.XXXXXX").string();
+  std::string pattern = kdflow_test::process_scratch("kdflow_student_test_") + "/exports.XXXXXX";
   ASSERT_NE(::mkdtemp(pattern.data()), nullptr);
   const std::filesystem::path dir = pattern;
   constexpr std::int64_t kImages = 16;
@@ -346,7 +347,7 @@ nlohmann::json reference(const std::string& script, const std::vector<std::strin
 // Both distillation losses against their authors' PyTorch code (scripts/dkd_reference.py, in
 // float64) on fixed logits, at two temperatures and two weightings; and DKD in a training step.
 TEST(Trainer, DistillationLossesMatchTheirReferenceCode) {
-  std::string pattern = (std::filesystem::temp_directory_path() / "kdflow_dkd.XXXXXX").string();
+  std::string pattern = kdflow_test::process_scratch("kdflow_student_test_") + "/dkd.XXXXXX";
   ASSERT_NE(::mkdtemp(pattern.data()), nullptr);
   const std::filesystem::path dir = pattern;
   constexpr std::int64_t kRows = 6, kClasses = 10;

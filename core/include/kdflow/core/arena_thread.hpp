@@ -21,8 +21,7 @@ namespace kdflow {
 // A new thread that runs `fn` inside `arena` (task_arena::execute: in a free slot of it, or, with
 // every slot taken, as a task of the arena its threads run) and ends. The caller joins it;
 // an exception from `fn` ends the process (std::thread), so `fn` catches what it may throw.
-[[nodiscard]] std::thread start_in_arena(oneapi::tbb::task_arena& arena,
-                                         std::function<void()> fn);
+[[nodiscard]] std::thread start_in_arena(oneapi::tbb::task_arena& arena, std::function<void()> fn);
 
 // Runs `fn` inside `arena` on a thread of the arena (start_in_arena) and waits for it; rethrows
 // what `fn` throws.
