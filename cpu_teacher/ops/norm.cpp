@@ -102,12 +102,15 @@ void lower_layer_norm(Lowering& plan, const Node& node) {
   // ConvNeXt's first linear), the normalization writes their u8/s8 input itself, at their scale,
   // so no quantizing reorder sits between them; f32 where oneDNN has no such kernel here.
   std::optional<Lowering::Quant> q_out = plan.stored_quant(node.outputs[0]);
+  // (The quantized destination's md made here: a lambda may not name a structured binding under
+  // clang 14, which the fuzz build uses.)
+  const memory::desc q_md = q_out ? plain({rows, len}, q_out->type) : memory::desc();
   const auto primitive_desc = [&](const std::optional<Lowering::Quant>& q) {
     dnnl::primitive_attr attr = Lowering::plain_attr();
     if (q) attr.set_scales_mask(DNNL_ARG_DST, 0);
     return dnnl::layer_normalization_forward::primitive_desc(
-        plan.eng(), dnnl::prop_kind::forward_inference, src.md,
-        q ? plain({rows, len}, q->type) : src.md, node.float_attr("epsilon", 1e-5f), flags, attr);
+        plan.eng(), dnnl::prop_kind::forward_inference, src.md, q ? q_md : src.md,
+        node.float_attr("epsilon", 1e-5f), flags, attr);
   };
   dnnl::layer_normalization_forward::primitive_desc pd;
   try {
