@@ -165,13 +165,18 @@ TEST(StageGraph, AStageRunsWhenOneTbbSendsItsArenaNoWorker) {
   SlotRing ring(std::move(layout), slots, allocate_locked(bytes));
   oneapi::tbb::global_control one_worker(oneapi::tbb::global_control::max_allowed_parallelism, 2);
   oneapi::tbb::task_arena holder(1, 0), stage_arena(1, 0);
-  std::atomic<bool> held{false}, release{false};
-  holder.enqueue([&] {
-    held.store(true);
-    held.notify_all();
-    while (!release.load()) std::this_thread::sleep_for(1ms);
+  // The holding task's flags are its own (an arena's destruction does not wait for its tasks).
+  struct Hold {
+    std::atomic<bool> held{false}, release{false}, done{false};
+  };
+  const auto hold = std::make_shared<Hold>();
+  holder.enqueue([hold] {
+    hold->held.store(true);
+    hold->held.notify_all();
+    while (!hold->release.load()) std::this_thread::sleep_for(1ms);
+    hold->done.store(true);
   });
-  held.wait(false);
+  hold->held.wait(false);
 
   std::atomic<std::thread::id> body_thread{};
   StageGraph stage("loader", stage_arena, 1, ring, RingStage::loader, batches,
@@ -202,9 +207,10 @@ TEST(StageGraph, AStageRunsWhenOneTbbSendsItsArenaNoWorker) {
   while (consumed.load() < batches && std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(1ms);
   const std::uint64_t while_held = consumed.load();
-  release.store(true);
+  hold->release.store(true);
   student.join();
   stage.wait();
+  while (!hold->done.load()) std::this_thread::sleep_for(1ms);
   EXPECT_EQ(while_held, batches) << "the stage ran while oneTBB's only worker was elsewhere";
   EXPECT_EQ(consumed.load(), batches);
   EXPECT_EQ(bad.load(), 0u);
