@@ -26,8 +26,8 @@ StageGraph::~StageGraph() { wait(); }
 
 void StageGraph::start() {
   if (started_) return;
-  started_ = true;
   driver_ = start_in_arena(arena_, [this] { run(); });
+  started_ = true; // only once the driver exists (a thread refused throws, and wait() returns)
 }
 
 void StageGraph::wait() {

@@ -79,6 +79,30 @@ public:
     for (std::size_t t = 0; t < pipeline.teachers(); ++t)
       for (std::size_t r = 0; r < pipeline.teacher(t).replicas(); ++r)
         units.push_back(&pipeline.teacher(t).unit(r));
+    // A thread refused midway: those started are stopped and joined before the error goes on.
+    try {
+      start(pipeline, run, units);
+    } catch (...) {
+      stop();
+      throw;
+    }
+    // Every replica is at work when the measured steps begin.
+    for (std::size_t n = state_->started.load(); n < units.size(); n = state_->started.load())
+      state_->started.wait(n);
+  }
+  ~BackgroundTeachers() { stop(); }
+  BackgroundTeachers(const BackgroundTeachers&) = delete;
+  BackgroundTeachers& operator=(const BackgroundTeachers&) = delete;
+
+  void stop() {
+    state_->stop.store(true);
+    for (auto& t : threads_)
+      if (t.joinable()) t.join();
+  }
+
+private:
+  void start(CpuPipeline& pipeline, const RunInputs& run, const std::vector<TeacherUnit*>& units) {
+    threads_.reserve(units.size()); // a started thread is never dropped by a failed push_back
     for (TeacherUnit* u : units) {
       threads_.push_back(start_in_arena(u->arena(), [state = state_, &pipeline, &run, u] {
         state->started.fetch_add(1);
@@ -102,21 +126,8 @@ public:
         }
       }));
     }
-    // Every replica is at work when the measured steps begin.
-    for (std::size_t n = state_->started.load(); n < units.size(); n = state_->started.load())
-      state_->started.wait(n);
-  }
-  ~BackgroundTeachers() { stop(); }
-  BackgroundTeachers(const BackgroundTeachers&) = delete;
-  BackgroundTeachers& operator=(const BackgroundTeachers&) = delete;
-
-  void stop() {
-    state_->stop.store(true);
-    for (auto& t : threads_)
-      if (t.joinable()) t.join();
   }
 
-private:
   struct State {
     std::atomic<bool> stop{false};
     std::atomic<std::size_t> started{0};
