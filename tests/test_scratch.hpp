@@ -42,9 +42,8 @@ inline void remove_roots() {
 inline std::string process_scratch(const std::string& prefix) {
   static std::mutex mutex;
   const char* tmp = std::getenv("TMPDIR");
-  const std::string root =
-      std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/" + prefix +
-      std::to_string(::getpid());
+  const std::string root = std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/" +
+                           prefix + std::to_string(::getpid());
   const std::lock_guard lock(mutex);
   auto& roots = scratch_detail::roots();
   if (roots.insert(root).second) {
