@@ -87,15 +87,15 @@ public:
       throw;
     }
     // Every replica is at work when the measured steps begin.
-    for (std::size_t n = state_->started.load(); n < units.size(); n = state_->started.load())
-      state_->started.wait(n);
+    for (std::size_t n = state_.started.load(); n < units.size(); n = state_.started.load())
+      state_.started.wait(n);
   }
   ~BackgroundTeachers() { stop(); }
   BackgroundTeachers(const BackgroundTeachers&) = delete;
   BackgroundTeachers& operator=(const BackgroundTeachers&) = delete;
 
   void stop() {
-    state_->stop.store(true);
+    state_.stop.store(true);
     for (auto& t : threads_)
       if (t.joinable()) t.join();
   }
@@ -104,7 +104,7 @@ private:
   void start(CpuPipeline& pipeline, const RunInputs& run, const std::vector<TeacherUnit*>& units) {
     threads_.reserve(units.size()); // a started thread is never dropped by a failed push_back
     for (TeacherUnit* u : units) {
-      threads_.push_back(start_in_arena(u->arena(), [state = state_, &pipeline, &run, u] {
+      threads_.push_back(start_in_arena(u->arena(), [state = &state_, &pipeline, &run, u] {
         state->started.fetch_add(1);
         state->started.notify_all();
         // An unrelated batch: fixed values, the replica's own input and output buffers.
@@ -132,7 +132,7 @@ private:
     std::atomic<bool> stop{false};
     std::atomic<std::size_t> started{0};
   };
-  std::shared_ptr<State> state_ = std::make_shared<State>();
+  State state_;                      // the threads read it until stop() has joined them
   std::vector<std::thread> threads_; // one per replica, inside its arena
 };
 
