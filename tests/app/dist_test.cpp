@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cmath>
 #include <fstream>
+#include <iostream>
 #include <map>
 #include <regex>
 #include <set>
@@ -170,13 +171,19 @@ double student_distance(const fs::path& a_run, const fs::path& b_run) {
 
 // Two ranks of 32 and one process of 64 sum the same gradients in another order; over 30 SGD
 // steps that rounding grows, by how much depends on the CPU's kernels: 3e-7 of the largest weight
-// on an AMD EPYC Zen 4, 1.8e-4 once on a CI machine. A wrong global batch (other samples, a
-// gradient summed and not averaged, a bucket left out) is 0.19-1.2 (measured: batch 32 against 64).
-constexpr double kSummationOrder = 2e-3;
+// on an AMD EPYC Zen 4 (2.6-3.8e-7 there with LibTorch and MKL capped at AVX2 or SSE4.2), 1.8e-4
+// once and 3.0e-3 once on CI machines. A wrong global batch (other samples, a gradient summed and
+// not averaged, a bucket left out) is 0.19-1.2 (measured: batch 32 against 64), nine times the
+// bound and more.
+constexpr double kSummationOrder = 2e-2;
+// The least distance a wrong global batch gave (one process on batches of 32, above).
+constexpr double kWrongBatch = 0.1;
 
 // The exported students of runs `a` and `b` hold the same weights within float summation order.
 void expect_same_student(const fs::path& a_run, const fs::path& b_run) {
-  EXPECT_LE(student_distance(a_run, b_run), kSummationOrder) << a_run << " against " << b_run;
+  const double distance = student_distance(a_run, b_run);
+  std::cerr << "student distance " << a_run << " to " << b_run << ": " << distance << "\n";
+  EXPECT_LE(distance, kSummationOrder) << a_run << " against " << b_run;
 }
 
 TEST(Dist, TwoRanksTrainAsOneProcessOnTheGlobalBatch) {
@@ -242,7 +249,9 @@ TEST(Dist, TwoRanksTrainAsOneProcessOnTheGlobalBatch) {
   const fs::path half = scratch("plain_batch_32");
   const Result h = run(train_args(half, 32, {steps}), half);
   ASSERT_EQ(h.code, 0) << h.err;
-  EXPECT_GT(student_distance(plain, half), 10 * kSummationOrder);
+  const double wrong = student_distance(plain, half);
+  std::cerr << "student distance, batch 32 against 64: " << wrong << "\n";
+  EXPECT_GT(wrong, kWrongBatch);
 }
 
 // Under torchrun, rank 0 alone writes TensorBoard's events: one file, holding the job's metrics
