@@ -5,6 +5,7 @@ the GPU check, the figure and whether it was met. Standard library only (any pyt
 
 Usage: gpu_summary.py WORK_DIR [--json OUT.json]
 """
+import glob
 import json
 import math
 import os
@@ -90,6 +91,23 @@ def follow(work):
             "last_loss_cpu": cpu[steps[-1]]["loss"]}
 
 
+def teacher_rows(work):
+    """The teacher phase's benches (teacher_<precision>_<replicas>x<threads>.json), by rate; None
+    when the phase did not run."""
+    rows = []
+    for path in sorted(glob.glob(os.path.join(work, "teacher_*_*x*.json"))):
+        m = re.match(r"teacher_(\w+?)_(\d+)x(\d+)\.json$", os.path.basename(path))
+        r = load(path)
+        if not m or not r:
+            continue
+        int8 = r.get("int8") or {}
+        rows.append({"precision": m.group(1), "replicas": int(m.group(2)), "threads": int(m.group(3)),
+                     "images_per_s": r.get("images_per_s"), "model": os.path.basename(r.get("model", "")),
+                     "batch": r.get("batch"), "top1_agreement": int8.get("top1_agreement"),
+                     "kl": int8.get("kl")})
+    return rows or None
+
+
 def main():
     work = sys.argv[1]
     out = {"ctest": ctest_summary(work)}
@@ -132,7 +150,9 @@ def main():
                                              "kdflow_samples_per_s", "peer_samples_per_s", "ratio",
                                              "kdflow_test_accuracy", "peer_test_accuracy",
                                              "kdflow_teacher_busy_fraction", "kdflow_student_stall_fraction",
-                                             "kdflow_plan", "kdflow_pace", "kdflow_cache")} if r else None
+                                             "kdflow_plan", "kdflow_pace", "kdflow_cache", "kdflow_sets",
+                                             "kdflow_teacher_int8")} if r else None
+    out["teacher"] = teacher_rows(work)
     try:
         tune_log = open(os.path.join(work, "ctest_tune.log")).read()
         m = re.search(r"(\d+)% tests passed(?:, (\d+) tests failed)? out of (\d+)", tune_log)
@@ -192,6 +212,11 @@ def main():
                      f"{', '.join(f'{v:,.0f}' for v in j['peer_samples_per_s'])}: {j['ratio']:.2f}x (kdflow's teacher busy "
                      f"{', '.join(f'{100 * (v or 0):.0f}%' for v in j['kdflow_teacher_busy_fraction'])}, student stalled "
                      f"{', '.join(f'{100 * (v or 0):.0f}%' for v in j['kdflow_student_stall_fraction'])}; plan {j['kdflow_plan']})")
+        if j.get("kdflow_sets"):
+            lines.append(f"  kdflow's settings: {' '.join(j['kdflow_sets'])}")
+        for c in j.get("kdflow_teacher_int8") or []:
+            lines.append(f"  int8 teacher: calibrated on {c['calibration_samples']} images; against fp32 on the next "
+                         f"{c['check_samples']}: top-1 agreement {100 * c['top1_agreement']:.2f}%, KL {c['kl']:.1e}")
         for line in j.get("kdflow_pace") or []:
             lines.append(f"  kdflow's start-up line: {line}")
         c = j.get("kdflow_cache")
@@ -207,6 +232,15 @@ def main():
                     f"{100 * e['student_wait_share']:.0f}%" for e in rows))
     elif no_gpu:
         lines.append("real job (224 px, GPU students): skipped: no GPU")
+    rows = out["teacher"]
+    if rows:
+        fp32 = max((x["images_per_s"] for x in rows if x["precision"] == "fp32"), default=None)
+        for x in rows:
+            vs = f", {x['images_per_s'] / fp32:.2f}x the best fp32" if fp32 and x["precision"] != "fp32" else ""
+            agree = (f", top-1 agreement with fp32 {100 * x['top1_agreement']:.2f}%, KL {x['kl']:.1e}"
+                     if x["top1_agreement"] is not None else "")
+            lines.append(f"teacher {x['model']} batch {x['batch']} {x['precision']} {x['replicas']}x{x['threads']}: "
+                         f"{x['images_per_s']:,.1f} images/s{vs}{agree}")
     e = out["tune_exhaustive"]
     if e:
         sweep = f", {e['sweep_tuned_vs_best']:.3f} in the one-window sweep" if "sweep_tuned_vs_best" in e else ""

@@ -212,6 +212,8 @@ result = {"cpu": cpu, "isa": isa, "cpus": int(subprocess.run(["nproc"], capture_
           "kdflow_teacher_busy_fraction": [x.get("teacher_busy_fraction") for x in k],
           "kdflow_student_stall_fraction": [x.get("student_stall_fraction") for x in k],
           "kdflow_plan": k[-1].get("plan"),
+          # teacher.precision = int8: its calibration and its check against fp32 (else null).
+          "kdflow_teacher_int8": k[-1].get("teacher_int8"),
           # kdflow's start-up verdict on the pace (after the first interval): which stage is slower.
           "kdflow_pace": [pace(f"{d}/kdflow_{r}.log") for r in range(1, int(repeats) + 1)],
           "kdflow_epochs": epochs("kdflow")}

@@ -233,15 +233,55 @@ phase_real() {
     return 0
   fi
   # Its data and teacher are made on the spot, outside the results (the folder is ~150 MB): a
-  # ResNet-50 teacher (bf16 on the CPU, as the peer's under autocast on the GPU), a ResNet-18
+  # ResNet-50 teacher (bf16 on the CPU by default, as the peer's under autocast on the GPU;
+  # KD_REAL_PRECISION=int8 for the CPU's int8 kernels), a ResNet-18
   # student, three epochs of the 4000 training images, with and without kd.cache; the peer's
   # loader workers are the CPUs but the main process's and its pinning thread's.
   KD_REAL_JOB_DIR=/tmp/kdflow_real_job step real_224 bash bench/real_job.sh --job folder \
     --device cuda --size 224 --batch 64 --steps "${KD_REAL_STEPS:-190}" --teacher resnet50 \
     --student resnet18 --cache memory --workers $(($(nproc) > 3 ? $(nproc) - 2 : 1)) \
-    --set teacher.precision=bf16 --out "$work/real_224.json"
+    --set "teacher.precision=${KD_REAL_PRECISION:-bf16}" --out "$work/real_224.json"
   grep -E '"(ratio|ratio_to_peer|kdflow_samples_per_s|peer_samples_per_s|samples_per_s)"' -A2 \
     "$work/real_224.json" | head -16
+}
+
+# The teacher alone on the machine's cores (issue 38's N-core row; no GPU needed): the real phase's
+# ResNet-50 at 224 (made here when that phase did not run first), batch 64, in fp32, bf16 and int8
+# where the CPU has them, as one replica of every physical core and as replicas of 4 threads;
+# int8 calibrated on the JPEG folder's first validation images (its last batch held out: the
+# agreement with fp32 is reported).
+phase_teacher() {
+  local dir py arch size cores model cal p splits
+  dir=${KD_REAL_JOB_DIR:-$(size /tmp/kdflow_real_job "$work/real_job")}
+  py=$(cat "$bundle/venv")/bin/python
+  arch=$(size resnet50 resnet18) size=$(size 224 32)
+  model=$dir/teacher_$size/$arch.onnx
+  [ -f "$model" ] || step teacher_make "$py" bench/make_real_teacher.py --arch "$arch" --classes 10 \
+    --size "$size" --out "$dir/teacher_$size"
+  [ -d "$dir/data/val" ] || step teacher_data "$py" bench/make_fmnist_folder.py --out "$dir/data" \
+    --train "$(size 4000 20)" --val "$(size 500 200)" --min "$(size 300 40)" --max "$(size 500 60)"
+  cal=$dir/teacher_calibration_$size.npy # 115 MB at 224: kept out of the results
+  step teacher_calibration "$py" bench/folder_calibration.py --folder "$dir/data/val" \
+    --images "$(size 192 12)" --size "$size" --out "$cal"
+  cores=$("$kdflow" cores 2>/dev/null | sed -n 's/^topology:.* \([0-9]*\) core(s).*/\1/p')
+  cores=${cores:-$(nproc)}
+  splits="1x$cores"
+  if [ "$cores" -ge 8 ]; then splits+=" $((cores / 4))x4"; else splits+=" ${cores}x1"; fi
+  local precisions=(fp32)
+  grep -qwE 'avx512_bf16|amx_bf16' /proc/cpuinfo && precisions+=(bf16)
+  grep -qwE 'avx512_vnni|avx_vnni|amx_int8' /proc/cpuinfo && precisions+=(int8)
+  local split r t extra
+  for p in "${precisions[@]}"; do
+    for split in $splits; do
+      r=${split%x*} t=${split#*x} extra=()
+      [ "$p" != int8 ] || extra=(--calibration "$cal")
+      step "teacher_${p}_$split" "$kdflow" teacher bench --model "$model" --batch "$(size 64 4)" \
+        --threads "$t" --replicas "$r" --precision "$p" --seconds "$(size 4 0.3)" "${extra[@]}" \
+        --json "$work/teacher_${p}_$split.json"
+    done
+  done
+  rm -rf "$work/real_job" # the dry run's toy teacher and folder
+  grep -h '^  "images_per_s"' "$work"/teacher_*_*x*.json
 }
 
 phase_tune() {
@@ -270,7 +310,8 @@ limit_of() {
   local var="KD_LIMIT_${1^^}" fallback
   case $1 in
   tests) fallback=330 ;; train) fallback=120 ;; default) fallback=75 ;; gpu) fallback=150 ;;
-  tune) fallback=180 ;; placement) fallback=75 ;; real) fallback=200 ;; *) fallback=60 ;;
+  tune) fallback=180 ;; placement) fallback=75 ;; real) fallback=200 ;; teacher) fallback=150 ;;
+  *) fallback=60 ;;
   esac
   echo "${!var:-$fallback}"
 }
@@ -331,12 +372,13 @@ dry() {
   t0=$SECONDS
   mkdir -p "$scratch/out"
   OUT=$scratch/out KD_CTEST_REGEX="${KD_DRY_CTEST_REGEX:-^DistEnv[.]}" \
-    bash "$self" run tests train default gpu tune placement real
+    bash "$self" run tests train default gpu tune placement real teacher
   echo "gpu_check dry: run $((SECONDS - t0)) s"
   local listing
   listing=$(tar -tzf "$scratch/out/gpu_check.tar.gz")
   for f in machine.txt ctest.log ctest.xml summary.json failed_phases.txt plain_a/summary.json \
-    torchrun_gloo/summary.json overlap_default.json tune_default.json overlap_default_tuned.json; do
+    torchrun_gloo/summary.json overlap_default.json tune_default.json overlap_default_tuned.json \
+    teacher_fp32_1x2.json; do
     grep -qx "gpu_check/$f" <<<"$listing" || {
       echo "gpu_check dry: gpu_check/$f is not in the archive" >&2
       exit 1
@@ -376,7 +418,7 @@ run)
 dry) dry ;;
 _phase) "phase_$2" ;;
 *)
-  echo "usage: scripts/gpu_check.sh pack | run [tests train default real gpu tune placement install] | dry" >&2
+  echo "usage: scripts/gpu_check.sh pack | run [tests train default real gpu tune placement teacher install] | dry" >&2
   exit 2
   ;;
 esac
