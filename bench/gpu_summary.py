@@ -151,7 +151,8 @@ def main():
                                              "kdflow_test_accuracy", "peer_test_accuracy",
                                              "kdflow_teacher_busy_fraction", "kdflow_student_stall_fraction",
                                              "kdflow_plan", "kdflow_pace", "kdflow_cache", "kdflow_sets",
-                                             "kdflow_teacher_int8")} if r else None
+                                             "kdflow_teacher_int8", "teacher_weights", "time_to_accuracy",
+                                             "time_to_accuracy_ratio")} if r else None
     out["teacher"] = teacher_rows(work)
     try:
         tune_log = open(os.path.join(work, "ctest_tune.log")).read()
@@ -217,6 +218,17 @@ def main():
         for c in j.get("kdflow_teacher_int8") or []:
             lines.append(f"  int8 teacher: calibrated on {c['calibration_samples']} images; against fp32 on the next "
                          f"{c['check_samples']}: top-1 agreement {100 * c['top1_agreement']:.2f}%, KL {c['kl']:.1e}")
+        trained = (j.get("teacher_weights") or {}).get("trained")
+        if trained:
+            lines.append(f"  teacher trained {trained['epochs']} epochs ({trained['steps']} steps, {trained['train_s']:.0f} s on "
+                         f"{trained['device']}): val top-1 {trained['val_accuracy']:.4f}")
+        for row in j.get("time_to_accuracy") or []:
+            lines.append(f"  time to top-1 {row['target_accuracy']:.4f} (the highest every arm reached): " + "; ".join(
+                f"{name} {v['seconds']:.1f} s (step {v['step']})" for name, v in row.items() if name != "target_accuracy")
+                + (f"; the loop's time over kdflow's {j['time_to_accuracy_ratio']:.2f}" if j.get("time_to_accuracy_ratio") else ""))
+            for name, v in row.items():
+                if name != "target_accuracy":
+                    lines.append(f"    {name} accuracy by step: " + ", ".join(f"{st}: {a:.3f}" for st, a in v["curve"]))
         for line in j.get("kdflow_pace") or []:
             lines.append(f"  kdflow's start-up line: {line}")
         c = j.get("kdflow_cache")

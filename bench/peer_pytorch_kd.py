@@ -155,6 +155,9 @@ def main():
     p.add_argument("--amp", default="none", choices=["none", "bf16"])
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--eval", action="store_true")
+    p.add_argument("--eval-epochs", action="store_true",
+                   help="also evaluate at each epoch's end (as kdflow does), outside the timed "
+                        "loop: the steps and accuracies in the output's evaluations")
     p.add_argument("--mixup-alpha", type=float, default=0.0,
                    help="torchvision.transforms.v2.MixUp on each batch (0: off)")
     p.add_argument("--cutmix-alpha", type=float, default=0.0,
@@ -209,7 +212,26 @@ def main():
         mixes.append(T2.MixUp(alpha=a.mixup_alpha, num_classes=classes))
     mix = mixes[0] if len(mixes) == 1 else T2.RandomChoice(mixes) if mixes else None
     amp = torch.autocast(dev.type, dtype=torch.bfloat16, enabled=a.amp == "bf16")
-    step, samples = 0, 0
+
+    def evaluate():
+        """The student's top-1 on the validation split (the teacher's too, for --idx)."""
+        if a.idx:
+            val = IdxBatches(a.idx, "test", a.batch, False, a.mean, a.std)
+            batches = iter(val)
+        else:
+            val = torchvision.datasets.ImageFolder(
+                os.path.join(a.data, "val"),
+                T.Compose([T.Resize(a.resize), T.CenterCrop(a.size), T.ToTensor(), norm]))
+            batches = torch.utils.data.DataLoader(val, batch_size=a.batch, num_workers=a.workers)
+        student.eval()
+        hits = 0
+        with torch.inference_mode():
+            for x, y in batches:
+                hits += (student(x.to(dev)).argmax(1).cpu() == y).sum().item()
+        student.train()
+        return hits / len(val), val
+
+    step, samples, evaluations, evaluation_s = 0, 0, [], 0.0
     start = time.perf_counter()
     while step < a.steps:
         for x, y in loader:
@@ -234,28 +256,26 @@ def main():
             samples += x.shape[0]
             if step >= a.steps:
                 break
+        else:  # an epoch's end
+            if a.eval_epochs and step < a.steps:
+                if dev.type == "cuda":
+                    torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                evaluations.append({"step": step, "test_accuracy": evaluate()[0]})
+                evaluation_s += time.perf_counter() - t0
     if dev.type == "cuda":
         torch.cuda.synchronize()
-    loop_s = time.perf_counter() - start
+    loop_s = time.perf_counter() - start - evaluation_s
     result = {"peer": "pytorch", "samples_per_s": samples / loop_s, "steps": step,
               "samples": samples, "loop_s": loop_s, "workers": 0 if a.idx else a.workers,
               "threads": a.threads, "seed": a.seed,
               "device": a.device, "amp": a.amp, "loss": loss.item()}
-    if a.eval:
-        if a.idx:
-            val = IdxBatches(a.idx, "test", a.batch, False, a.mean, a.std)
-            batches = iter(val)
-        else:
-            val = torchvision.datasets.ImageFolder(
-                os.path.join(a.data, "val"),
-                T.Compose([T.Resize(a.resize), T.CenterCrop(a.size), T.ToTensor(), norm]))
-            batches = torch.utils.data.DataLoader(val, batch_size=a.batch, num_workers=a.workers)
-        student.eval()
-        hits = 0
-        with torch.inference_mode():
-            for x, y in batches:
-                hits += (student(x.to(dev)).argmax(1).cpu() == y).sum().item()
-        result["test_accuracy"] = hits / len(val)
+    if a.eval or a.eval_epochs:
+        accuracy, val = evaluate()
+        result["test_accuracy"] = accuracy
+        evaluations.append({"step": step, "test_accuracy": accuracy})
+        if a.eval_epochs:
+            result["evaluations"] = evaluations
         if a.idx:  # the teacher read from ONNX is the shipped one: its accuracy as its .json says
             with torch.inference_mode():
                 hits = sum((teacher(x).argmax(1) == y).sum().item() for x, y in iter(val))

@@ -13,7 +13,7 @@
 # Usage: bench/real_job.sh [--job folder|default] [--size 112] [--steps 60] [--batch 32] [--teacher resnet18]
 #   [--student mobilenet_v2] [--repeats 1] [--workers N] [--out FILE] [--set KEY=VALUE]...
 #   [--env KEY=VALUE]... [--peer-env KEY=VALUE]... [--device cpu|cuda] [--cache none|memory]
-#   [--overlap STEPS]
+#   [--overlap STEPS] [--teacher-epochs E]
 # (--device: where both students train, cpu by default; on cuda the peer's teacher runs on the GPU
 # too, both arms under bf16 autocast, as a user's loop on a GPU would)
 # (--set: a key of kdflow's configuration for its arm, e.g. train.threads=2; --env, --peer-env: an
@@ -25,10 +25,14 @@
 # measured steps a mode, median of 3: its `loop` mode (the plain loop as LibTorch, which its
 # speed-ups are stated against) beside the peer's rate of this run, so the JSON says how close
 # that stand-in is to the real PyTorch loop)
+# (--teacher-epochs E: the folder job's teacher trained E epochs on the folder first (on --device;
+# its val top-1 in the JSON), so that accuracies mean something; then both arms evaluate at each
+# epoch's end and the JSON gives each arm's time to the accuracy both reach: the first evaluated
+# step at or above it times the arm's measured time per step)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 job=folder size=112 steps="" batch="" teacher=resnet18 student=mobilenet_v2 repeats=1 out=""
-device=cpu cache=none overlap=0
+device=cpu cache=none overlap=0 teacher_epochs=0
 sets=()
 envs=()
 peer_envs=()
@@ -54,6 +58,7 @@ while [ $# -gt 0 ]; do
   --device) device=$2 ;;
   --cache) cache=$2 ;;
   --overlap) overlap=$2 ;;
+  --teacher-epochs) teacher_epochs=$2 ;;
   *) refuse "unknown argument $1" ;;
   esac
   shift 2
@@ -65,6 +70,7 @@ cuda) peer_amp=bf16 ;;
 esac
 case "$cache" in none | memory) ;; *) refuse "--cache $cache: none or memory" ;; esac
 case "$overlap" in '' | *[!0-9]*) refuse "--overlap $overlap: a number of steps" ;; esac
+case "$teacher_epochs" in '' | *[!0-9]*) refuse "--teacher-epochs $teacher_epochs: a number" ;; esac
 py=$(cat .kdflow-venv)/bin/python
 kdflow=build/release/src/kdflow
 [ -x "$kdflow" ] || bash scripts/build.sh release
@@ -79,8 +85,12 @@ folder)
   *) refuse "--student $student: resnet18 or mobilenet_v2 (kdflow's built-in ImageNet forms)" ;;
   esac
   "$py" bench/make_fmnist_folder.py --out "$work/data" --train 4000 --val 500 >&2
+  trained=()
+  [ "$teacher_epochs" = 0 ] || trained=(--train-data "$work/data" --train-epochs "$teacher_epochs"
+    --device "$device" --workers "$workers" --batch "$batch")
   "$py" bench/make_real_teacher.py --arch "$teacher" --classes 10 --size "$size" \
-    --out "$work/teacher_$size" >&2
+    --out "$work/teacher_$size" "${trained[@]}" >&2
+  teacher_info=$work/teacher_$size/$teacher.json
   resize=$((size * 8 / 7))
   kd_args=(--set data.dataset=folder --set "data.path=$work/data" --set "data.image_size=$size"
     --set "data.resize=$resize" --set data.random_resized_crop=true --set data.hflip=true
@@ -99,6 +109,7 @@ default)
   kd_args=()
   peer_args=(--idx /usr/share/datasets/fashion-mnist --teacher-onnx models/fmnist_teacher.onnx
     --student-arch kdflow-cnn)
+  teacher_info=""
   ;;
 *) refuse "--job $job: folder or default" ;;
 esac
@@ -136,7 +147,7 @@ for r in $(seq 1 "$repeats"); do
   kdflow_arm kdflow
   [ "$cache" = none ] || kdflow_arm kdflow_cache --set "kd.cache=$cache" --set kd.cache_augmented=true
   env "${peer_envs[@]}" "$py" bench/peer_pytorch_kd.py "${peer_args[@]}" --batch "$batch" \
-    --steps "$steps" --schedule-steps "$schedule" --seed "$r" --device "$device" --amp "$peer_amp" --eval >"$results/peer_$r.json"
+    --steps "$steps" --schedule-steps "$schedule" --seed "$r" --device "$device" --amp "$peer_amp" --eval --eval-epochs >"$results/peer_$r.json"
 done
 if [ "$overlap" -gt 0 ]; then
   env "${envs[@]}" "$kdflow" bench-overlap "${kd_args[@]}" --set "data.batch_size=$batch" \
@@ -147,9 +158,9 @@ if [ "$overlap" -gt 0 ]; then
   }
 fi
 "$py" - "$results" "$repeats" "$job" "$size" "$steps" "$schedule" "$batch" "$teacher" "$student" "$workers" "$out" \
-  "${sets[*]}" "${envs[*]}" "${peer_envs[*]}" "$device" "$cache" <<'PY'
+  "${sets[*]}" "${envs[*]}" "${peer_envs[*]}" "$device" "$cache" "$teacher_info" <<'PY'
 import json, os, statistics, subprocess, sys
-d, repeats, job, size, steps, schedule, batch, teacher, student, workers, out, sets, envs, peer_envs, device, cache = sys.argv[1:]
+d, repeats, job, size, steps, schedule, batch, teacher, student, workers, out, sets, envs, peer_envs, device, cache, teacher_info = sys.argv[1:]
 arm = lambda name: [json.load(open(f"{d}/{name}_{r}.json")) for r in range(1, int(repeats) + 1)]
 
 
@@ -217,6 +228,38 @@ result = {"cpu": cpu, "isa": isa, "cpus": int(subprocess.run(["nproc"], capture_
           # kdflow's start-up verdict on the pace (after the first interval): which stage is slower.
           "kdflow_pace": [pace(f"{d}/kdflow_{r}.log") for r in range(1, int(repeats) + 1)],
           "kdflow_epochs": epochs("kdflow")}
+if teacher_info and os.path.exists(teacher_info):
+    # How the teacher's weights came about: torchvision's initialisation, or trained on the folder.
+    result["teacher_weights"] = json.load(open(teacher_info))
+
+
+def time_to(arms):
+    """Each arm's time to the highest test accuracy every arm reaches (per repeat): the first
+    evaluated step at or above it, times the arm's measured seconds per step (evaluations apart).
+    None where an arm's runs have no evaluations."""
+    rows = []
+    for r in range(int(repeats)):
+        curves = {name: [(e["step"], e["test_accuracy"]) for e in runs[r].get("evaluations") or []]
+                  for name, runs in arms.items()}
+        if not all(curves.values()):
+            return None
+        target = min(max(a for _, a in c) for c in curves.values())
+        row = {"target_accuracy": target}
+        for name, c in curves.items():
+            first = min(s for s, a in c if a >= target)
+            rate = arms[name][r]["samples_per_s"]
+            row[name] = {"step": first, "seconds": first * int(batch) / rate, "curve": c}
+        rows.append(row)
+    return rows
+
+
+arms = {"kdflow": k, "peer": p}
+if cache != "none":
+    arms["kdflow_cache"] = arm("kdflow_cache")
+result["time_to_accuracy"] = time_to(arms)
+if result["time_to_accuracy"]:
+    result["time_to_accuracy_ratio"] = statistics.median(
+        row["peer"]["seconds"] / row["kdflow"]["seconds"] for row in result["time_to_accuracy"])
 if os.path.exists(f"{d}/overlap.json"):
     o = json.load(open(f"{d}/overlap.json"))
     rate = lambda mode: o["modes"][mode]["samples_per_s"]

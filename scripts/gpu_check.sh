@@ -235,12 +235,14 @@ phase_real() {
   # Its data and teacher are made on the spot, outside the results (the folder is ~150 MB): a
   # ResNet-50 teacher (bf16 on the CPU by default, as the peer's under autocast on the GPU;
   # KD_REAL_PRECISION=int8 for the CPU's int8 kernels; KD_REAL_TEACHER another torchvision
-  # teacher, KD_REAL_CACHE=none no cached arm), a ResNet-18
+  # teacher, KD_REAL_CACHE=none no cached arm, KD_REAL_TEACHER_EPOCHS=E the teacher trained E
+  # epochs on the folder first, on the GPU, and each arm's time to the accuracy both reach), a ResNet-18
   # student, three epochs of the 4000 training images, with and without kd.cache; the peer's
   # loader workers are the CPUs but the main process's and its pinning thread's.
   KD_REAL_JOB_DIR=/tmp/kdflow_real_job step real_224 bash bench/real_job.sh --job folder \
     --device cuda --size 224 --batch 64 --steps "${KD_REAL_STEPS:-190}" \
     --teacher "${KD_REAL_TEACHER:-resnet50}" --student resnet18 --cache "${KD_REAL_CACHE:-memory}" --workers $(($(nproc) > 3 ? $(nproc) - 2 : 1)) \
+    --teacher-epochs "${KD_REAL_TEACHER_EPOCHS:-0}" \
     --set "teacher.precision=${KD_REAL_PRECISION:-bf16}" --out "$work/real_224.json"
   grep -E '"(ratio|ratio_to_peer|kdflow_samples_per_s|peer_samples_per_s|samples_per_s)"' -A2 \
     "$work/real_224.json" | head -16
