@@ -132,6 +132,7 @@ void Lowering::build(const std::vector<std::string>& features) {
   loc_[g_.input] = ArgRef{ArgRef::Kind::input, 0, 0, p_.input_md};
   find_flatten_into_gemm();
   find_wide_values();
+  features_.insert(features.begin(), features.end());
   for (const auto& node : g_.nodes) {
     if (skipped_.count(node.name)) continue;
     with_node(node, g_.file, [&] {
@@ -429,6 +430,24 @@ dnnl::primitive_attr Lowering::attr_with(const Node& node, float scale, float su
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   dnnl::post_ops ops;
   if (scale != 1.f) ops.append_eltwise(dnnl::algorithm::eltwise_linear, scale, 0.f);
+  append_post_ops(ops, node, sum_scale);
+  attr.set_post_ops(ops);
+  return attr;
+}
+
+dnnl::primitive_attr Lowering::attr_with_depthwise(const Node& pointwise, const Node& depthwise,
+                                                   dt weights, dt dst, int stride) const {
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  dnnl::post_ops ops;
+  append_post_ops(ops, pointwise, 1.f);
+  ops.append_dw(weights, dt::f32, dst, 3, stride, 1);
+  append_post_ops(ops, depthwise, 1.f);
+  attr.set_post_ops(ops);
+  return attr;
+}
+
+void Lowering::append_post_ops(dnnl::post_ops& ops, const Node& node, float sum_scale) const {
   for (const auto& post : node.post_ops) {
     if (post.kind == PostOp::Kind::sum) {
       ops.append_sum(sum_scale);
@@ -438,8 +457,6 @@ dnnl::primitive_attr Lowering::attr_with(const Node& node, float scale, float su
       ops.append_eltwise(static_cast<dnnl::algorithm>(a.algorithm_for(post.alpha)), alpha, beta);
     }
   }
-  attr.set_post_ops(ops);
-  return attr;
 }
 
 dnnl::primitive_attr Lowering::plain_attr() {

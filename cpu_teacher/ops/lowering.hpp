@@ -181,6 +181,16 @@ public:
   // for it when that is one of them, else the first. Recorded for the tuner and `--plan`.
   std::string choose(const Node& node, std::vector<std::string> options);
 
+  // Whether this lowering records value ranges for int8's calibration (every product's input
+  // must then be a buffer of its own).
+  [[nodiscard]] bool observing() const { return p_.observe; }
+  // Whether `value` is returned as a feature (it must then be a buffer of its own).
+  [[nodiscard]] bool is_feature(const std::string& value) const {
+    return features_.count(value) != 0;
+  }
+  // Node `name`, later in the graph, is lowered already (fused into the node lowering now).
+  void skip(const std::string& name) { skipped_.insert(name); }
+
   // Where `value` lives now; a logic_error if nothing computed it yet.
   const ArgRef& at(const std::string& value) const;
   // `value` in layout `want`, reordered once (and cached) when it lives in another layout.
@@ -207,6 +217,12 @@ public:
   // (`sum_scale`: the residual summand's own scale where it is read quantized.)
   [[nodiscard]] dnnl::primitive_attr attr_with(const Node& node, float scale = 1.f,
                                                float sum_scale = 1.f) const;
+  // attr_with(pointwise) with a depthwise convolution fused after its post-ops (oneDNN's
+  // depthwise post-op: a 3x3 kernel of `stride`, padding 1, weights of `weights` type, an f32
+  // bias, writing `dst`), then the depthwise node's own eltwise post-ops.
+  [[nodiscard]] dnnl::primitive_attr attr_with_depthwise(const Node& pointwise,
+                                                         const Node& depthwise, dt weights, dt dst,
+                                                         int stride) const;
   // A user scratchpad, no post-ops.
   [[nodiscard]] static dnnl::primitive_attr plain_attr();
   [[nodiscard]] static const PostOp* sum_post(const Node& node);
@@ -218,6 +234,7 @@ private:
   void find_flatten_into_gemm();
   void find_wide_values();
   void add_node(const Node& node);
+  void append_post_ops(dnnl::post_ops& ops, const Node& node, float sum_scale) const;
   void observe(const std::string& value);
   // quantized_output's and stored_quant's answers, worked out (they keep them).
   [[nodiscard]] std::optional<Quant> written_quant(const Node& node) const;
@@ -229,6 +246,7 @@ private:
   std::map<std::string, ArgRef> loc_;
   std::vector<std::pair<std::string, ArgRef>> converted_;
   std::set<std::string> skipped_;
+  std::set<std::string> features_;
   std::set<std::string> wide_; // the values kept in f32 under bf16
   std::map<std::string, std::string> flat_source_;
   // stored_quant by value and quantized_output by the node's output: both walk the graph (readers
