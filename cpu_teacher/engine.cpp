@@ -589,6 +589,15 @@ void Lowering::observe(const std::string& value) {
       {ref}, "observe " + value);
 }
 
+void Lowering::skip(const std::string& name) {
+  skipped_.insert(name);
+  for (auto o = p_.options.rbegin(); o != p_.options.rend(); ++o)
+    if (o->node == node_) {
+      o->takes_in = name;
+      break;
+    }
+}
+
 std::string Lowering::choose(const Node& node, std::vector<std::string> options) {
   const auto it = p_.choices.find(node.name);
   const bool listed = it != p_.choices.end() &&

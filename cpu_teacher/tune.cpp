@@ -202,13 +202,22 @@ std::unique_ptr<Teacher::Plan> Teacher::tuned_plan(Graph graph, const TeacherOpt
 
   // Every node's ways, and what each cost where it was timed.
   std::map<std::string, std::map<std::string, double>> cost;
+  // The ways that lowered the next node with their own (node -> way -> that node), and what each
+  // node's steps cost at least where it ran on its own.
+  std::map<std::string, std::map<std::string, std::string>> takes_in;
+  std::map<std::string, double> alone;
   std::vector<std::pair<Choices, double>> measured; // effective choices, ms per batch
   auto plan = build_plan(std::move(graph), options, {});
   const std::vector<NodeOptions> nodes = plan->options;
   const auto measure = [&](std::unique_ptr<Plan>& p) {
     const Timing t = time_plan(p);
     const auto by_node = ms_by_node(*p, t);
+    for (const auto& [node, ms] : by_node) {
+      auto& least = alone.try_emplace(node, ms).first->second;
+      least = std::min(least, ms);
+    }
     for (const auto& o : p->options) {
+      if (!o.takes_in.empty()) takes_in[o.node][o.chosen] = o.takes_in;
       const auto it = by_node.find(o.node);
       if (it == by_node.end()) continue;
       auto& ms = cost[o.node].try_emplace(o.chosen, it->second).first->second;
@@ -252,6 +261,27 @@ std::unique_ptr<Teacher::Plan> Teacher::tuned_plan(Graph graph, const TeacherOpt
       fastest[node] = std::min_element(ways.begin(), ways.end(), [](const auto& a, const auto& b) {
                         return a.second < b.second;
                       })->first;
+    // A way that took in the next node timed both: it is weighed against the node's fastest
+    // other way plus the next node's least time on its own.
+    for (const auto& [node, ways] : takes_in) {
+      const auto& timed = cost[node];
+      std::string apart;
+      for (const auto& [way, ms] : timed)
+        if (!ways.count(way) && (apart.empty() || ms < timed.at(apart))) apart = way;
+      if (apart.empty()) continue;
+      std::string best = apart;
+      double best_ms = timed.at(apart);
+      for (const auto& [way, next] : ways) {
+        const auto ms = timed.find(way);
+        const auto next_ms = alone.find(next);
+        if (ms == timed.end() || next_ms == alone.end()) continue;
+        if (ms->second < best_ms + (best == apart ? next_ms->second : 0.0)) {
+          best = way;
+          best_ms = ms->second;
+        }
+      }
+      fastest[node] = best;
+    }
     try_choices(std::move(fastest));
   }
 

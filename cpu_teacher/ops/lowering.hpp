@@ -56,6 +56,7 @@ struct NodeOptions {
   std::string node;
   std::vector<std::string> options;
   std::string chosen;
+  std::string takes_in; // the node the chosen way lowered with this one (Lowering::skip), or ""
 };
 
 // The int8 calibration cache (tune.cpp): the ranges kept under `key` in the plan cache's folder,
@@ -188,8 +189,9 @@ public:
   [[nodiscard]] bool is_feature(const std::string& value) const {
     return features_.count(value) != 0;
   }
-  // Node `name`, later in the graph, is lowered already (fused into the node lowering now).
-  void skip(const std::string& name) { skipped_.insert(name); }
+  // Node `name`, later in the graph, is lowered already (fused into the node lowering now): the
+  // tuner learns that the node's chosen way took it in.
+  void skip(const std::string& name);
 
   // Where `value` lives now; a logic_error if nothing computed it yet.
   const ArgRef& at(const std::string& value) const;
