@@ -889,6 +889,17 @@ const Calibration* Teacher::calibration() const {
 }
 std::optional<LogitAgreement> Teacher::int8_check() const { return plan_->int8_check; }
 
+std::string int8_check_warning(const LogitAgreement& check, const std::string& model) {
+  const double samples = static_cast<double>(check.samples);
+  const double changed = std::round((1.0 - check.top1) * samples);
+  if (changed <= std::max(2.0, 0.05 * samples)) return {};
+  return fmt::format("{}: int8 changed the teacher's top-1 on {:.0f} of {:.0f} check samples "
+                     "(agreement {:.2f}%, KL {:.2e}): its targets are not fp32's within "
+                     "quantization noise; teacher.precision = bf16 (where the CPU has it) or fp32 "
+                     "keeps them",
+                     model, changed, samples, 100 * check.top1, check.kl);
+}
+
 std::vector<StepInfo> Teacher::step_info() const {
   const auto type_name = [](dt t) -> std::string {
     switch (t) {

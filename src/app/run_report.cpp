@@ -27,7 +27,11 @@ json int8_checks(const RunInputs& run) {
                      {"calibration_samples", t.model->calibration()->samples},
                      {"check_samples", check->samples},
                      {"top1_agreement", check->top1},
-                     {"kl", check->kl}});
+                     {"kl", check->kl},
+                     {"warning", [&] {
+                        const std::string w = teacher::int8_check_warning(*check, t.spec.path);
+                        return w.empty() ? json(nullptr) : json(w);
+                      }()}});
   return out.empty() ? json(nullptr) : out;
 }
 

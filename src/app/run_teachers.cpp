@@ -261,6 +261,7 @@ std::shared_ptr<const teacher::Teacher> load_int8_teacher(const RunInputs& run,
   log_info(fmt::format("{}: int8 against fp32 on the next {} training images: top-1 agreement "
                        "{:.2f}%, KL {:.2e}",
                        spec.path, check.samples, 100 * check.top1, check.kl));
+  if (const std::string w = teacher::int8_check_warning(check, spec.path); !w.empty()) log_warn(w);
   return t;
 }
 

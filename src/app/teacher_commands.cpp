@@ -84,6 +84,8 @@ std::shared_ptr<const teacher::Teacher> load_int8(const TeacherArgs& args,
              : c.note.empty() ? std::string()
                               : " (" + c.note + ")",
              check.samples, 100 * check.top1, check.kl);
+  if (const std::string w = teacher::int8_check_warning(check, args.model); !w.empty())
+    fmt::print(stderr, "kdflow: warning: {}\n", w);
   return t;
 }
 
@@ -472,7 +474,14 @@ nlohmann::json bench_result(const TeacherArgs& args, const teacher::Teacher& t, 
                                                {"calibration_samples", t.calibration()->samples},
                                                {"check_samples", t.int8_check()->samples},
                                                {"top1_agreement", t.int8_check()->top1},
-                                               {"kl", t.int8_check()->kl}}
+                                               {"kl", t.int8_check()->kl},
+                                               {"warning",
+                                                [&] {
+                                                  const std::string w = teacher::int8_check_warning(
+                                                      *t.int8_check(), args.model);
+                                                  return w.empty() ? nlohmann::json(nullptr)
+                                                                   : nlohmann::json(w);
+                                                }()}}
                               : nlohmann::json(nullptr)},
       {"batch", args.batch},
       {"flops_per_sample", summary.flops_per_sample},

@@ -308,4 +308,51 @@ TEST(TeacherCli, BenchInt8CalibratesChecksAndRefusesWhatItCannotRun) {
   EXPECT_GT(j["images_per_s"].get<double>(), 0.0);
 }
 
+// Where int8 changes the teacher's answers beyond quantization noise, `teacher bench` says so in a
+// warning naming the model and the levers (and in its JSON), and goes on: the shipped teacher
+// calibrated on Fashion-MNIST images shrunk a thousandfold (ranges far too narrow for the real
+// images of its check batch) against the same teacher calibrated on the images themselves.
+TEST(TeacherCli, BenchInt8WarnsWhereInt8ChangesTheTeachersAnswers) {
+  if (!kdflow::teacher::has_native_int8()) GTEST_SKIP() << "no int8 dot products on this CPU";
+  const fs::path dir = scratch("int8_warning");
+  fs::create_directories(dir);
+  const std::string model =
+      (fs::path(KDFLOW_SOURCE_DIR) / "models" / "fmnist_teacher.onnx").string();
+  const auto test = kdflow::Dataset::load("fashion-mnist", "/usr/share/datasets/fashion-mnist",
+                                          kdflow::Split::test);
+  constexpr std::size_t kSamples = 64, kPixels = 28 * 28;
+  std::vector<float> images(kSamples * kPixels);
+  for (std::size_t i = 0; i < kSamples; ++i) {
+    const auto image = test.image(i);
+    for (std::size_t k = 0; k < kPixels; ++k)
+      images[i * kPixels + k] = (static_cast<float>(image[k]) / 255.f - 0.2860f) / 0.3530f;
+  }
+  std::vector<float> shrunk = images;
+  for (std::size_t k = 0; k < 48 * kPixels; ++k) shrunk[k] *= 1e-3f; // the calibration's 3 batches
+  const auto bench = [&](const std::string& name, const std::vector<float>& samples) {
+    const fs::path npy = dir / (name + ".npy"), out = dir / (name + ".json");
+    kdflow::teacher::write_npy(npy.string(), {static_cast<std::int64_t>(kSamples), 1, 28, 28},
+                               samples.data());
+    const Result r = run({"teacher", "bench", "--model", model, "--precision", "int8", "--batch",
+                          "16", "--threads", "1", "--seconds", "0.2", "--calibration", npy.string(),
+                          "--json", out.string()},
+                         dir / name);
+    EXPECT_EQ(r.code, 0) << r.err;
+    return std::pair{r.err, json::parse(read_text(out))["int8"]};
+  };
+  const auto [bad_err, bad] = bench("shrunk", shrunk);
+  EXPECT_LT(bad["top1_agreement"].get<double>(), 0.8);
+  EXPECT_NE(bad_err.find("kdflow: warning: " + model + ": int8 changed the teacher's top-1"),
+            std::string::npos)
+      << bad_err;
+  EXPECT_NE(bad_err.find("teacher.precision = bf16"), std::string::npos) << bad_err;
+  ASSERT_TRUE(bad["warning"].is_string());
+  EXPECT_NE(bad["warning"].get<std::string>().find(model), std::string::npos);
+
+  const auto [good_err, good] = bench("real", images);
+  EXPECT_GE(good["top1_agreement"].get<double>(), 0.9);
+  EXPECT_EQ(good_err.find("kdflow: warning"), std::string::npos) << good_err;
+  EXPECT_TRUE(good["warning"].is_null());
+}
+
 } // namespace

@@ -523,6 +523,28 @@ TEST(TeacherInt8, EveryNetworkAndEveryConvolutionWayStaysNearFp32) {
     EXPECT_GT(nodes_run[way], 0) << way << " never ran in int8";
 }
 
+// The int8 check warns only beyond quantization noise: more than max(2, 5%) of its samples
+// changed their top-1.
+TEST(TeacherInt8, CheckWarnsOnlyBeyondQuantizationNoise) {
+  const auto warning = [](double changed, std::size_t samples) {
+    return int8_check_warning(
+        {.top1 = 1.0 - changed / static_cast<double>(samples), .kl = 1e-3, .samples = samples},
+        "t.onnx");
+  };
+  EXPECT_TRUE(warning(0, 64).empty());
+  EXPECT_TRUE(warning(3, 64).empty()); // 4.7%
+  EXPECT_FALSE(warning(4, 64).empty());
+  EXPECT_TRUE(warning(2, 16).empty()); // at most 2 rows of a small check
+  EXPECT_FALSE(warning(3, 16).empty());
+  EXPECT_TRUE(warning(50, 1000).empty());
+  EXPECT_FALSE(warning(51, 1000).empty());
+  const std::string w = warning(29, 64);
+  EXPECT_NE(w.find("t.onnx: int8 changed the teacher's top-1 on 29 of 64 check samples"),
+            std::string::npos)
+      << w;
+  EXPECT_NE(w.find("agreement 54.69%"), std::string::npos) << w;
+}
+
 // int8 is refused in one line naming the model and the ISA where the CPU lacks int8 dot products;
 // a calibration that is not whole batches says so, naming its source.
 TEST(TeacherInt8, RefusedWithoutVnniAndOnPartialBatches) {

@@ -121,6 +121,11 @@ struct LogitAgreement {
 };
 LogitAgreement compare_logits(std::span<const float> reference, std::span<const float> other,
                               std::int64_t classes);
+// One line for the user where int8 moved teacher `model`'s answers beyond quantization noise on
+// its check batch: more than max(2, 5%) of the check's samples changed their top-1 (a trained
+// network keeps 99% and more; a barely trained one's near-tied logits do not, nor activations far
+// outside the calibrated ranges). Names the figures and the levers; empty where the check is fine.
+std::string int8_check_warning(const LogitAgreement& check, const std::string& model);
 
 // One step of the execution plan, for profiles: what it computes and what runs it.
 struct StepInfo {
