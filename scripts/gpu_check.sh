@@ -24,6 +24,8 @@
 #                and bench-overlap of the default job on the tuned plan
 #       placement  (not in the default set) the GPU-sized job with its loader and teacher on CPUs
 #                far from the student's
+#       teacher  (not in the default set; no GPU needed) the real job's teacher alone on every core:
+#                kdflow teacher bench in fp32, bf16 and int8 where the CPU has them
 #       install  (not in the default set) nothing but the set-up, for commands run after it
 #     Each phase runs under its own time limit (KD_LIMIT_<PHASE> seconds), and none starts past
 #     KD_GPU_DEADLINE_S (540) since the start, so the script ends inside one device call. Everything
