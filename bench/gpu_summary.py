@@ -218,6 +218,8 @@ def main():
         for c in j.get("kdflow_teacher_int8") or []:
             lines.append(f"  int8 teacher: calibrated on {c['calibration_samples']} images; against fp32 on the next "
                          f"{c['check_samples']}: top-1 agreement {100 * c['top1_agreement']:.2f}%, KL {c['kl']:.1e}")
+            if c.get("warning"):
+                lines.append(f"    warning: {c['warning']}")
         trained = (j.get("teacher_weights") or {}).get("trained")
         if trained:
             lines.append(f"  teacher trained {trained['epochs']} epochs ({trained['steps']} steps, {trained['train_s']:.0f} s on "

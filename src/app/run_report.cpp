@@ -1,6 +1,8 @@
 // A training run's figures and lines (run_report.hpp).
 #include "run_report.hpp"
 
+#include "int8_report.hpp"
+
 #include <algorithm>
 #include <array>
 
@@ -22,16 +24,10 @@ std::string host_name() {
 json int8_checks(const RunInputs& run) {
   json out = json::array();
   for (const auto& t : run.teachers)
-    if (const auto check = t.model->int8_check())
-      out.push_back({{"model", t.spec.path},
-                     {"calibration_samples", t.model->calibration()->samples},
-                     {"check_samples", check->samples},
-                     {"top1_agreement", check->top1},
-                     {"kl", check->kl},
-                     {"warning", [&] {
-                        const std::string w = teacher::int8_check_warning(*check, t.spec.path);
-                        return w.empty() ? json(nullptr) : json(w);
-                      }()}});
+    if (json report = int8_report(*t.model, t.spec.path); !report.is_null()) {
+      report["model"] = t.spec.path;
+      out.push_back(std::move(report));
+    }
   return out.empty() ? json(nullptr) : out;
 }
 

@@ -2,6 +2,8 @@
 // does inside a training run.
 #include "teacher_commands.hpp"
 
+#include "int8_report.hpp"
+
 #include "kdflow/affinity/pinning.hpp"
 #include "kdflow/affinity/topology.hpp"
 #include "kdflow/core/atomic_file.hpp"
@@ -451,6 +453,8 @@ nlohmann::json bench_result(const TeacherArgs& args, const teacher::Teacher& t, 
   const double gflops = images * summary.flops_per_sample / 1e9;
   const auto info = teacher::onednn_info();
   const auto& tuned = t.tune_report();
+  nlohmann::json int8 = int8_report(t, args.model);
+  if (!int8.is_null()) int8["calibration"] = args.calibration;
   return {
       {"tune",
        {{"mode", teacher::tune_name(tuned.mode)},
@@ -470,19 +474,7 @@ nlohmann::json bench_result(const TeacherArgs& args, const teacher::Teacher& t, 
       {"precision", args.precision},
       {"native_bf16", teacher::has_native_bf16()},
       {"native_int8", teacher::has_native_int8()},
-      {"int8", t.int8_check() ? nlohmann::json{{"calibration", args.calibration},
-                                               {"calibration_samples", t.calibration()->samples},
-                                               {"check_samples", t.int8_check()->samples},
-                                               {"top1_agreement", t.int8_check()->top1},
-                                               {"kl", t.int8_check()->kl},
-                                               {"warning",
-                                                [&] {
-                                                  const std::string w = teacher::int8_check_warning(
-                                                      *t.int8_check(), args.model);
-                                                  return w.empty() ? nlohmann::json(nullptr)
-                                                                   : nlohmann::json(w);
-                                                }()}}
-                              : nlohmann::json(nullptr)},
+      {"int8", int8},
       {"batch", args.batch},
       {"flops_per_sample", summary.flops_per_sample},
       {"features", args.features},
