@@ -21,6 +21,7 @@
 #include <unordered_map>
 
 #include <fmt/format.h>
+#include <oneapi/tbb/task_arena.h>
 
 namespace kdflow::teacher {
 
@@ -414,12 +415,15 @@ void Lowering::add_primitive(dnnl::primitive prim, std::vector<std::pair<int, Ar
 }
 
 void Lowering::add_kernel(Kernel k, std::vector<ArgRef> operands, const std::string& label,
-                          KernelLoop loop) {
+                          KernelLoop loop, std::string impl) {
   Step s;
   s.kernel = std::move(k);
   s.loop = loop;
   for (auto& o : operands) s.args.emplace_back(0, std::move(o));
-  s.label = label + (loop == KernelLoop::rows ? " (plain kernel)" : " (reference loop)");
+  s.label = !impl.empty()              ? label
+            : loop == KernelLoop::rows ? label + " (plain kernel)"
+                                       : label + " (reference loop)";
+  s.impl = std::move(impl);
   s.kind = kind_;
   s.node = node_;
   p_.steps.push_back(std::move(s));
@@ -731,6 +735,10 @@ void place_buffers(Teacher::Plan& p) {
 
 } // namespace
 
+int replica_threads(const TeacherOptions& options) {
+  return options.threads > 0 ? options.threads : oneapi::tbb::this_task_arena::max_concurrency();
+}
+
 std::unique_ptr<Teacher::Plan> Teacher::build_plan(Graph&& graph, const TeacherOptions& options,
                                                    std::map<std::string, std::string> choices) {
   auto plan = std::make_unique<Plan>();
@@ -738,6 +746,7 @@ std::unique_ptr<Teacher::Plan> Teacher::build_plan(Graph&& graph, const TeacherO
   plan->precision = options.precision;
   plan->calibration = options.calibration;
   plan->choices = std::move(choices);
+  plan->threads = replica_threads(options);
   try {
     Lowering(*plan).build(options.features);
   } catch (...) {
@@ -757,6 +766,7 @@ Calibration Teacher::calibrate(const std::string& path, const TeacherOptions& op
   // The features kept: the same graph (and value names) as the plan it calibrates.
   plan.graph = load_onnx(path, load_options(options));
   plan.observe = true;
+  plan.threads = replica_threads(options);
   plan.observed = std::make_shared<std::vector<std::pair<float, float>>>();
   Lowering(plan).build({});
   place_buffers(plan);
@@ -920,6 +930,7 @@ std::vector<StepInfo> Teacher::step_info() const {
         writes = type_name(ref.md.get_data_type());
     out.push_back({s.label, s.kind,
                    s.prim                       ? impl_of(*s.prim)
+                   : !s.impl.empty()            ? s.impl
                    : s.loop == KernelLoop::rows ? "plain kernel"
                                                 : "reference loop",
                    writes});

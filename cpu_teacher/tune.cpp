@@ -34,8 +34,9 @@ using Clock = std::chrono::steady_clock;
 using Choices = std::map<std::string, std::string>;
 
 // Bumped when a lowering's ways change meaning, so that no older choice is reused (2: gemm-only
-// channels-last convolutions seen as such; 3: zero Pads folded).
-constexpr int kPlanVersion = 3;
+// channels-last convolutions seen as such; 3: zero Pads folded; 4: the Winograd ways, which a plan
+// tuned before them never timed).
+constexpr int kPlanVersion = 4;
 // Another plan replaces the untuned one only when it is this much faster: below that, the
 // difference is the machine's noise, not the plan.
 constexpr double kMargin = 0.03;
@@ -95,8 +96,7 @@ std::map<std::string, std::string> prefer_ways(const std::vector<NodeOptions>& n
 std::unique_ptr<Teacher::Plan> Teacher::tuned_plan(Graph graph, const TeacherOptions& options,
                                                    const std::string& path) {
   const auto started = Clock::now();
-  const int threads =
-      options.threads > 0 ? options.threads : oneapi::tbb::this_task_arena::max_concurrency();
+  const int threads = replica_threads(options);
   TuneReport report;
   report.mode = Tune::automatic;
 
@@ -254,7 +254,9 @@ std::unique_ptr<Teacher::Plan> Teacher::tuned_plan(Graph graph, const TeacherOpt
              {"library", "reduction"},
              {"channels_last", "pooling"},
              {"unrolled", "inner_product", "channels_last", "reduction"},
-             {"inner_product", "channels_last", "pooling"}})
+             {"inner_product", "channels_last", "pooling"},
+             {"winograd_4x4", "inner_product", "channels_last", "pooling"},
+             {"winograd_2x2", "inner_product", "channels_last", "pooling"}})
       try_choices(prefer_ways(nodes, prefs));
     Choices fastest;
     for (const auto& [node, ways] : cost)

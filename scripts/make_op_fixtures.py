@@ -240,6 +240,25 @@ def cases():
     c["sqrt_pow"] = model([node("Mul", ["x", "x"], ["sq"]), helper.make_node("Sqrt", ["sq"], ["r"], name="sqrt"),
                            helper.make_node("Pow", ["r", "e"], ["y"], name="pow")], X, [const("e", np.float32(3.0))])
     c["conv_gelu_fused"] = model([node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Gelu", ["c"], ["y"], name="gelu")], X, [const("w", rand(5, 4, 3, 3))], opset=20)
+    # 3x3 convolutions of stride 1 with 16 channels and more, which the Winograd ways take
+    # (TeacherOps.WinogradWaysMatchTheReference): channels that fill no whole vector (20 in, 18
+    # out), maps that are no whole number of tiles, asymmetric padding of up to 2, no padding,
+    # and every kind of post-op: activations vectorized (Relu) and elementwise (LeakyRelu, Clip,
+    # Gelu), a residual sum into another convolution's output.
+    W = (2, 20, 9, 11)
+    c["winograd_tails"] = model([node("Conv", ["x", "w", "b"], pads=[1, 1, 1, 1])], W, [const("w", rand(18, 20, 3, 3)), const("b", rand(18))])
+    c["winograd_pads"] = model([node("Conv", ["x", "w"], pads=[2, 0, 1, 2])], W, [const("w", rand(17, 20, 3, 3))])
+    c["winograd_valid"] = model([node("Conv", ["x", "w", "b"], ["c"]), helper.make_node("Relu", ["c"], ["y"], name="relu")], (2, 32, 10, 7),
+                                [const("w", rand(16, 32, 3, 3)), const("b", rand(16))])
+    c["winograd_leaky_clip"] = model([node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]), helper.make_node("LeakyRelu", ["c1"], ["l"], name="leaky", alpha=0.1),
+                                      helper.make_node("Conv", ["l", "w2"], ["c2"], name="conv2", pads=[1, 1, 1, 1]),
+                                      helper.make_node("Clip", ["c2", "lo", "hi"], ["y"], name="clip")], W,
+                                     [const("w1", rand(20, 20, 3, 3)), const("w2", rand(24, 20, 3, 3)), const("lo", np.float32(-300)), const("hi", np.float32(400))])
+    c["winograd_residual_gelu"] = model([node("Conv", ["x", "w1"], ["s"]), helper.make_node("Conv", ["x", "w2"], ["h"], name="conv3x3", pads=[1, 1, 1, 1]),
+                                         helper.make_node("Add", ["h", "s"], ["a"], name="add"), helper.make_node("Relu", ["a"], ["r"], name="relu"),
+                                         helper.make_node("Conv", ["r", "w3"], ["c3"], name="conv3", pads=[1, 1, 1, 1]),
+                                         helper.make_node("Gelu", ["c3"], ["y"], name="gelu")], W,
+                                        [const("w1", rand(18, 20, 1, 1)), const("w2", rand(18, 20, 3, 3)), const("w3", rand(16, 18, 3, 3))], opset=20)
     c["gather_runtime_scalar"] = model([node("Gather", ["x", "i"], axis=1)], X, [const("i", np.array(2, np.int64))], out_shape=["N", 9, 11])
     c["gather_runtime_list"] = model([node("Gather", ["x", "i"], axis=3)], X, [const("i", np.array([[4, -1], [0, 0]], np.int64))], out_shape=["N", 4, 9, 2, 2])
     c["reduce_mean_axes_input_opset18"] = model([node("ReduceMean", ["x", "ax"], keepdims=0)], X, [const("ax", np.array([-1, 1], np.int64))], opset=18, out_shape=["N", 9])
@@ -537,7 +556,8 @@ def main():
         except Exception as e:
             raise SystemExit(f"{name}: {e}")
         onnx.save(m, os.path.join(out, name + ".onnx"))
-        manifest["models"].append({"name": name, "input": [2, 4, 9, 11]})
+        dims = m.graph.input[0].type.tensor_type.shape.dim[1:]
+        manifest["models"].append({"name": name, "input": [2] + [d.dim_value for d in dims]})
     # The same conv with its weights stored as external data beside the model.
     m = cases()["conv_basic"]
     onnx.save(m, os.path.join(out, "conv_external_data.onnx"), save_as_external_data=True,

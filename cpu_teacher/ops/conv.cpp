@@ -5,6 +5,7 @@
 #include "common.hpp"
 #include "lowering.hpp"
 #include "op_table.hpp"
+#include "winograd.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -435,7 +436,9 @@ void fused_depthwise_conv(Lowering& plan, const Node& pw, const Node& dw,
 //    convolutions do not pick different layouts with reorders between them (and pointwise ones
 //    can run as inner products); first unless oneDNN has only a GEMM kernel for it, not offered
 //    where it has only a reference one;
-//  - "library": the direct convolution in the layout oneDNN prefers.
+//  - "library": the direct convolution in the layout oneDNN prefers;
+//  - "winograd_4x4", "winograd_2x2": F(4x4, 3x3) and F(2x2, 3x3) (winograd.cpp), for 3x3
+//    convolutions of stride 1 in fp32; never the untuned plan's way, for the tuner to time.
 // (Plain NCHW in and out, where oneDNN runs im2col + its GEMM, was tried as a fifth way: on AVX2
 // it took 1.4-1.9x the channels-last time on every 3x3 convolution of a ResNet-50 at 224 and was
 // never chosen, so it is not offered.)
@@ -462,9 +465,12 @@ void lower_conv(Lowering& plan, const Node& node) {
       later.emplace_back(gemm ? "channels_last" : "library");
     }
   }
+  for (auto& w : winograd_ways(plan, node)) later.push_back(std::move(w));
   first.insert(first.end(), later.begin(), later.end());
   const std::string way = plan.choose(node, std::move(first));
   if (way == "pointwise_depthwise") return fused_depthwise_conv(plan, node, *dw, *fused);
+  if (way == "winograd_4x4" || way == "winograd_2x2")
+    return winograd_conv(plan, node, way == "winograd_4x4" ? 4 : 2);
   if (way == "unrolled" || way == "inner_product")
     return matrix_conv(plan, node, way == "unrolled");
   direct_conv(plan, node, way == "channels_last");

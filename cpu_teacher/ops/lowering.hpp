@@ -47,6 +47,7 @@ struct Step {
   std::string node; // the node whose lowering added it (reorders included); "" for the outputs'
   bool reorder = false;
   KernelLoop loop = KernelLoop::rows; // kernels
+  std::string impl; // a kernel that is more than a plain loop (StepInfo::impl); "" for the rest
 };
 
 // A node that can run more than one way (a convolution: direct channels-last, direct in the
@@ -68,6 +69,10 @@ void write_calibration_cache(const TeacherOptions& options, const std::string& k
 // The digest of a calibration's ranges (Calibration::digest).
 std::uint64_t ranges_digest(const Calibration& c);
 
+// The threads each replica runs a plan with: TeacherOptions::threads, or the calling thread's
+// arena's where that is 0.
+int replica_threads(const TeacherOptions& options);
+
 // Each node's first way from `prefer` that it offers (nodes offering none are left out: they run
 // their first way).
 std::map<std::string, std::string> prefer_ways(const std::vector<NodeOptions>& nodes,
@@ -87,6 +92,7 @@ struct Teacher::Plan {
   std::map<std::string, std::string> choices;
   std::vector<NodeOptions> options; // filled while lowering: every node with a choice
   TuneReport tune;
+  int threads = 1; // each replica's threads (TeacherOptions::threads, or the arena's)
   dnnl::engine eng{dnnl::engine::kind::cpu, 0};
   std::vector<std::size_t> buffer_bytes;
   std::vector<std::size_t> buffer_offset; // each buffer's place in a replica's block of arena_bytes
@@ -124,6 +130,8 @@ public:
   // --- for op lowerings ------------------------------------------------------------------------
   [[nodiscard]] const Graph& graph() const { return g_; }
   [[nodiscard]] const dnnl::engine& eng() const { return p_.eng; }
+  // The threads each replica runs the plan with.
+  [[nodiscard]] int threads() const { return p_.threads; }
   // The element type products (Conv, Gemm, MatMul, Einsum) read: f32, or bf16 under
   // teacher.precision = bf16.
   [[nodiscard]] dt act() const { return act_; }
@@ -211,8 +219,10 @@ public:
   void add_reorder(const ArgRef& src, const ArgRef& dst, const std::string& label);
   void add_primitive(dnnl::primitive prim, std::vector<std::pair<int, ArgRef>> args,
                      const std::string& label, const memory::desc& scratchpad);
+  // `impl`: what runs it where that is more than kdflow's plain loop (a kernel that calls oneDNN
+  // primitives itself), for profiles; the label then is the node's alone.
   void add_kernel(Kernel k, std::vector<ArgRef> operands, const std::string& label,
-                  KernelLoop loop = KernelLoop::rows);
+                  KernelLoop loop = KernelLoop::rows, std::string impl = {});
 
   // A user scratchpad and the node's fused post-ops (eltwise activations, residual sum), after a
   // scaling by `scale` when it is not 1.

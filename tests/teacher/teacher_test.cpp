@@ -102,6 +102,51 @@ TEST(TeacherOps, EveryOpMatchesTheReference) {
   }
 }
 
+// The Winograd ways compute each convolution they take as the reference loop does: every op
+// fixture runs with each preferred wherever a convolution offers it, and the winograd_* fixtures
+// (channel counts that fill no whole vector, maps of no whole number of tiles, asymmetric and no
+// padding, every kind of post-op, a residual sum) must take it on every 3x3 convolution.
+TEST(TeacherOps, WinogradWaysMatchTheReference) {
+  const fs::path dir = fixture_dir("ops");
+  const auto m = manifest(dir);
+  for (const std::string way : {"winograd_4x4", "winograd_2x2"}) {
+    int fixtures = 0;
+    for (const auto& entry : m["models"]) {
+      const std::string name = entry["name"];
+      const Shape shape = entry["input"].get<Shape>();
+      const std::string path = (dir / (name + ".onnx")).string();
+      SCOPED_TRACE(name + " preferring " + way);
+      TeacherOptions opts;
+      opts.batch = shape[0];
+      opts.prefer = {way};
+      const auto t = Teacher::load(path, opts);
+      int taken = 0, offered = 0;
+      for (const auto& n : t->tune_report().nodes) {
+        taken += n.chosen == way;
+        offered += std::find(n.options.begin(), n.options.end(), way) != n.options.end();
+      }
+      if (name.starts_with("winograd_")) {
+        ++fixtures;
+        EXPECT_GT(taken, 0);
+        EXPECT_EQ(taken, offered);
+        if (name == "winograd_leaky_clip" || name == "winograd_residual_gelu") {
+          EXPECT_EQ(taken, 2); // both 3x3 convolutions: (the sum's and the Gelu's)
+        }
+      }
+      if (taken == 0) continue;
+      const auto x = random_input(shape);
+      const auto env = interpret(path, x, shape[0]);
+      EXPECT_LE(normalized_error(run(t, x)[0], env.at(t->output_names()[0]).f), 1e-4);
+      for (const auto& step : t->step_info()) {
+        if (step.kind.starts_with("Conv (winograd")) {
+          EXPECT_TRUE(step.impl.starts_with("kdflow winograd")) << step.impl;
+        }
+      }
+    }
+    EXPECT_EQ(fixtures, 5);
+  }
+}
+
 // A residual Add becomes a sum post-op (the conv accumulates into the other operand's buffer)
 // only where the conv does not read that operand: a convolution written over its own input reads
 // neighbours it has already overwritten. That gave wrong sums by thread timing (seen on 16 cores,
@@ -686,8 +731,8 @@ TEST(TeacherTune, EveryWayOfEveryNodeMatchesPyTorch) {
   const auto m = manifest(dir);
   const std::int64_t batch = m["batch"];
   const std::vector<std::string> ways = {
-      "library", "channels_last", "inner_product",      "unrolled",
-      "pooling", "reduction",     "pointwise_depthwise"};
+      "library",   "channels_last",       "inner_product", "unrolled",    "pooling",
+      "reduction", "pointwise_depthwise", "winograd_4x4",  "winograd_2x2"};
   std::map<std::string, int> nodes_run;
   for (const auto& entry : m["models"]) {
     const std::string name = entry["name"];

@@ -1,0 +1,414 @@
+// A 3x3 convolution (stride 1, one group) by Winograd's minimal filtering, F(m x m, 3x3) with
+// m = 4 or 2 (Lavin and Gray, "Fast Algorithms for Convolutional Neural Networks", 2016): each
+// (m+2) x (m+2) input tile d and 3x3 kernel g give the m x m output tile
+//     Y = A^T [ (G g G^T) (.) (B^T d B) ] A
+// so the products of a whole layer become (m+2)^2 independent matrix products, one per element
+// of the transformed tile: (tiles x C) times (C x K). Those run through oneDNN's batched matmul;
+// the transforms are kdflow's, vectorized over 16 channels of the channels-last tensors. The
+// kernel's transform U = G g G^T is computed once at load (in double). F(4x4, 3x3) multiplies 4x
+// fewer than the direct convolution, F(2x2, 3x3) 2.25x fewer, for transforms that read and write
+// each tile's channels once; the tuner times both against oneDNN's direct convolution.
+//
+// The tiles are processed in chunks sized so that a chunk's transformed tiles and products stay
+// in the cores' caches (about 512 KiB of them per thread): transform a chunk's input tiles
+// (parallel over tiles), one matmul over the chunk, transform its products back into the output
+// with the bias and the node's post-ops (activations, the residual sum), parallel over tiles.
+#include "winograd.hpp"
+
+#include "kdflow/core/vector_clones.hpp"
+#include "op_table.hpp"
+
+#include <fmt/format.h>
+#include <oneapi/tbb/blocked_range.h>
+#include <oneapi/tbb/parallel_for.h>
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <memory>
+#include <unordered_map>
+
+namespace kdflow::teacher {
+namespace {
+
+constexpr int kLanes = 16; // channels per vector: one AVX-512 register, two AVX2 ones
+using Vec = float __attribute__((vector_size(kLanes * sizeof(float))));
+
+// (Out-parameters, not return values: a 64-byte vector returned by value has another ABI where
+// AVX-512 is enabled than in the baseline build.)
+inline void load(Vec& v, const float* p) { std::memcpy(&v, p, sizeof v); }
+inline void store(float* p, const Vec& v) { std::memcpy(p, &v, sizeof v); }
+
+// The one-dimensional transforms along a line of a tile (`s`: the stride between its elements):
+// B^T d for the input, A^T m for the products. The 2-D transforms apply them to the columns,
+// then to the rows. B^T, G and A^T as in Lavin and Gray (interpolation points 0, +-1, +-2 for m =
+// 4; 0, +-1 for m = 2).
+template <int M>
+struct Transform;
+
+template <>
+struct Transform<4> {
+  static void input(const Vec* d, int s, Vec* r, int rs) {
+    const Vec d0 = d[0], d1 = d[s], d2 = d[2 * s], d3 = d[3 * s], d4 = d[4 * s], d5 = d[5 * s];
+    r[0] = 4 * d0 - 5 * d2 + d4;
+    const Vec a = d4 - 4 * d2, b = d3 - 4 * d1;
+    r[rs] = a + b;
+    r[2 * rs] = a - b;
+    const Vec c = d4 - d2, e = 2 * (d3 - d1);
+    r[3 * rs] = c + e;
+    r[4 * rs] = c - e;
+    r[5 * rs] = 4 * d1 - 5 * d3 + d5;
+  }
+  static void output(const Vec* m, int s, Vec* y, int ys) {
+    const Vec m0 = m[0], m1 = m[s], m2 = m[2 * s], m3 = m[3 * s], m4 = m[4 * s], m5 = m[5 * s];
+    const Vec a = m1 + m2, b = m3 + m4, c = m1 - m2, e = m3 - m4;
+    y[0] = m0 + a + b;
+    y[ys] = c + 2 * e;
+    y[2 * ys] = a + 4 * b;
+    y[3 * ys] = c + 8 * e + m5;
+  }
+  static constexpr double G[6][3] = {{1.0 / 4, 0, 0},
+                                     {-1.0 / 6, -1.0 / 6, -1.0 / 6},
+                                     {-1.0 / 6, 1.0 / 6, -1.0 / 6},
+                                     {1.0 / 24, 1.0 / 12, 1.0 / 6},
+                                     {1.0 / 24, -1.0 / 12, 1.0 / 6},
+                                     {0, 0, 1}};
+};
+
+template <>
+struct Transform<2> {
+  static void input(const Vec* d, int s, Vec* r, int rs) {
+    const Vec d0 = d[0], d1 = d[s], d2 = d[2 * s], d3 = d[3 * s];
+    r[0] = d0 - d2;
+    r[rs] = d1 + d2;
+    r[2 * rs] = d2 - d1;
+    r[3 * rs] = d1 - d3;
+  }
+  static void output(const Vec* m, int s, Vec* y, int ys) {
+    const Vec m0 = m[0], m1 = m[s], m2 = m[2 * s], m3 = m[3 * s];
+    y[0] = m0 + m1 + m2;
+    y[ys] = m1 - m2 - m3;
+  }
+  static constexpr double G[4][3] = {{1, 0, 0}, {0.5, 0.5, 0.5}, {0.5, -0.5, 0.5}, {0, 0, 1}};
+};
+
+// The layer's shape as the kernels walk it.
+struct Geometry {
+  int m = 4;                   // output tile side
+  int alpha = 6;               // input tile side, m + 2
+  std::int64_t c = 0, k = 0;   // input and output channels
+  std::int64_t cp = 0, kp = 0; // the same padded to whole vectors
+  std::int64_t h = 0, w = 0;   // input map
+  std::int64_t ho = 0, wo = 0; // output map
+  std::int64_t pad_top = 0, pad_left = 0;
+  std::int64_t tiles_w = 0, tiles_per_image = 0, tiles = 0;
+  std::int64_t chunk = 0; // tiles per matmul
+};
+
+// A post-op as the output transform applies it, in the node's order.
+struct Post {
+  enum class Kind { relu, activation, sum } kind = Kind::relu;
+  float (*scalar)(float, float, float) = nullptr;
+  float alpha = 0, beta = 0;
+};
+
+// Input tiles [first, first + count) of the chunk whose first tile is `chunk_first`, transformed
+// into v ([alpha^2][chunk][cp], each row one tile's channels).
+template <int M>
+[[gnu::always_inline]] inline void input_tiles(const Geometry& g, const float* x, float* v,
+                                               std::int64_t chunk_first, std::int64_t first,
+                                               std::int64_t count) {
+  constexpr int A = M + 2;
+  for (std::int64_t t = first; t < first + count; ++t) {
+    const std::int64_t tile = chunk_first + t;
+    const std::int64_t n = tile / g.tiles_per_image, r = tile % g.tiles_per_image;
+    const std::int64_t y0 = (r / g.tiles_w) * M - g.pad_top, x0 = (r % g.tiles_w) * M - g.pad_left;
+    const bool inside = y0 >= 0 && x0 >= 0 && y0 + A <= g.h && x0 + A <= g.w;
+    for (std::int64_t c0 = 0; c0 < g.cp; c0 += kLanes) {
+      const std::int64_t lanes = std::min<std::int64_t>(kLanes, g.c - c0);
+      Vec d[A * A];
+      if (inside && lanes == kLanes) {
+        for (int i = 0; i < A; ++i)
+          for (int j = 0; j < A; ++j)
+            load(d[i * A + j], x + ((n * g.h + y0 + i) * g.w + x0 + j) * g.c + c0);
+      } else {
+        for (int i = 0; i < A; ++i)
+          for (int j = 0; j < A; ++j) {
+            Vec e = {};
+            const std::int64_t yy = y0 + i, xx = x0 + j;
+            if (yy >= 0 && yy < g.h && xx >= 0 && xx < g.w) {
+              const float* p = x + ((n * g.h + yy) * g.w + xx) * g.c + c0;
+              for (std::int64_t l = 0; l < lanes; ++l) e[l] = p[l];
+            }
+            d[i * A + j] = e;
+          }
+      }
+      Vec cols[A * A], out[A * A];
+      for (int j = 0; j < A; ++j) Transform<M>::input(d + j, A, cols + j, A);
+      for (int i = 0; i < A; ++i) Transform<M>::input(cols + i * A, 1, out + i * A, 1);
+      for (int e = 0; e < A * A; ++e) store(v + (e * g.chunk + t) * g.cp + c0, out[e]);
+    }
+  }
+}
+
+// The products of tiles [first, first + count) of the chunk (mm: [alpha^2][chunk][kp])
+// transformed back into the output map y (channels-last), with the bias and the post-ops.
+template <int M>
+[[gnu::always_inline]] inline void
+output_tiles(const Geometry& g, const float* mm, const float* bias, const Post* post, int posts,
+             float* y, std::int64_t chunk_first, std::int64_t first, std::int64_t count) {
+  constexpr int A = M + 2;
+  for (std::int64_t t = first; t < first + count; ++t) {
+    const std::int64_t tile = chunk_first + t;
+    const std::int64_t n = tile / g.tiles_per_image, r = tile % g.tiles_per_image;
+    const std::int64_t y0 = (r / g.tiles_w) * M, x0 = (r % g.tiles_w) * M;
+    for (std::int64_t k0 = 0; k0 < g.k; k0 += kLanes) {
+      const std::int64_t lanes = std::min<std::int64_t>(kLanes, g.k - k0);
+      Vec m[A * A], cols[M * A], out[M * M];
+      for (int e = 0; e < A * A; ++e) load(m[e], mm + (e * g.chunk + t) * g.kp + k0);
+      for (int j = 0; j < A; ++j) Transform<M>::output(m + j, A, cols + j, A);
+      for (int i = 0; i < M; ++i) Transform<M>::output(cols + i * A, 1, out + i * M, 1);
+      Vec b;
+      load(b, bias + k0);
+      for (int i = 0; i < M && y0 + i < g.ho; ++i)
+        for (int j = 0; j < M && x0 + j < g.wo; ++j) {
+          float* p = y + ((n * g.ho + y0 + i) * g.wo + x0 + j) * g.k + k0;
+          Vec v = out[i * M + j] + b;
+          for (int q = 0; q < posts; ++q) {
+            const Post& o = post[q];
+            if (o.kind == Post::Kind::relu) {
+              for (int l = 0; l < kLanes; ++l) v[l] = v[l] > 0.f ? v[l] : 0.f;
+            } else if (o.kind == Post::Kind::sum) {
+              Vec s = {};
+              if (lanes == kLanes) {
+                load(s, p);
+              } else {
+                for (std::int64_t l = 0; l < lanes; ++l) s[l] = p[l];
+              }
+              v += s;
+            } else {
+              for (int l = 0; l < kLanes; ++l) v[l] = o.scalar(v[l], o.alpha, o.beta);
+            }
+          }
+          if (lanes == kLanes) {
+            store(p, v);
+          } else {
+            for (std::int64_t l = 0; l < lanes; ++l) p[l] = v[l];
+          }
+        }
+    }
+  }
+}
+
+// Each tile size's transforms built for every vector width this build offers.
+KD_VECTOR_CLONES void input_tiles_4(const Geometry& g, const float* x, float* v,
+                                    std::int64_t chunk_first, std::int64_t first,
+                                    std::int64_t count) {
+  input_tiles<4>(g, x, v, chunk_first, first, count);
+}
+KD_VECTOR_CLONES void input_tiles_2(const Geometry& g, const float* x, float* v,
+                                    std::int64_t chunk_first, std::int64_t first,
+                                    std::int64_t count) {
+  input_tiles<2>(g, x, v, chunk_first, first, count);
+}
+KD_VECTOR_CLONES void output_tiles_4(const Geometry& g, const float* mm, const float* bias,
+                                     const Post* post, int posts, float* y,
+                                     std::int64_t chunk_first, std::int64_t first,
+                                     std::int64_t count) {
+  output_tiles<4>(g, mm, bias, post, posts, y, chunk_first, first, count);
+}
+KD_VECTOR_CLONES void output_tiles_2(const Geometry& g, const float* mm, const float* bias,
+                                     const Post* post, int posts, float* y,
+                                     std::int64_t chunk_first, std::int64_t first,
+                                     std::int64_t count) {
+  output_tiles<2>(g, mm, bias, post, posts, y, chunk_first, first, count);
+}
+
+// U = G g G^T for every (output, input) channel pair, as the matmul's weights [alpha^2][cp][kp]
+// (zero in the padding), from the ONNX kernel [K][C][3][3].
+template <int M>
+std::vector<float> transformed_kernel(const Geometry& g, const std::vector<float>& w) {
+  constexpr int A = M + 2;
+  std::vector<float> u(static_cast<std::size_t>(A * A * g.cp * g.kp), 0.f);
+  for (std::int64_t k = 0; k < g.k; ++k)
+    for (std::int64_t c = 0; c < g.c; ++c) {
+      const float* k3 = w.data() + (k * g.c + c) * 9;
+      double half[A][3];
+      for (int i = 0; i < A; ++i)
+        for (int j = 0; j < 3; ++j) {
+          double s = 0;
+          for (int q = 0; q < 3; ++q) s += Transform<M>::G[i][q] * k3[q * 3 + j];
+          half[i][j] = s;
+        }
+      for (int i = 0; i < A; ++i)
+        for (int j = 0; j < A; ++j) {
+          double s = 0;
+          for (int q = 0; q < 3; ++q) s += half[i][q] * Transform<M>::G[j][q];
+          u[static_cast<std::size_t>(((i * A + j) * g.cp + c) * g.kp + k)] = static_cast<float>(s);
+        }
+    }
+  return u;
+}
+
+// The step's kernel: operands x, U, bias, v, mm, the matmul's scratchpad, y.
+struct WinogradKernel {
+  Geometry g;
+  dnnl::engine eng;
+  dnnl::matmul product;
+  memory::desc v_md, u_md, mm_md, pad_md;
+  std::vector<Post> post;
+
+  void operator()(std::byte* const* ptrs) const {
+    const auto* x = reinterpret_cast<const float*>(ptrs[0]);
+    const auto* bias = reinterpret_cast<const float*>(ptrs[2]);
+    auto* v = reinterpret_cast<float*>(ptrs[3]);
+    auto* mm = reinterpret_cast<float*>(ptrs[4]);
+    auto* y = reinterpret_cast<float*>(ptrs[6]);
+    dnnl::stream stream(eng);
+    const dnnl::memory v_mem(v_md, eng, v), u_mem(u_md, eng, ptrs[1]), mm_mem(mm_md, eng, mm),
+        pad_mem(pad_md, eng, ptrs[5]);
+    const std::unordered_map<int, dnnl::memory> args = {{DNNL_ARG_SRC, v_mem},
+                                                        {DNNL_ARG_WEIGHTS, u_mem},
+                                                        {DNNL_ARG_DST, mm_mem},
+                                                        {DNNL_ARG_SCRATCHPAD, pad_mem}};
+    const bool four = g.m == 4;
+    const auto grain = std::max<std::int64_t>(1, g.chunk / 64);
+    for (std::int64_t first = 0; first < g.tiles; first += g.chunk) {
+      const std::int64_t count = std::min(g.chunk, g.tiles - first);
+      oneapi::tbb::parallel_for(oneapi::tbb::blocked_range<std::int64_t>(0, count, grain),
+                                [&](const oneapi::tbb::blocked_range<std::int64_t>& r) {
+                                  (four ? input_tiles_4 : input_tiles_2)(g, x, v, first, r.begin(),
+                                                                         r.end() - r.begin());
+                                });
+      // A last chunk short of `chunk` tiles leaves rows of v from the chunk before: the matmul
+      // computes their rows of mm too (rows are independent) and nothing reads them.
+      product.execute(stream, args);
+      stream.wait();
+      oneapi::tbb::parallel_for(oneapi::tbb::blocked_range<std::int64_t>(0, count, grain),
+                                [&](const oneapi::tbb::blocked_range<std::int64_t>& r) {
+                                  (four ? output_tiles_4 : output_tiles_2)(
+                                      g, mm, bias, post.data(), static_cast<int>(post.size()), y,
+                                      first, r.begin(), r.end() - r.begin());
+                                });
+    }
+  }
+};
+
+constexpr std::int64_t kChunkBytesPerThread = 512 << 10;
+
+} // namespace
+
+std::vector<std::string> winograd_ways(const Lowering& plan, const Node& node) {
+  const Graph& g = plan.graph();
+  using Ints = std::vector<std::int64_t>;
+  if (node.int_attr("group", 1) != 1 || !g.is_constant(node.inputs[1]) ||
+      node.ints_attr("strides") != Ints{1, 1} || node.ints_attr("dilations") != Ints{1, 1})
+    return {};
+  const Shape& ws = g.shape(node.inputs[1]);
+  if (ws.size() != 4 || ws[2] != 3 || ws[3] != 3 || ws[0] < kLanes || ws[1] < kLanes) return {};
+  if (node.inputs.size() > 2 && !node.inputs[2].empty() && !g.is_constant(node.inputs[2]))
+    return {};
+  // fp32 only: no bf16 products, no int8 (nor its calibration plan, which observes inputs).
+  if (plan.act() != dt::f32 || plan.type_of(node.outputs[0]) != dt::f32 || plan.observing() ||
+      plan.quant_input(node) || plan.quantized_output(node))
+    return {};
+  for (const auto& p : node.post_ops) {
+    if (p.kind == PostOp::Kind::sum) {
+      const Shape& os = g.shape(node.outputs[0]);
+      if (plan.at(p.sum_input).md != memory::desc(dims_of(os), dt::f32, memory::format_tag::acdb))
+        return {}; // the summand must lie channels-last, as the output is written
+    } else if (find_op(p.op) == nullptr || find_op(p.op)->activation == nullptr) {
+      return {};
+    }
+  }
+  return {"winograd_4x4", "winograd_2x2"};
+}
+
+void winograd_conv(Lowering& plan, const Node& node, int m) {
+  const Graph& graph = plan.graph();
+  plan.set_kind(fmt::format("Conv (winograd {}x{})", m, m));
+  const Shape& xs = graph.shape(node.inputs[0]);
+  const Shape& os = graph.shape(node.outputs[0]);
+  const auto pads = node.ints_attr("pads");
+  Geometry g;
+  g.m = m;
+  g.alpha = m + 2;
+  g.c = xs[1];
+  g.k = os[1];
+  g.cp = (g.c + kLanes - 1) / kLanes * kLanes;
+  g.kp = (g.k + kLanes - 1) / kLanes * kLanes;
+  g.h = xs[2];
+  g.w = xs[3];
+  g.ho = os[2];
+  g.wo = os[3];
+  g.pad_top = pads[0];
+  g.pad_left = pads[1];
+  g.tiles_w = (g.wo + m - 1) / m;
+  g.tiles_per_image = ((g.ho + m - 1) / m) * g.tiles_w;
+  g.tiles = xs[0] * g.tiles_per_image;
+  // Chunks of about kChunkBytesPerThread of transformed tiles and products per thread, evened
+  // out so that the last chunk is nearly full.
+  const std::int64_t a2 = g.alpha * g.alpha;
+  const std::int64_t per_thread = std::clamp<std::int64_t>(
+      kChunkBytesPerThread / (a2 * (g.cp + g.kp) * std::int64_t{sizeof(float)}), 8, 256);
+  const std::int64_t target = std::min(g.tiles, per_thread * std::max(1, plan.threads()));
+  const std::int64_t chunks = (g.tiles + target - 1) / target;
+  g.chunk = (g.tiles + chunks - 1) / chunks;
+
+  const memory::desc v_md({a2, g.chunk, g.cp}, dt::f32, memory::format_tag::abc);
+  const memory::desc mm_md({a2, g.chunk, g.kp}, dt::f32, memory::format_tag::abc);
+  const memory::desc u_user({a2, g.cp, g.kp}, dt::f32, memory::format_tag::abc);
+  const dnnl::matmul::primitive_desc pd(
+      plan.eng(), v_md, memory::desc({a2, g.cp, g.kp}, dt::f32, memory::format_tag::any), mm_md,
+      Lowering::plain_attr());
+  const std::vector<float>& w = graph.constants.at(node.inputs[1]).f;
+  std::vector<float> bias(static_cast<std::size_t>(g.kp), 0.f);
+  if (node.inputs.size() > 2 && !node.inputs[2].empty()) {
+    const auto& b = graph.constants.at(node.inputs[2]).f;
+    std::copy(b.begin(), b.end(), bias.begin());
+  }
+  const memory::desc bias_md({g.kp}, dt::f32, memory::format_tag::a);
+
+  auto kernel = std::make_shared<WinogradKernel>();
+  kernel->g = g;
+  kernel->eng = plan.eng();
+  kernel->product = dnnl::matmul(pd);
+  kernel->v_md = v_md;
+  kernel->u_md = pd.weights_desc();
+  kernel->mm_md = mm_md;
+  const std::int64_t pad_bytes =
+      std::max<std::int64_t>(1, static_cast<std::int64_t>(pd.scratchpad_desc().get_size()));
+  kernel->pad_md = memory::desc({pad_bytes}, dt::u8, memory::format_tag::a);
+  const PostOp* sum = Lowering::sum_post(node);
+  for (const auto& p : node.post_ops) {
+    Post o;
+    if (p.kind == PostOp::Kind::sum) {
+      o.kind = Post::Kind::sum;
+    } else {
+      const Activation& a = *find_op(p.op)->activation;
+      const bool relu = a.algorithm_for(p.alpha) == dnnl_eltwise_relu &&
+                        a.onednn_params.value_or(std::pair{p.alpha, p.beta}).first == 0.f;
+      o.kind = relu ? Post::Kind::relu : Post::Kind::activation;
+      o.scalar = a.scalar;
+      o.alpha = p.alpha;
+      o.beta = p.beta;
+    }
+    kernel->post.push_back(o);
+  }
+
+  const memory::desc y_md(dims_of(os), dt::f32, memory::format_tag::acdb);
+  ArgRef x = plan.get(node.inputs[0], memory::desc(dims_of(xs), dt::f32, memory::format_tag::acdb));
+  ArgRef u = plan.weight(m == 4 ? transformed_kernel<4>(g, w) : transformed_kernel<2>(g, w), u_user,
+                         pd.weights_desc());
+  ArgRef b = plan.weight(std::move(bias), bias_md, bias_md);
+  // With a residual sum it accumulates into the summand's buffer (channels-last, dead after it).
+  ArgRef y = sum ? plan.at(sum->sum_input) : plan.new_buffer(y_md);
+  plan.add_kernel(
+      [kernel](std::byte* const* p) { (*kernel)(p); },
+      {x, u, b, plan.new_buffer(v_md), plan.new_buffer(mm_md), plan.new_buffer(kernel->pad_md), y},
+      node.describe(), KernelLoop::rows,
+      fmt::format("kdflow winograd {}x{} + {}", m, m, pd.impl_info_str()));
+  plan.set(node.outputs[0], y);
+}
+
+} // namespace kdflow::teacher
