@@ -2,7 +2,6 @@
 // RGB, then the crop (torchvision's Resize + CenterCrop/RandomCrop, or RandomResizedCrop) resized
 // as PIL resizes, computing only the pixels the crop keeps.
 #include "kdflow/core/image_folder.hpp"
-#include "kdflow/core/vector_clones.hpp"
 
 #include "kdflow/core/digest.hpp"
 #include "kdflow/core/error.hpp"
@@ -262,8 +261,18 @@ void check_pixels(const std::string& path, std::int64_t w, std::int64_t h) {
 namespace {
 
 // PIL's fixed point for 8-bit resampling (Resample.c): 22 fraction bits, round half away from 0.
-// The resample's loops vectorize and are built for each vector width (KD_VECTOR_CLONES); integer
-// arithmetic, so every build gives the same bytes.
+// The resample's loops vectorize: with GCC it is built for AVX-512 (x86-64-v4) and AVX2 beside the
+// baseline, the loader picking the widest this CPU has when it is loaded (function
+// multiversioning); integer arithmetic, so every build gives the same bytes. Not under the
+// sanitizers: the clones' resolver runs before their runtimes are up (a TSan build crashed at
+// start).
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) &&                             \
+    !defined(__SANITIZE_THREAD__) && !defined(__SANITIZE_ADDRESS__)
+#define KD_VECTOR_CLONES __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
+#else
+#define KD_VECTOR_CLONES
+#endif
+
 constexpr int kPrecisionBits = 32 - 8 - 2;
 
 // A fixed-point sum back to 8 bits (an arithmetic shift keeps a negative sum negative: 0).

@@ -15,7 +15,6 @@
 // with the bias and the node's post-ops (activations, the residual sum), parallel over tiles.
 #include "winograd.hpp"
 
-#include "kdflow/core/vector_clones.hpp"
 #include "op_table.hpp"
 
 #include <fmt/format.h>
@@ -36,8 +35,8 @@ using Vec = float __attribute__((vector_size(kLanes * sizeof(float))));
 
 // (Out-parameters, not return values: a 64-byte vector returned by value has another ABI where
 // AVX-512 is enabled than in the baseline build.)
-inline void load(Vec& v, const float* p) { std::memcpy(&v, p, sizeof v); }
-inline void store(float* p, const Vec& v) { std::memcpy(p, &v, sizeof v); }
+[[gnu::always_inline]] inline void load(Vec& v, const float* p) { std::memcpy(&v, p, sizeof v); }
+[[gnu::always_inline]] inline void store(float* p, const Vec& v) { std::memcpy(p, &v, sizeof v); }
 
 // The one-dimensional transforms along a line of a tile (`s`: the stride between its elements):
 // B^T d for the input, A^T m for the products. The 2-D transforms apply them to the columns,
@@ -48,7 +47,7 @@ struct Transform;
 
 template <>
 struct Transform<4> {
-  static void input(const Vec* d, int s, Vec* r, int rs) {
+  [[gnu::always_inline]] static void input(const Vec* d, int s, Vec* r, int rs) {
     const Vec d0 = d[0], d1 = d[s], d2 = d[2 * s], d3 = d[3 * s], d4 = d[4 * s], d5 = d[5 * s];
     r[0] = 4 * d0 - 5 * d2 + d4;
     const Vec a = d4 - 4 * d2, b = d3 - 4 * d1;
@@ -59,7 +58,7 @@ struct Transform<4> {
     r[4 * rs] = c - e;
     r[5 * rs] = 4 * d1 - 5 * d3 + d5;
   }
-  static void output(const Vec* m, int s, Vec* y, int ys) {
+  [[gnu::always_inline]] static void output(const Vec* m, int s, Vec* y, int ys) {
     const Vec m0 = m[0], m1 = m[s], m2 = m[2 * s], m3 = m[3 * s], m4 = m[4 * s], m5 = m[5 * s];
     const Vec a = m1 + m2, b = m3 + m4, c = m1 - m2, e = m3 - m4;
     y[0] = m0 + a + b;
@@ -77,14 +76,14 @@ struct Transform<4> {
 
 template <>
 struct Transform<2> {
-  static void input(const Vec* d, int s, Vec* r, int rs) {
+  [[gnu::always_inline]] static void input(const Vec* d, int s, Vec* r, int rs) {
     const Vec d0 = d[0], d1 = d[s], d2 = d[2 * s], d3 = d[3 * s];
     r[0] = d0 - d2;
     r[rs] = d1 + d2;
     r[2 * rs] = d2 - d1;
     r[3 * rs] = d1 - d3;
   }
-  static void output(const Vec* m, int s, Vec* y, int ys) {
+  [[gnu::always_inline]] static void output(const Vec* m, int s, Vec* y, int ys) {
     const Vec m0 = m[0], m1 = m[s], m2 = m[2 * s], m3 = m[3 * s];
     y[0] = m0 + m1 + m2;
     y[ys] = m1 - m2 - m3;
@@ -200,28 +199,75 @@ output_tiles(const Geometry& g, const float* mm, const float* bias, const Post* 
   }
 }
 
-// Each tile size's transforms built for every vector width this build offers.
-KD_VECTOR_CLONES void input_tiles_4(const Geometry& g, const float* x, float* v,
-                                    std::int64_t chunk_first, std::int64_t first,
-                                    std::int64_t count) {
-  input_tiles<4>(g, x, v, chunk_first, first, count);
+// The transforms built for each vector width: AVX-512 (one register per 16 channels), AVX2 with
+// FMA (two), and the baseline (four SSE registers). Which runs follows oneDNN's effective ISA
+// (the CPU's, or less under ONEDNN_MAX_CPU_ISA), so that a capped run measures the transforms at
+// the width the matmul runs at too.
+using InputFn = void (*)(const Geometry&, const float*, float*, std::int64_t, std::int64_t,
+                         std::int64_t);
+using OutputFn = void (*)(const Geometry&, const float*, const float*, const Post*, int, float*,
+                          std::int64_t, std::int64_t, std::int64_t);
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define KD_WINOGRAD_AVX512 __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,avx2,fma")))
+#define KD_WINOGRAD_AVX2 __attribute__((target("avx2,fma")))
+#define KD_WINOGRAD_X86 1
+#endif
+
+template <int M>
+void input_baseline(const Geometry& g, const float* x, float* v, std::int64_t chunk_first,
+                    std::int64_t first, std::int64_t count) {
+  input_tiles<M>(g, x, v, chunk_first, first, count);
 }
-KD_VECTOR_CLONES void input_tiles_2(const Geometry& g, const float* x, float* v,
-                                    std::int64_t chunk_first, std::int64_t first,
-                                    std::int64_t count) {
-  input_tiles<2>(g, x, v, chunk_first, first, count);
+template <int M>
+void output_baseline(const Geometry& g, const float* mm, const float* bias, const Post* post,
+                     int posts, float* y, std::int64_t chunk_first, std::int64_t first,
+                     std::int64_t count) {
+  output_tiles<M>(g, mm, bias, post, posts, y, chunk_first, first, count);
 }
-KD_VECTOR_CLONES void output_tiles_4(const Geometry& g, const float* mm, const float* bias,
-                                     const Post* post, int posts, float* y,
+#ifdef KD_WINOGRAD_X86
+template <int M>
+KD_WINOGRAD_AVX512 void input_avx512(const Geometry& g, const float* x, float* v,
                                      std::int64_t chunk_first, std::int64_t first,
                                      std::int64_t count) {
-  output_tiles<4>(g, mm, bias, post, posts, y, chunk_first, first, count);
+  input_tiles<M>(g, x, v, chunk_first, first, count);
 }
-KD_VECTOR_CLONES void output_tiles_2(const Geometry& g, const float* mm, const float* bias,
-                                     const Post* post, int posts, float* y,
-                                     std::int64_t chunk_first, std::int64_t first,
-                                     std::int64_t count) {
-  output_tiles<2>(g, mm, bias, post, posts, y, chunk_first, first, count);
+template <int M>
+KD_WINOGRAD_AVX512 void
+output_avx512(const Geometry& g, const float* mm, const float* bias, const Post* post, int posts,
+              float* y, std::int64_t chunk_first, std::int64_t first, std::int64_t count) {
+  output_tiles<M>(g, mm, bias, post, posts, y, chunk_first, first, count);
+}
+template <int M>
+KD_WINOGRAD_AVX2 void input_avx2(const Geometry& g, const float* x, float* v,
+                                 std::int64_t chunk_first, std::int64_t first, std::int64_t count) {
+  input_tiles<M>(g, x, v, chunk_first, first, count);
+}
+template <int M>
+KD_WINOGRAD_AVX2 void output_avx2(const Geometry& g, const float* mm, const float* bias,
+                                  const Post* post, int posts, float* y, std::int64_t chunk_first,
+                                  std::int64_t first, std::int64_t count) {
+  output_tiles<M>(g, mm, bias, post, posts, y, chunk_first, first, count);
+}
+#endif
+
+struct Transforms {
+  InputFn input = nullptr;
+  OutputFn output = nullptr;
+  const char* isa = "baseline";
+};
+
+template <int M>
+Transforms transforms_for_isa() {
+#ifdef KD_WINOGRAD_X86
+  const auto has = [](dnnl::cpu_isa want) {
+    const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
+    return (isa & static_cast<unsigned>(want)) == static_cast<unsigned>(want);
+  };
+  if (has(dnnl::cpu_isa::avx512_core)) return {input_avx512<M>, output_avx512<M>, "avx512"};
+  if (has(dnnl::cpu_isa::avx2)) return {input_avx2<M>, output_avx2<M>, "avx2"};
+#endif
+  return {input_baseline<M>, output_baseline<M>, "baseline"};
 }
 
 // U = G g G^T for every (output, input) channel pair, as the matmul's weights [alpha^2][cp][kp]
@@ -257,6 +303,7 @@ struct WinogradKernel {
   dnnl::matmul product;
   memory::desc v_md, u_md, mm_md, pad_md;
   std::vector<Post> post;
+  Transforms transforms;
 
   void operator()(std::byte* const* ptrs) const {
     const auto* x = reinterpret_cast<const float*>(ptrs[0]);
@@ -271,14 +318,12 @@ struct WinogradKernel {
                                                         {DNNL_ARG_WEIGHTS, u_mem},
                                                         {DNNL_ARG_DST, mm_mem},
                                                         {DNNL_ARG_SCRATCHPAD, pad_mem}};
-    const bool four = g.m == 4;
     const auto grain = std::max<std::int64_t>(1, g.chunk / 64);
     for (std::int64_t first = 0; first < g.tiles; first += g.chunk) {
       const std::int64_t count = std::min(g.chunk, g.tiles - first);
       oneapi::tbb::parallel_for(oneapi::tbb::blocked_range<std::int64_t>(0, count, grain),
                                 [&](const oneapi::tbb::blocked_range<std::int64_t>& r) {
-                                  (four ? input_tiles_4 : input_tiles_2)(g, x, v, first, r.begin(),
-                                                                         r.end() - r.begin());
+                                  transforms.input(g, x, v, first, r.begin(), r.end() - r.begin());
                                 });
       // A last chunk short of `chunk` tiles leaves rows of v from the chunk before: the matmul
       // computes their rows of mm too (rows are independent) and nothing reads them.
@@ -286,9 +331,9 @@ struct WinogradKernel {
       stream.wait();
       oneapi::tbb::parallel_for(oneapi::tbb::blocked_range<std::int64_t>(0, count, grain),
                                 [&](const oneapi::tbb::blocked_range<std::int64_t>& r) {
-                                  (four ? output_tiles_4 : output_tiles_2)(
-                                      g, mm, bias, post.data(), static_cast<int>(post.size()), y,
-                                      first, r.begin(), r.end() - r.begin());
+                                  transforms.output(g, mm, bias, post.data(),
+                                                    static_cast<int>(post.size()), y, first,
+                                                    r.begin(), r.end() - r.begin());
                                 });
     }
   }
@@ -377,6 +422,7 @@ void winograd_conv(Lowering& plan, const Node& node, int m) {
   kernel->g = g;
   kernel->eng = plan.eng();
   kernel->product = dnnl::matmul(pd);
+  kernel->transforms = m == 4 ? transforms_for_isa<4>() : transforms_for_isa<2>();
   kernel->v_md = v_md;
   kernel->u_md = pd.weights_desc();
   kernel->mm_md = mm_md;
@@ -411,7 +457,8 @@ void winograd_conv(Lowering& plan, const Node& node, int m) {
       [kernel](std::byte* const* p) { (*kernel)(p); },
       {x, u, b, plan.new_buffer(v_md), plan.new_buffer(mm_md), plan.new_buffer(kernel->pad_md), y},
       node.describe(), KernelLoop::rows,
-      fmt::format("kdflow winograd {}x{} + {}", m, m, pd.impl_info_str()));
+      fmt::format("kdflow winograd {}x{} ({}) + {}", m, m, kernel->transforms.isa,
+                  pd.impl_info_str()));
   plan.set(node.outputs[0], y);
 }
 

@@ -129,8 +129,11 @@ TEST(TeacherOps, WinogradWaysMatchTheReference) {
         ++fixtures;
         EXPECT_GT(taken, 0);
         EXPECT_EQ(taken, offered);
-        if (name == "winograd_leaky_clip" || name == "winograd_residual_gelu") {
-          EXPECT_EQ(taken, 2); // both 3x3 convolutions: (the sum's and the Gelu's)
+        // Both 3x3 convolutions; the residual sum's where its summand (the 1x1 shortcut's
+        // output) lies channels-last, as wherever oneDNN has AVX kernels for it (not at SSE4.1).
+        if (name == "winograd_leaky_clip" ||
+            (name == "winograd_residual_gelu" && onednn_info().isa.find("avx") == 0)) {
+          EXPECT_EQ(taken, 2);
         }
       }
       if (taken == 0) continue;

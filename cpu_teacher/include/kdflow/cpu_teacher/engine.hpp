@@ -131,10 +131,12 @@ std::string int8_check_warning(const LogitAgreement& check, const std::string& m
 struct StepInfo {
   std::string label; // the node ("Conv 'features.2.conv.1.0'") or the conversion ("reorder ...")
   std::string kind;  // ONNX op type, convolutions refined: "Conv (depthwise)", "Conv (pointwise)",
-                     // "Conv (unrolled)", "Conv (grouped)"; or "reorder"
+                     // "Conv (unrolled)", "Conv (grouped)", "Conv (pointwise+dw)",
+                     // "Conv (winograd 4x4)", "Conv (winograd 2x2)"; or "reorder"
   // oneDNN's implementation ("brgemm:avx512_core_amx"); or kdflow's own code: "plain kernel"
   // (rows or blocks: contiguous inner loops, copies, fills) or "reference loop" (element by
-  // element, each element's offsets computed from its index, as the reference computes it).
+  // element, each element's offsets computed from its index, as the reference computes it); or a
+  // kernel of kdflow's that runs a primitive itself ("kdflow winograd 4x4 + brg_matmul:avx512_core").
   std::string impl;
   // The element type it writes: "f32" or "bf16" (teacher.precision = bf16 keeps some values in
   // f32, as PyTorch's autocast does).
