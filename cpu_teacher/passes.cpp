@@ -683,6 +683,12 @@ bool fuse_residual(Graph& g) {
       if (p < 0 || post_ops_of(g, g.nodes[p]) != PostOps::eltwise_and_sum ||
           g.consumers(mine).size() != 1 || g.is_output(mine))
         continue;
+      // One residual sum per product: it writes over that summand's buffer, so a second sum
+      // (Add(Add(conv, a), b)) stays an Add.
+      const auto& posts = g.nodes[static_cast<std::size_t>(p)].post_ops;
+      if (std::any_of(posts.begin(), posts.end(),
+                      [](const PostOp& o) { return o.kind == PostOp::Kind::sum; }))
+        continue;
       if (g.is_constant(other) || other == g.input || g.is_output(other)) continue;
       if (g.shape(other) != g.shape(mine)) continue;
       const int q = producer(g, other);

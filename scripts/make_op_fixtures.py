@@ -240,6 +240,13 @@ def cases():
     c["sqrt_pow"] = model([node("Mul", ["x", "x"], ["sq"]), helper.make_node("Sqrt", ["sq"], ["r"], name="sqrt"),
                            helper.make_node("Pow", ["r", "e"], ["y"], name="pow")], X, [const("e", np.float32(3.0))])
     c["conv_gelu_fused"] = model([node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Gelu", ["c"], ["y"], name="gelu")], X, [const("w", rand(5, 4, 3, 3))], opset=20)
+    # Two residual sums after one convolution (Add(Add(conv, a), b), both summands ready before
+    # it and dead after): the convolution takes the first as its sum post-op, the second stays
+    # an Add (it once took both and wrote conv + 2a).
+    c["conv_two_residual_adds"] = model([node("Relu", ["x"], ["a"]), helper.make_node("Sigmoid", ["x"], ["b"], name="sig"),
+                                         helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+                                         helper.make_node("Add", ["c", "a"], ["s"], name="add1"), helper.make_node("Add", ["s", "b"], ["y"], name="add2")], X,
+                                        [const("w", rand(4, 4, 3, 3))])
     # 3x3 convolutions of stride 1 with 16 channels and more, which the Winograd ways take
     # (TeacherOps.WinogradWaysMatchTheReference): channels that fill no whole vector (20 in, 18
     # out), maps that are no whole number of tiles, asymmetric padding of up to 2, no padding,
@@ -254,6 +261,9 @@ def cases():
                                       helper.make_node("Conv", ["l", "w2"], ["c2"], name="conv2", pads=[1, 1, 1, 1]),
                                       helper.make_node("Clip", ["c2", "lo", "hi"], ["y"], name="clip")], W,
                                      [const("w1", rand(20, 20, 3, 3)), const("w2", rand(24, 20, 3, 3)), const("lo", np.float32(-300)), const("hi", np.float32(400))])
+    # Enough tiles for several chunks per matmul (and a short last one with the 2x2 tiles).
+    c["winograd_chunks"] = model([node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["y"], name="relu")], (2, 16, 66, 66),
+                                 [const("w", rand(16, 16, 3, 3)), const("b", rand(16))])
     c["winograd_residual_gelu"] = model([node("Conv", ["x", "w1"], ["s"]), helper.make_node("Conv", ["x", "w2"], ["h"], name="conv3x3", pads=[1, 1, 1, 1]),
                                          helper.make_node("Add", ["h", "s"], ["a"], name="add"), helper.make_node("Relu", ["a"], ["r"], name="relu"),
                                          helper.make_node("Conv", ["r", "w3"], ["c3"], name="conv3", pads=[1, 1, 1, 1]),

@@ -265,7 +265,9 @@ Transforms transforms_for_isa() {
     return (isa & static_cast<unsigned>(want)) == static_cast<unsigned>(want);
   };
   if (has(dnnl::cpu_isa::avx512_core)) return {input_avx512<M>, output_avx512<M>, "avx512"};
-  if (has(dnnl::cpu_isa::avx2)) return {input_avx2<M>, output_avx2<M>, "avx2"};
+  // (oneDNN's avx2 does not promise FMA, which this build's AVX2 transforms may use.)
+  if (has(dnnl::cpu_isa::avx2) && __builtin_cpu_supports("fma"))
+    return {input_avx2<M>, output_avx2<M>, "avx2"};
 #endif
   return {input_baseline<M>, output_baseline<M>, "baseline"};
 }

@@ -146,7 +146,7 @@ TEST(TeacherOps, WinogradWaysMatchTheReference) {
         }
       }
     }
-    EXPECT_EQ(fixtures, 5);
+    EXPECT_EQ(fixtures, 6);
   }
 }
 
