@@ -73,8 +73,9 @@ struct TeacherOptions {
   // calling thread's arena).
   int threads = 0;
   // With tune = off: ways every node that offers them runs, first listed first ("library",
-  // "channels_last", "inner_product", "unrolled", "pooling", "reduction"); a node offering none
-  // runs its first way. Pins a plan by hand; the tests run every way through it.
+  // "channels_last", "inner_product", "unrolled", "pointwise_depthwise", "winograd_4x4",
+  // "winograd_2x2", "pooling", "reduction"); a node offering none runs its first way. Pins a
+  // plan by hand; the tests run every way through it.
   std::vector<std::string> prefer;
   // Where tuned plans are kept between runs; "" = $KDFLOW_CACHE_DIR, else $XDG_CACHE_HOME/kdflow,
   // else ~/.cache/kdflow (a "plans" folder inside).
