@@ -22,7 +22,6 @@
 #include <oneapi/tbb/parallel_for.h>
 
 #include <algorithm>
-#include <array>
 #include <cstring>
 #include <memory>
 #include <unordered_map>
@@ -93,8 +92,6 @@ struct Transform<2> {
 
 // The layer's shape as the kernels walk it.
 struct Geometry {
-  int m = 4;                   // output tile side
-  int alpha = 6;               // input tile side, m + 2
   std::int64_t c = 0, k = 0;   // input and output channels
   std::int64_t cp = 0, kp = 0; // the same padded to whole vectors
   std::int64_t h = 0, w = 0;   // input map
@@ -341,10 +338,10 @@ struct WinogradKernel {
   }
 };
 
-// Measured on a Zen 4 (1 MiB L2 per core, 2 threads, ResNet-18 at 224, batch 32): tuned plans of
-// 323 and 325 ms per batch with 2 MiB against 333 and 376 with 512 KiB, alternating; 128 KiB to
-// 1 MiB were no faster. A chunk's products are read back right after they are written, so the
-// shared L3 serves them well enough.
+// Chosen by a scratch comparison on a Zen 4 (1 MiB L2 per core, 2 threads, ResNet-18 at 224,
+// batch 32, tuned plans timed alternately), not a committed result: 2 MiB was the fastest of
+// 128 KiB to 2 MiB, within that VM's noise of 512 KiB. A chunk's products are read back right
+// after they are written, so the shared L3 serves them well enough.
 constexpr std::int64_t kChunkBytesPerThread = 2 << 20;
 
 } // namespace
@@ -382,8 +379,6 @@ void winograd_conv(Lowering& plan, const Node& node, int m) {
   const Shape& os = graph.shape(node.outputs[0]);
   const auto pads = node.ints_attr("pads");
   Geometry g;
-  g.m = m;
-  g.alpha = m + 2;
   g.c = xs[1];
   g.k = os[1];
   g.cp = (g.c + kLanes - 1) / kLanes * kLanes;
@@ -399,7 +394,7 @@ void winograd_conv(Lowering& plan, const Node& node, int m) {
   g.tiles = xs[0] * g.tiles_per_image;
   // Chunks of about kChunkBytesPerThread of transformed tiles and products per thread, evened
   // out so that the last chunk is nearly full.
-  const std::int64_t a2 = g.alpha * g.alpha;
+  const std::int64_t a2 = (m + 2) * (m + 2); // the transformed tile's elements
   const std::int64_t per_thread = std::clamp<std::int64_t>(
       kChunkBytesPerThread / (a2 * (g.cp + g.kp) * std::int64_t{sizeof(float)}), 8, 256);
   const std::int64_t target = std::min(g.tiles, per_thread * std::max(1, plan.threads()));

@@ -137,7 +137,8 @@ struct StepInfo {
   // oneDNN's implementation ("brgemm:avx512_core_amx"); or kdflow's own code: "plain kernel"
   // (rows or blocks: contiguous inner loops, copies, fills) or "reference loop" (element by
   // element, each element's offsets computed from its index, as the reference computes it); or a
-  // kernel of kdflow's that runs a primitive itself ("kdflow winograd 4x4 + brg_matmul:avx512_core").
+  // kernel of kdflow's that runs a primitive itself
+  // ("kdflow winograd 4x4 (avx512) + brg_matmul:avx512_core").
   std::string impl;
   // The element type it writes: "f32" or "bf16" (teacher.precision = bf16 keeps some values in
   // f32, as PyTorch's autocast does).
