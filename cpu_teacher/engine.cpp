@@ -172,12 +172,161 @@ void Lowering::fail(const Node& node, const std::string& what) const {
 
 // --- values --------------------------------------------------------------------------------------
 
-const ArgRef& Lowering::at(const std::string& value) const {
+const ArgRef& Lowering::view_at(const std::string& value) const {
   const auto it = loc_.find(value);
   if (it == loc_.end())
     throw std::logic_error("teacher plan: value '" + value + "' not computed (lowering '" + node_ +
                            "')");
   return it->second;
+}
+
+const ArgRef& Lowering::at(const std::string& value) {
+  const ArgRef& cur = view_at(value);
+  if (!is_view(value)) return cur;
+  const ArgRef view = cur;
+  const ArgRef dst = new_buffer(plain(g_.shape(value), view.md.get_data_type()));
+  // Plain in the view's axes is plain in the value's: the same bytes.
+  add_reorder(view,
+              ArgRef{dst.kind, dst.index, dst.offset,
+                     plain(Shape(view.md.get_dims()), view.md.get_data_type())},
+              value + " (a view)");
+  views_.erase(value);
+  return loc_[value] = dst;
+}
+
+// --- views ---------------------------------------------------------------------------------------
+
+bool Lowering::may_view(const Node& node) const {
+  if (p_.observe || node.inputs.empty() || node.outputs.size() != 1) return false;
+  const std::string& in = node.inputs[0];
+  const std::string& out = node.outputs[0];
+  if (g_.is_output(out) || is_feature(out) || g_.is_output(in) || is_feature(in)) return false;
+  if (g_.shape(out).empty()) return false; // oneDNN has no 0-d memory
+  const ArgRef& src = view_at(in);
+  return src.kind == ArgRef::Kind::buffer &&
+         src.md.get_format_kind() == memory::format_kind::blocked && src.md.get_inner_nblks() == 0;
+}
+
+Lowering::Fine Lowering::fine_of(const std::string& value) const {
+  const memory::desc& md = view_at(value).md;
+  Fine f{md.get_dims(), md.get_strides(), {}};
+  const auto it = views_.find(value);
+  if (it != views_.end())
+    f.group = it->second;
+  else
+    f.group.assign(f.size.size(), 1);
+  return f;
+}
+
+bool Lowering::set_fine(const Node& node, std::size_t offset, Fine f) {
+  if (f.size.empty() || f.size.size() > DNNL_MAX_NDIMS) return false;
+  const ArgRef& src = view_at(node.inputs[0]);
+  set(node.outputs[0], ArgRef{src.kind, src.index, src.offset + offset,
+                              memory::desc(f.size, src.md.get_data_type(), f.stride)});
+  views_[node.outputs[0]] = std::move(f.group);
+  return true;
+}
+
+bool Lowering::view_permuted(const Node& node, const std::vector<std::int64_t>& perm) {
+  if (!may_view(node)) return false;
+  const Fine f = fine_of(node.inputs[0]);
+  std::vector<std::size_t> first(f.group.size(), 0); // each axis's first fine axis
+  for (std::size_t k = 1; k < f.group.size(); ++k)
+    first[k] = first[k - 1] + static_cast<std::size_t>(f.group[k - 1]);
+  Fine out;
+  for (const auto axis : perm) {
+    const auto a = static_cast<std::size_t>(axis);
+    for (int j = 0; j < f.group[a]; ++j) {
+      out.size.push_back(f.size[first[a] + static_cast<std::size_t>(j)]);
+      out.stride.push_back(f.stride[first[a] + static_cast<std::size_t>(j)]);
+    }
+    out.group.push_back(f.group[a]);
+  }
+  return set_fine(node, 0, std::move(out));
+}
+
+bool Lowering::view_reshaped(const Node& node) {
+  if (!may_view(node)) return false;
+  const Fine f = fine_of(node.inputs[0]);
+  // The fine axes in order, those of size 1 left out (their strides say nothing); each new axis
+  // takes the next ones whose sizes multiply to its own, splitting one where the new axis ends
+  // inside it.
+  std::vector<std::pair<std::int64_t, std::int64_t>> left; // (size, stride), innermost last
+  for (std::size_t k = f.size.size(); k-- > 0;)
+    if (f.size[k] != 1) left.emplace_back(f.size[k], f.stride[k]);
+  Fine out;
+  for (const std::int64_t want : g_.shape(node.outputs[0])) {
+    if (want <= 0) return false;
+    int taken = 0;
+    for (std::int64_t need = want; need > 1; ++taken) {
+      if (left.empty()) return false;
+      auto& [n, stride] = left.back();
+      if (n <= need) {
+        if (need % n != 0) return false;
+        out.size.push_back(n);
+        out.stride.push_back(stride);
+        need /= n;
+        left.pop_back();
+      } else { // the new axis ends inside this one: its outer `need` steps, the rest stays
+        if (n % need != 0) return false;
+        out.size.push_back(need);
+        out.stride.push_back(stride * (n / need));
+        n /= need;
+        need = 1;
+      }
+    }
+    if (taken == 0) { // an axis of size 1
+      out.size.push_back(1);
+      out.stride.push_back(1);
+      taken = 1;
+    }
+    out.group.push_back(taken);
+  }
+  if (!left.empty()) return false;
+  return set_fine(node, 0, std::move(out));
+}
+
+bool Lowering::view_selected(const Node& node, std::size_t axis, std::int64_t index,
+                             std::size_t index_rank) {
+  if (!may_view(node)) return false;
+  const Fine f = fine_of(node.inputs[0]);
+  Fine out;
+  std::size_t offset = 0, k = 0;
+  for (std::size_t a = 0; a < f.group.size(); ++a) {
+    const auto n = static_cast<std::size_t>(f.group[a]);
+    if (a != axis) {
+      for (std::size_t j = 0; j < n; ++j) {
+        out.size.push_back(f.size[k + j]);
+        out.stride.push_back(f.stride[k + j]);
+      }
+      out.group.push_back(f.group[a]);
+    } else {
+      std::int64_t rest = index; // its digit on each fine axis, innermost first
+      for (std::size_t j = n; j-- > 0;) {
+        offset += static_cast<std::size_t>((rest % f.size[k + j]) * f.stride[k + j]);
+        rest /= f.size[k + j];
+      }
+      for (std::size_t j = 0; j < index_rank; ++j) {
+        out.size.push_back(1);
+        out.stride.push_back(1);
+        out.group.push_back(1);
+      }
+    }
+    k += n;
+  }
+  return set_fine(node, offset * memory::data_type_size(view_at(node.inputs[0]).md.get_data_type()),
+                  std::move(out));
+}
+
+void Lowering::before_overwrite(const std::string& value) {
+  const ArgRef& target = view_at(value);
+  if (target.kind != ArgRef::Kind::buffer) return;
+  const int buffer = target.index;
+  std::vector<std::string> pending;
+  for (const auto& [v, group] : views_)
+    if (const ArgRef& r = view_at(v); r.kind == ArgRef::Kind::buffer && r.index == buffer)
+      pending.push_back(v);
+  for (const auto& v : pending) (void)at(v);
 }
 
 ArgRef Lowering::new_buffer(const memory::desc& md) {
@@ -198,12 +347,17 @@ void Lowering::add_reorder(const ArgRef& src, const ArgRef& dst, const std::stri
 }
 
 ArgRef Lowering::get(const std::string& value, const memory::desc& want) {
-  const ArgRef& cur = at(value);
+  // A view: its plain copy (kept as the value's place for every later reader) where that is what
+  // is wanted or the view's axes are not the value's; else one reorder from the view.
+  if (is_view(value) && (want == plain(g_.shape(value), view_at(value).md.get_data_type()) ||
+                         view_at(value).md.get_ndims() != want.get_ndims()))
+    (void)at(value);
+  const ArgRef& cur = view_at(value);
   if (cur.md == want) return cur;
   for (const auto& [name, ref] : converted_)
     if (name == value && ref.md == want) return ref;
   ArgRef dst = new_buffer(want);
-  add_reorder(cur, dst, value);
+  add_reorder(cur, dst, is_view(value) ? value + " (a view)" : value);
   converted_.emplace_back(value, dst);
   return dst;
 }
@@ -324,7 +478,8 @@ std::optional<Lowering::Quant> Lowering::readers_quant(const std::string& value)
 }
 
 ArgRef Lowering::get_quantized(const std::string& value, const memory::desc& want, const Quant& q) {
-  const ArgRef& cur = at(value);
+  if (is_view(value) && view_at(value).md.get_ndims() != want.get_ndims()) (void)at(value);
+  const ArgRef& cur = view_at(value);
   if (cur.md == want) return cur;
   for (const auto& [name, ref] : converted_)
     if (name == value && ref.md == want) return ref;
@@ -373,6 +528,7 @@ ArgRef Lowering::scales(std::vector<float> values) {
 
 void Lowering::set(const std::string& value, ArgRef ref) {
   loc_[value] = std::move(ref);
+  views_.erase(value);
   converted_.erase(std::remove_if(converted_.begin(), converted_.end(),
                                   [&](const auto& c) { return c.first == value; }),
                    converted_.end());

@@ -269,6 +269,57 @@ def cases():
                                          helper.make_node("Conv", ["r", "w3"], ["c3"], name="conv3", pads=[1, 1, 1, 1]),
                                          helper.make_node("Gelu", ["c3"], ["y"], name="gelu")], W,
                                         [const("w1", rand(18, 20, 1, 1)), const("w2", rand(18, 20, 3, 3)), const("w3", rand(16, 18, 3, 3))], opset=20)
+    # Views (TeacherOps.ViewsAreCopiedOutOnceAndMatchTheReference): shape ops on a computed value
+    # leave views of its bytes, copied out once by their reader. Attention as a seq-first
+    # exporter writes it: one projection transposed, split into heads and selected into Q, K and
+    # V (a reshape that merges the batch with the heads, which no strides say), a negative index.
+    VA = (2, 6, 24)
+    def r(i, o, shape):
+        return [helper.make_node("Reshape", [i, f"{o}_shape"], [o], name=f"reshape_{o}")], [const(f"{o}_shape", np.array(shape, np.int64))]
+    nodes, inits = r("t", "r", [6, -1, 3, 8])
+    nodes = [node("Relu", ["x"], ["p"]), helper.make_node("Transpose", ["p"], ["t"], name="seq_first", perm=[1, 0, 2])] + nodes
+    nodes += [helper.make_node("Unsqueeze", ["r", "zero"], ["u"], name="unsqueeze"),
+              helper.make_node("Transpose", ["u"], ["tt"], name="qkv_first", perm=[3, 1, 2, 0, 4]),
+              helper.make_node("Squeeze", ["tt", "three"], ["sq"], name="squeeze")]
+    inits += [const("zero", np.array([0], np.int64)), const("three", np.array([3], np.int64))]
+    for name, index in (("q", 0), ("k", -2), ("v", 2)):
+        nodes.append(helper.make_node("Gather", ["sq", f"i_{name}"], [f"{name}_sel"], name=f"select_{name}", axis=0))
+        inits.append(const(f"i_{name}", np.array(index, np.int64)))
+        n, i = r(f"{name}_sel", f"{name}_heads", [6, -1, 4])
+        nodes += n; inits += i
+    nodes += [helper.make_node("Transpose", ["q_heads"], ["qt"], name="qt", perm=[1, 0, 2]),
+              helper.make_node("Transpose", ["k_heads"], ["kt"], name="kt", perm=[1, 2, 0]),
+              helper.make_node("Transpose", ["v_heads"], ["vt"], name="vt", perm=[1, 0, 2]),
+              helper.make_node("MatMul", ["qt", "kt"], ["s"], name="scores"),
+              helper.make_node("Softmax", ["s"], ["sm"], name="softmax", axis=-1),
+              helper.make_node("MatMul", ["sm", "vt"], ["o"], name="context")]
+    n, i = r("o", "y", [-1, 2, 6, 4])
+    c["view_attention_chain"] = model(nodes + n, VA, inits + i, out_shape=["N", 2, 6, 4])
+    # One index of an axis that a reshape merged from two that lie apart (its digit on each), as
+    # a scalar and as a list of one; read by elementwise ops.
+    c["view_select_in_merged_axis"] = model([
+        node("Sigmoid", ["x"], ["p"]), helper.make_node("Transpose", ["p"], ["t"], name="transpose", perm=[0, 2, 1, 3]),
+        helper.make_node("Reshape", ["t", "shape"], ["r"], name="merge"),
+        helper.make_node("Gather", ["r", "i"], ["g"], name="select_scalar", axis=1),
+        helper.make_node("Gather", ["r", "j"], ["h"], name="select_list", axis=1),
+        helper.make_node("Squeeze", ["h", "one"], ["hs"], name="squeeze"),
+        helper.make_node("Mul", ["g", "hs"], ["y"], name="mul")], (2, 4, 6, 5),
+        [const("shape", np.array([0, 24, 5], np.int64)), const("i", np.array(13, np.int64)), const("j", np.array([-5], np.int64)),
+         const("one", np.array([1], np.int64))], opset=13, out_shape=["N", 5])
+    # A view of a buffer that a residual sum then overwrites in place: the view is copied out
+    # before the convolution accumulates into the buffer (read after it, it would hold the sum).
+    c["view_before_residual_sum"] = model([
+        node("Sigmoid", ["x"], ["s"]), helper.make_node("Transpose", ["s"], ["t"], name="view", perm=[0, 2, 3, 1]),
+        helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+        helper.make_node("Add", ["c", "s"], ["a"], name="residual"),
+        helper.make_node("Transpose", ["a"], ["at"], name="after", perm=[0, 2, 3, 1]),
+        helper.make_node("Add", ["at", "t"], ["y"], name="add")], (2, 8, 5, 5), [const("w", rand(8, 8, 3, 3))])
+    # A view read by a convolution: one reorder from the view (in no layout a convolution takes)
+    # into the one it wants.
+    c["view_into_conv"] = model([
+        node("Sigmoid", ["x"], ["s"]), helper.make_node("Transpose", ["s"], ["t"], name="swap_axes", perm=[0, 3, 2, 1]),
+        helper.make_node("Conv", ["t", "w", "b"], ["y"], name="conv", pads=[1, 1, 1, 1])], (2, 5, 7, 4),
+        [const("w", rand(6, 4, 3, 3)), const("b", rand(6))])
     c["gather_runtime_scalar"] = model([node("Gather", ["x", "i"], axis=1)], X, [const("i", np.array(2, np.int64))], out_shape=["N", 9, 11])
     c["gather_runtime_list"] = model([node("Gather", ["x", "i"], axis=3)], X, [const("i", np.array([[4, -1], [0, 0]], np.int64))], out_shape=["N", 4, 9, 2, 2])
     c["reduce_mean_axes_input_opset18"] = model([node("ReduceMean", ["x", "ax"], keepdims=0)], X, [const("ax", np.array([-1, 1], np.int64))], opset=18, out_shape=["N", 9])

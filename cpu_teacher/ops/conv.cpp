@@ -155,7 +155,7 @@ bool pointwise_on_channels_last(const Lowering& plan, const Node& node) {
   for (const auto v : node.ints_attr("pads"))
     if (v != 0) return false;
   const auto last = [&](const std::string& value) {
-    const memory::desc& md = plan.at(value).md;
+    const memory::desc& md = plan.view_at(value).md;
     return md ==
            memory::desc(dims_of(g.shape(value)), md.get_data_type(), memory::format_tag::acdb);
   };
@@ -223,6 +223,7 @@ void matrix_conv(Lowering& plan, const Node& node, bool unroll) {
       q ? plan.get_quantized(node.inputs[0], src_map, *q) : plan.get(node.inputs[0], src_map);
   src.md = src_row;
   // With a residual sum it accumulates into the other operand (channels-last, dead after it).
+  if (sum) plan.before_overwrite(sum->sum_input);
   ArgRef dst = sum ? plan.get(sum->sum_input, dst_map) : plan.new_buffer(dst_map);
   ArgRef dst_view = dst;
   dst_view.md = dst_row;
@@ -268,6 +269,7 @@ void direct_conv(Lowering& plan, const Node& node, bool channels_last) {
   auto attr = plan.attr_with(node, 1.f, summand_scale(plan, node, q_out));
   Lowering::set_quant_masks(attr, q, q_out, group == 1 ? 1 : 3); // per output channel
   // With a residual sum the conv writes over the other operand's buffer, in its layout.
+  if (sum) plan.before_overwrite(sum->sum_input);
   const memory::desc dst_md =
       sum ? plan.at(sum->sum_input).md
           : memory::desc(dims_of(os), q_out ? q_out->type : plan.type_of(node.outputs[0]),

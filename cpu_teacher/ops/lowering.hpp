@@ -201,14 +201,39 @@ public:
   // tuner learns that the node's chosen way took it in.
   void skip(const std::string& name);
 
-  // Where `value` lives now; a logic_error if nothing computed it yet.
-  const ArgRef& at(const std::string& value) const;
-  // `value` in layout `want`, reordered once (and cached) when it lives in another layout.
+  // Where `value` lives now; a logic_error if nothing computed it yet. A value a shape op left as
+  // a view (below) is first copied into a plain buffer of its own (once, by a reorder added now):
+  // what at() returns is dense, and any op may read or overwrite it.
+  const ArgRef& at(const std::string& value);
+  // Where `value` lives, a view as it is kept (its md may have more axes than the value: for
+  // checks of a layout, which a view then matches none of).
+  [[nodiscard]] const ArgRef& view_at(const std::string& value) const;
+  [[nodiscard]] bool is_view(const std::string& value) const { return views_.count(value) != 0; }
+  // `value` in layout `want`, reordered once (and cached) when it lives in another layout (from a
+  // view straight into `want` where the view has the value's own axes).
   ArgRef get(const std::string& value, const memory::desc& want);
   ArgRef get_plain(const std::string& value, dt type) {
     return get(value, plain(g_.shape(value), type));
   }
   void set(const std::string& value, ArgRef ref);
+
+  // Views. A shape op may leave its output as a view of its input's bytes (plain, or a view)
+  // instead of copying them: its first reader that is not a shape op copies it out once, so a
+  // chain of transposes, reshapes and selections (attention's Q, K and V taken from one
+  // projection) costs one reorder, not one per op. A view is kept as strided axes, finer than the
+  // value's own where a reshape merges axes that do not lie one inside the other (attention's
+  // [seq, batch, heads * dim] seen as [seq, batch * heads, dim]): each of the value's axes is a
+  // run of them. Each call makes node.outputs[0] a view of node.inputs[0], or returns false (the
+  // op then copies): for a graph output, a feature or a calibration plan (those need buffers of
+  // their own), for the network input or a blocked layout, and where strides cannot say it.
+  bool view_permuted(const Node& node, const std::vector<std::int64_t>& perm);
+  bool view_reshaped(const Node& node);
+  // One index along `axis`, the axis replaced by `index_rank` axes of size 1.
+  bool view_selected(const Node& node, std::size_t axis, std::int64_t index,
+                     std::size_t index_rank);
+  // `value`'s buffer is about to be overwritten in place (a residual sum accumulated into its
+  // summand): every view of that buffer still unread is copied out first.
+  void before_overwrite(const std::string& value);
   ArgRef new_buffer(const memory::desc& md);
   // A constant in the layout a primitive asked for, reordered once at load.
   ArgRef weight(std::vector<float> data, const memory::desc& user_md, const memory::desc& want);
@@ -256,6 +281,15 @@ private:
   const Graph& g_;
   dt act_;
   std::map<std::string, ArgRef> loc_;
+  // A view's strided axes (outermost first) and how many of them make each of the value's axes.
+  struct Fine {
+    std::vector<std::int64_t> size, stride;
+    std::vector<int> group;
+  };
+  [[nodiscard]] bool may_view(const Node& node) const;
+  [[nodiscard]] Fine fine_of(const std::string& value) const;
+  bool set_fine(const Node& node, std::size_t offset, Fine f);
+  std::map<std::string, std::vector<int>> views_; // the views: Fine::group of each
   std::vector<std::pair<std::string, ArgRef>> converted_;
   std::set<std::string> skipped_;
   std::set<std::string> features_;

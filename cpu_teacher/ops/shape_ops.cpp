@@ -93,8 +93,9 @@ std::vector<Tensor> evaluate_view(const Node&, const std::vector<const Tensor*>&
 }
 
 // The input's bytes, plain (reordered once if a primitive left them blocked), seen with the
-// output's shape.
+// output's shape; a view of them (Lowering::view_reshaped) stays one.
 void lower_view(Lowering& plan, const Node& node) {
+  if (plan.is_view(node.inputs[0]) && plan.view_reshaped(node)) return;
   const dt type = plan.at(node.inputs[0]).md.get_data_type();
   const ArgRef src = plan.get_plain(node.inputs[0], type);
   plan.set(node.outputs[0], ArgRef{src.kind, src.index, src.offset,
@@ -144,23 +145,29 @@ std::vector<Tensor> evaluate_transpose(const Node& node, const std::vector<const
 // The input as it lies (whatever layout its producer wrote), seen with permuted axes: where that
 // is the output's plain layout already (a channels-last NCHW value transposed to NHWC) the output
 // is the input's buffer, no copy, provided nothing else reads the input (so nothing can write
-// the shared buffer in place under another reader); elsewhere one reorder into a plain output,
-// straight from the input's layout (no plain copy of the input first).
+// the shared buffer in place under another reader); where the input is plain or a view, a view
+// of it (Lowering::view_permuted: its reader reorders once, into the layout it wants); elsewhere
+// one reorder into a plain output, straight from the input's layout (no plain copy of the input
+// first).
 void lower_transpose(Lowering& plan, const Node& node) {
   const Graph& g = plan.graph();
-  const ArgRef cur = plan.at(node.inputs[0]);
-  const dt type = cur.md.get_data_type();
+  const std::string& in = node.inputs[0];
   const auto perm = node.ints_attr("perm");
   std::vector<int> inverse(perm.size());
   for (std::size_t k = 0; k < perm.size(); ++k)
     inverse[static_cast<std::size_t>(perm[k])] = static_cast<int>(k);
-  const memory::desc permuted = cur.md.permute_axes(inverse);
-  const memory::desc out = plain(g.shape(node.outputs[0]), type);
-  if (permuted == out && cur.kind == ArgRef::Kind::buffer && !g.is_output(node.inputs[0]) &&
-      g.consumers(node.inputs[0]).size() == 1)
-    return plan.set(node.outputs[0], ArgRef{cur.kind, cur.index, cur.offset, out});
-  const ArgRef dst = plan.new_buffer(out);
-  plan.add_reorder(ArgRef{cur.kind, cur.index, cur.offset, permuted}, dst, node.describe());
+  if (!plan.is_view(in)) {
+    const ArgRef cur = plan.at(in);
+    const memory::desc out = plain(g.shape(node.outputs[0]), cur.md.get_data_type());
+    if (cur.md.permute_axes(inverse) == out && cur.kind == ArgRef::Kind::buffer &&
+        !g.is_output(in) && g.consumers(in).size() == 1)
+      return plan.set(node.outputs[0], ArgRef{cur.kind, cur.index, cur.offset, out});
+  }
+  if (plan.view_permuted(node, perm)) return;
+  const ArgRef src = plan.at(in); // a view's axes may not be the value's: copied out first
+  const ArgRef dst = plan.new_buffer(plain(g.shape(node.outputs[0]), src.md.get_data_type()));
+  plan.add_reorder(ArgRef{src.kind, src.index, src.offset, src.md.permute_axes(inverse)}, dst,
+                   node.describe());
   plan.set(node.outputs[0], dst);
 }
 

@@ -363,7 +363,8 @@ std::vector<std::string> winograd_ways(const Lowering& plan, const Node& node) {
   for (const auto& p : node.post_ops) {
     if (p.kind == PostOp::Kind::sum) {
       const Shape& os = g.shape(node.outputs[0]);
-      if (plan.at(p.sum_input).md != memory::desc(dims_of(os), dt::f32, memory::format_tag::acdb))
+      if (plan.view_at(p.sum_input).md !=
+          memory::desc(dims_of(os), dt::f32, memory::format_tag::acdb))
         return {}; // the summand must lie channels-last, as the output is written
     } else if (find_op(p.op) == nullptr || find_op(p.op)->activation == nullptr) {
       return {};
@@ -449,6 +450,7 @@ void winograd_conv(Lowering& plan, const Node& node, int m) {
                          pd.weights_desc());
   ArgRef b = plan.weight(std::move(bias), bias_md, bias_md);
   // With a residual sum it accumulates into the summand's buffer (channels-last, dead after it).
+  if (sum) plan.before_overwrite(sum->sum_input);
   ArgRef y = sum ? plan.at(sum->sum_input) : plan.new_buffer(y_md);
   plan.add_kernel(
       [kernel](std::byte* const* p) { (*kernel)(p); },

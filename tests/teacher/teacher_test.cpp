@@ -150,6 +150,57 @@ TEST(TeacherOps, WinogradWaysMatchTheReference) {
   }
 }
 
+// Shape ops on computed values leave views of their bytes that the first reader other than a
+// shape op copies out, once (the view_* fixtures match the reference in EveryOpMatchesTheReference
+// too): attention's Q, K and V one reorder each, however many transposes, reshapes (one merging
+// axes that no strides merge) and selections made them; and a view of a buffer that a residual
+// sum then overwrites in place is copied out before the convolution writes it.
+TEST(TeacherOps, ViewsAreCopiedOutOnceWhereTheyAreRead) {
+  const fs::path dir = fixture_dir("ops");
+  const std::map<std::string, std::vector<std::string>> copies = {
+      {"view_attention_chain", {"qt", "kt", "vt"}},
+      {"view_select_in_merged_axis", {"g", "hs"}},
+      {"view_before_residual_sum", {"t", "at"}},
+      {"view_into_conv", {"t"}}};
+  std::size_t seen = 0;
+  const auto m = manifest(dir);
+  for (const auto& entry : m["models"]) {
+    const std::string name = entry["name"];
+    if (!copies.contains(name)) continue;
+    ++seen;
+    SCOPED_TRACE(name);
+    const std::vector<std::string>& views = copies.at(name);
+    const Shape shape = entry["input"].get<Shape>();
+    const std::string path = (dir / (name + ".onnx")).string();
+    TeacherOptions opts;
+    opts.batch = shape[0];
+    const auto t = Teacher::load(path, opts);
+    std::vector<std::string> copied;
+    int reorders = 0;
+    std::size_t conv_step = 0, view_t_step = 0;
+    const auto steps = t->step_info();
+    for (std::size_t k = 0; k < steps.size(); ++k) {
+      const std::string& label = steps[k].label;
+      if (steps[k].kind == "Conv") conv_step = k;
+      if (steps[k].kind != "reorder" || label.starts_with("reorder output")) continue;
+      ++reorders;
+      const std::string suffix = " (a view)";
+      ASSERT_TRUE(label.ends_with(suffix)) << label;
+      copied.push_back(label.substr(8, label.size() - 8 - suffix.size()));
+      if (copied.back() == "t") view_t_step = k;
+    }
+    EXPECT_EQ(copied, views);
+    EXPECT_EQ(reorders, static_cast<int>(views.size()));
+    if (name == "view_before_residual_sum") {
+      EXPECT_LT(view_t_step, conv_step);
+    }
+    const auto x = random_input(shape);
+    const auto env = interpret(path, x, shape[0]);
+    EXPECT_LE(normalized_error(run(t, x)[0], env.at(t->output_names()[0]).f), 1e-4);
+  }
+  EXPECT_EQ(seen, copies.size());
+}
+
 // A residual Add becomes a sum post-op (the conv accumulates into the other operand's buffer)
 // only where the conv does not read that operand: a convolution written over its own input reads
 // neighbours it has already overwritten. That gave wrong sums by thread timing (seen on 16 cores,
