@@ -271,6 +271,14 @@ def slowest_kinds(run, k=3):
     return {e["kind"]: round(e["ms"], 2) for e in kinds}
 
 
+def reorders(run):
+    """The plan's layout copies: how many steps, their time and share of the batch (profile)."""
+    kind = next((e for e in run["profile"]["by_kind"] if e["kind"] == "reorder"), None)
+    if kind is None:
+        return {"steps": 0, "ms": 0.0, "share": 0.0}
+    return {"steps": kind["steps"], "ms": round(kind["ms"], 2), "share": round(kind["share"], 4)}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("kdflow")
@@ -345,7 +353,8 @@ def main():
                            "fp32_error_vs_onnxruntime": error,
                            "tune": fp32.get("tune"),
                            "fp32_peak_fraction": fp32["peak_fraction"], "isa": fp32["isa"],
-                           "fp32_slowest_kinds_ms": slowest_kinds(fp32)}
+                           "fp32_slowest_kinds_ms": slowest_kinds(fp32),
+                           "fp32_reorders": reorders(fp32)}
                     if bf16 is not None:
                         run["kdflow_bf16_images_per_s"] = bf16["images_per_s"]
                         run["bf16_vs_kdflow_fp32"] = bf16["images_per_s"] / fp32["images_per_s"]
