@@ -196,10 +196,10 @@ const ArgRef& Lowering::at(const std::string& value) {
 
 // --- views ---------------------------------------------------------------------------------------
 
-bool Lowering::may_view(const Node& node) const {
-  if (p_.observe || node.inputs.empty() || node.outputs.size() != 1) return false;
+bool Lowering::may_view(const Node& node, std::size_t k) const {
+  if (p_.observe || node.inputs.empty() || k >= node.outputs.size()) return false;
   const std::string& in = node.inputs[0];
-  const std::string& out = node.outputs[0];
+  const std::string& out = node.outputs[k];
   if (g_.is_output(out) || is_feature(out) || g_.is_output(in) || is_feature(in)) return false;
   if (g_.shape(out).empty()) return false; // oneDNN has no 0-d memory
   const ArgRef& src = view_at(in);
@@ -218,12 +218,12 @@ Lowering::Fine Lowering::fine_of(const std::string& value) const {
   return f;
 }
 
-bool Lowering::set_fine(const Node& node, std::size_t offset, Fine f) {
+bool Lowering::set_fine(const Node& node, std::size_t offset, Fine f, std::size_t k) {
   if (f.size.empty() || f.size.size() > DNNL_MAX_NDIMS) return false;
   const ArgRef& src = view_at(node.inputs[0]);
-  set(node.outputs[0], ArgRef{src.kind, src.index, src.offset + offset,
+  set(node.outputs[k], ArgRef{src.kind, src.index, src.offset + offset,
                               memory::desc(f.size, src.md.get_data_type(), f.stride)});
-  views_[node.outputs[0]] = std::move(f.group);
+  views_[node.outputs[k]] = std::move(f.group);
   return true;
 }
 
@@ -318,6 +318,39 @@ bool Lowering::view_selected(const Node& node, std::size_t axis, std::int64_t in
                   std::move(out));
 }
 
+bool Lowering::view_window(const Node& node, std::size_t k, const std::vector<std::int64_t>& start,
+                           const std::vector<std::int64_t>& step) {
+  if (!may_view(node, k)) return false;
+  const Fine f = fine_of(node.inputs[0]);
+  const Shape& in = g_.shape(node.inputs[0]);
+  const Shape& os = g_.shape(node.outputs[k]);
+  if (start.size() != in.size() || step.size() != in.size() || os.size() != in.size()) return false;
+  Fine out = f;
+  std::int64_t offset = 0;
+  std::size_t first = 0; // the axis's first fine axis
+  for (std::size_t a = 0; a < in.size(); first += static_cast<std::size_t>(f.group[a]), ++a) {
+    if (os[a] <= 0 || step[a] <= 0) return false;
+    if (start[a] == 0 && step[a] == 1 && os[a] == in[a]) continue;
+    if (f.group[a] == 1) {
+      out.size[first] = os[a];
+      out.stride[first] = f.stride[first] * step[a];
+      offset += start[a] * f.stride[first];
+      continue;
+    }
+    // An axis made of several fine ones: a run of whole steps of its outermost.
+    std::int64_t inner = 1;
+    for (std::size_t j = first + 1; j < first + static_cast<std::size_t>(f.group[a]); ++j)
+      inner *= f.size[j];
+    if (step[a] != 1 || start[a] % inner != 0 || os[a] % inner != 0) return false;
+    out.size[first] = os[a] / inner;
+    offset += start[a] / inner * f.stride[first];
+  }
+  return set_fine(node,
+                  static_cast<std::size_t>(offset) *
+                      memory::data_type_size(view_at(node.inputs[0]).md.get_data_type()),
+                  std::move(out), k);
+}
+
 void Lowering::before_overwrite(const std::string& value) {
   const ArgRef& target = view_at(value);
   if (target.kind != ArgRef::Kind::buffer) return;
@@ -347,19 +380,50 @@ void Lowering::add_reorder(const ArgRef& src, const ArgRef& dst, const std::stri
 }
 
 ArgRef Lowering::get(const std::string& value, const memory::desc& want) {
-  // A view: its plain copy (kept as the value's place for every later reader) where that is what
-  // is wanted or the view's axes are not the value's; else one reorder from the view.
-  if (is_view(value) && (want == plain(g_.shape(value), view_at(value).md.get_data_type()) ||
-                         view_at(value).md.get_ndims() != want.get_ndims()))
-    (void)at(value);
+  // A view: its plain copy where that is what is wanted (kept as the value's place for every
+  // later reader), else one reorder from the view into `want` (seen in the view's axes where
+  // those are finer than the value's), or where `want` is blocked and the view's axes are finer,
+  // the plain copy reordered.
+  std::optional<memory::desc> fine_want;
+  if (is_view(value)) {
+    const memory::desc& md = view_at(value).md;
+    const bool finer = md.get_ndims() != want.get_ndims();
+    if (finer && want != plain(g_.shape(value), md.get_data_type()))
+      fine_want = in_fine_axes(value, want);
+    if (want == plain(g_.shape(value), md.get_data_type()) || (finer && !fine_want))
+      (void)at(value);
+  }
   const ArgRef& cur = view_at(value);
   if (cur.md == want) return cur;
   for (const auto& [name, ref] : converted_)
     if (name == value && ref.md == want) return ref;
   ArgRef dst = new_buffer(want);
-  add_reorder(cur, dst, is_view(value) ? value + " (a view)" : value);
+  const bool view = is_view(value);
+  add_reorder(cur, fine_want ? ArgRef{dst.kind, dst.index, dst.offset, *fine_want} : dst,
+              view ? value + " (a view)" : value);
   converted_.emplace_back(value, dst);
   return dst;
+}
+
+std::optional<memory::desc> Lowering::in_fine_axes(const std::string& value,
+                                                   const memory::desc& want) const {
+  if (want.get_format_kind() != memory::format_kind::blocked || want.get_inner_nblks() != 0)
+    return std::nullopt;
+  const Fine f = fine_of(value);
+  const memory::dims ws = want.get_strides();
+  if (ws.size() != f.group.size()) return std::nullopt;
+  memory::dims strides(f.size.size());
+  std::size_t first = 0; // each axis's stride split over its fine axes, innermost last
+  for (std::size_t a = 0; a < f.group.size(); ++a) {
+    const std::size_t end = first + static_cast<std::size_t>(f.group[a]);
+    std::int64_t stride = ws[a];
+    for (std::size_t j = end; j-- > first;) {
+      strides[j] = stride;
+      stride *= f.size[j];
+    }
+    first = end;
+  }
+  return memory::desc(f.size, want.get_data_type(), strides);
 }
 
 std::optional<Lowering::Quant> Lowering::quant_of(const std::string& value) const {

@@ -314,6 +314,24 @@ def cases():
         helper.make_node("Add", ["c", "s"], ["a"], name="residual"),
         helper.make_node("Transpose", ["a"], ["at"], name="after", perm=[0, 2, 3, 1]),
         helper.make_node("Add", ["at", "t"], ["y"], name="add")], (2, 8, 5, 5), [const("w", rand(8, 8, 3, 3))])
+    # ShuffleNet's block: a concatenation of a convolution's output and another value, its
+    # channels shuffled (reshape, transpose, reshape) and split in two halves, one read by a
+    # convolution, the other concatenated again; then every other channel of that sliced out.
+    c["view_channel_shuffle"] = model([
+        node("Conv", ["x", "w1"], ["a"]), helper.make_node("Sigmoid", ["x"], ["b"], name="sigmoid"),
+        helper.make_node("Concat", ["a", "b"], ["cat"], name="cat", axis=1),
+        helper.make_node("Reshape", ["cat", "groups"], ["r"], name="reshape_groups"),
+        helper.make_node("Transpose", ["r"], ["t"], name="shuffle", perm=[0, 2, 1, 3, 4]),
+        helper.make_node("Reshape", ["t", "flat"], ["r2"], name="reshape_back"),
+        helper.make_node("Split", ["r2", "halves"], ["s0", "s1"], name="split", axis=1),
+        helper.make_node("Conv", ["s1", "w2"], ["c"], name="conv2"),
+        helper.make_node("Concat", ["s0", "c"], ["cat2"], name="cat2", axis=1),
+        helper.make_node("Slice", ["cat2", "starts", "ends", "axes", "steps"], ["sl"], name="every_other"),
+        helper.make_node("Relu", ["sl"], ["y"], name="relu")], (2, 16, 5, 6),
+        [const("w1", rand(16, 16, 1, 1)), const("w2", rand(16, 16, 1, 1)), const("groups", np.array([0, 2, 16, 5, 6], np.int64)),
+         const("flat", np.array([0, 32, 5, 6], np.int64)), const("halves", np.array([16, 16], np.int64)),
+         const("starts", np.array([3], np.int64)), const("ends", np.array([32], np.int64)), const("axes", np.array([1], np.int64)),
+         const("steps", np.array([2], np.int64))], opset=13, out_shape=["N", 15, 5, 6])
     # A view read by a convolution: one reorder from the view (in no layout a convolution takes)
     # into the one it wants.
     c["view_into_conv"] = model([

@@ -231,6 +231,9 @@ public:
   // One index along `axis`, the axis replaced by `index_rank` axes of size 1.
   bool view_selected(const Node& node, std::size_t axis, std::int64_t index,
                      std::size_t index_rank);
+  // Output `k` of a Split or Slice: the window of `start` and `step` on each axis.
+  bool view_window(const Node& node, std::size_t k, const std::vector<std::int64_t>& start,
+                   const std::vector<std::int64_t>& step);
   // `value`'s buffer is about to be overwritten in place (a residual sum accumulated into its
   // summand): every view of that buffer still unread is copied out first.
   void before_overwrite(const std::string& value);
@@ -286,9 +289,12 @@ private:
     std::vector<std::int64_t> size, stride;
     std::vector<int> group;
   };
-  [[nodiscard]] bool may_view(const Node& node) const;
+  [[nodiscard]] bool may_view(const Node& node, std::size_t k = 0) const;
   [[nodiscard]] Fine fine_of(const std::string& value) const;
-  bool set_fine(const Node& node, std::size_t offset, Fine f);
+  // `want` (a plain strided layout of view `value`'s shape) over the view's fine axes, or nullopt.
+  [[nodiscard]] std::optional<memory::desc> in_fine_axes(const std::string& value,
+                                                         const memory::desc& want) const;
+  bool set_fine(const Node& node, std::size_t offset, Fine f, std::size_t k = 0);
   std::map<std::string, std::vector<int>> views_; // the views: Fine::group of each
   std::vector<std::pair<std::string, ArgRef>> converted_;
   std::set<std::string> skipped_;

@@ -93,9 +93,14 @@ std::vector<Tensor> evaluate_view(const Node&, const std::vector<const Tensor*>&
 }
 
 // The input's bytes, plain (reordered once if a primitive left them blocked), seen with the
-// output's shape; a view of them (Lowering::view_reshaped) stays one.
+// output's shape; a view of them, or of bytes in another plain strided layout (channels-last),
+// stays one (Lowering::view_reshaped).
 void lower_view(Lowering& plan, const Node& node) {
-  if (plan.is_view(node.inputs[0]) && plan.view_reshaped(node)) return;
+  const std::string& in = node.inputs[0];
+  const memory::desc& md = plan.view_at(in).md;
+  if ((plan.is_view(in) || md != plain(plan.graph().shape(in), md.get_data_type())) &&
+      plan.view_reshaped(node))
+    return;
   const dt type = plan.at(node.inputs[0]).md.get_data_type();
   const ArgRef src = plan.get_plain(node.inputs[0], type);
   plan.set(node.outputs[0], ArgRef{src.kind, src.index, src.offset,
@@ -212,6 +217,26 @@ std::vector<Tensor> evaluate_concat(const Node& node, const std::vector<const Te
   return {r};
 }
 
+// `md`'s order of axes (a plain strided layout: channels-last, say) for a dense tensor of
+// `shape`, or nullopt (a blocked layout, another rank).
+std::optional<memory::desc> dense_in_order_of(const memory::desc& md, const Shape& shape, dt type) {
+  if (md.get_format_kind() != memory::format_kind::blocked || md.get_inner_nblks() != 0 ||
+      static_cast<std::size_t>(md.get_ndims()) != shape.size())
+    return std::nullopt;
+  const memory::dims st = md.get_strides();
+  std::vector<std::size_t> order(shape.size()); // outermost first
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](std::size_t a, std::size_t b) { return st[a] > st[b]; });
+  memory::dims strides(shape.size());
+  std::int64_t stride = 1;
+  for (std::size_t k = order.size(); k-- > 0;) {
+    strides[order[k]] = stride;
+    stride *= shape[order[k]];
+  }
+  return memory::desc(dims_of(shape), type, strides);
+}
+
 void lower_concat(Lowering& plan, const Node& node) {
   const Graph& g = plan.graph();
   std::vector<memory::desc> mds;
@@ -219,9 +244,27 @@ void lower_concat(Lowering& plan, const Node& node) {
   // One element type for all (the output's: f32 where a parameter or an f32 input promotes, as
   // in PyTorch's cat): the odd ones converted.
   const dt type = plan.type_of(node.outputs[0]);
+  // Views are copied out straight into the layout the other inputs share, where that is a plain
+  // strided one of this type (oneDNN's concat copies rows where all lie alike; mixed layouts
+  // take its reference loop).
+  std::optional<memory::desc> shared;
+  bool agree = true;
   for (const auto& in : node.inputs) {
-    srcs.push_back(g.is_constant(in) ? plan.constant(in, g.shape(in), plain(g.shape(in), type))
-                                     : plan.at(in));
+    if (g.is_constant(in) || plan.is_view(in)) continue;
+    const memory::desc& md = plan.view_at(in).md;
+    const auto order = dense_in_order_of(md, g.shape(in), type);
+    if (!order || md != *order || (shared && *dense_in_order_of(*shared, g.shape(in), type) != md))
+      agree = false;
+    else if (!shared)
+      shared = md;
+  }
+  if (!agree) shared.reset();
+  for (const auto& in : node.inputs) {
+    const auto want = shared ? dense_in_order_of(*shared, g.shape(in), type) : std::nullopt;
+    if (g.is_constant(in))
+      srcs.push_back(plan.constant(in, g.shape(in), want.value_or(plain(g.shape(in), type))));
+    else
+      srcs.push_back(want && plan.is_view(in) ? plan.get(in, *want) : plan.at(in));
     if (srcs.back().md.get_data_type() != type) srcs.back() = plan.get_plain(in, type);
     mds.push_back(srcs.back().md);
   }
@@ -371,8 +414,9 @@ std::vector<Tensor> evaluate_window(const Node& node, const std::vector<const Te
   return result;
 }
 
-// Each output is one reorder from a strided view of the input; negative steps and overlapping
-// strides (which a memory descriptor cannot express) run as a plain kernel.
+// Each output is a view of the input (Lowering::view_window: its reader copies it out, once,
+// into the layout it wants) or else one reorder from a strided view of the input; negative steps
+// and overlapping strides (which a memory descriptor cannot express) run as a plain kernel.
 template <WindowFn window_of>
 void lower_window(Lowering& plan, const Node& node) {
   const Graph& g = plan.graph();
@@ -384,6 +428,7 @@ void lower_window(Lowering& plan, const Node& node) {
     const auto& [start, step] = w;
     const Shape& os = g.shape(node.outputs[out]);
     const bool negative = std::any_of(step.begin(), step.end(), [](auto v) { return v < 0; });
+    if (!negative && plan.view_window(node, out, start, step)) continue;
     const dt type = plan.at(node.inputs[0]).md.get_data_type();
     memory::dims strides(xs.size());
     std::int64_t offset = 0;
