@@ -8,6 +8,7 @@
 #include "kdflow/core/digest.hpp"
 #include "kdflow/core/error.hpp"
 #include "kdflow/cpu_teacher/versions.hpp"
+#include "ops/common.hpp"
 #include "ops/lowering.hpp"
 #include "ops/op_table.hpp"
 
@@ -221,8 +222,13 @@ Lowering::Fine Lowering::fine_of(const std::string& value) const {
 bool Lowering::set_fine(const Node& node, std::size_t offset, Fine f, std::size_t k) {
   if (f.size.empty() || f.size.size() > DNNL_MAX_NDIMS) return false;
   const ArgRef& src = view_at(node.inputs[0]);
-  set(node.outputs[k], ArgRef{src.kind, src.index, src.offset + offset,
-                              memory::desc(f.size, src.md.get_data_type(), f.stride)});
+  memory::desc md;
+  try { // oneDNN refuses strides under which elements overlap (a slice's step past the next axis)
+    md = memory::desc(f.size, src.md.get_data_type(), f.stride);
+  } catch (const dnnl::error&) {
+    return false;
+  }
+  set(node.outputs[k], ArgRef{src.kind, src.index, src.offset + offset, md});
   views_[node.outputs[k]] = std::move(f.group);
   return true;
 }
@@ -318,6 +324,51 @@ bool Lowering::view_selected(const Node& node, std::size_t axis, std::int64_t in
                   std::move(out));
 }
 
+bool Lowering::view_gathered(const Node& node, std::size_t axis,
+                             const std::vector<std::int64_t>& indices, const Shape& index_shape) {
+  if (!may_view(node) || indices.empty()) return false;
+  const Fine f = fine_of(node.inputs[0]);
+  std::size_t first = 0; // the axis's fine axis: one, so that an index is a multiple of its stride
+  for (std::size_t a = 0; a < axis; ++a) first += static_cast<std::size_t>(f.group[a]);
+  if (f.group[axis] != 1) return false;
+  // The indices must step evenly along each of their axes: index = base + sum(i_k * step_k).
+  const Shape at = strides_of(index_shape);
+  std::vector<std::int64_t> step(index_shape.size(), 1);
+  for (std::size_t k = 0; k < index_shape.size(); ++k)
+    if (index_shape[k] > 1) {
+      step[k] = indices[static_cast<std::size_t>(at[k])] - indices[0];
+      if (step[k] <= 0) return false;
+    }
+  for (std::size_t flat = 0; flat < indices.size(); ++flat) {
+    std::int64_t want = indices[0], rest = static_cast<std::int64_t>(flat);
+    for (std::size_t k = 0; k < index_shape.size(); ++k) {
+      want += rest / at[k] * step[k];
+      rest %= at[k];
+    }
+    if (indices[flat] != want) return false;
+  }
+  Fine out;
+  for (std::size_t j = 0; j < first; ++j) {
+    out.size.push_back(f.size[j]);
+    out.stride.push_back(f.stride[j]);
+  }
+  out.group.assign(f.group.begin(), f.group.begin() + static_cast<std::ptrdiff_t>(axis));
+  for (std::size_t k = 0; k < index_shape.size(); ++k) {
+    out.size.push_back(index_shape[k]);
+    out.stride.push_back(step[k] * f.stride[first]);
+    out.group.push_back(1);
+  }
+  for (std::size_t j = first + 1; j < f.size.size(); ++j) {
+    out.size.push_back(f.size[j]);
+    out.stride.push_back(f.stride[j]);
+  }
+  out.group.insert(out.group.end(), f.group.begin() + static_cast<std::ptrdiff_t>(axis) + 1,
+                   f.group.end());
+  const std::size_t offset = static_cast<std::size_t>(indices[0] * f.stride[first]) *
+                             memory::data_type_size(view_at(node.inputs[0]).md.get_data_type());
+  return set_fine(node, offset, std::move(out));
+}
+
 bool Lowering::view_window(const Node& node, std::size_t k, const std::vector<std::int64_t>& start,
                            const std::vector<std::int64_t>& step) {
   if (!may_view(node, k)) return false;
@@ -380,13 +431,15 @@ void Lowering::add_reorder(const ArgRef& src, const ArgRef& dst, const std::stri
 }
 
 ArgRef Lowering::get(const std::string& value, const memory::desc& want) {
-  // A view: its plain copy where that is what is wanted (kept as the value's place for every
-  // later reader), else one reorder from the view into `want` (seen in the view's axes where
-  // those are finer than the value's), or where `want` is blocked and the view's axes are finer,
-  // the plain copy reordered.
+  // A view: read in place where it lies as wanted (a reader never writes what it reads: a
+  // residual sum calls before_overwrite first); else its plain copy where that is what is wanted
+  // (kept as the value's place for every later reader), else one reorder from the view into
+  // `want` (seen in the view's axes where those are finer than the value's), or where `want` is
+  // blocked and the view's axes are finer, the plain copy reordered.
   std::optional<memory::desc> fine_want;
   if (is_view(value)) {
     const memory::desc& md = view_at(value).md;
+    if (md == want) return view_at(value);
     const bool finer = md.get_ndims() != want.get_ndims();
     if (finer && want != plain(g_.shape(value), md.get_data_type()))
       fine_want = in_fine_axes(value, want);

@@ -332,6 +332,14 @@ def cases():
          const("flat", np.array([0, 32, 5, 6], np.int64)), const("halves", np.array([16, 16], np.int64)),
          const("starts", np.array([3], np.int64)), const("ends", np.array([32], np.int64)), const("axes", np.array([1], np.int64)),
          const("steps", np.array([2], np.int64))], opset=13, out_shape=["N", 15, 5, 6])
+    # as_strided as the dynamo exporter writes it: a Gather of the flattened tensor at constant
+    # positions that step evenly (here a transpose of its last two axes; the batch is fixed).
+    idx = (np.arange(2)[:, None, None] * 24 + np.arange(4)[None, :, None] + np.arange(6)[None, None, :] * 4).astype(np.int64)
+    c["view_gather_as_strided"] = model([
+        node("Sigmoid", ["x"], ["s"]), helper.make_node("Reshape", ["s", "flat"], ["f"], name="flatten"),
+        helper.make_node("Gather", ["f", "idx"], ["g"], name="as_strided", axis=0),
+        helper.make_node("Relu", ["g"], ["y"], name="relu")], (2, 6, 4),
+        [const("flat", np.array([-1], np.int64)), const("idx", idx)], out_shape=[2, 4, 6])
     # A view read by a convolution: one reorder from the view (in no layout a convolution takes)
     # into the one it wants.
     c["view_into_conv"] = model([
@@ -364,6 +372,11 @@ def cases():
     # A subsampling slice whose strided view overlaps the next axis (x[:, :, ::2] of an odd extent,
     # LeViT's downsampling): oneDNN refuses such a memory descriptor, a plain copy runs it.
     c["slice_step_overlapping_strides"] = model([node("Slice", ["x", "st", "en", "ax", "sp"])], X,
+                                                [const("st", np.array([0], np.int64)), const("en", np.array([9], np.int64)),
+                                                 const("ax", np.array([2], np.int64)), const("sp", np.array([2], np.int64))],
+                                                opset=13, out_shape=["N", 4, 5, 11])
+    # The same of a computed value, which a view of it cannot say either (a copy again).
+    c["view_slice_overlapping_strides"] = model([node("Relu", ["x"], ["r"]), helper.make_node("Slice", ["r", "st", "en", "ax", "sp"], ["y"], name="slice")], X,
                                                 [const("st", np.array([0], np.int64)), const("en", np.array([9], np.int64)),
                                                  const("ax", np.array([2], np.int64)), const("sp", np.array([2], np.int64))],
                                                 opset=13, out_shape=["N", 4, 5, 11])

@@ -146,8 +146,9 @@ std::vector<Tensor> evaluate_constant_of_shape(const Node& node, const std::vect
 
 // Gather on computed data with constant indices (the class token taken from a sequence): each
 // index is one reorder of the input's slice at that index into its place in the output. One
-// index (attention's Q, K and V taken from one projection) is a view of that slice where the
-// input is plain or a view (Lowering::may_view): its reader copies it out.
+// index (attention's Q, K and V taken from one projection), or indices that step evenly (an
+// exporter's as_strided), make a view of the input instead (Lowering::view_selected,
+// view_gathered): its reader copies it out.
 void lower_gather(Lowering& plan, const Node& node) {
   const Graph& g = plan.graph();
   if (!g.is_constant(node.inputs[1]))
@@ -157,12 +158,16 @@ void lower_gather(Lowering& plan, const Node& node) {
   const auto axis = static_cast<std::size_t>(node.int_attr("axis", 0));
   const Tensor& indices = g.constants.at(node.inputs[1]);
   const std::size_t index_rank = indices.shape.size();
-  if (indices.size() == 1) {
-    std::int64_t q = indices.int_at(0);
+  std::vector<std::int64_t> positions(static_cast<std::size_t>(indices.size()));
+  for (std::size_t p = 0; p < positions.size(); ++p) {
+    std::int64_t q = indices.int_at(static_cast<std::int64_t>(p));
     if (q < 0) q += xs[axis];
     if (q < 0 || q >= xs[axis]) plan.fail(node, "index out of range");
-    if (plan.view_selected(node, axis, q, index_rank)) return;
+    positions[p] = q;
   }
+  if (positions.size() == 1 ? plan.view_selected(node, axis, positions[0], index_rank)
+                            : plan.view_gathered(node, axis, positions, indices.shape))
+    return;
   const Shape xst = strides_of(xs), ost = strides_of(os);
   // The slice at one index: the input's axes but `axis`, read with the input's strides and
   // written with the output's (its leading axes, then the ones after the index axes).

@@ -209,18 +209,21 @@ public:
   // checks of a layout, which a view then matches none of).
   [[nodiscard]] const ArgRef& view_at(const std::string& value) const;
   [[nodiscard]] bool is_view(const std::string& value) const { return views_.count(value) != 0; }
-  // `value` in layout `want`, reordered once (and cached) when it lives in another layout (from a
-  // view straight into `want` where the view has the value's own axes).
+  // `value` in layout `want`, reordered once (and cached) when it lives in another layout; a view
+  // lying as wanted is read in place, else reordered straight into `want` where that is plain
+  // strided or the view has the value's own axes. For readers only: an op that writes over what
+  // it reads calls before_overwrite first.
   ArgRef get(const std::string& value, const memory::desc& want);
   ArgRef get_plain(const std::string& value, dt type) {
     return get(value, plain(g_.shape(value), type));
   }
   void set(const std::string& value, ArgRef ref);
 
-  // Views. A shape op may leave its output as a view of its input's bytes (plain, or a view)
-  // instead of copying them: its first reader that is not a shape op copies it out once, so a
-  // chain of transposes, reshapes and selections (attention's Q, K and V taken from one
-  // projection) costs one reorder, not one per op. A view is kept as strided axes, finer than the
+  // Views. A shape op may leave its output as a view of its input's bytes (in a plain strided
+  // layout, or a view) instead of copying them: its readers copy it out once, straight into the
+  // layout they want (or read it in place where it lies so), so a chain of transposes, reshapes,
+  // selections and splits (attention's Q, K and V taken from one projection, ShuffleNet's channel
+  // shuffle) costs one reorder, not one per op. A view is kept as strided axes, finer than the
   // value's own where a reshape merges axes that do not lie one inside the other (attention's
   // [seq, batch, heads * dim] seen as [seq, batch * heads, dim]): each of the value's axes is a
   // run of them. Each call makes node.outputs[0] a view of node.inputs[0], or returns false (the
@@ -231,6 +234,10 @@ public:
   // One index along `axis`, the axis replaced by `index_rank` axes of size 1.
   bool view_selected(const Node& node, std::size_t axis, std::int64_t index,
                      std::size_t index_rank);
+  // Indices (non-negative, of `index_shape`) along `axis` that step evenly along each of their
+  // axes (an exporter's as_strided: a Gather of a flattened tensor at constant positions).
+  bool view_gathered(const Node& node, std::size_t axis, const std::vector<std::int64_t>& indices,
+                     const Shape& index_shape);
   // Output `k` of a Split or Slice: the window of `start` and `step` on each axis.
   bool view_window(const Node& node, std::size_t k, const std::vector<std::int64_t>& start,
                    const std::vector<std::int64_t>& step);

@@ -160,11 +160,9 @@ TEST(TeacherOps, WinogradWaysMatchTheReference) {
 TEST(TeacherOps, ViewsAreCopiedOutOnceWhereTheyAreRead) {
   const fs::path dir = fixture_dir("ops");
   const std::map<std::string, std::vector<std::string>> copies = {
-      {"view_attention_chain", {"qt", "kt", "vt"}},
-      {"view_select_in_merged_axis", {"g", "hs"}},
-      {"view_before_residual_sum", {"t", "at"}},
-      {"view_into_conv", {"t"}},
-      {"view_channel_shuffle", {"s1", "s0", "sl"}}};
+      {"view_attention_chain", {"qt", "kt", "vt"}}, {"view_select_in_merged_axis", {"g", "hs"}},
+      {"view_before_residual_sum", {"t", "at"}},    {"view_into_conv", {"t"}},
+      {"view_channel_shuffle", {"s1", "s0", "sl"}}, {"view_gather_as_strided", {"g"}}};
   std::size_t seen = 0;
   const auto m = manifest(dir);
   for (const auto& entry : m["models"]) {
