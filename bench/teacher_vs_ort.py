@@ -266,6 +266,19 @@ def cpu_name():
     return platform.processor() or platform.machine()
 
 
+def cpu_isa():
+    """The vector ISA flags that decide the kernels (AVX2, the AVX-512 family, AMX), from cpuinfo:
+    a model name alone ("AMD EPYC") does not say which machine of a family ran."""
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("flags"):
+                return sorted(f for f in line.split(":", 1)[1].split()
+                              if f in ("avx2", "fma") or f.startswith(("avx512", "amx", "avx_vnni")))
+    except OSError:
+        pass
+    return []
+
+
 def slowest_kinds(run, k=3):
     kinds = sorted(run["profile"]["by_kind"], key=lambda e: -e["ms"])[:k]
     return {e["kind"]: round(e["ms"], 2) for e in kinds}
@@ -301,7 +314,7 @@ def main():
     chosen = args.models or list(models)
     result = {"benchmark": "teacher_vs_onnxruntime", "batch": args.batch, "classes": 10,
               "exporter": args.exporter, "tune": args.tune,
-              "machine": {"cpu": cpu_name(), "cpus": os.cpu_count(),
+              "machine": {"cpu": cpu_name(), "isa_flags": cpu_isa(), "cpus": os.cpu_count(),
                           "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA", "")},
               "onnxruntime": ort.__version__, "torch": torch.__version__,
               "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
