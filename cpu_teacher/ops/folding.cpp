@@ -185,14 +185,13 @@ void lower_gather(Lowering& plan, const Node& node) {
   const std::size_t elem = memory::data_type_size(type);
   const ArgRef src = plan.get_plain(node.inputs[0], type);
   const ArgRef dst = plan.new_buffer(plain(os, type));
-  for (std::int64_t p = 0; p < indices.size(); ++p) {
-    std::int64_t q = indices.int_at(p);
-    if (q < 0) q += xs[axis];
-    if (q < 0 || q >= xs[axis]) plan.fail(node, "index out of range");
+  for (std::size_t p = 0; p < positions.size(); ++p) {
+    const std::int64_t q = positions[p];
     plan.add_reorder(
         ArgRef{src.kind, src.index, src.offset + static_cast<std::size_t>(q * xst[axis]) * elem,
                memory::desc(dims, type, src_strides)},
-        ArgRef{dst.kind, dst.index, dst.offset + static_cast<std::size_t>(p * inner) * elem,
+        ArgRef{dst.kind, dst.index,
+               dst.offset + static_cast<std::size_t>(static_cast<std::int64_t>(p) * inner) * elem,
                memory::desc(dims, type, dst_strides)},
         node.describe());
   }
