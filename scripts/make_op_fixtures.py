@@ -340,6 +340,14 @@ def cases():
         helper.make_node("Gather", ["f", "idx"], ["g"], name="as_strided", axis=0),
         helper.make_node("Relu", ["g"], ["y"], name="relu")], (2, 6, 4),
         [const("flat", np.array([-1], np.int64)), const("idx", idx)], out_shape=[2, 4, 6])
+    # A residual summand that is a view lying channels-last (an NHWC value transposed to NCHW):
+    # the convolution that sums into it must write where the summand is copied to, in that
+    # copy's layout (the Winograd ways, which write channels-last, are not offered).
+    c["view_residual_summand_channels_last"] = model([
+        node("Relu", ["x"], ["r"]), helper.make_node("Transpose", ["r"], ["s"], name="to_nchw", perm=[0, 3, 1, 2]),
+        helper.make_node("Transpose", ["x"], ["t"], name="input_to_nchw", perm=[0, 3, 1, 2]),
+        helper.make_node("Conv", ["t", "w"], ["c"], name="conv3x3", pads=[1, 1, 1, 1]),
+        helper.make_node("Add", ["c", "s"], ["y"], name="residual")], (2, 9, 11, 16), [const("w", rand(16, 16, 3, 3))])
     # A view read by a convolution: one reorder from the view (in no layout a convolution takes)
     # into the one it wants.
     c["view_into_conv"] = model([

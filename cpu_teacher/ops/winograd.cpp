@@ -449,9 +449,10 @@ void winograd_conv(Lowering& plan, const Node& node, int m) {
   ArgRef u = plan.weight(m == 4 ? transformed_kernel<4>(g, w) : transformed_kernel<2>(g, w), u_user,
                          pd.weights_desc());
   ArgRef b = plan.weight(std::move(bias), bias_md, bias_md);
-  // With a residual sum it accumulates into the summand's buffer (channels-last, dead after it).
+  // With a residual sum it accumulates into the summand's buffer (dead after it), channels-last:
+  // a copy where the summand lies otherwise (a view of another layout copied out).
   if (sum) plan.before_overwrite(sum->sum_input);
-  ArgRef y = sum ? plan.at(sum->sum_input) : plan.new_buffer(y_md);
+  ArgRef y = sum ? plan.get(sum->sum_input, y_md) : plan.new_buffer(y_md);
   plan.add_kernel(
       [kernel](std::byte* const* p) { (*kernel)(p); },
       {x, u, b, plan.new_buffer(v_md), plan.new_buffer(mm_md), plan.new_buffer(kernel->pad_md), y},
