@@ -7,11 +7,13 @@ torchvision, onnxruntime, onnxscript).
 
 usage: teacher_vs_ort.py KDFLOW_BINARY OUT_JSON [--seconds S] [--threads 1 2] [--sizes 32 64 224]
                          [--models NAME...] [--exporter dynamo|legacy] [--tune auto|off]
-                         [--no-bf16] [--check-only] [--throughput N...]
+                         [--no-bf16] [--check-only] [--throughput N...] [--note TEXT]
 
 Each model is exported by torch.onnx.export (the dynamo exporter with a dynamic batch unless
 --exporter legacy) once per input size. Rates are images/s from the median batch time; ORT and
-kdflow alternate per model so that drifts in the machine's speed hit both.
+kdflow alternate per model so that drifts in the machine's speed hit both. Each run also keeps
+kdflow's and ORT's shares of the FMA peak that kdflow's bench measured, both counting the
+network's direct multiply-adds (scripts/ort_table.py turns them into the README's table).
 
 --throughput N...: the throughput mode instead (fp32): images/s on N physical cores (one CPU of
 each core, the cores kdflow's teacher takes), for every split of them into replicas x threads:
@@ -308,6 +310,7 @@ def main():
                     help="only compare kdflow's logits with ONNX Runtime's, time nothing")
     ap.add_argument("--throughput", type=int, nargs="*",
                     help="images/s on N physical cores, each side's best replicas x threads")
+    ap.add_argument("--note", default="", help="what this run measures, kept in the result")
     args = ap.parse_args()
     torch.manual_seed(0)
     models = model_set()
@@ -321,6 +324,8 @@ def main():
                                        text=True, cwd=os.path.dirname(os.path.abspath(__file__))
                                        ).stdout.strip(),
               "runs": [], "throughput": []}
+    if args.note:
+        result["note"] = args.note
     with tempfile.TemporaryDirectory() as tmp:
         for name in chosen:
             make, channels = models[name]
@@ -365,7 +370,11 @@ def main():
                            "fp32_vs_onnxruntime": fp32["images_per_s"] / ort_rate,
                            "fp32_error_vs_onnxruntime": error,
                            "tune": fp32.get("tune"),
-                           "fp32_peak_fraction": fp32["peak_fraction"], "isa": fp32["isa"],
+                           "fp32_peak_fraction": fp32["peak_fraction"],
+                           # the same multiply-adds against the same measured peak: ORT's share
+                           "onnxruntime_peak_fraction":
+                               fp32["peak_fraction"] * ort_rate / fp32["images_per_s"],
+                           "isa": fp32["isa"],
                            "fp32_slowest_kinds_ms": slowest_kinds(fp32),
                            "fp32_reorders": reorders(fp32)}
                     if bf16 is not None:
@@ -376,7 +385,8 @@ def main():
                                  if bf16 else "bf16 -")
                     print(f"{name:20s} {size:3d} {threads} thr: ORT {ort_rate:8.1f}  kdflow fp32 "
                           f"{fp32['images_per_s']:8.1f} ({run['fp32_vs_onnxruntime']:.2f}x ORT, "
-                          f"{100 * fp32['peak_fraction']:.0f}% peak, error {error:.1e})  {bf16_text}",
+                          f"{100 * fp32['peak_fraction']:.0f}% peak, ORT "
+                          f"{100 * run['onnxruntime_peak_fraction']:.0f}%, error {error:.1e})  {bf16_text}",
                           flush=True)
                     with open(args.out, "w") as f:  # partial results survive an interrupted run
                         json.dump(result, f, indent=2)
