@@ -502,6 +502,105 @@ bool fuse_decomposed_layer_norm(Graph& g) {
   return false;
 }
 
+// A constant that broadcasts against [N, C, positions...] as one value per channel (a scalar, or
+// C values over the channel axis with ones after it): those C values, else nullopt.
+std::optional<std::vector<float>> per_channel_constant(const Graph& g, const std::string& value,
+                                                       const Shape& xs) {
+  if (!g.is_constant(value)) return std::nullopt;
+  Shape cs = g.shape(value);
+  while (!cs.empty() && cs.front() == 1 && cs.size() > 1) cs.erase(cs.begin());
+  const Tensor& t = g.constants.at(value);
+  const auto c = static_cast<std::size_t>(xs[1]);
+  if (t.size() == 1) return std::vector<float>(c, static_cast<float>(t.at(0)));
+  if (cs.size() != xs.size() - 1 || cs[0] != xs[1] ||
+      std::any_of(cs.begin() + 1, cs.end(), [](std::int64_t d) { return d != 1; }))
+    return std::nullopt;
+  std::vector<float> r(c);
+  for (std::size_t k = 0; k < c; ++k) r[k] = static_cast<float>(t.at(static_cast<std::int64_t>(k)));
+  return r;
+}
+
+// Group normalization as both exporters write torch's group_norm: x [N, C, positions...] reshaped
+// to [N, G, rest], an InstanceNormalization over that (a scale and bias per group), reshaped back
+// to x's shape, then optionally * Scale and + B per channel. It becomes one GroupNormalization over
+// x (opset 21's: a scale and bias per channel, the group's folded in), so that the lowering can
+// normalize x as it lies (channels-last after a convolution) instead of copying it to plain rows.
+bool fuse_reshaped_group_norm(Graph& g) {
+  const auto reader_of = [&](const std::string& value, const char* op) {
+    const int r = sole_reader(g, value);
+    return r >= 0 && g.nodes[static_cast<std::size_t>(r)].op == op && !g.is_output(value) ? r : -1;
+  };
+  for (std::size_t ir = 0; ir < g.nodes.size(); ++ir) {
+    const Node& in_reshape = g.nodes[ir];
+    if (in_reshape.op != "Reshape" || g.is_constant(in_reshape.inputs[0])) continue;
+    const std::string x = in_reshape.inputs[0];
+    const Shape& xs = g.shape(x);
+    const Shape& rs = g.shape(in_reshape.outputs[0]);
+    if (xs.size() < 3 || rs.size() != 3 || rs[0] != xs[0] || rs[1] < 1 || xs[1] % rs[1] != 0 ||
+        rs[2] * rs[1] != numel(xs) / xs[0])
+      continue;
+    const std::int64_t groups = rs[1], c = xs[1];
+    const int in = reader_of(in_reshape.outputs[0], "InstanceNormalization");
+    if (in < 0 || g.nodes[in].inputs[0] != in_reshape.outputs[0]) continue;
+    const Node& norm = g.nodes[static_cast<std::size_t>(in)];
+    if (norm.inputs.size() < 3 || !g.is_constant(norm.inputs[1]) ||
+        !g.is_constant(norm.inputs[2]) || g.constants.at(norm.inputs[1]).size() != groups ||
+        g.constants.at(norm.inputs[2]).size() != groups)
+      continue;
+    const int back = reader_of(norm.outputs[0], "Reshape");
+    if (back < 0 || g.shape(g.nodes[back].outputs[0]) != xs) continue;
+    // y = (xhat * s_g + b_g) * scale_c + bias_c = xhat * (s_g scale_c) + (b_g scale_c + bias_c)
+    std::vector<float> scale(static_cast<std::size_t>(c)), bias(static_cast<std::size_t>(c));
+    const Tensor& sg = g.constants.at(norm.inputs[1]);
+    const Tensor& bg = g.constants.at(norm.inputs[2]);
+    for (std::int64_t ch = 0; ch < c; ++ch) {
+      scale[static_cast<std::size_t>(ch)] = static_cast<float>(sg.at(ch / (c / groups)));
+      bias[static_cast<std::size_t>(ch)] = static_cast<float>(bg.at(ch / (c / groups)));
+    }
+    int last = back;
+    std::vector<int> gone = {static_cast<int>(ir), in, back};
+    if (const int mul = reader_of(g.nodes[last].outputs[0], "Mul"); mul >= 0) {
+      const auto k =
+          per_channel_constant(g, other_operand(g.nodes[mul], g.nodes[last].outputs[0]), xs);
+      if (k && g.shape(g.nodes[mul].outputs[0]) == xs) {
+        for (std::size_t ch = 0; ch < scale.size(); ++ch) {
+          scale[ch] *= (*k)[ch];
+          bias[ch] *= (*k)[ch];
+        }
+        last = mul;
+        gone.push_back(mul);
+      }
+    }
+    if (const int add = reader_of(g.nodes[last].outputs[0], "Add"); add >= 0) {
+      const auto k =
+          per_channel_constant(g, other_operand(g.nodes[add], g.nodes[last].outputs[0]), xs);
+      if (k && g.shape(g.nodes[add].outputs[0]) == xs) {
+        for (std::size_t ch = 0; ch < bias.size(); ++ch) bias[ch] += (*k)[ch];
+        last = add;
+        gone.push_back(add);
+      }
+    }
+    Node gn;
+    gn.op = "GroupNormalization";
+    gn.name = g.nodes[last].name;
+    const std::string sname = norm.name + ".group_scale", bname = norm.name + ".group_bias";
+    g.constants[sname] = Tensor::floats({c}, std::move(scale));
+    g.constants[bname] = Tensor::floats({c}, std::move(bias));
+    g.shapes[sname] = {c};
+    g.shapes[bname] = {c};
+    gn.inputs = {x, sname, bname};
+    gn.outputs = g.nodes[last].outputs;
+    gn.attrs["num_groups"] = int_attribute(groups);
+    gn.attrs["epsilon"] = float_attribute(norm.float_attr("epsilon", 1e-5f));
+    g.nodes[static_cast<std::size_t>(last)] = std::move(gn);
+    std::sort(gone.rbegin(), gone.rend());
+    for (const int k : gone)
+      if (k != last) g.nodes.erase(g.nodes.begin() + k);
+    return true;
+  }
+  return false;
+}
+
 // The value of a one-element constant, or nullopt.
 std::optional<float> scalar_of(const Graph& g, const std::string& value) {
   if (!g.is_constant(value) || g.constants.at(value).size() != 1) return std::nullopt;
@@ -734,6 +833,8 @@ void run_passes(Graph& g) {
   while (fuse_erf_gelu(g)) {
   }
   while (fuse_decomposed_layer_norm(g)) {
+  }
+  while (fuse_reshaped_group_norm(g)) {
   }
   while (fuse_product_scale(g)) {
   }

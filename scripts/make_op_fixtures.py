@@ -432,6 +432,33 @@ def cases():
     c["instance_norm_affine"] = model([node("InstanceNormalization", ["x", "s", "b"], epsilon=1e-3)], X, [const("s", rand(4)), const("b", rand(4))])
     c["group_norm_per_channel_opset21"] = model([node("GroupNormalization", ["x", "s", "b"], num_groups=2, epsilon=1e-4)], X,
                                                 [const("s", rand(4)), const("b", rand(4))], opset=21, out_shape=["N", 4, 9, 11])
+    # Group normalization after a convolution, as the channels-last way reads it: torch's
+    # group_norm as the exporters write it (reshape, InstanceNormalization with a scale and bias
+    # per group, reshape back, per-channel scale and bias) over 40 channels in 5 groups (a vector
+    # and a half of channels), a Relu that alone reads it, a pointwise convolution after; opset
+    # 21's GroupNormalization over 32 channels whose Relu is not its only reader; an
+    # InstanceNormalization over 20 channels straight on the convolution's output.
+    c["group_norm_reshaped_after_conv_relu"] = model([
+        node("Conv", ["x", "w0", "b0"], ["h"], pads=[1, 1, 1, 1]),
+        helper.make_node("Reshape", ["h", "s3"], ["r"], name="reshape"),
+        helper.make_node("InstanceNormalization", ["r", "gs", "gb"], ["n"], name="instance_norm", epsilon=1e-5),
+        helper.make_node("Reshape", ["n", "s4"], ["nr"], name="reshape_back"),
+        helper.make_node("Mul", ["nr", "g"], ["m"], name="mul"), helper.make_node("Add", ["m", "b"], ["a"], name="add"),
+        helper.make_node("Relu", ["a"], ["u"], name="relu"),
+        helper.make_node("Conv", ["u", "w1"], ["y"], name="conv_after")], X,
+        [const("w0", rand(40, 4, 3, 3)), const("b0", rand(40)), const("s3", np.array([0, 5, -1], np.int64)),
+         const("s4", np.array([0, 40, 9, 11], np.int64)), const("gs", rand(5)), const("gb", rand(5)),
+         const("g", rand(40, 1, 1)), const("b", rand(1, 40, 1, 1)), const("w1", rand(6, 40, 1, 1))],
+        opset=17, out_shape=["N", 6, 9, 11])
+    c["group_norm_opset21_after_conv_shared_relu"] = model([
+        node("Conv", ["x", "w0"], ["h"], pads=[1, 1, 1, 1]),
+        helper.make_node("GroupNormalization", ["h", "s", "b"], ["n"], name="group_norm", num_groups=4, epsilon=1e-4),
+        helper.make_node("Relu", ["n"], ["u"], name="relu"), helper.make_node("Add", ["u", "n"], ["y"], name="add")], X,
+        [const("w0", rand(32, 4, 3, 3)), const("s", rand(32)), const("b", rand(32))], opset=21, out_shape=["N", 32, 9, 11])
+    c["instance_norm_after_conv"] = model([
+        node("Conv", ["x", "w0"], ["h"], pads=[1, 1, 1, 1]),
+        helper.make_node("InstanceNormalization", ["h", "s", "b"], ["y"], name="instance_norm", epsilon=1e-3)], X,
+        [const("w0", rand(20, 4, 3, 3)), const("s", rand(20)), const("b", rand(20))], out_shape=["N", 20, 9, 11])
     # Reductions as attention and pooling write them: the L2 norm F.normalize takes (clamped,
     # expanded to its input and divided by: Expand at run time), a sum (axes an input since opset
     # 13), a max without keepdims.

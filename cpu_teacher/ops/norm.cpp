@@ -4,12 +4,16 @@
 #include "common.hpp"
 #include "lowering.hpp"
 #include "op_table.hpp"
+#include "simd.hpp"
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <optional>
 
 #include <fmt/format.h>
+#include <oneapi/tbb/blocked_range.h>
+#include <oneapi/tbb/parallel_for.h>
 
 namespace kdflow::teacher {
 namespace {
@@ -195,7 +199,9 @@ std::vector<Tensor> evaluate_group_norm(const Node& node, const std::vector<cons
   return {Tensor::floats(outs[0].shape, std::move(r))};
 }
 
-void lower_group_norm(Lowering& plan, const Node& node) {
+// The rows way: oneDNN's layer normalization over plain rows (a copy where the input lies
+// otherwise), then the per-channel scale and bias as one binary.
+void rows_group_norm(Lowering& plan, const Node& node) {
   const Graph& g = plan.graph();
   const Shape& xs = g.shape(node.inputs[0]);
   const std::int64_t n = xs[0], c = xs[1], groups = groups_of(node, c);
@@ -220,6 +226,185 @@ void lower_group_norm(Lowering& plan, const Node& node) {
     return;
   }
   plan.set(node.outputs[0], per_channel_affine(plan, normalized, xs, scale, bias, node.describe()));
+}
+
+// --- The channels-last way: kdflow's kernel over [N, H, W, C] ------------------------------------
+
+struct ChannelsLastNorm {
+  std::int64_t positions = 0, channels = 0, groups = 0;
+  double eps = 1e-5;
+  bool relu = false;
+  std::vector<float> scale, bias; // per channel
+};
+
+// Each channel's sum of x (squared == false) or of (x - centre[channel])^2 over one sample's
+// positions: float runs of 64 positions, each added into `sum` in double. Inlined into each ISA's
+// copy of normalize_sample, the inner loops running along the channels as they lie.
+[[gnu::always_inline]] inline void channel_sums(const float* x, std::int64_t positions,
+                                                std::int64_t c, const float* centre, bool squared,
+                                                float* part, double* sum) {
+  constexpr std::int64_t kRun = 64;
+  std::fill(sum, sum + c, 0.0);
+  for (std::int64_t p0 = 0; p0 < positions; p0 += kRun) {
+    std::fill(part, part + c, 0.f);
+    const std::int64_t p1 = std::min(positions, p0 + kRun);
+    for (std::int64_t p = p0; p < p1; ++p) {
+      const float* row = x + p * c;
+      if (squared)
+        for (std::int64_t ch = 0; ch < c; ++ch) {
+          const float d = row[ch] - centre[ch];
+          part[ch] += d * d;
+        }
+      else
+        for (std::int64_t ch = 0; ch < c; ++ch) part[ch] += row[ch];
+    }
+    for (std::int64_t ch = 0; ch < c; ++ch) sum[ch] += part[ch];
+  }
+}
+
+// The mean of each group's channel sums over its channels and positions, written to each of its
+// channels.
+inline void group_means(const double* sum, std::int64_t c, std::int64_t groups,
+                        std::int64_t positions, float* per_channel) {
+  const std::int64_t per_group = c / groups;
+  const double count = static_cast<double>(per_group * positions);
+  for (std::int64_t gr = 0; gr < groups; ++gr) {
+    double total = 0;
+    for (std::int64_t ch = gr * per_group; ch < (gr + 1) * per_group; ++ch) total += sum[ch];
+    std::fill(per_channel + gr * per_group, per_channel + (gr + 1) * per_group,
+              static_cast<float>(total / count));
+  }
+}
+
+// One sample's [positions, channels]: each group's mean, then its variance as the mean squared
+// deviation from that mean (statistics in double over float runs), then y = x * a + b per channel
+// (a = scale / sqrt(var + eps), b = bias - mean * a), and max(y, 0) where a Relu was taken in.
+[[gnu::always_inline]] inline void normalize_sample(const ChannelsLastNorm& k, const float* x,
+                                                    float* y, float* part, double* sum, float* a,
+                                                    float* b) {
+  const std::int64_t c = k.channels;
+  channel_sums(x, k.positions, c, nullptr, false, part, sum);
+  group_means(sum, c, k.groups, k.positions, b); // b: each channel's group mean, for now
+  channel_sums(x, k.positions, c, b, true, part, sum);
+  group_means(sum, c, k.groups, k.positions, a); // a: the group's variance, for now
+  for (std::int64_t ch = 0; ch < c; ++ch) {
+    const double scale =
+        k.scale[static_cast<std::size_t>(ch)] / std::sqrt(static_cast<double>(a[ch]) + k.eps);
+    a[ch] = static_cast<float>(scale);
+    b[ch] = static_cast<float>(k.bias[static_cast<std::size_t>(ch)] - b[ch] * scale);
+  }
+  for (std::int64_t p = 0; p < k.positions; ++p) {
+    const float* row = x + p * c;
+    float* out = y + p * c;
+    if (k.relu)
+      for (std::int64_t ch = 0; ch < c; ++ch) out[ch] = std::max(row[ch] * a[ch] + b[ch], 0.f);
+    else
+      for (std::int64_t ch = 0; ch < c; ++ch) out[ch] = row[ch] * a[ch] + b[ch];
+  }
+}
+
+using SampleFn = void (*)(const ChannelsLastNorm&, const float*, float*, float*, double*, float*,
+                          float*);
+void sample_baseline(const ChannelsLastNorm& k, const float* x, float* y, float* part, double* sum,
+                     float* a, float* b) {
+  normalize_sample(k, x, y, part, sum, a, b);
+}
+#ifdef KD_TARGET_X86
+KD_TARGET_AVX512 void sample_avx512(const ChannelsLastNorm& k, const float* x, float* y,
+                                    float* part, double* sum, float* a, float* b) {
+  normalize_sample(k, x, y, part, sum, a, b);
+}
+KD_TARGET_AVX2 void sample_avx2(const ChannelsLastNorm& k, const float* x, float* y, float* part,
+                                double* sum, float* a, float* b) {
+  normalize_sample(k, x, y, part, sum, a, b);
+}
+#endif
+
+SampleFn sample_for(VectorIsa isa) {
+#ifdef KD_TARGET_X86
+  if (isa == VectorIsa::avx512) return sample_avx512;
+  if (isa == VectorIsa::avx2) return sample_avx2;
+#endif
+  (void)isa;
+  return sample_baseline;
+}
+
+// The Relu that alone reads `node`'s output, where the channels-last kernel can take it in.
+const Node* relu_after(const Lowering& plan, const Node& node) {
+  const Graph& g = plan.graph();
+  const std::string& out = node.outputs[0];
+  if (g.is_output(out) || plan.is_feature(out)) return nullptr;
+  const auto readers = g.consumers(out);
+  if (readers.size() != 1) return nullptr;
+  const Node& r = g.nodes[readers[0]];
+  return r.op == "Relu" && r.inputs[0] == out && r.post_ops.empty() ? &r : nullptr;
+}
+
+// Offered for a 4-D input in an f32 plan, the output f32.
+bool channels_last_norm_offered(const Lowering& plan, const Node& node) {
+  const Graph& g = plan.graph();
+  return g.shape(node.inputs[0]).size() == 4 && plan.act() == dt::f32 &&
+         plan.view_at(node.inputs[0]).md.get_data_type() == dt::f32 &&
+         plan.type_of(node.outputs[0]) == dt::f32;
+}
+
+void channels_last_group_norm(Lowering& plan, const Node& node) {
+  const Graph& g = plan.graph();
+  const Shape& xs = g.shape(node.inputs[0]);
+  auto k = std::make_shared<ChannelsLastNorm>();
+  k->positions = xs[2] * xs[3];
+  k->channels = xs[1];
+  k->groups = groups_of(node, xs[1]);
+  k->eps = node.float_attr("epsilon", 1e-5f);
+  k->scale = per_channel(g.constants.at(node.inputs[1]));
+  k->bias = per_channel(g.constants.at(node.inputs[2]));
+  const Node* relu = relu_after(plan, node);
+  k->relu = relu != nullptr;
+  const memory::desc md(dims_of(xs), dt::f32, memory::format_tag::acdb);
+  const ArgRef x = plan.get(node.inputs[0], md);
+  const ArgRef y = plan.new_buffer(md);
+  const VectorIsa isa = vector_isa();
+  const SampleFn run = sample_for(isa);
+  const std::int64_t samples = xs[0], sample = k->positions * k->channels;
+  plan.add_kernel(
+      [k, run, samples, sample](std::byte* const* p) {
+        const auto* in = reinterpret_cast<const float*>(p[0]);
+        auto* out = reinterpret_cast<float*>(p[1]);
+        oneapi::tbb::parallel_for(oneapi::tbb::blocked_range<std::int64_t>(0, samples, 1),
+                                  [&](const oneapi::tbb::blocked_range<std::int64_t>& r) {
+                                    const auto c = static_cast<std::size_t>(k->channels);
+                                    std::vector<float> part(c), a(c), b(c);
+                                    std::vector<double> sum(c);
+                                    for (std::int64_t s = r.begin(); s != r.end(); ++s)
+                                      run(*k, in + s * sample, out + s * sample, part.data(),
+                                          sum.data(), a.data(), b.data());
+                                  });
+      },
+      {x, y},
+      fmt::format("{}{} (channels-last, {})", node.describe(),
+                  relu ? " + " + relu->describe() : std::string(), isa_name(isa)));
+  if (relu != nullptr) {
+    plan.set(relu->outputs[0], y);
+    plan.skip(relu->name);
+  } else {
+    plan.set(node.outputs[0], y);
+  }
+}
+
+// Two ways: "channels_last" (kdflow's kernel over a 4-D f32 input as convolutions leave it,
+// channels-last in and out, a Relu that alone reads it taken in; first where the input lies so)
+// and "rows" (oneDNN's layer normalization over plain rows, then the scale and bias).
+void lower_group_norm(Lowering& plan, const Node& node) {
+  std::vector<std::string> ways = {"rows"};
+  if (channels_last_norm_offered(plan, node)) {
+    const Shape& xs = plan.graph().shape(node.inputs[0]);
+    const bool lies_so = plan.view_at(node.inputs[0]).md ==
+                         memory::desc(dims_of(xs), dt::f32, memory::format_tag::acdb);
+    ways.insert(lies_so ? ways.begin() : ways.end(), "channels_last");
+  }
+  if (plan.choose(node, std::move(ways)) == "channels_last")
+    return channels_last_group_norm(plan, node);
+  rows_group_norm(plan, node);
 }
 
 constexpr OpDef kOps[] = {

@@ -16,6 +16,7 @@
 #include "winograd.hpp"
 
 #include "op_table.hpp"
+#include "simd.hpp"
 
 #include <fmt/format.h>
 #include <oneapi/tbb/blocked_range.h>
@@ -205,12 +206,6 @@ using InputFn = void (*)(const Geometry&, const float*, float*, std::int64_t, st
 using OutputFn = void (*)(const Geometry&, const float*, const float*, const Post*, int, float*,
                           std::int64_t, std::int64_t, std::int64_t);
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define KD_WINOGRAD_AVX512 __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,avx2,fma")))
-#define KD_WINOGRAD_AVX2 __attribute__((target("avx2,fma")))
-#define KD_WINOGRAD_X86 1
-#endif
-
 template <int M>
 void input_baseline(const Geometry& g, const float* x, float* v, std::int64_t chunk_first,
                     std::int64_t first, std::int64_t count) {
@@ -222,28 +217,28 @@ void output_baseline(const Geometry& g, const float* mm, const float* bias, cons
                      std::int64_t count) {
   output_tiles<M>(g, mm, bias, post, posts, y, chunk_first, first, count);
 }
-#ifdef KD_WINOGRAD_X86
+#ifdef KD_TARGET_X86
 template <int M>
-KD_WINOGRAD_AVX512 void input_avx512(const Geometry& g, const float* x, float* v,
-                                     std::int64_t chunk_first, std::int64_t first,
-                                     std::int64_t count) {
+KD_TARGET_AVX512 void input_avx512(const Geometry& g, const float* x, float* v,
+                                   std::int64_t chunk_first, std::int64_t first,
+                                   std::int64_t count) {
   input_tiles<M>(g, x, v, chunk_first, first, count);
 }
 template <int M>
-KD_WINOGRAD_AVX512 void
-output_avx512(const Geometry& g, const float* mm, const float* bias, const Post* post, int posts,
-              float* y, std::int64_t chunk_first, std::int64_t first, std::int64_t count) {
+KD_TARGET_AVX512 void output_avx512(const Geometry& g, const float* mm, const float* bias,
+                                    const Post* post, int posts, float* y, std::int64_t chunk_first,
+                                    std::int64_t first, std::int64_t count) {
   output_tiles<M>(g, mm, bias, post, posts, y, chunk_first, first, count);
 }
 template <int M>
-KD_WINOGRAD_AVX2 void input_avx2(const Geometry& g, const float* x, float* v,
-                                 std::int64_t chunk_first, std::int64_t first, std::int64_t count) {
+KD_TARGET_AVX2 void input_avx2(const Geometry& g, const float* x, float* v,
+                               std::int64_t chunk_first, std::int64_t first, std::int64_t count) {
   input_tiles<M>(g, x, v, chunk_first, first, count);
 }
 template <int M>
-KD_WINOGRAD_AVX2 void output_avx2(const Geometry& g, const float* mm, const float* bias,
-                                  const Post* post, int posts, float* y, std::int64_t chunk_first,
-                                  std::int64_t first, std::int64_t count) {
+KD_TARGET_AVX2 void output_avx2(const Geometry& g, const float* mm, const float* bias,
+                                const Post* post, int posts, float* y, std::int64_t chunk_first,
+                                std::int64_t first, std::int64_t count) {
   output_tiles<M>(g, mm, bias, post, posts, y, chunk_first, first, count);
 }
 #endif
@@ -256,15 +251,12 @@ struct Transforms {
 
 template <int M>
 Transforms transforms_for_isa() {
-#ifdef KD_WINOGRAD_X86
-  const auto has = [](dnnl::cpu_isa want) {
-    const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
-    return (isa & static_cast<unsigned>(want)) == static_cast<unsigned>(want);
-  };
-  if (has(dnnl::cpu_isa::avx512_core)) return {input_avx512<M>, output_avx512<M>, "avx512"};
-  // (oneDNN's avx2 does not promise FMA, which this build's AVX2 transforms may use.)
-  if (has(dnnl::cpu_isa::avx2) && __builtin_cpu_supports("fma"))
-    return {input_avx2<M>, output_avx2<M>, "avx2"};
+#ifdef KD_TARGET_X86
+  switch (vector_isa()) {
+  case VectorIsa::avx512: return {input_avx512<M>, output_avx512<M>, "avx512"};
+  case VectorIsa::avx2: return {input_avx2<M>, output_avx2<M>, "avx2"};
+  case VectorIsa::baseline: break;
+  }
 #endif
   return {input_baseline<M>, output_baseline<M>, "baseline"};
 }

@@ -150,6 +150,88 @@ TEST(TeacherOps, WinogradWaysMatchTheReference) {
   }
 }
 
+// Group and instance normalization run each way (channels_last: kdflow's kernel over the
+// convolution's channels-last output, taking in a Relu that alone reads it; rows: oneDNN's layer
+// normalization over plain rows) and match the reference loop; torch's group_norm as the exporters
+// write it (reshape, InstanceNormalization, reshape back, scale, bias) is one GroupNormalization.
+TEST(TeacherOps, GroupNormWaysMatchTheReference) {
+  const fs::path dir = fixture_dir("ops");
+  const auto m = manifest(dir);
+  std::map<std::string, std::map<std::string, int>> reorders; // fixture -> way -> reorder steps
+  int read_in_place = 0; // fixtures whose normalization reads a convolution's output as it lies
+  for (const std::string way : {"channels_last", "rows"}) {
+    int fixtures = 0;
+    for (const auto& entry : m["models"]) {
+      const std::string name = entry["name"];
+      if (!name.starts_with("group_norm") && !name.starts_with("instance_norm")) continue;
+      const Shape shape = entry["input"].get<Shape>();
+      const std::string path = (dir / (name + ".onnx")).string();
+      SCOPED_TRACE(name + " preferring " + way);
+      TeacherOptions opts;
+      opts.batch = shape[0];
+      opts.prefer = {way};
+      const auto t = Teacher::load(path, opts);
+      int taken = 0; // the normalization's ways are these two (a convolution's are others)
+      for (const auto& n : t->tune_report().nodes)
+        taken += n.chosen == way && n.options.size() == 2 &&
+                 n.options.front() != n.options.back() &&
+                 std::find(n.options.begin(), n.options.end(), "rows") != n.options.end();
+      EXPECT_EQ(taken, 1); // one normalization each, offered both ways (4-D, f32)
+      ++fixtures;
+      const auto x = random_input(shape);
+      const auto env = interpret(path, x, shape[0]);
+      EXPECT_LE(normalized_error(run(t, x)[0], env.at(t->output_names()[0]).f), 1e-4);
+      std::string kinds;
+      for (const auto& step : t->step_info()) {
+        kinds += step.kind + "|";
+        reorders[name][way] += step.kind == "reorder";
+      }
+      if (name == "group_norm_reshaped_after_conv_relu" ||
+          name == "instance_norm_groupnorm_pattern") {
+        // Fused: no InstanceNormalization, Mul or Add of its own.
+        EXPECT_EQ(kinds.find("InstanceNormalization"), std::string::npos) << kinds;
+        EXPECT_EQ(kinds.find("Mul|"), std::string::npos) << kinds;
+        EXPECT_EQ(kinds.find("Add|"), std::string::npos) << kinds;
+      }
+      if (way == "channels_last") {
+        // The Relu that alone reads it runs in the kernel; one that shares it does not. After a
+        // convolution it reads the convolution's output as it lies: no copy between them.
+        if (name == "group_norm_reshaped_after_conv_relu") {
+          EXPECT_EQ(kinds.find("Relu|"), std::string::npos) << kinds;
+        }
+        if (name == "group_norm_opset21_after_conv_shared_relu") {
+          EXPECT_NE(kinds.find("Relu|"), std::string::npos) << kinds;
+        }
+        const auto steps = t->step_info();
+        const auto kernel = std::find_if(steps.begin(), steps.end(), [](const auto& s) {
+          return s.label.find("(channels-last, ") != std::string::npos;
+        });
+        ASSERT_NE(kernel, steps.end()) << kinds;
+        // (Where oneDNN has a channels-last kernel for the convolution: not at SSE4.1.)
+        const auto nodes = t->tune_report().nodes;
+        const bool conv_channels_last = std::any_of(nodes.begin(), nodes.end(), [](const auto& n) {
+          return n.node == "conv_node" && n.chosen == "channels_last";
+        });
+        if (name.find("after_conv") != std::string::npos && conv_channels_last) {
+          ASSERT_NE(kernel, steps.begin());
+          EXPECT_TRUE(std::prev(kernel)->kind.starts_with("Conv")) << kinds;
+          ++read_in_place;
+        }
+      }
+    }
+    EXPECT_EQ(fixtures, 6);
+  }
+  // Between two convolutions the channels-last way saves the rows way's two copies (to plain
+  // rows and back).
+  if (read_in_place > 0) {
+    EXPECT_EQ(read_in_place, 3);
+    auto& between = reorders["group_norm_reshaped_after_conv_relu"];
+    EXPECT_EQ(between["channels_last"] + 2, between["rows"]);
+  } else {
+    EXPECT_EQ(onednn_info().isa.find("avx"), std::string::npos) << onednn_info().isa;
+  }
+}
+
 // Shape ops on computed values leave views of their bytes that the first reader other than a
 // shape op copies out, once (the view_* fixtures match the reference in EveryOpMatchesTheReference
 // too): attention's Q, K and V one reorder each, however many transposes, reshapes (one merging
