@@ -459,6 +459,27 @@ def cases():
         node("Conv", ["x", "w0"], ["h"], pads=[1, 1, 1, 1]),
         helper.make_node("InstanceNormalization", ["h", "s", "b"], ["y"], name="instance_norm", epsilon=1e-3)], X,
         [const("w0", rand(20, 4, 3, 3)), const("s", rand(20)), const("b", rand(20))], out_shape=["N", 20, 9, 11])
+    # DenseNet's layer: a Concat over channels read alone by a BatchNormalization (a depthwise 1x1
+    # convolution after the passes) and a Relu, then a pointwise convolution; the network input
+    # (plain) among the inputs; 28 channels (no whole vector in the last input). And a
+    # BatchNormalization without a Relu writing the graph's output.
+    bn = lambda p, c: [const(p + "s", rand(c)), const(p + "b", rand(c)), const(p + "m", rand(c)),  # noqa: E731
+                       const(p + "v", np.abs(rand(c)) + 0.5)]
+    c["concat_bn_relu_after_convs"] = model([
+        node("Conv", ["x", "w1"], ["h1"], pads=[1, 1, 1, 1]),
+        helper.make_node("Conv", ["x", "w2", "b2"], ["h2"], name="conv2", pads=[0, 0, 0, 0]),
+        helper.make_node("Concat", ["x", "h1", "h2"], ["cat"], name="concat", axis=1),
+        helper.make_node("BatchNormalization", ["cat", "ns", "nb", "nm", "nv"], ["n"], name="norm", epsilon=1e-5),
+        helper.make_node("Relu", ["n"], ["u"], name="relu"),
+        helper.make_node("Conv", ["u", "w3"], ["y"], name="conv3")], X,
+        [const("w1", rand(16, 4, 3, 3)), const("w2", rand(8, 4, 1, 1)), const("b2", rand(8)),
+         const("w3", rand(6, 28, 1, 1))] + bn("n", 28), out_shape=["N", 6, 9, 11])
+    c["concat_bn_output"] = model([
+        node("Conv", ["x", "w1"], ["h1"], pads=[1, 1, 1, 1]),
+        helper.make_node("Conv", ["x", "w2"], ["h2"], name="conv2", pads=[1, 1, 1, 1]),
+        helper.make_node("Concat", ["h1", "h2"], ["cat"], name="concat", axis=-3),
+        helper.make_node("BatchNormalization", ["cat", "ns", "nb", "nm", "nv"], ["y"], name="norm", epsilon=1e-3)], X,
+        [const("w1", rand(32, 4, 3, 3)), const("w2", rand(16, 4, 3, 3))] + bn("n", 48), out_shape=["N", 48, 9, 11])
     # Reductions as attention and pooling write them: the L2 norm F.normalize takes (clamped,
     # expanded to its input and divided by: Expand at run time), a sum (axes an input since opset
     # 13), a max without keepdims.

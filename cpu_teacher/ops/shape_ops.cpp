@@ -5,12 +5,16 @@
 #include "common.hpp"
 #include "lowering.hpp"
 #include "op_table.hpp"
+#include "simd.hpp"
 
 #include <algorithm>
+#include <memory>
 #include <numeric>
 #include <optional>
 
 #include <fmt/format.h>
+#include <oneapi/tbb/blocked_range.h>
+#include <oneapi/tbb/parallel_for.h>
 
 namespace kdflow::teacher {
 namespace {
@@ -237,7 +241,151 @@ std::optional<memory::desc> dense_in_order_of(const memory::desc& md, const Shap
   return memory::desc(dims_of(shape), type, strides);
 }
 
+// --- Concat with the per-channel affine of its reader ----------------------------------------
+
+// A Concat over the channels of 4-D f32 values read alone by a per-channel scale and shift (a
+// BatchNormalization the passes made a depthwise 1x1 convolution: DenseNet's norm before each
+// layer's convolution), with a Relu or nothing fused after it: that convolution, else nullptr.
+// Not in int8 plans or their calibration (the convolution is a product they quantize).
+const Node* affine_after_concat(Lowering& plan, const Node& node) {
+  const Graph& g = plan.graph();
+  const std::string& out = node.outputs[0];
+  const Shape& os = g.shape(out);
+  if (os.size() != 4 || node.int_attr("axis", 0) != 1 || plan.act() != dt::f32 ||
+      plan.type_of(out) != dt::f32 || g.is_output(out) || plan.is_feature(out) || plan.observing())
+    return nullptr;
+  for (const auto& in : node.inputs)
+    if (g.is_constant(in) || plan.view_at(in).md.get_data_type() != dt::f32) return nullptr;
+  const auto readers = g.consumers(out);
+  if (readers.size() != 1) return nullptr;
+  const Node& conv = g.nodes[readers[0]];
+  using Ints = std::vector<std::int64_t>;
+  const bool constant_bias =
+      conv.inputs.size() < 3 || conv.inputs[2].empty() || g.is_constant(conv.inputs[2]);
+  if (conv.op != "Conv" || conv.inputs[0] != out || !g.is_constant(conv.inputs[1]) ||
+      !constant_bias || conv.int_attr("group", 1) != os[1] ||
+      g.shape(conv.inputs[1]) != Shape{os[1], 1, 1, 1} || conv.ints_attr("strides") != Ints{1, 1} ||
+      conv.ints_attr("pads") != Ints{0, 0, 0, 0} || conv.ints_attr("dilations") != Ints{1, 1} ||
+      plan.quant_input(conv) || plan.type_of(conv.outputs[0]) != dt::f32)
+    return nullptr;
+  if (conv.post_ops.size() > 1 ||
+      (conv.post_ops.size() == 1 &&
+       (conv.post_ops[0].kind != PostOp::Kind::eltwise || conv.post_ops[0].op != "Relu")))
+    return nullptr;
+  return &conv;
+}
+
+struct ConcatAffine {
+  std::vector<std::int64_t> channels; // each input's
+  std::int64_t total = 0, pixels = 0;
+  bool relu = false;
+  std::vector<float> scale, shift; // per output channel
+};
+
+// Pixels [first, last) of the output: each input's channels of a pixel scaled, shifted (and
+// clamped at 0) into their place in the output's row, as they lie (channels-last).
+[[gnu::always_inline]] inline void concat_affine_rows(const ConcatAffine& k, const float* const* in,
+                                                      float* out, std::int64_t first,
+                                                      std::int64_t last) {
+  for (std::int64_t px = first; px < last; ++px) {
+    float* row = out + px * k.total;
+    const float* a = k.scale.data();
+    const float* b = k.shift.data();
+    for (std::size_t i = 0; i < k.channels.size(); ++i) {
+      const std::int64_t c = k.channels[i];
+      const float* src = in[i] + px * c;
+      if (k.relu)
+        for (std::int64_t ch = 0; ch < c; ++ch) row[ch] = std::max(src[ch] * a[ch] + b[ch], 0.f);
+      else
+        for (std::int64_t ch = 0; ch < c; ++ch) row[ch] = src[ch] * a[ch] + b[ch];
+      row += c;
+      a += c;
+      b += c;
+    }
+  }
+}
+
+using ConcatAffineFn = void (*)(const ConcatAffine&, const float* const*, float*, std::int64_t,
+                                std::int64_t);
+void concat_affine_baseline(const ConcatAffine& k, const float* const* in, float* out,
+                            std::int64_t first, std::int64_t last) {
+  concat_affine_rows(k, in, out, first, last);
+}
+#ifdef KD_TARGET_X86
+KD_TARGET_AVX512 void concat_affine_avx512(const ConcatAffine& k, const float* const* in,
+                                           float* out, std::int64_t first, std::int64_t last) {
+  concat_affine_rows(k, in, out, first, last);
+}
+KD_TARGET_AVX2 void concat_affine_avx2(const ConcatAffine& k, const float* const* in, float* out,
+                                       std::int64_t first, std::int64_t last) {
+  concat_affine_rows(k, in, out, first, last);
+}
+#endif
+
+ConcatAffineFn concat_affine_for(VectorIsa isa) {
+#ifdef KD_TARGET_X86
+  if (isa == VectorIsa::avx512) return concat_affine_avx512;
+  if (isa == VectorIsa::avx2) return concat_affine_avx2;
+#endif
+  (void)isa;
+  return concat_affine_baseline;
+}
+
+// The Concat and its reader `conv` (affine_after_concat) as one kdflow kernel: each input read
+// channels-last (as convolutions and pooling leave them; copied so where one lies otherwise), the
+// concatenation never written, the reader's output written channels-last.
+void concat_affine(Lowering& plan, const Node& node, const Node& conv) {
+  const Graph& g = plan.graph();
+  const Shape& os = g.shape(node.outputs[0]);
+  auto k = std::make_shared<ConcatAffine>();
+  k->total = os[1];
+  k->pixels = os[0] * os[2] * os[3];
+  k->relu = !conv.post_ops.empty();
+  k->scale = g.constants.at(conv.inputs[1]).f;
+  k->shift = conv.inputs.size() > 2 && !conv.inputs[2].empty()
+                 ? g.constants.at(conv.inputs[2]).f
+                 : std::vector<float>(static_cast<std::size_t>(os[1]), 0.f);
+  std::vector<ArgRef> operands;
+  for (const auto& in : node.inputs) {
+    const Shape& is = g.shape(in);
+    k->channels.push_back(is[1]);
+    operands.push_back(plan.get(in, memory::desc(dims_of(is), dt::f32, memory::format_tag::acdb)));
+  }
+  const ArgRef dst = plan.new_buffer(memory::desc(dims_of(os), dt::f32, memory::format_tag::acdb));
+  operands.push_back(dst);
+  const VectorIsa isa = vector_isa();
+  const ConcatAffineFn run = concat_affine_for(isa);
+  const std::size_t inputs = node.inputs.size();
+  plan.set_kind("Concat (+ affine)");
+  plan.add_kernel(
+      [k, run, inputs](std::byte* const* p) {
+        std::vector<const float*> in(inputs);
+        for (std::size_t i = 0; i < inputs; ++i) in[i] = reinterpret_cast<const float*>(p[i]);
+        auto* out = reinterpret_cast<float*>(p[inputs]);
+        oneapi::tbb::parallel_for(oneapi::tbb::blocked_range<std::int64_t>(0, k->pixels, 256),
+                                  [&](const oneapi::tbb::blocked_range<std::int64_t>& r) {
+                                    run(*k, in.data(), out, r.begin(), r.end());
+                                  });
+      },
+      std::move(operands),
+      fmt::format("{} + {} (channels-last, {})", node.describe(), conv.describe(), isa_name(isa)));
+  plan.set(conv.outputs[0], dst);
+  plan.skip(conv.name);
+}
+
+void copy_concat(Lowering& plan, const Node& node);
+
+// Two ways where a per-channel affine alone reads the concatenation (affine_after_concat):
+// "concat_affine" (first: the concatenation is never written, the affine's own pass gone) and
+// "concat" (oneDNN's concat, then the reader as a depthwise convolution); elsewhere "concat" alone.
 void lower_concat(Lowering& plan, const Node& node) {
+  const Node* conv = affine_after_concat(plan, node);
+  if (conv != nullptr && plan.choose(node, {"concat_affine", "concat"}) == "concat_affine")
+    return concat_affine(plan, node, *conv);
+  copy_concat(plan, node);
+}
+
+void copy_concat(Lowering& plan, const Node& node) {
   const Graph& g = plan.graph();
   std::vector<memory::desc> mds;
   std::vector<ArgRef> srcs;

@@ -232,6 +232,46 @@ TEST(TeacherOps, GroupNormWaysMatchTheReference) {
   }
 }
 
+// A Concat read alone by a per-channel scale and shift (DenseNet's BatchNormalization, a
+// depthwise 1x1 convolution after the passes) runs each way (concat_affine: one kdflow kernel,
+// the concatenation never written; concat: oneDNN's concat, then the convolution) and matches the
+// reference loop.
+TEST(TeacherOps, ConcatAffineWaysMatchTheReference) {
+  const fs::path dir = fixture_dir("ops");
+  const auto m = manifest(dir);
+  for (const std::string way : {"concat_affine", "concat"}) {
+    int fixtures = 0;
+    for (const auto& entry : m["models"]) {
+      const std::string name = entry["name"];
+      if (!name.starts_with("concat_bn")) continue;
+      const Shape shape = entry["input"].get<Shape>();
+      const std::string path = (dir / (name + ".onnx")).string();
+      SCOPED_TRACE(name + " preferring " + way);
+      TeacherOptions opts;
+      opts.batch = shape[0];
+      opts.prefer = {way};
+      const auto t = Teacher::load(path, opts);
+      int taken = 0;
+      for (const auto& n : t->tune_report().nodes) taken += n.chosen == way;
+      EXPECT_EQ(taken, 1);
+      ++fixtures;
+      const auto x = random_input(shape);
+      const auto env = interpret(path, x, shape[0]);
+      EXPECT_LE(normalized_error(run(t, x)[0], env.at(t->output_names()[0]).f), 1e-4);
+      int fused = 0, depthwise = 0, relus = 0;
+      for (const auto& step : t->step_info()) {
+        fused += step.kind == "Concat (+ affine)";
+        depthwise += step.kind == "Conv (depthwise)";
+        relus += step.kind == "Relu";
+      }
+      EXPECT_EQ(fused, way == "concat_affine" ? 1 : 0);
+      EXPECT_EQ(depthwise, way == "concat_affine" ? 0 : 1);
+      EXPECT_EQ(relus, 0); // the Relu is the convolution's post-op, or the kernel's
+    }
+    EXPECT_EQ(fixtures, 2);
+  }
+}
+
 // Shape ops on computed values leave views of their bytes that the first reader other than a
 // shape op copies out, once (the view_* fixtures match the reference in EveryOpMatchesTheReference
 // too): attention's Q, K and V one reorder each, however many transposes, reshapes (one merging
