@@ -366,21 +366,27 @@ void channels_last_group_norm(Lowering& plan, const Node& node) {
   const VectorIsa isa = vector_isa();
   const SampleFn run = sample_for(isa);
   const std::int64_t samples = xs[0], sample = k->positions * k->channels;
+  // Each sample's statistics in a region of a plan buffer (nothing allocated per batch): its
+  // channel sums in double, then the float runs, scales and shifts; 6 floats a channel, so that
+  // every region starts 8-byte aligned.
+  const std::int64_t region = 6 * k->channels;
+  const ArgRef scratch = plan.new_buffer(plain({samples * region}, dt::f32));
   plan.add_kernel(
-      [k, run, samples, sample](std::byte* const* p) {
+      [k, run, samples, sample, region](std::byte* const* p) {
         const auto* in = reinterpret_cast<const float*>(p[0]);
         auto* out = reinterpret_cast<float*>(p[1]);
+        auto* stats = reinterpret_cast<float*>(p[2]);
+        const std::int64_t c = k->channels;
         oneapi::tbb::parallel_for(oneapi::tbb::blocked_range<std::int64_t>(0, samples, 1),
                                   [&](const oneapi::tbb::blocked_range<std::int64_t>& r) {
-                                    const auto c = static_cast<std::size_t>(k->channels);
-                                    std::vector<float> part(c), a(c), b(c);
-                                    std::vector<double> sum(c);
-                                    for (std::int64_t s = r.begin(); s != r.end(); ++s)
-                                      run(*k, in + s * sample, out + s * sample, part.data(),
-                                          sum.data(), a.data(), b.data());
+                                    for (std::int64_t s = r.begin(); s != r.end(); ++s) {
+                                      float* at = stats + s * region;
+                                      run(*k, in + s * sample, out + s * sample, at + 2 * c,
+                                          reinterpret_cast<double*>(at), at + 3 * c, at + 4 * c);
+                                    }
                                   });
       },
-      {x, y},
+      {x, y, scratch},
       fmt::format("{}{} (channels-last, {})", node.describe(),
                   relu ? " + " + relu->describe() : std::string(), isa_name(isa)));
   if (relu != nullptr) {

@@ -284,7 +284,7 @@ struct ConcatAffine {
 
 // Pixels [first, last) of the output: each input's channels of a pixel scaled, shifted (and
 // clamped at 0) into their place in the output's row, as they lie (channels-last).
-[[gnu::always_inline]] inline void concat_affine_rows(const ConcatAffine& k, const float* const* in,
+[[gnu::always_inline]] inline void concat_affine_rows(const ConcatAffine& k, std::byte* const* in,
                                                       float* out, std::int64_t first,
                                                       std::int64_t last) {
   for (std::int64_t px = first; px < last; ++px) {
@@ -293,7 +293,7 @@ struct ConcatAffine {
     const float* b = k.shift.data();
     for (std::size_t i = 0; i < k.channels.size(); ++i) {
       const std::int64_t c = k.channels[i];
-      const float* src = in[i] + px * c;
+      const float* src = reinterpret_cast<const float*>(in[i]) + px * c;
       if (k.relu)
         for (std::int64_t ch = 0; ch < c; ++ch) row[ch] = std::max(src[ch] * a[ch] + b[ch], 0.f);
       else
@@ -305,18 +305,18 @@ struct ConcatAffine {
   }
 }
 
-using ConcatAffineFn = void (*)(const ConcatAffine&, const float* const*, float*, std::int64_t,
+using ConcatAffineFn = void (*)(const ConcatAffine&, std::byte* const*, float*, std::int64_t,
                                 std::int64_t);
-void concat_affine_baseline(const ConcatAffine& k, const float* const* in, float* out,
+void concat_affine_baseline(const ConcatAffine& k, std::byte* const* in, float* out,
                             std::int64_t first, std::int64_t last) {
   concat_affine_rows(k, in, out, first, last);
 }
 #ifdef KD_TARGET_X86
-KD_TARGET_AVX512 void concat_affine_avx512(const ConcatAffine& k, const float* const* in,
-                                           float* out, std::int64_t first, std::int64_t last) {
+KD_TARGET_AVX512 void concat_affine_avx512(const ConcatAffine& k, std::byte* const* in, float* out,
+                                           std::int64_t first, std::int64_t last) {
   concat_affine_rows(k, in, out, first, last);
 }
-KD_TARGET_AVX2 void concat_affine_avx2(const ConcatAffine& k, const float* const* in, float* out,
+KD_TARGET_AVX2 void concat_affine_avx2(const ConcatAffine& k, std::byte* const* in, float* out,
                                        std::int64_t first, std::int64_t last) {
   concat_affine_rows(k, in, out, first, last);
 }
@@ -358,13 +358,11 @@ void concat_affine(Lowering& plan, const Node& node, const Node& conv) {
   const std::size_t inputs = node.inputs.size();
   plan.set_kind("Concat (+ affine)");
   plan.add_kernel(
-      [k, run, inputs](std::byte* const* p) {
-        std::vector<const float*> in(inputs);
-        for (std::size_t i = 0; i < inputs; ++i) in[i] = reinterpret_cast<const float*>(p[i]);
+      [k, run, inputs](std::byte* const* p) { // the inputs' pointers, then the output's
         auto* out = reinterpret_cast<float*>(p[inputs]);
         oneapi::tbb::parallel_for(oneapi::tbb::blocked_range<std::int64_t>(0, k->pixels, 256),
                                   [&](const oneapi::tbb::blocked_range<std::int64_t>& r) {
-                                    run(*k, in.data(), out, r.begin(), r.end());
+                                    run(*k, p, out, r.begin(), r.end());
                                   });
       },
       std::move(operands),
