@@ -36,8 +36,9 @@ using Choices = std::map<std::string, std::string>;
 // Bumped when a lowering's ways change meaning, so that no older choice is reused (2: gemm-only
 // channels-last convolutions seen as such; 3: zero Pads folded; 4: the Winograd ways, which a plan
 // tuned before them never timed; 5: the channels-last group normalization, with the exporters'
-// group_norm fused into one node, and the Concat with its reader's affine).
-constexpr int kPlanVersion = 5;
+// group_norm fused into one node, and the Concat with its reader's affine; 6: the Winograd ways in
+// bf16 plans).
+constexpr int kPlanVersion = 6;
 // Another plan replaces the untuned one only when it is this much faster: below that, the
 // difference is the machine's noise, not the plan.
 constexpr double kMargin = 0.03;

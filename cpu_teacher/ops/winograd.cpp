@@ -9,6 +9,12 @@
 // fewer than the direct convolution, F(2x2, 3x3) 2.25x fewer, for transforms that read and write
 // each tile's channels once; the tuner times both against oneDNN's direct convolution.
 //
+// In bf16 plans (activations stored bf16) the transformed tiles are written bf16 and the products
+// run as bf16 x bf16 -> f32 (AVX512_BF16's dot products, or AMX), as oneDNN's bf16 convolutions
+// do: the input is read bf16, the transforms add in f32, each transformed element is rounded once
+// to bf16 (as a direct bf16 convolution rounds its input once), the products accumulate in f32,
+// and the output transform, bias and post-ops run in f32 before the one rounding of the result.
+//
 // The tiles are processed in chunks sized so that a chunk's transformed tiles and products stay
 // in the caches (about 2 MiB of them per thread): transform a chunk's input tiles
 // (parallel over tiles), one matmul over the chunk, transform its products back into the output
@@ -23,6 +29,7 @@
 #include <oneapi/tbb/parallel_for.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <memory>
 #include <unordered_map>
@@ -37,6 +44,51 @@ using Vec = float __attribute__((vector_size(kLanes * sizeof(float))));
 // AVX-512 is enabled than in the baseline build.)
 [[gnu::always_inline]] inline void load(Vec& v, const float* p) { std::memcpy(&v, p, sizeof v); }
 [[gnu::always_inline]] inline void store(float* p, const Vec& v) { std::memcpy(p, &v, sizeof v); }
+
+// A bf16 element as bf16 plans store activations: the upper half of an f32's bits.
+struct Bf16 {
+  std::uint16_t bits;
+};
+using Bits = std::uint32_t __attribute__((vector_size(kLanes * sizeof(std::uint32_t))));
+using Halves = std::uint16_t __attribute__((vector_size(kLanes * sizeof(std::uint16_t))));
+
+// f32 -> bf16 bits rounded to nearest even (as oneDNN's conversions round); a NaN stays a quiet
+// NaN (the rounding's carry would turn some into infinities).
+[[gnu::always_inline]] inline void round_to_bf16(Bits& b) {
+  const Bits rounded = (b + 0x7fffu + ((b >> 16) & 1u)) >> 16;
+  // All ones where b is a NaN (its magnitude above infinity's, so the difference wraps).
+  const Bits nan = 0u - ((0x7f800000u - (b & 0x7fffffffu)) >> 31);
+  b = (rounded & ~nan) | (0x7fc0u & nan);
+}
+[[gnu::always_inline]] inline void load(Vec& v, const Bf16* p) {
+  Halves h;
+  std::memcpy(&h, p, sizeof h);
+  const Bits b = __builtin_convertvector(h, Bits) << 16;
+  std::memcpy(&v, &b, sizeof v);
+}
+[[gnu::always_inline]] inline void store(Bf16* p, const Vec& v) {
+  Bits b;
+  std::memcpy(&b, &v, sizeof b);
+  round_to_bf16(b);
+  const Halves h = __builtin_convertvector(b, Halves);
+  std::memcpy(p, &h, sizeof h);
+}
+// One element, for the lanes past a channel count that fills no whole vector.
+[[gnu::always_inline]] inline float to_float(float f) { return f; }
+[[gnu::always_inline]] inline float to_float(Bf16 e) {
+  const std::uint32_t u = std::uint32_t{e.bits} << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+[[gnu::always_inline]] inline void put(float& e, float f) { e = f; }
+[[gnu::always_inline]] inline void put(Bf16& e, float f) {
+  std::uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  e.bits = (u & 0x7fffffffu) > 0x7f800000u
+               ? std::uint16_t{0x7fc0}
+               : static_cast<std::uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
 
 // The one-dimensional transforms along a line of a tile (`s`: the stride between its elements):
 // B^T d for the input, A^T m for the products. The 2-D transforms apply them to the columns,
@@ -110,9 +162,10 @@ struct Post {
 };
 
 // Input tiles [first, first + count) of the chunk whose first tile is `chunk_first`, transformed
-// into v ([alpha^2][chunk][cp], each row one tile's channels).
-template <int M>
-[[gnu::always_inline]] inline void input_tiles(const Geometry& g, const float* x, float* v,
+// into v ([alpha^2][chunk][cp], each row one tile's channels); T: the element type of both (f32,
+// or bf16 in bf16 plans).
+template <int M, class T>
+[[gnu::always_inline]] inline void input_tiles(const Geometry& g, const T* x, T* v,
                                                std::int64_t chunk_first, std::int64_t first,
                                                std::int64_t count) {
   constexpr int A = M + 2;
@@ -134,8 +187,8 @@ template <int M>
             Vec e = {};
             const std::int64_t yy = y0 + i, xx = x0 + j;
             if (yy >= 0 && yy < g.h && xx >= 0 && xx < g.w) {
-              const float* p = x + ((n * g.h + yy) * g.w + xx) * g.c + c0;
-              for (std::int64_t l = 0; l < lanes; ++l) e[l] = p[l];
+              const T* p = x + ((n * g.h + yy) * g.w + xx) * g.c + c0;
+              for (std::int64_t l = 0; l < lanes; ++l) e[l] = to_float(p[l]);
             }
             d[i * A + j] = e;
           }
@@ -148,12 +201,13 @@ template <int M>
   }
 }
 
-// The products of tiles [first, first + count) of the chunk (mm: [alpha^2][chunk][kp])
-// transformed back into the output map y (channels-last), with the bias and the post-ops.
-template <int M>
+// The products of tiles [first, first + count) of the chunk (mm: [alpha^2][chunk][kp], f32)
+// transformed back into the output map y (channels-last, T: f32 or bf16, as the summand of a
+// residual sum), with the bias and the post-ops.
+template <int M, class T>
 [[gnu::always_inline]] inline void
 output_tiles(const Geometry& g, const float* mm, const float* bias, const Post* post, int posts,
-             float* y, std::int64_t chunk_first, std::int64_t first, std::int64_t count) {
+             T* y, std::int64_t chunk_first, std::int64_t first, std::int64_t count) {
   constexpr int A = M + 2;
   for (std::int64_t t = first; t < first + count; ++t) {
     const std::int64_t tile = chunk_first + t;
@@ -169,7 +223,7 @@ output_tiles(const Geometry& g, const float* mm, const float* bias, const Post* 
       load(b, bias + k0);
       for (int i = 0; i < M && y0 + i < g.ho; ++i)
         for (int j = 0; j < M && x0 + j < g.wo; ++j) {
-          float* p = y + ((n * g.ho + y0 + i) * g.wo + x0 + j) * g.k + k0;
+          T* p = y + ((n * g.ho + y0 + i) * g.wo + x0 + j) * g.k + k0;
           Vec v = out[i * M + j] + b;
           for (int q = 0; q < posts; ++q) {
             const Post& o = post[q];
@@ -180,7 +234,7 @@ output_tiles(const Geometry& g, const float* mm, const float* bias, const Post* 
               if (lanes == kLanes) {
                 load(s, p);
               } else {
-                for (std::int64_t l = 0; l < lanes; ++l) s[l] = p[l];
+                for (std::int64_t l = 0; l < lanes; ++l) s[l] = to_float(p[l]);
               }
               v += s;
             } else {
@@ -190,7 +244,7 @@ output_tiles(const Geometry& g, const float* mm, const float* bias, const Post* 
           if (lanes == kLanes) {
             store(p, v);
           } else {
-            for (std::int64_t l = 0; l < lanes; ++l) p[l] = v[l];
+            for (std::int64_t l = 0; l < lanes; ++l) put(p[l], v[l]);
           }
         }
     }
@@ -198,48 +252,48 @@ output_tiles(const Geometry& g, const float* mm, const float* bias, const Post* 
 }
 
 // The transforms built for each vector width: AVX-512 (one register per 16 channels), AVX2 with
-// FMA (two), and the baseline (four SSE registers). Which runs follows oneDNN's effective ISA
-// (the CPU's, or less under ONEDNN_MAX_CPU_ISA), so that a capped run measures the transforms at
-// the width the matmul runs at too.
-using InputFn = void (*)(const Geometry&, const float*, float*, std::int64_t, std::int64_t,
+// FMA (two), and the baseline (four SSE registers), for each element type. Which runs follows
+// oneDNN's effective ISA (the CPU's, or less under ONEDNN_MAX_CPU_ISA), so that a capped run
+// measures the transforms at the width the matmul runs at too.
+using InputFn = void (*)(const Geometry&, const void*, void*, std::int64_t, std::int64_t,
                          std::int64_t);
-using OutputFn = void (*)(const Geometry&, const float*, const float*, const Post*, int, float*,
+using OutputFn = void (*)(const Geometry&, const float*, const float*, const Post*, int, void*,
                           std::int64_t, std::int64_t, std::int64_t);
 
-template <int M>
-void input_baseline(const Geometry& g, const float* x, float* v, std::int64_t chunk_first,
+template <int M, class T>
+void input_baseline(const Geometry& g, const void* x, void* v, std::int64_t chunk_first,
                     std::int64_t first, std::int64_t count) {
-  input_tiles<M>(g, x, v, chunk_first, first, count);
+  input_tiles<M>(g, static_cast<const T*>(x), static_cast<T*>(v), chunk_first, first, count);
 }
-template <int M>
+template <int M, class T>
 void output_baseline(const Geometry& g, const float* mm, const float* bias, const Post* post,
-                     int posts, float* y, std::int64_t chunk_first, std::int64_t first,
+                     int posts, void* y, std::int64_t chunk_first, std::int64_t first,
                      std::int64_t count) {
-  output_tiles<M>(g, mm, bias, post, posts, y, chunk_first, first, count);
+  output_tiles<M>(g, mm, bias, post, posts, static_cast<T*>(y), chunk_first, first, count);
 }
 #ifdef KD_TARGET_X86
-template <int M>
-KD_TARGET_AVX512 void input_avx512(const Geometry& g, const float* x, float* v,
+template <int M, class T>
+KD_TARGET_AVX512 void input_avx512(const Geometry& g, const void* x, void* v,
                                    std::int64_t chunk_first, std::int64_t first,
                                    std::int64_t count) {
-  input_tiles<M>(g, x, v, chunk_first, first, count);
+  input_tiles<M>(g, static_cast<const T*>(x), static_cast<T*>(v), chunk_first, first, count);
 }
-template <int M>
+template <int M, class T>
 KD_TARGET_AVX512 void output_avx512(const Geometry& g, const float* mm, const float* bias,
-                                    const Post* post, int posts, float* y, std::int64_t chunk_first,
+                                    const Post* post, int posts, void* y, std::int64_t chunk_first,
                                     std::int64_t first, std::int64_t count) {
-  output_tiles<M>(g, mm, bias, post, posts, y, chunk_first, first, count);
+  output_tiles<M>(g, mm, bias, post, posts, static_cast<T*>(y), chunk_first, first, count);
 }
-template <int M>
-KD_TARGET_AVX2 void input_avx2(const Geometry& g, const float* x, float* v,
-                               std::int64_t chunk_first, std::int64_t first, std::int64_t count) {
-  input_tiles<M>(g, x, v, chunk_first, first, count);
+template <int M, class T>
+KD_TARGET_AVX2 void input_avx2(const Geometry& g, const void* x, void* v, std::int64_t chunk_first,
+                               std::int64_t first, std::int64_t count) {
+  input_tiles<M>(g, static_cast<const T*>(x), static_cast<T*>(v), chunk_first, first, count);
 }
-template <int M>
+template <int M, class T>
 KD_TARGET_AVX2 void output_avx2(const Geometry& g, const float* mm, const float* bias,
-                                const Post* post, int posts, float* y, std::int64_t chunk_first,
+                                const Post* post, int posts, void* y, std::int64_t chunk_first,
                                 std::int64_t first, std::int64_t count) {
-  output_tiles<M>(g, mm, bias, post, posts, y, chunk_first, first, count);
+  output_tiles<M>(g, mm, bias, post, posts, static_cast<T*>(y), chunk_first, first, count);
 }
 #endif
 
@@ -249,16 +303,24 @@ struct Transforms {
   const char* isa = "baseline";
 };
 
-template <int M>
+// In: the input's and the transformed tiles' element type; Out: the output's.
+template <int M, class In, class Out>
 Transforms transforms_for_isa() {
 #ifdef KD_TARGET_X86
   switch (vector_isa()) {
-  case VectorIsa::avx512: return {input_avx512<M>, output_avx512<M>, "avx512"};
-  case VectorIsa::avx2: return {input_avx2<M>, output_avx2<M>, "avx2"};
+  case VectorIsa::avx512: return {input_avx512<M, In>, output_avx512<M, Out>, "avx512"};
+  case VectorIsa::avx2: return {input_avx2<M, In>, output_avx2<M, Out>, "avx2"};
   case VectorIsa::baseline: break;
   }
 #endif
-  return {input_baseline<M>, output_baseline<M>, "baseline"};
+  return {input_baseline<M, In>, output_baseline<M, Out>, "baseline"};
+}
+
+template <int M>
+Transforms transforms_for(dt in, dt out) {
+  if (in == dt::f32) return transforms_for_isa<M, float, float>();
+  if (out == dt::f32) return transforms_for_isa<M, Bf16, float>();
+  return transforms_for_isa<M, Bf16, Bf16>();
 }
 
 // U = G g G^T for every (output, input) channel pair, as the matmul's weights [alpha^2][cp][kp]
@@ -297,11 +359,11 @@ struct WinogradKernel {
   Transforms transforms;
 
   void operator()(std::byte* const* ptrs) const {
-    const auto* x = reinterpret_cast<const float*>(ptrs[0]);
+    const void* x = ptrs[0];
     const auto* bias = reinterpret_cast<const float*>(ptrs[2]);
-    auto* v = reinterpret_cast<float*>(ptrs[3]);
+    void* v = ptrs[3];
     auto* mm = reinterpret_cast<float*>(ptrs[4]);
-    auto* y = reinterpret_cast<float*>(ptrs[6]);
+    void* y = ptrs[6];
     dnnl::stream stream(eng);
     const dnnl::memory v_mem(v_md, eng, v), u_mem(u_md, eng, ptrs[1]), mm_mem(mm_md, eng, mm),
         pad_mem(pad_md, eng, ptrs[5]);
@@ -348,20 +410,27 @@ std::vector<std::string> winograd_ways(const Lowering& plan, const Node& node) {
   if (ws.size() != 4 || ws[2] != 3 || ws[3] != 3 || ws[0] < kLanes || ws[1] < kLanes) return {};
   if (node.inputs.size() > 2 && !node.inputs[2].empty() && !g.is_constant(node.inputs[2]))
     return {};
-  // fp32 only: no bf16 products, no int8 (nor its calibration plan, which observes inputs).
-  if (plan.act() != dt::f32 || plan.type_of(node.outputs[0]) != dt::f32 || plan.observing() ||
-      plan.quant_input(node) || plan.quantized_output(node))
+  // fp32 and bf16 (products in bf16, the output bf16 or f32 as the plan writes it); no int8 (nor
+  // its calibration plan, which observes inputs).
+  const dt act = plan.act(), out = plan.type_of(node.outputs[0]);
+  if ((act != dt::f32 && act != dt::bf16) || (out != dt::f32 && out != dt::bf16) ||
+      (act == dt::f32 && out != dt::f32) || plan.observing() || plan.quant_input(node) ||
+      plan.quantized_output(node))
     return {};
   for (const auto& p : node.post_ops) {
     if (p.kind == PostOp::Kind::sum) {
       const Shape& os = g.shape(node.outputs[0]);
-      if (plan.view_at(p.sum_input).md !=
-          memory::desc(dims_of(os), dt::f32, memory::format_tag::acdb))
+      if (plan.view_at(p.sum_input).md != memory::desc(dims_of(os), out, memory::format_tag::acdb))
         return {}; // the summand must lie channels-last, as the output is written
     } else if (find_op(p.op) == nullptr || find_op(p.op)->activation == nullptr) {
       return {};
     }
   }
+  // In bf16 only F(2x2): its transforms add and subtract, so rounding the transformed tiles to
+  // bf16 costs about what a direct bf16 convolution's rounding of its input costs (1.2-2x its
+  // error on the winograd_* fixtures), where F(4x4)'s (weights 1/24 to 1, outputs summing 8x
+  // products) multiplies bf16's error 10-20x (6e-2 against 3e-3 on the same fixtures).
+  if (act == dt::bf16) return {"winograd_2x2"};
   return {"winograd_4x4", "winograd_2x2"};
 }
 
@@ -387,18 +456,22 @@ void winograd_conv(Lowering& plan, const Node& node, int m) {
   g.tiles = xs[0] * g.tiles_per_image;
   // Chunks of about kChunkBytesPerThread of transformed tiles and products per thread, evened
   // out so that the last chunk is nearly full.
+  const dt act = plan.act(), out = plan.type_of(node.outputs[0]);
   const std::int64_t a2 = (m + 2) * (m + 2); // the transformed tile's elements
-  const std::int64_t per_thread = std::clamp<std::int64_t>(
-      kChunkBytesPerThread / (a2 * (g.cp + g.kp) * std::int64_t{sizeof(float)}), 8, 256);
+  const std::int64_t tile_bytes =
+      a2 * (g.cp * static_cast<std::int64_t>(memory::data_type_size(act)) +
+            g.kp * std::int64_t{sizeof(float)});
+  const std::int64_t per_thread =
+      std::clamp<std::int64_t>(kChunkBytesPerThread / tile_bytes, 8, 256);
   const std::int64_t target = std::min(g.tiles, per_thread * std::max(1, plan.threads()));
   const std::int64_t chunks = (g.tiles + target - 1) / target;
   g.chunk = (g.tiles + chunks - 1) / chunks;
 
-  const memory::desc v_md({a2, g.chunk, g.cp}, dt::f32, memory::format_tag::abc);
+  const memory::desc v_md({a2, g.chunk, g.cp}, act, memory::format_tag::abc);
   const memory::desc mm_md({a2, g.chunk, g.kp}, dt::f32, memory::format_tag::abc);
   const memory::desc u_user({a2, g.cp, g.kp}, dt::f32, memory::format_tag::abc);
   const dnnl::matmul::primitive_desc pd(
-      plan.eng(), v_md, memory::desc({a2, g.cp, g.kp}, dt::f32, memory::format_tag::any), mm_md,
+      plan.eng(), v_md, memory::desc({a2, g.cp, g.kp}, act, memory::format_tag::any), mm_md,
       Lowering::plain_attr());
   const std::vector<float>& w = graph.constants.at(node.inputs[1]).f;
   std::vector<float> bias(static_cast<std::size_t>(g.kp), 0.f);
@@ -412,7 +485,7 @@ void winograd_conv(Lowering& plan, const Node& node, int m) {
   kernel->g = g;
   kernel->eng = plan.eng();
   kernel->product = dnnl::matmul(pd);
-  kernel->transforms = m == 4 ? transforms_for_isa<4>() : transforms_for_isa<2>();
+  kernel->transforms = m == 4 ? transforms_for<4>(act, out) : transforms_for<2>(act, out);
   kernel->v_md = v_md;
   kernel->u_md = pd.weights_desc();
   kernel->mm_md = mm_md;
@@ -436,8 +509,8 @@ void winograd_conv(Lowering& plan, const Node& node, int m) {
     kernel->post.push_back(o);
   }
 
-  const memory::desc y_md(dims_of(os), dt::f32, memory::format_tag::acdb);
-  ArgRef x = plan.get(node.inputs[0], memory::desc(dims_of(xs), dt::f32, memory::format_tag::acdb));
+  const memory::desc y_md(dims_of(os), out, memory::format_tag::acdb);
+  ArgRef x = plan.get(node.inputs[0], memory::desc(dims_of(xs), act, memory::format_tag::acdb));
   ArgRef u = plan.weight(m == 4 ? transformed_kernel<4>(g, w) : transformed_kernel<2>(g, w), u_user,
                          pd.weights_desc());
   ArgRef b = plan.weight(std::move(bias), bias_md, bias_md);
@@ -449,8 +522,8 @@ void winograd_conv(Lowering& plan, const Node& node, int m) {
       [kernel](std::byte* const* p) { (*kernel)(p); },
       {x, u, b, plan.new_buffer(v_md), plan.new_buffer(mm_md), plan.new_buffer(kernel->pad_md), y},
       node.describe(), KernelLoop::rows,
-      fmt::format("kdflow winograd {}x{} ({}) + {}", m, m, kernel->transforms.isa,
-                  pd.impl_info_str()));
+      fmt::format("kdflow winograd {}x{} ({}{}) + {}", m, m, kernel->transforms.isa,
+                  act == dt::bf16 ? ", bf16" : "", pd.impl_info_str()));
   plan.set(node.outputs[0], y);
 }
 
