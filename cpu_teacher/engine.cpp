@@ -523,6 +523,20 @@ std::optional<Lowering::Quant> Lowering::quantized_output(const Node& node) cons
 }
 
 std::optional<Lowering::Quant> Lowering::written_quant(const Node& node) const {
+  if (node.op == "MaxPool") {
+    // It pools in its input's stored type (ops/pool.cpp): quantized where its producer wrote the
+    // input at the quantization its own readers take (readers_quant lets a MaxPool through).
+    if (node.outputs.size() != 1) return std::nullopt;
+    const auto q = stored_quant(node.outputs[0]);
+    const Node* producer = nullptr;
+    for (const Node& n : g_.nodes)
+      if (std::find(n.outputs.begin(), n.outputs.end(), node.inputs[0]) != n.outputs.end())
+        producer = &n;
+    if (!q || producer == nullptr || skipped_.count(producer->name) != 0) return std::nullopt;
+    const auto in = quantized_output(*producer);
+    if (!in || in->type != q->type || in->scale != q->scale) return std::nullopt;
+    return q;
+  }
   if (!quant_input(node)) return std::nullopt;
   if (const PostOp* sum = sum_post(node)) {
     // Only a convolution sums into a quantized summand (ops/conv.cpp), and only into one its
@@ -575,6 +589,14 @@ std::optional<Lowering::Quant> Lowering::readers_quant(const std::string& value)
         continue;
       }
       if (reader.inputs[0] != v) return std::nullopt;
+      if (reader.op == "MaxPool") {
+        // Order-preserving: max pooling commutes with quantization at one scale, so the value is
+        // stored as the pooled output is (pooled in that type) where that is quantized.
+        const auto qr = reader.outputs.size() == 1 ? stored_quant(reader.outputs[0]) : std::nullopt;
+        if (!qr || (q && (q->type != qr->type || q->scale != qr->scale))) return std::nullopt;
+        q = qr;
+        continue;
+      }
       for (std::size_t k = 1; k < reader.inputs.size(); ++k)
         if (!reader.inputs[k].empty() && !g_.is_constant(reader.inputs[k])) return std::nullopt;
       const OpDef* op = find_op(reader.op);
@@ -589,8 +611,12 @@ std::optional<Lowering::Quant> Lowering::readers_quant(const std::string& value)
       q = qr;
     }
   }
+  // Read by sums only (a ResNet's downsampling shortcut): stored at its own calibrated range.
+  // The convolutions summing into it write their output into its buffer, in a type of the same
+  // size (u8 over an s8 summand: oneDNN's sum post-op reads the summand in its own type).
+  if (!q && !summed_into.empty()) q = quant_of(value);
   for (const dt t : summed_into)
-    if (!q || t != q->type) return std::nullopt;
+    if (!q || memory::data_type_size(t) != memory::data_type_size(q->type)) return std::nullopt;
   return q;
 }
 
@@ -702,12 +728,13 @@ void Lowering::add_kernel(Kernel k, std::vector<ArgRef> operands, const std::str
   p_.steps.push_back(std::move(s));
 }
 
-dnnl::primitive_attr Lowering::attr_with(const Node& node, float scale, float sum_scale) const {
+dnnl::primitive_attr Lowering::attr_with(const Node& node, float scale, float sum_scale,
+                                         dt sum_type) const {
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   dnnl::post_ops ops;
   if (scale != 1.f) ops.append_eltwise(dnnl::algorithm::eltwise_linear, scale, 0.f);
-  append_post_ops(ops, node, sum_scale);
+  append_post_ops(ops, node, sum_scale, sum_type);
   attr.set_post_ops(ops);
   return attr;
 }
@@ -724,10 +751,11 @@ dnnl::primitive_attr Lowering::attr_with_depthwise(const Node& pointwise, const 
   return attr;
 }
 
-void Lowering::append_post_ops(dnnl::post_ops& ops, const Node& node, float sum_scale) const {
+void Lowering::append_post_ops(dnnl::post_ops& ops, const Node& node, float sum_scale,
+                               dt sum_type) const {
   for (const auto& post : node.post_ops) {
     if (post.kind == PostOp::Kind::sum) {
-      ops.append_sum(sum_scale);
+      ops.append_sum(sum_scale, 0, sum_type);
     } else {
       const Activation& a = *find_op(post.op)->activation;
       const auto [alpha, beta] = a.onednn_params.value_or(std::pair{post.alpha, post.beta});
@@ -836,7 +864,12 @@ void Lowering::add_node(const Node& node) {
     fail(node, fmt::format("op type '{}' is not supported by kdflow's teacher", node.op));
   kind_ = node.op;
   node_ = node.name;
-  if (p_.observe && quantizable(node)) observe(product_input(node));
+  if (p_.observe && quantizable(node)) {
+    observe(product_input(node));
+    // A residual summand that only the sum reads is stored quantized at its own range.
+    if (const PostOp* sum = sum_post(node); sum != nullptr && node.op == "Conv")
+      observe(sum->sum_input);
+  }
   op->lower(*this, node);
   node_.clear();
 }
@@ -1051,8 +1084,9 @@ Calibration Teacher::calibrate(const std::string& path, const TeacherOptions& op
         source, samples.size(), batch_floats, format_shape(t->input_shape())));
   std::string features;
   for (const auto& f : options.features) features += f + ",";
+  // (v2: the ranges of residual summands that only a sum reads are observed too.)
   const std::string key = fmt::format(
-      "kdflow calibration v1 | model {} | input {} x{} | features {} | samples {:016x} {}",
+      "kdflow calibration v2 | model {} | input {} x{} | features {} | samples {:016x} {}",
       file_digest(path), format_shape(plan.graph.input_shape), plan.graph.chunks, features,
       fnv1a_wide(std::as_bytes(samples)), samples.size());
   if (auto cached = read_calibration_cache(options, key)) return std::move(*cached);

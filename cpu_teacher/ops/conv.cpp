@@ -163,16 +163,33 @@ bool pointwise_on_channels_last(const Lowering& plan, const Node& node) {
   return last(node.inputs[0]) && (!sum || last(sum->sum_input));
 }
 
-// The sum post-op's scale: a residual summand written quantized (the convolution then writes
-// quantized too, into the summand's buffer: Lowering::quantized_output) is read at its own scale.
-float summand_scale(const Lowering& plan, const Node& node,
-                    const std::optional<Lowering::Quant>& q_out) {
+// The sum post-op's scale and type: a residual summand written quantized (the convolution then
+// writes quantized too, into the summand's buffer: Lowering::quantized_output) is read at its own
+// scale, in its own type (s8 under a u8 output: a shortcut without a Relu summed before one).
+struct Summand {
+  float scale = 1.f;
+  dt type = dt::undef;
+};
+Summand summand_quant(const Lowering& plan, const Node& node,
+                      const std::optional<Lowering::Quant>& q_out) {
   const PostOp* sum = Lowering::sum_post(node);
-  if (sum == nullptr || !q_out) return 1.f;
+  if (sum == nullptr || !q_out) return {};
   const auto stored = plan.stored_quant(sum->sum_input);
-  if (!stored || stored->type != q_out->type)
+  if (!stored || memory::data_type_size(stored->type) != memory::data_type_size(q_out->type))
     throw std::logic_error("teacher plan: a quantized residual sum into an f32 summand");
-  return stored->scale;
+  return {stored->scale, stored->type};
+}
+
+// The summand's buffer as the convolution writes it: the same layout in the output's type (of
+// the same size).
+memory::desc retyped(const memory::desc& md, dt type) {
+  if (md.get_data_type() == type) return md;
+  using tag = memory::format_tag;
+  for (const tag t : {tag::acdb, tag::abcd, tag::aBcd16b, tag::aBcd8b, tag::aBcd4b})
+    if (md == memory::desc(md.get_dims(), md.get_data_type(), t)) return {md.get_dims(), type, t};
+  if (md == memory::desc(md.get_dims(), md.get_data_type(), md.get_strides()))
+    return {md.get_dims(), type, md.get_strides()};
+  throw std::logic_error("teacher plan: a quantized residual summand in a layout not retyped");
 }
 
 // A convolution run as one inner product over channels-last views of its input and output:
@@ -211,7 +228,8 @@ void matrix_conv(Lowering& plan, const Node& node, bool unroll) {
   const memory::desc w_user({out_cols, in_cols}, dt::f32, memory::format_tag::oi);
   const memory::desc any_w({out_cols, in_cols}, q ? dt::s8 : act, memory::format_tag::any);
   const memory::desc bias_md({out_cols}, dt::f32, memory::format_tag::a);
-  auto attr = plan.attr_with(node, 1.f, summand_scale(plan, node, q_out));
+  const Summand summand = summand_quant(plan, node, q_out);
+  auto attr = plan.attr_with(node, 1.f, summand.scale, summand.type);
   Lowering::set_quant_masks(attr, q, q_out, 1);
   const auto pd =
       has_bias ? dnnl::inner_product_forward::primitive_desc(plan.eng(),
@@ -222,9 +240,13 @@ void matrix_conv(Lowering& plan, const Node& node, bool unroll) {
   ArgRef src =
       q ? plan.get_quantized(node.inputs[0], src_map, *q) : plan.get(node.inputs[0], src_map);
   src.md = src_row;
-  // With a residual sum it accumulates into the other operand (channels-last, dead after it).
+  // With a residual sum it accumulates into the other operand (channels-last, dead after it; a
+  // quantized one read in its own type).
   if (sum) plan.before_overwrite(sum->sum_input);
-  ArgRef dst = sum ? plan.get(sum->sum_input, dst_map) : plan.new_buffer(dst_map);
+  const memory::desc summand_map =
+      sum && q_out ? memory::desc(dims_of(os), summand.type, tag) : dst_map;
+  ArgRef dst = sum ? plan.get(sum->sum_input, summand_map) : plan.new_buffer(dst_map);
+  dst.md = dst_map;
   ArgRef dst_view = dst;
   dst_view.md = dst_row;
   std::vector<std::pair<int, ArgRef>> args = {
@@ -266,12 +288,14 @@ void direct_conv(Lowering& plan, const Node& node, bool channels_last) {
   const memory::desc bias_md({ws[0]}, dt::f32, memory::format_tag::a);
   const PostOp* sum = Lowering::sum_post(node);
   const auto q_out = plan.quantized_output(node);
-  auto attr = plan.attr_with(node, 1.f, summand_scale(plan, node, q_out));
+  const Summand summand = summand_quant(plan, node, q_out);
+  auto attr = plan.attr_with(node, 1.f, summand.scale, summand.type);
   Lowering::set_quant_masks(attr, q, q_out, group == 1 ? 1 : 3); // per output channel
-  // With a residual sum the conv writes over the other operand's buffer, in its layout.
+  // With a residual sum the conv writes over the other operand's buffer, in its layout (and, where
+  // quantized, in the output's type).
   if (sum) plan.before_overwrite(sum->sum_input);
   const memory::desc dst_md =
-      sum ? plan.at(sum->sum_input).md
+      sum ? (q_out ? retyped(plan.at(sum->sum_input).md, q_out->type) : plan.at(sum->sum_input).md)
           : memory::desc(dims_of(os), q_out ? q_out->type : plan.type_of(node.outputs[0]),
                          channels_last ? memory::format_tag::acdb : memory::format_tag::any);
   const auto pd =
@@ -285,7 +309,8 @@ void direct_conv(Lowering& plan, const Node& node, bool channels_last) {
   const ArgRef src = q ? plan.get_quantized(node.inputs[0], pd.src_desc(), *q)
                        : plan.get(node.inputs[0], pd.src_desc());
   const ArgRef w = plan.weight(std::move(w_data), w_user, pd.weights_desc());
-  const ArgRef dst = sum ? plan.at(sum->sum_input) : plan.new_buffer(pd.dst_desc());
+  ArgRef dst = sum ? plan.at(sum->sum_input) : plan.new_buffer(pd.dst_desc());
+  dst.md = pd.dst_desc();
   std::vector<std::pair<int, ArgRef>> args = {
       {DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, w}, {DNNL_ARG_DST, dst}};
   if (has_bias)

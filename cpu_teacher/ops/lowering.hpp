@@ -261,9 +261,11 @@ public:
 
   // A user scratchpad and the node's fused post-ops (eltwise activations, residual sum), after a
   // scaling by `scale` when it is not 1.
-  // (`sum_scale`: the residual summand's own scale where it is read quantized.)
+  // (`sum_scale`, `sum_type`: the residual summand's own scale and type where it is read
+  // quantized; its type may differ from the output's in sign only, u8 against s8.)
   [[nodiscard]] dnnl::primitive_attr attr_with(const Node& node, float scale = 1.f,
-                                               float sum_scale = 1.f) const;
+                                               float sum_scale = 1.f,
+                                               dt sum_type = dt::undef) const;
   // attr_with(pointwise) with a depthwise convolution fused after its post-ops (oneDNN's
   // depthwise post-op: a 3x3 kernel of `stride`, padding 1, weights of `weights` type, an f32
   // bias, writing `dst`), then the depthwise node's own eltwise post-ops.
@@ -281,7 +283,8 @@ private:
   void find_flatten_into_gemm();
   void find_wide_values();
   void add_node(const Node& node);
-  void append_post_ops(dnnl::post_ops& ops, const Node& node, float sum_scale) const;
+  void append_post_ops(dnnl::post_ops& ops, const Node& node, float sum_scale,
+                       dt sum_type = dt::undef) const;
   void observe(const std::string& value);
   // quantized_output's and stored_quant's answers, worked out (they keep them).
   [[nodiscard]] std::optional<Quant> written_quant(const Node& node) const;
