@@ -165,8 +165,9 @@ public:
   // the summand read at its own scale (the sum post-op's scale) and overwritten at the output's.
   [[nodiscard]] std::optional<Quant> quantized_output(const Node& node) const;
   // How `value` is stored when a quantized product writes it: the one quantization every reader
-  // takes it in (a quantized product's input, or the summand of a convolution that writes
-  // quantized in turn), or nullopt where some reader needs it in f32.
+  // takes it in (a quantized product's input, the summand of a convolution that writes quantized
+  // in turn, a MaxPool's input where its output is stored so; a value only sums read: its own
+  // calibrated range), or nullopt where some reader needs it in f32.
   [[nodiscard]] std::optional<Quant> stored_quant(const std::string& value) const;
   // `value` quantized with `q` in layout `want` (of q.type): one reorder applying the scale,
   // made once and shared by every product reading it so (a layout change only, where a
