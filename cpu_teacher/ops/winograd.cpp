@@ -202,8 +202,8 @@ template <int M, class T>
 }
 
 // The products of tiles [first, first + count) of the chunk (mm: [alpha^2][chunk][kp], f32)
-// transformed back into the output map y (channels-last, T: f32 or bf16, as the summand of a
-// residual sum), with the bias and the post-ops.
+// transformed back into the output map y (channels-last, T: f32 or bf16, as the input and the
+// summand of a residual sum), with the bias and the post-ops.
 template <int M, class T>
 [[gnu::always_inline]] inline void
 output_tiles(const Geometry& g, const float* mm, const float* bias, const Post* post, int posts,
@@ -303,24 +303,22 @@ struct Transforms {
   const char* isa = "baseline";
 };
 
-// In: the input's and the transformed tiles' element type; Out: the output's.
-template <int M, class In, class Out>
+// T: the element type of the input, the transformed tiles and the output (f32, or bf16).
+template <int M, class T>
 Transforms transforms_for_isa() {
 #ifdef KD_TARGET_X86
   switch (vector_isa()) {
-  case VectorIsa::avx512: return {input_avx512<M, In>, output_avx512<M, Out>, "avx512"};
-  case VectorIsa::avx2: return {input_avx2<M, In>, output_avx2<M, Out>, "avx2"};
+  case VectorIsa::avx512: return {input_avx512<M, T>, output_avx512<M, T>, "avx512"};
+  case VectorIsa::avx2: return {input_avx2<M, T>, output_avx2<M, T>, "avx2"};
   case VectorIsa::baseline: break;
   }
 #endif
-  return {input_baseline<M, In>, output_baseline<M, Out>, "baseline"};
+  return {input_baseline<M, T>, output_baseline<M, T>, "baseline"};
 }
 
 template <int M>
-Transforms transforms_for(dt in, dt out) {
-  if (in == dt::f32) return transforms_for_isa<M, float, float>();
-  if (out == dt::f32) return transforms_for_isa<M, Bf16, float>();
-  return transforms_for_isa<M, Bf16, Bf16>();
+Transforms transforms_for(dt act) {
+  return act == dt::f32 ? transforms_for_isa<M, float>() : transforms_for_isa<M, Bf16>();
 }
 
 // U = G g G^T for every (output, input) channel pair, as the matmul's weights [alpha^2][cp][kp]
@@ -410,17 +408,16 @@ std::vector<std::string> winograd_ways(const Lowering& plan, const Node& node) {
   if (ws.size() != 4 || ws[2] != 3 || ws[3] != 3 || ws[0] < kLanes || ws[1] < kLanes) return {};
   if (node.inputs.size() > 2 && !node.inputs[2].empty() && !g.is_constant(node.inputs[2]))
     return {};
-  // fp32 and bf16 (products in bf16, the output bf16 or f32 as the plan writes it); no int8 (nor
-  // its calibration plan, which observes inputs).
-  const dt act = plan.act(), out = plan.type_of(node.outputs[0]);
-  if ((act != dt::f32 && act != dt::bf16) || (out != dt::f32 && out != dt::bf16) ||
-      (act == dt::f32 && out != dt::f32) || plan.observing() || plan.quant_input(node) ||
-      plan.quantized_output(node))
+  // fp32 and bf16 (products in bf16; a bf16 plan's convolutions write bf16, as under PyTorch's
+  // autocast); no int8 (nor its calibration plan, which observes inputs).
+  const dt act = plan.act();
+  if ((act != dt::f32 && act != dt::bf16) || plan.type_of(node.outputs[0]) != act ||
+      plan.observing() || plan.quant_input(node) || plan.quantized_output(node))
     return {};
   for (const auto& p : node.post_ops) {
     if (p.kind == PostOp::Kind::sum) {
       const Shape& os = g.shape(node.outputs[0]);
-      if (plan.view_at(p.sum_input).md != memory::desc(dims_of(os), out, memory::format_tag::acdb))
+      if (plan.view_at(p.sum_input).md != memory::desc(dims_of(os), act, memory::format_tag::acdb))
         return {}; // the summand must lie channels-last, as the output is written
     } else if (find_op(p.op) == nullptr || find_op(p.op)->activation == nullptr) {
       return {};
@@ -456,7 +453,7 @@ void winograd_conv(Lowering& plan, const Node& node, int m) {
   g.tiles = xs[0] * g.tiles_per_image;
   // Chunks of about kChunkBytesPerThread of transformed tiles and products per thread, evened
   // out so that the last chunk is nearly full.
-  const dt act = plan.act(), out = plan.type_of(node.outputs[0]);
+  const dt act = plan.act();
   const std::int64_t a2 = (m + 2) * (m + 2); // the transformed tile's elements
   const std::int64_t tile_bytes =
       a2 * (g.cp * static_cast<std::int64_t>(memory::data_type_size(act)) +
@@ -485,7 +482,7 @@ void winograd_conv(Lowering& plan, const Node& node, int m) {
   kernel->g = g;
   kernel->eng = plan.eng();
   kernel->product = dnnl::matmul(pd);
-  kernel->transforms = m == 4 ? transforms_for<4>(act, out) : transforms_for<2>(act, out);
+  kernel->transforms = m == 4 ? transforms_for<4>(act) : transforms_for<2>(act);
   kernel->v_md = v_md;
   kernel->u_md = pd.weights_desc();
   kernel->mm_md = mm_md;
@@ -509,7 +506,7 @@ void winograd_conv(Lowering& plan, const Node& node, int m) {
     kernel->post.push_back(o);
   }
 
-  const memory::desc y_md(dims_of(os), out, memory::format_tag::acdb);
+  const memory::desc y_md(dims_of(os), act, memory::format_tag::acdb);
   ArgRef x = plan.get(node.inputs[0], memory::desc(dims_of(xs), act, memory::format_tag::acdb));
   ArgRef u = plan.weight(m == 4 ? transformed_kernel<4>(g, w) : transformed_kernel<2>(g, w), u_user,
                          pd.weights_desc());

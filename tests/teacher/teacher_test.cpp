@@ -176,6 +176,7 @@ TEST(TeacherOps, WinogradInBf16StaysNearTheDirectBf16) {
   const fs::path dir = fixture_dir("ops");
   const auto m = manifest(dir);
   int fixtures = 0;
+  std::map<std::string, int> writes; // the Winograd steps' output types
   for (const auto& entry : m["models"]) {
     const std::string name = entry["name"];
     if (!name.starts_with("winograd_")) continue;
@@ -199,9 +200,11 @@ TEST(TeacherOps, WinogradInBf16StaysNearTheDirectBf16) {
     EXPECT_GT(taken, 0);
     EXPECT_EQ(taken, offered);
     bool bf16_products = false;
-    for (const auto& step : t->step_info())
-      bf16_products |= step.impl.starts_with("kdflow winograd 2x2") &&
-                       step.impl.find(", bf16)") != std::string::npos;
+    for (const auto& step : t->step_info()) {
+      if (!step.impl.starts_with("kdflow winograd 2x2")) continue;
+      bf16_products |= step.impl.find(", bf16)") != std::string::npos;
+      ++writes[step.writes];
+    }
     EXPECT_TRUE(bf16_products);
     const double direct_error = error(direct), winograd_error = error(t);
     std::printf("%s: bf16 winograd 2x2 error %.2e, direct %.2e\n", name.c_str(), winograd_error,
@@ -209,6 +212,9 @@ TEST(TeacherOps, WinogradInBf16StaysNearTheDirectBf16) {
     EXPECT_LE(winograd_error, 3 * direct_error + 2e-3);
   }
   EXPECT_EQ(fixtures, 6);
+  // A bf16 plan's convolutions write bf16 (the graph's f32 output is a conversion after them).
+  EXPECT_GT(writes["bf16"], 0);
+  EXPECT_EQ(writes["f32"], 0);
 }
 
 // Group and instance normalization run each way (channels_last: kdflow's kernel over the
