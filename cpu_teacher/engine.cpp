@@ -591,8 +591,11 @@ std::optional<Lowering::Quant> Lowering::readers_quant(const std::string& value)
       if (reader.inputs[0] != v) return std::nullopt;
       if (reader.op == "MaxPool") {
         // Order-preserving: max pooling commutes with quantization at one scale, so the value is
-        // stored as the pooled output is (pooled in that type) where that is quantized.
-        const auto qr = reader.outputs.size() == 1 ? stored_quant(reader.outputs[0]) : std::nullopt;
+        // stored as the pooled output is (pooled in that type) where that is quantized. Only as
+        // the value's own reader (not through a view): written_quant finds the MaxPool's
+        // producer by its input.
+        const auto qr = reader.outputs.size() == 1 && v == value ? stored_quant(reader.outputs[0])
+                                                                 : std::nullopt;
         if (!qr || (q && (q->type != qr->type || q->scale != qr->scale))) return std::nullopt;
         q = qr;
         continue;
