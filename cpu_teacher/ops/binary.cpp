@@ -186,14 +186,32 @@ void lower_binary(Lowering& plan, const Node& node) {
     src1 = ArgRef{r.kind, r.index, r.offset, plain(bs, type)};
   }
   // The output in the first operand's layout, in the type the output is kept in (f32 where a
-  // parameter or an f32 operand promotes a bf16 one, as in PyTorch).
-  const dt out = plan.type_of(node.outputs[0]);
+  // parameter or an f32 operand promotes a bf16 one, as in PyTorch). In int8, where only
+  // quantized products read it (an EfficientNet's or a RegNet's squeeze-and-excitation scale
+  // before the block's projection), it is written in their quantization: divided by its scale
+  // in a linear post-op, then rounded and saturated by the conversion, so that no reorder
+  // quantizes it again. Not where a convolution sums into it or a MaxPool passes it on: those
+  // ask whether its producer wrote it quantized (Lowering::quantized_output), which a binary op
+  // does not claim.
+  auto q_out = plan.stored_quant(node.outputs[0]);
+  for (const std::size_t r : g.consumers(node.outputs[0])) {
+    const Node& reader = g.nodes[r];
+    const PostOp* sum = Lowering::sum_post(reader);
+    if ((sum != nullptr && sum->sum_input == node.outputs[0]) || reader.op == "MaxPool")
+      q_out.reset();
+  }
+  const dt out = q_out ? q_out->type : plan.type_of(node.outputs[0]);
   const memory::desc dst_md = src0.md.get_data_type() == out
                                   ? src0.md
                                   : memory::desc(dims_of(os), out, memory::format_tag::any);
-  const auto pd =
-      dnnl::binary::primitive_desc(plan.eng(), static_cast<dnnl::algorithm>(A.algorithm), src0.md,
-                                   src1.md, dst_md, Lowering::plain_attr());
+  dnnl::primitive_attr attr = Lowering::plain_attr();
+  if (q_out) {
+    dnnl::post_ops ops;
+    ops.append_eltwise(dnnl::algorithm::eltwise_linear, 1.f / q_out->scale, 0.f);
+    attr.set_post_ops(ops);
+  }
+  const auto pd = dnnl::binary::primitive_desc(
+      plan.eng(), static_cast<dnnl::algorithm>(A.algorithm), src0.md, src1.md, dst_md, attr);
   // oneDNN's reference implementation (a broadcast its kernels do not cover) is many times slower
   // than the rows kernel; the rows kernel where it applies.
   if (std::string(pd.impl_info_str()).rfind("ref", 0) == 0)

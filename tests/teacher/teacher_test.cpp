@@ -808,6 +808,8 @@ TEST(TeacherInt8, EveryNetworkAndEveryConvolutionWayStaysNearFp32) {
   // A LayerNorm before a linear (ViT, ConvNeXt) writes the linear's quantized input itself.
   EXPECT_GT(writes_quantized["LayerNormalization"], 0);
   EXPECT_GT(writes_quantized["MaxPool"], 0); // a ResNet's, over the stem's u8
+  // The squeeze-and-excitation scale (EfficientNet, RegNet) writes the projection's s8 itself.
+  EXPECT_GT(writes_quantized["Mul"], 0);
   for (const auto& [kind, n] : writes_quantized)
     std::printf("%s steps writing u8/s8 for their readers: %d\n", kind.c_str(), n);
   for (const auto& way : {"library", "channels_last", "inner_product", "unrolled"})
