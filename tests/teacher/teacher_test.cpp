@@ -735,9 +735,9 @@ TEST(TeacherInt8, EveryNetworkAndEveryConvolutionWayStaysNearFp32) {
         EXPECT_EQ(quantize, 1u) << "quantizing reorders";
       }
       // ResNets too, but for the last stage (its blocks' output is read by the f32 pooling head):
-      // the stem writes u8 that the max pool pools as u8, and each block's last convolution, which
-      // only the shortcut's sum reads, is stored s8 at its own calibrated range (the shortcut's
-      // convolution, or the next block's, sums into it and writes u8).
+      // the stem writes u8 that the max pool pools as u8, and a downsampling block's last
+      // convolution, which only the shortcut's sum reads, is stored s8 at its own calibrated range
+      // (the shortcut's convolution sums into it and writes u8).
       if (name.starts_with("resnet18")) {
         EXPECT_LE(quantize, 2u) << "quantizing reorders";
         EXPECT_GT(s8_convs, 0u);
