@@ -523,31 +523,26 @@ std::optional<Lowering::Quant> Lowering::quantized_output(const Node& node) cons
 }
 
 std::optional<Lowering::Quant> Lowering::written_quant(const Node& node) const {
+  // How the node writing `value` writes it: nullopt where none does (a graph input) or where that
+  // node is taken into another step.
+  const auto producer_wrote = [&](const std::string& value) -> std::optional<Quant> {
+    const int p = g_.producer(value);
+    if (p < 0 || skipped_.count(g_.nodes[static_cast<std::size_t>(p)].name) != 0)
+      return std::nullopt;
+    return quantized_output(g_.nodes[static_cast<std::size_t>(p)]);
+  };
   if (node.op == "MaxPool") {
     // It pools in its input's stored type (ops/pool.cpp): quantized where its producer wrote the
     // input at the quantization its own readers take (readers_quant lets a MaxPool through).
     if (node.outputs.size() != 1) return std::nullopt;
     const auto q = stored_quant(node.outputs[0]);
-    const Node* producer = nullptr;
-    for (const Node& n : g_.nodes)
-      if (std::find(n.outputs.begin(), n.outputs.end(), node.inputs[0]) != n.outputs.end())
-        producer = &n;
-    if (!q || producer == nullptr || skipped_.count(producer->name) != 0) return std::nullopt;
-    const auto in = quantized_output(*producer);
-    if (!in || in->type != q->type || in->scale != q->scale) return std::nullopt;
-    return q;
+    return q && producer_wrote(node.inputs[0]) == q ? q : std::nullopt;
   }
   if (!quant_input(node)) return std::nullopt;
   if (const PostOp* sum = sum_post(node)) {
     // Only a convolution sums into a quantized summand (ops/conv.cpp), and only into one its
     // producer wrote quantized.
-    if (node.op != "Conv") return std::nullopt;
-    const Node* producer = nullptr;
-    for (const Node& n : g_.nodes)
-      if (std::find(n.outputs.begin(), n.outputs.end(), sum->sum_input) != n.outputs.end())
-        producer = &n;
-    if (producer == nullptr || skipped_.count(producer->name) != 0 || !quantized_output(*producer))
-      return std::nullopt;
+    if (node.op != "Conv" || !producer_wrote(sum->sum_input)) return std::nullopt;
   }
   return stored_quant(node.outputs[0]);
 }
@@ -596,7 +591,7 @@ std::optional<Lowering::Quant> Lowering::readers_quant(const std::string& value)
         // producer by its input.
         const auto qr = reader.outputs.size() == 1 && v == value ? stored_quant(reader.outputs[0])
                                                                  : std::nullopt;
-        if (!qr || (q && (q->type != qr->type || q->scale != qr->scale))) return std::nullopt;
+        if (!qr || (q && *q != *qr)) return std::nullopt;
         q = qr;
         continue;
       }
@@ -608,9 +603,7 @@ std::optional<Lowering::Quant> Lowering::readers_quant(const std::string& value)
         continue;
       }
       const auto qr = quant_input(reader);
-      if (!qr || product_input(reader) != v ||
-          (q && (q->type != qr->type || q->scale != qr->scale)))
-        return std::nullopt;
+      if (!qr || product_input(reader) != v || (q && *q != *qr)) return std::nullopt;
       q = qr;
     }
   }

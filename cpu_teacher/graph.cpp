@@ -86,6 +86,13 @@ const Shape& Graph::shape(const std::string& value) const {
   return it->second;
 }
 
+int Graph::producer(const std::string& value) const {
+  for (std::size_t i = 0; i < nodes.size(); ++i)
+    for (const auto& o : nodes[i].outputs)
+      if (o == value) return static_cast<int>(i);
+  return -1;
+}
+
 std::vector<std::size_t> Graph::consumers(const std::string& value) const {
   std::vector<std::size_t> out;
   for (std::size_t n = 0; n < nodes.size(); ++n) {

@@ -35,14 +35,6 @@ void rename_uses(Graph& g, const std::string& from, const std::string& to) {
   }
 }
 
-// The node producing `value`, or -1.
-int producer(const Graph& g, const std::string& value) {
-  for (std::size_t i = 0; i < g.nodes.size(); ++i)
-    for (const auto& o : g.nodes[i].outputs)
-      if (o == value) return static_cast<int>(i);
-  return -1;
-}
-
 // Node `target` takes over node `fused` as a post-op: it now writes fused's output, and fused goes.
 void absorb(Graph& g, std::size_t target, PostOp post, std::size_t fused) {
   g.nodes[target].post_ops.push_back(std::move(post));
@@ -85,7 +77,7 @@ bool fold_batchnorm(Graph& g) {
       a[c] = scale[c] / std::sqrt(var[c] + eps);
       b[c] = shift[c] - mean[c] * a[c];
     }
-    const int p = producer(g, bn.inputs[0]);
+    const int p = g.producer(bn.inputs[0]);
     const bool foldable = p >= 0 && g.nodes[p].op == "Conv" && g.nodes[p].post_ops.empty() &&
                           g.consumers(bn.inputs[0]).size() == 1 && !g.is_output(bn.inputs[0]) &&
                           g.is_constant(g.nodes[p].inputs[1]);
@@ -235,7 +227,7 @@ bool fuse_silu(Graph& g) {
     for (int side = 0; side < 2; ++side) {
       const std::string& x = mul.inputs[static_cast<std::size_t>(side)];
       const std::string& gate = mul.inputs[static_cast<std::size_t>(1 - side)];
-      const int s = producer(g, gate);
+      const int s = g.producer(gate);
       if (s < 0 || g.nodes[static_cast<std::size_t>(s)].op != "Sigmoid" ||
           g.nodes[static_cast<std::size_t>(s)].inputs[0] != x || g.consumers(gate).size() != 1 ||
           g.is_output(gate))
@@ -367,7 +359,7 @@ bool fuse_erf_gelu(Graph& g) {
   const double root2 = std::sqrt(2.0);
   for (std::size_t ie = 0; ie < g.nodes.size(); ++ie) {
     if (g.nodes[ie].op != "Erf") continue;
-    const int d = producer(g, g.nodes[ie].inputs[0]);
+    const int d = g.producer(g.nodes[ie].inputs[0]);
     if (d < 0 || sole_reader(g, g.nodes[ie].inputs[0]) != static_cast<int>(ie)) continue;
     const Node& scale = g.nodes[static_cast<std::size_t>(d)];
     std::string x;
@@ -631,7 +623,7 @@ bool fuse_product_scale(Graph& g) {
     Node& mm = g.nodes[i];
     if ((mm.op != "MatMul" && mm.op != "Gemm") || mm.inputs.size() < 2) continue;
     for (std::size_t side = 0; side < 2; ++side) {
-      const int p = producer(g, mm.inputs[side]);
+      const int p = g.producer(mm.inputs[side]);
       if (p < 0 || sole_reader(g, mm.inputs[side]) != static_cast<int>(i)) continue;
       const auto scaled = scaling_of(g, g.nodes[static_cast<std::size_t>(p)]);
       if (!scaled) continue;
@@ -759,7 +751,7 @@ bool fuse_activation(Graph& g) {
   for (std::size_t i = 0; i < g.nodes.size(); ++i) {
     const Node& act = g.nodes[i];
     if (!is_activation(act)) continue;
-    const int p = producer(g, act.inputs[0]);
+    const int p = g.producer(act.inputs[0]);
     if (p < 0 || post_ops_of(g, g.nodes[p]) == PostOps::none ||
         g.consumers(act.inputs[0]).size() != 1 || g.is_output(act.inputs[0]))
       continue;
@@ -778,7 +770,7 @@ bool fuse_residual(Graph& g) {
     for (int side = 0; side < 2; ++side) {
       const std::string& mine = add.inputs[static_cast<std::size_t>(side)];
       const std::string& other = add.inputs[static_cast<std::size_t>(1 - side)];
-      const int p = producer(g, mine);
+      const int p = g.producer(mine);
       if (p < 0 || post_ops_of(g, g.nodes[p]) != PostOps::eltwise_and_sum ||
           g.consumers(mine).size() != 1 || g.is_output(mine))
         continue;
@@ -790,7 +782,7 @@ bool fuse_residual(Graph& g) {
         continue;
       if (g.is_constant(other) || other == g.input || g.is_output(other)) continue;
       if (g.shape(other) != g.shape(mine)) continue;
-      const int q = producer(g, other);
+      const int q = g.producer(other);
       if (q < 0 || q >= p) continue; // other must be ready before the conv writes over it
       // Nor may the conv read it: a convolution written over its own input reads neighbours it
       // has already overwritten (relu(x) -> conv -> + relu(x): wrong sums, by thread timing).

@@ -146,6 +146,7 @@ public:
   struct Quant {
     dt type;
     float scale;
+    friend bool operator==(const Quant&, const Quant&) = default;
   };
   [[nodiscard]] std::optional<Quant> quant_of(const std::string& value) const;
   // The value a product reads as its input (a Gemm fed by a flattening view reads the 4-D tensor

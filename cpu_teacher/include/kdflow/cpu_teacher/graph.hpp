@@ -103,6 +103,8 @@ struct Graph {
   // Nodes that read `value` (indices into nodes): as an input, or as the sum a fused post-op
   // accumulates into; and whether `value` leaves the graph (an output, or a kept value).
   [[nodiscard]] std::vector<std::size_t> consumers(const std::string& value) const;
+  // The node that writes `value` (an index into nodes), or -1 (a graph input or a constant).
+  [[nodiscard]] int producer(const std::string& value) const;
   [[nodiscard]] bool is_output(const std::string& value) const;
 };
 
