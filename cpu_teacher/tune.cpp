@@ -37,8 +37,8 @@ using Choices = std::map<std::string, std::string>;
 // channels-last convolutions seen as such; 3: zero Pads folded; 4: the Winograd ways, which a plan
 // tuned before them never timed; 5: the channels-last group normalization, with the exporters'
 // group_norm fused into one node, and the Concat with its reader's affine; 6: the Winograd ways in
-// bf16 plans).
-constexpr int kPlanVersion = 6;
+// bf16 plans; 7: the convolutions' second oneDNN implementation, channels_last_alternative).
+constexpr int kPlanVersion = 7;
 // Another plan replaces the untuned one only when it is this much faster: below that, the
 // difference is the machine's noise, not the plan.
 constexpr double kMargin = 0.03;
@@ -258,7 +258,8 @@ std::unique_ptr<Teacher::Plan> Teacher::tuned_plan(Graph graph, const TeacherOpt
              {"unrolled", "inner_product", "channels_last", "reduction"},
              {"inner_product", "channels_last", "pooling"},
              {"winograd_4x4", "inner_product", "channels_last", "pooling"},
-             {"winograd_2x2", "inner_product", "channels_last", "pooling"}})
+             {"winograd_2x2", "inner_product", "channels_last", "pooling"},
+             {"channels_last_alternative", "inner_product", "channels_last", "pooling"}})
       try_choices(prefer_ways(nodes, prefs));
     Choices fastest;
     for (const auto& [node, ways] : cost)

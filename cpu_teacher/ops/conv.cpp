@@ -261,8 +261,10 @@ void matrix_conv(Lowering& plan, const Node& node, bool unroll) {
   plan.set(node.outputs[0], dst);
 }
 
-// oneDNN's direct convolution writing channels-last (acdb) or the layout it prefers.
-void direct_conv(Lowering& plan, const Node& node, bool channels_last) {
+// oneDNN's direct convolution writing channels-last (acdb) or the layout it prefers, through the
+// implementation oneDNN lists first or, where `impl` names another, through that one.
+void direct_conv(Lowering& plan, const Node& node, bool channels_last,
+                 const std::string& impl = {}) {
   const Graph& g = plan.graph();
   const dt act = plan.act();
   const Shape& xs = g.shape(node.inputs[0]);
@@ -298,7 +300,7 @@ void direct_conv(Lowering& plan, const Node& node, bool channels_last) {
       sum ? (q_out ? retyped(plan.at(sum->sum_input).md, q_out->type) : plan.at(sum->sum_input).md)
           : memory::desc(dims_of(os), q_out ? q_out->type : plan.type_of(node.outputs[0]),
                          channels_last ? memory::format_tag::acdb : memory::format_tag::any);
-  const auto pd =
+  const auto first_pd =
       has_bias
           ? dnnl::convolution_forward::primitive_desc(
                 plan.eng(), dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
@@ -306,6 +308,9 @@ void direct_conv(Lowering& plan, const Node& node, bool channels_last) {
           : dnnl::convolution_forward::primitive_desc(
                 plan.eng(), dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
                 any_src, any_w, dst_md, strides, dil, pl, pr, attr);
+  auto pd = first_pd;
+  while (!impl.empty() && pd.impl_info_str() != impl)
+    if (!pd.next_impl()) plan.fail(node, "oneDNN no longer offers the implementation " + impl);
   const ArgRef src = q ? plan.get_quantized(node.inputs[0], pd.src_desc(), *q)
                        : plan.get(node.inputs[0], pd.src_desc());
   const ArgRef w = plan.weight(std::move(w_data), w_user, pd.weights_desc());
@@ -322,9 +327,19 @@ void direct_conv(Lowering& plan, const Node& node, bool channels_last) {
   plan.set(node.outputs[0], dst);
 }
 
-// The implementation oneDNN picks for the direct convolution writing channels-last: a reference
-// or an im2col GEMM one where this CPU has no fast channels-last kernel for it.
-std::string channels_last_impl(Lowering& plan, const Node& node) {
+// Whether an implementation is oneDNN's reference one or its im2col GEMM one. oneDNN names them
+// with an ISA family prefix ("x64:gemm:jit", "ref:any", "brgconv:avx2").
+bool is_impl(const std::string& impl, std::string_view kind) {
+  const std::string_view name = std::string_view(impl).substr(impl.starts_with("x64:") ? 4 : 0);
+  return name.starts_with(kind);
+}
+
+// The implementations oneDNN offers for the direct convolution writing channels-last, in its
+// order of preference: the first is a reference or an im2col GEMM one where this CPU has no fast
+// channels-last kernel for it; the second, where it is neither, is another kernel worth timing
+// (on a Zen 4 and on AVX2, oneDNN lists its brdgmm depthwise kernel before the jit one, which runs
+// 1.1-1.7x faster on small maps and slower on some large ones).
+std::vector<std::string> channels_last_impls(Lowering& plan, const Node& node) {
   const Graph& g = plan.graph();
   const Shape& xs = g.shape(node.inputs[0]);
   const Shape& ws = g.shape(node.inputs[1]);
@@ -337,21 +352,30 @@ std::string channels_last_impl(Lowering& plan, const Node& node) {
   auto attr = plan.attr_with(node);
   const auto q_out = plan.quantized_output(node);
   Lowering::set_quant_masks(attr, q, q_out, group == 1 ? 1 : 3);
-  const auto pd = dnnl::convolution_forward::primitive_desc(
-      plan.eng(), dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
-      memory::desc(dims_of(xs), q ? q->type : plan.act(), memory::format_tag::any),
-      memory::desc(wdims, q ? dt::s8 : plan.act(), memory::format_tag::any),
-      memory::desc(dims_of(g.shape(node.outputs[0])),
-                   q_out ? q_out->type : plan.type_of(node.outputs[0]), memory::format_tag::acdb),
-      {s[0], s[1]}, {d[0] - 1, d[1] - 1}, {pads[0], pads[1]}, {pads[2], pads[3]}, attr);
-  return pd.impl_info_str();
-}
-
-// Whether that implementation is oneDNN's reference one or its im2col GEMM one. oneDNN names
-// them with an ISA family prefix ("x64:gemm:jit", "ref:any", "brgconv:avx2").
-bool is_impl(const std::string& impl, std::string_view kind) {
-  const std::string_view name = std::string_view(impl).substr(impl.starts_with("x64:") ? 4 : 0);
-  return name.starts_with(kind);
+  const memory::desc src(dims_of(xs), q ? q->type : plan.act(), memory::format_tag::any);
+  const memory::desc w(wdims, q ? dt::s8 : plan.act(), memory::format_tag::any);
+  const memory::desc dst(dims_of(g.shape(node.outputs[0])),
+                         q_out ? q_out->type : plan.type_of(node.outputs[0]),
+                         memory::format_tag::acdb);
+  const memory::dims st = {s[0], s[1]}, dil = {d[0] - 1, d[1] - 1}, pl = {pads[0], pads[1]},
+                     pr = {pads[2], pads[3]};
+  // With the bias where the convolution has one, as direct_conv asks: the same list.
+  auto pd =
+      node.inputs.size() > 2 && !node.inputs[2].empty()
+          ? dnnl::convolution_forward::primitive_desc(
+                plan.eng(), dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
+                src, w, memory::desc({ws[0]}, dt::f32, memory::format_tag::a), dst, st, dil, pl, pr,
+                attr)
+          : dnnl::convolution_forward::primitive_desc(
+                plan.eng(), dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
+                src, w, dst, st, dil, pl, pr, attr);
+  std::vector<std::string> impls = {pd.impl_info_str()};
+  if (is_impl(impls[0], "ref") || is_impl(impls[0], "gemm:")) return impls;
+  while (impls.size() < 2 && pd.next_impl()) {
+    const std::string next = pd.impl_info_str();
+    if (!is_impl(next, "ref") && !is_impl(next, "gemm:") && next != impls[0]) impls.push_back(next);
+  }
+  return impls;
 }
 
 // --- pointwise -> depthwise, one primitive -------------------------------------------------------
@@ -464,6 +488,9 @@ void fused_depthwise_conv(Lowering& plan, const Node& pw, const Node& dw,
 //    can run as inner products); first unless oneDNN has only a GEMM kernel for it, not offered
 //    where it has only a reference one;
 //  - "library": the direct convolution in the layout oneDNN prefers;
+//  - "channels_last_alternative": the direct convolution writing channels-last through the second
+//    implementation oneDNN offers for it (channels_last_impls), where that is neither its reference
+//    nor its GEMM one; never the untuned plan's way;
 //  - "winograd_4x4", "winograd_2x2": F(4x4, 3x3) and F(2x2, 3x3) (winograd.cpp), for 3x3
 //    convolutions of stride 1 in fp32; never the untuned plan's way, for the tuner to time.
 // (Plain NCHW in and out, where oneDNN runs im2col + its GEMM, was tried as a fifth way: on AVX2
@@ -473,7 +500,7 @@ void fused_depthwise_conv(Lowering& plan, const Node& pw, const Node& dw,
 void lower_conv(Lowering& plan, const Node& node) {
   const Graph& g = plan.graph();
   if (!g.is_constant(node.inputs[1])) plan.fail(node, "weights must be constant");
-  std::vector<std::string> first, later;
+  std::vector<std::string> first, later, impls;
   const Node* dw = depthwise_after(plan, node);
   const auto fused = dw != nullptr ? fused_depthwise_pd(plan, node, *dw) : std::nullopt;
   if (fused) first.emplace_back("pointwise_depthwise");
@@ -483,13 +510,14 @@ void lower_conv(Lowering& plan, const Node& node) {
   if (Lowering::sum_post(node) != nullptr) {
     first.emplace_back("direct");
   } else {
-    const std::string impl = channels_last_impl(plan, node);
-    if (is_impl(impl, "ref")) {
+    impls = channels_last_impls(plan, node);
+    if (is_impl(impls[0], "ref")) {
       first.emplace_back("library");
     } else {
-      const bool gemm = is_impl(impl, "gemm:");
+      const bool gemm = is_impl(impls[0], "gemm:");
       first.emplace_back(gemm ? "library" : "channels_last");
       later.emplace_back(gemm ? "channels_last" : "library");
+      if (impls.size() > 1) later.emplace_back("channels_last_alternative");
     }
   }
   for (auto& w : winograd_ways(plan, node)) later.push_back(std::move(w));
@@ -500,6 +528,7 @@ void lower_conv(Lowering& plan, const Node& node) {
     return winograd_conv(plan, node, way == "winograd_4x4" ? 4 : 2);
   if (way == "unrolled" || way == "inner_product")
     return matrix_conv(plan, node, way == "unrolled");
+  if (way == "channels_last_alternative") return direct_conv(plan, node, true, impls.at(1));
   direct_conv(plan, node, way == "channels_last");
 }
 

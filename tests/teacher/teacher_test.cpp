@@ -708,8 +708,8 @@ TEST(TeacherInt8, EveryNetworkAndEveryConvolutionWayStaysNearFp32) {
   const fs::path dir = fixture_dir("models");
   const auto m = manifest(dir);
   const std::int64_t batch = m["batch"];
-  const std::vector<std::string> ways = {"", "library", "channels_last", "inner_product",
-                                         "unrolled"};
+  const std::vector<std::string> ways = {
+      "", "library", "channels_last", "inner_product", "unrolled", "channels_last_alternative"};
   std::map<std::string, int> nodes_run;
   int quantized_networks = 0;
   double agree = 0, checked = 0, kl_sum = 0;
@@ -824,7 +824,8 @@ TEST(TeacherInt8, EveryNetworkAndEveryConvolutionWayStaysNearFp32) {
   EXPECT_GT(writes_quantized["Mul"], 0);
   for (const auto& [kind, n] : writes_quantized)
     std::printf("%s steps writing u8/s8 for their readers: %d\n", kind.c_str(), n);
-  for (const auto& way : {"library", "channels_last", "inner_product", "unrolled"})
+  for (const auto& way :
+       {"library", "channels_last", "inner_product", "unrolled", "channels_last_alternative"})
     EXPECT_GT(nodes_run[way], 0) << way << " never ran in int8";
 }
 
@@ -990,9 +991,16 @@ TEST(TeacherTune, EveryWayOfEveryNodeMatchesPyTorch) {
   const fs::path dir = fixture_dir("models");
   const auto m = manifest(dir);
   const std::int64_t batch = m["batch"];
-  const std::vector<std::string> ways = {
-      "library",   "channels_last",       "inner_product", "unrolled",    "pooling",
-      "reduction", "pointwise_depthwise", "winograd_4x4",  "winograd_2x2"};
+  const std::vector<std::string> ways = {"library",
+                                         "channels_last",
+                                         "inner_product",
+                                         "unrolled",
+                                         "pooling",
+                                         "reduction",
+                                         "pointwise_depthwise",
+                                         "winograd_4x4",
+                                         "winograd_2x2",
+                                         "channels_last_alternative"};
   std::map<std::string, int> nodes_run;
   for (const auto& entry : m["models"]) {
     const std::string name = entry["name"];
@@ -1012,6 +1020,21 @@ TEST(TeacherTune, EveryWayOfEveryNodeMatchesPyTorch) {
       if (taken == 0) continue;
       nodes_run[way] += taken;
       EXPECT_LE(normalized_error(run(t, x.data)[0], ref.data), 1e-4);
+      if (way == "channels_last_alternative") {
+        // Another oneDNN kernel than the channels_last way's for the same convolution.
+        opts.prefer = {"channels_last"};
+        const auto first = Teacher::load((dir / (name + ".onnx")).string(), opts);
+        const auto impl_of = [](const Teacher& teacher, const std::string& node) {
+          for (const auto& step : teacher.step_info())
+            if (step.label.find("'" + node + "'") != std::string::npos) return step.impl;
+          return std::string();
+        };
+        for (const auto& n : t->tune_report().nodes) {
+          if (n.chosen != way) continue;
+          EXPECT_FALSE(impl_of(*t, n.node).empty()) << n.node;
+          EXPECT_NE(impl_of(*t, n.node), impl_of(*first, n.node)) << n.node;
+        }
+      }
     }
   }
   for (const auto& way : ways) EXPECT_GT(nodes_run[way], 0) << way << " never ran";
