@@ -462,6 +462,16 @@ nlohmann::json bench_result(const TeacherArgs& args, const teacher::Teacher& t, 
   const auto& tuned = t.tune_report();
   nlohmann::json int8 = int8_report(t, args.model);
   if (!int8.is_null()) int8["calibration"] = args.calibration;
+  // Each node with more than one way: the one the plan runs, and what the tuner measured for
+  // each (ms per batch: the node's own steps, reorders it asked for included; null where that
+  // way was never timed, as in an untuned or cached-before-timing plan).
+  nlohmann::json ways = nlohmann::json::array();
+  for (const auto& n : tuned.nodes) {
+    nlohmann::json ms = nlohmann::json::object();
+    for (std::size_t k = 0; k < n.options.size(); ++k)
+      ms[n.options[k]] = k < n.ms.size() && n.ms[k] >= 0 ? nlohmann::json(n.ms[k]) : nullptr;
+    ways.push_back({{"node", n.node}, {"chosen", n.chosen}, {"ms", std::move(ms)}});
+  }
   return {
       {"tune",
        {{"mode", teacher::tune_name(tuned.mode)},
@@ -470,7 +480,8 @@ nlohmann::json bench_result(const TeacherArgs& args, const teacher::Teacher& t, 
         {"tuned_ms", tuned.tuned_ms},
         {"plans_timed", tuned.plans_timed},
         {"seconds", tuned.seconds},
-        {"nodes", tuned.nodes.size()}}},
+        {"nodes", tuned.nodes.size()},
+        {"ways", std::move(ways)}}},
       {"model", args.model},
       {"images_per_s", images},
       {"gflops_per_s", gflops},

@@ -102,6 +102,23 @@ TEST(TeacherCli, BenchProfileAccountsForEveryStep) {
   EXPECT_NEAR(kinds_ms, steps_ms, 1e-9);
   EXPECT_NEAR(shares, 1.0, 1e-9);
   EXPECT_EQ(steps_of["Conv (depthwise)"], 17);
+  // The tuner's per-node record: the way each node runs, among those it offers, and what each
+  // way measured (null where it was never timed: a node another way took in).
+  const json& tune = j.at("tune");
+  const json& ways = tune.at("ways");
+  EXPECT_EQ(ways.size(), tune.at("nodes").get<std::size_t>());
+  int compared = 0;
+  for (const auto& w : ways) {
+    ASSERT_TRUE(w.at("ms").contains(w.at("chosen").get<std::string>())) << w.dump();
+    int timed = 0;
+    for (const auto& [way, ms] : w.at("ms").items()) {
+      if (ms.is_null()) continue;
+      EXPECT_GE(ms.get<double>(), 0.0) << way;
+      ++timed;
+    }
+    compared += timed >= 2;
+  }
+  EXPECT_GT(compared, 0);
 }
 
 // --replicas R: R replicas of --threads each on their own cores at once; the images/s are theirs
