@@ -335,7 +335,8 @@ bool is_impl(const std::string& impl, std::string_view kind) {
 
 // The implementations oneDNN offers for the direct convolution writing channels-last, in its
 // order of preference: the first is a reference or an im2col GEMM one where this CPU has no fast
-// channels-last kernel for it; the second, where it is neither, is another kernel worth timing
+// channels-last kernel for it; the second, where it is neither, is another kernel for the same
+// ISA worth timing
 // (on a Zen 4, oneDNN lists its brdgmm depthwise kernel before its jit one: per node, the first
 // took 0.73-2.04x the second's time in bench/results/teacher_vs_ort_zen4_224_ways_13c4552.json).
 std::vector<std::string> channels_last_impls(Lowering& plan, const Node& node) {
@@ -370,9 +371,16 @@ std::vector<std::string> channels_last_impls(Lowering& plan, const Node& node) {
                 src, w, dst, st, dil, pl, pr, attr);
   std::vector<std::string> impls = {pd.impl_info_str()};
   if (is_impl(impls[0], "ref") || is_impl(impls[0], "gemm:")) return impls;
+  // Only a kernel for the same ISA as the first (the name's last field): oneDNN also lists its
+  // kernels for lower ISAs, and an int8 one without VNNI (avx512_core beside avx512_core_vnni)
+  // sums u8 x s8 pairs in 16 bits, which saturate: a DenseNet fixture's int8 error went 0.01 ->
+  // 0.11 with it.
+  const auto isa_of = [](const std::string& impl) { return impl.substr(impl.rfind(':') + 1); };
   while (impls.size() < 2 && pd.next_impl()) {
     const std::string next = pd.impl_info_str();
-    if (!is_impl(next, "ref") && !is_impl(next, "gemm:") && next != impls[0]) impls.push_back(next);
+    if (!is_impl(next, "ref") && !is_impl(next, "gemm:") && next != impls[0] &&
+        isa_of(next) == isa_of(impls[0]))
+      impls.push_back(next);
   }
   return impls;
 }

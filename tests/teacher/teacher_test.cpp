@@ -723,6 +723,7 @@ TEST(TeacherInt8, EveryNetworkAndEveryConvolutionWayStaysNearFp32) {
     Shape calib_shape = x.shape;
     calib_shape[0] = 3 * batch;
     const std::vector<float> calib = random_input(calib_shape);
+    double first_error = 0;
     for (const auto& way : ways) {
       SCOPED_TRACE(name + " preferring " + (way.empty() ? "nothing" : way));
       TeacherOptions opts;
@@ -762,6 +763,11 @@ TEST(TeacherInt8, EveryNetworkAndEveryConvolutionWayStaysNearFp32) {
       const auto got = run(t, x.data);
       const double error = normalized_error(got[0], ref.data);
       EXPECT_LE(error, 0.4); // a wrong scale or type reads as ~1 or more
+      // Every way quantizes the same values the same way, so their errors stay near the first
+      // ways' (within 1.4x measured); a kernel that sums u8 x s8 pairs in 16 bits, which saturate
+      // (oneDNN's int8 kernels for AVX-512 without VNNI), read as 8x on a DenseNet fixture.
+      if (way.empty()) first_error = error;
+      EXPECT_LE(error, 3 * first_error + 1e-2);
       const auto check = t->int8_check();
       ASSERT_TRUE(check.has_value());
       EXPECT_EQ(check->samples, static_cast<std::size_t>(batch));
