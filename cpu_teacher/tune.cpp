@@ -37,8 +37,9 @@ using Choices = std::map<std::string, std::string>;
 // channels-last convolutions seen as such; 3: zero Pads folded; 4: the Winograd ways, which a plan
 // tuned before them never timed; 5: the channels-last group normalization, with the exporters'
 // group_norm fused into one node, and the Concat with its reader's affine; 6: the Winograd ways in
-// bf16 plans; 7: the convolutions' second oneDNN implementation, channels_last_alternative).
-constexpr int kPlanVersion = 7;
+// bf16 plans; 7: the convolutions' second oneDNN implementation, channels_last_alternative; 8:
+// that implementation for the first one's ISA only).
+constexpr int kPlanVersion = 8;
 // Another plan replaces the untuned one only when it is this much faster: below that, the
 // difference is the machine's noise, not the plan.
 constexpr double kMargin = 0.03;
