@@ -338,7 +338,7 @@ bool is_impl(const std::string& impl, std::string_view kind) {
 // channels-last kernel for it; the second, where it is neither, is another kernel for the same
 // ISA worth timing
 // (on a Zen 4, oneDNN lists its brdgmm depthwise kernel before its jit one: per node, the first
-// took 0.73-2.04x the second's time in bench/results/teacher_vs_ort_zen4_224_ways_13c4552.json).
+// took 0.64-2.50x the second's time in bench/results/teacher_vs_ort_zen4_224_ways_4f21c54.json).
 std::vector<std::string> channels_last_impls(Lowering& plan, const Node& node) {
   const Graph& g = plan.graph();
   const Shape& xs = g.shape(node.inputs[0]);
@@ -495,9 +495,9 @@ void fused_depthwise_conv(Lowering& plan, const Node& pw, const Node& dw,
 //    can run as inner products); first unless oneDNN has only a GEMM kernel for it, not offered
 //    where it has only a reference one;
 //  - "library": the direct convolution in the layout oneDNN prefers;
-//  - "channels_last_alternative": the direct convolution writing channels-last through the second
-//    implementation oneDNN offers for it (channels_last_impls), where that is neither its reference
-//    nor its GEMM one; never the untuned plan's way;
+//  - "channels_last_alternative": the direct convolution writing channels-last through the next
+//    implementation oneDNN offers for it for the first one's ISA (channels_last_impls), where that
+//    is neither its reference nor its GEMM one; never the untuned plan's way;
 //  - "winograd_4x4", "winograd_2x2": F(4x4, 3x3) and F(2x2, 3x3) (winograd.cpp), for 3x3
 //    convolutions of stride 1 in fp32; never the untuned plan's way, for the tuner to time.
 // (Plain NCHW in and out, where oneDNN runs im2col + its GEMM, was tried as a fifth way: on AVX2
