@@ -710,7 +710,7 @@ TEST(TeacherInt8, EveryNetworkAndEveryConvolutionWayStaysNearFp32) {
   const std::int64_t batch = m["batch"];
   const std::vector<std::string> ways = {
       "", "library", "channels_last", "inner_product", "unrolled", "channels_last_alternative"};
-  std::map<std::string, int> nodes_run;
+  std::map<std::string, int> nodes_run, offered;
   int quantized_networks = 0;
   double agree = 0, checked = 0, kl_sum = 0;
   int checks = 0;
@@ -756,7 +756,10 @@ TEST(TeacherInt8, EveryNetworkAndEveryConvolutionWayStaysNearFp32) {
         EXPECT_GT(s8_convs, 0u);
       }
       int taken = 0;
-      for (const auto& n : t->tune_report().nodes) taken += !way.empty() && n.chosen == way;
+      for (const auto& n : t->tune_report().nodes) {
+        taken += !way.empty() && n.chosen == way;
+        offered[way] += std::find(n.options.begin(), n.options.end(), way) != n.options.end();
+      }
       if (!way.empty() && taken == 0) continue;
       nodes_run[way] += taken;
       quantized_networks += way.empty();
@@ -830,9 +833,13 @@ TEST(TeacherInt8, EveryNetworkAndEveryConvolutionWayStaysNearFp32) {
   EXPECT_GT(writes_quantized["Mul"], 0);
   for (const auto& [kind, n] : writes_quantized)
     std::printf("%s steps writing u8/s8 for their readers: %d\n", kind.c_str(), n);
-  for (const auto& way :
-       {"library", "channels_last", "inner_product", "unrolled", "channels_last_alternative"})
+  for (const auto& way : {"library", "channels_last", "inner_product", "unrolled"})
     EXPECT_GT(nodes_run[way], 0) << way << " never ran in int8";
+  // oneDNN offers a second int8 kernel for the same ISA on some CPUs only (the Zen 4's VNNI one
+  // for depthwise convolutions): where any node offers it, it runs.
+  if (offered["channels_last_alternative"] > 0) {
+    EXPECT_GT(nodes_run["channels_last_alternative"], 0);
+  }
 }
 
 // The int8 check warns only beyond quantization noise: more than max(2, 5%) of its samples
@@ -1007,7 +1014,7 @@ TEST(TeacherTune, EveryWayOfEveryNodeMatchesPyTorch) {
                                          "winograd_4x4",
                                          "winograd_2x2",
                                          "channels_last_alternative"};
-  std::map<std::string, int> nodes_run;
+  std::map<std::string, int> nodes_run, offered;
   for (const auto& entry : m["models"]) {
     const std::string name = entry["name"];
     const NpyArray x = read_npy((dir / (name + ".input.npy")).string());
@@ -1022,6 +1029,7 @@ TEST(TeacherTune, EveryWayOfEveryNodeMatchesPyTorch) {
       for (const auto& n : t->tune_report().nodes) {
         EXPECT_NE(std::find(n.options.begin(), n.options.end(), n.chosen), n.options.end());
         taken += n.chosen == way;
+        offered[way] += std::find(n.options.begin(), n.options.end(), way) != n.options.end();
       }
       if (taken == 0) continue;
       nodes_run[way] += taken;
@@ -1043,7 +1051,15 @@ TEST(TeacherTune, EveryWayOfEveryNodeMatchesPyTorch) {
       }
     }
   }
-  for (const auto& way : ways) EXPECT_GT(nodes_run[way], 0) << way << " never ran";
+  // Every way runs somewhere in the set; the next oneDNN kernel for the same ISA wherever oneDNN
+  // lists one for some node (for depthwise convolutions on AVX2 and AVX-512).
+  for (const auto& way : ways) {
+    if (way != "channels_last_alternative" || offered[way] > 0) {
+      EXPECT_GT(nodes_run[way], 0) << way << " never ran";
+    }
+  }
+  std::printf("channels_last_alternative offered on %d nodes, run on %d\n",
+              offered["channels_last_alternative"], nodes_run["channels_last_alternative"]);
 }
 
 // teacher.tune = auto times the plans, keeps one no slower than the untuned plan, caches the
