@@ -463,8 +463,8 @@ nlohmann::json bench_result(const TeacherArgs& args, const teacher::Teacher& t, 
   nlohmann::json int8 = int8_report(t, args.model);
   if (!int8.is_null()) int8["calibration"] = args.calibration;
   // Each node with more than one way: the one the plan runs, and what the tuner measured for
-  // each (ms per batch: the node's own steps, reorders it asked for included; null where that
-  // way was never timed, as in an untuned or cached-before-timing plan).
+  // each (ms per batch: the node's own steps, reorders it asked for included; null where the
+  // tuner did not time that way: an untuned plan, or a node another way took in).
   nlohmann::json ways = nlohmann::json::array();
   for (const auto& n : tuned.nodes) {
     nlohmann::json ms = nlohmann::json::object();
