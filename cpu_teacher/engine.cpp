@@ -11,6 +11,7 @@
 #include "ops/common.hpp"
 #include "ops/lowering.hpp"
 #include "ops/op_table.hpp"
+#include "ops/planar.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -624,14 +625,19 @@ ArgRef Lowering::get_quantized(const std::string& value, const memory::desc& wan
     if (name == value && ref.md == want) return ref;
   if (cur.md.get_data_type() == q.type) return get(value, want); // written quantized: layout only
   ArgRef dst = new_buffer(want);
-  dnnl::primitive_attr attr;
-  attr.set_scales_mask(DNNL_ARG_DST, 0);
-  const dnnl::reorder::primitive_desc pd(p_.eng, cur.md, p_.eng, want, attr);
   Step s;
-  s.prim = dnnl::reorder(pd);
-  s.args = {{DNNL_ARG_FROM, cur},
-            {DNNL_ARG_TO, dst},
-            {DNNL_ARG_ATTR_SCALES | DNNL_ARG_DST, scales({q.scale})}};
+  if (auto k = planar_to_channels_last(cur.md, want, q.scale)) { // the network's image input
+    s.kernel = std::move(k->kernel);
+    s.impl = std::move(k->impl);
+    s.args = {{0, cur}, {0, dst}};
+  } else {
+    dnnl::primitive_attr attr;
+    attr.set_scales_mask(DNNL_ARG_DST, 0);
+    s.prim = dnnl::reorder(dnnl::reorder::primitive_desc(p_.eng, cur.md, p_.eng, want, attr));
+    s.args = {{DNNL_ARG_FROM, cur},
+              {DNNL_ARG_TO, dst},
+              {DNNL_ARG_ATTR_SCALES | DNNL_ARG_DST, scales({q.scale})}};
+  }
   s.label = "reorder (quantize) " + value;
   s.kind = "reorder";
   s.node = node_;
