@@ -1,0 +1,132 @@
+#!/usr/bin/env python3
+"""`kdflow teacher bench` arms measured side by side in one run, rounds alternating between them:
+two kdflow binaries (a change against the build before it), and/or each model beside a variant of
+it with one activation swapped for another (what that activation costs). torchvision's models at
+--size (torchvision's initialisation under --seed: a rate does not depend on the weights), int8
+calibrated on Fashion-MNIST upsampled to the size, as bench/int8_teacher.py does. Each binary
+keeps its own plan cache folder (a fresh temporary one), so each tunes its own plans. Run with the
+kdflow venv's python (torch, torchvision, numpy).
+
+usage: teacher_arms.py OUT_JSON --binary NAME=PATH [--binary NAME=PATH ...]
+                       [--models mobilenet_v2 ...] [--swap-activation SiLU:ReLU]
+                       [--precisions fp32 int8] [--threads 1 2] [--batch 16] [--size 224]
+                       [--rounds 3] [--seconds 3] [--note TEXT]
+
+The JSON names the CPU, its ISA flags, the tree's commit and each binary's path; for every model
+(and variant), precision and thread count: each arm's images/s per round, their median, and each
+arm's median over the first arm's.
+"""
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+import torch
+import torchvision
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import int8_teacher as it  # noqa: E402  (export, Fashion-MNIST, bench, CPU name)
+
+
+def swapped(model, old, new):
+    """`model` with every module of class `old` (torch.nn) replaced by a fresh `new`."""
+    old_cls, new_cls = getattr(torch.nn, old), getattr(torch.nn, new)
+    count = 0
+    for parent in model.modules():
+        for name, child in parent.named_children():
+            if isinstance(child, old_cls):
+                setattr(parent, name, new_cls())
+                count += 1
+    if count == 0:
+        sys.exit(f"teacher_arms.py: the model has no torch.nn.{old} to swap")
+    return model
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("out")
+    p.add_argument("--binary", action="append", required=True, help="NAME=PATH (repeatable)")
+    p.add_argument("--models", nargs="+", default=["mobilenet_v2"])
+    p.add_argument("--swap-activation", help="OLD:NEW, torch.nn class names (SiLU:ReLU)")
+    p.add_argument("--precisions", nargs="+", default=["fp32", "int8"])
+    p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--size", type=int, default=224)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--seconds", type=float, default=3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
+    p.add_argument("--note", default="")
+    a = p.parse_args()
+    binaries = []
+    for b in a.binary:
+        name, _, path = b.partition("=")
+        if not name or not os.access(path, os.X_OK):
+            sys.exit(f"teacher_arms.py: --binary {b}: want NAME=PATH to an executable")
+        binaries.append((name, os.path.abspath(path)))
+
+    with tempfile.TemporaryDirectory() as tmp:
+        x, _ = it.fashion(a.data, "train")
+        rng = np.random.default_rng(a.seed)
+        sel = rng.choice(len(x), 9 * a.batch, replace=False)
+        calib = os.path.join(tmp, "calib.npy")
+        np.save(calib, it.as_rgb(x[sel], a.size))
+        models = []  # (label, onnx path)
+        for arch in a.models:
+            for swap in [None] + ([a.swap_activation] if a.swap_activation else []):
+                torch.manual_seed(a.seed)
+                m = getattr(torchvision.models, arch)(num_classes=1000).eval()
+                label = arch
+                if swap:
+                    old, _, new = swap.partition(":")
+                    m = swapped(m, old, new)
+                    label = f"{arch} ({old} -> {new})"
+                path = os.path.join(tmp, f"{arch}{'_' + swap.replace(':', '_') if swap else ''}.onnx")
+                it.export(m, a.size, path)
+                models.append((label, path))
+        caches = {name: tempfile.mkdtemp(dir=tmp) for name, _ in binaries}
+        arms = [(f"{label} / {name}" if len(binaries) > 1 else label, path, name, binary)
+                for label, path in models for name, binary in binaries]
+        runs = []
+        for precision in a.precisions:
+            for threads in a.threads:
+                rates = {arm[0]: [] for arm in arms}
+                errors = {}
+                for _ in range(a.rounds):
+                    for label, path, name, binary in arms:
+                        os.environ["KDFLOW_CACHE_DIR"] = caches[name]
+                        r = it.bench(binary, path, precision, a.batch, threads, a.seconds, calib,
+                                     a.size)
+                        if "error" in r:
+                            errors[label] = r["error"]
+                        else:
+                            rates[label].append(r["images_per_s"])
+                row = {"precision": precision, "threads": threads, "arms": {}}
+                first = None
+                for label, *_ in arms:
+                    v = sorted(rates[label])
+                    med = v[len(v) // 2] if v else None
+                    first = med if first is None else first
+                    row["arms"][label] = {"images_per_s": rates[label], "median": med,
+                                          "over_first_arm": med / first if med and first else None,
+                                          "error": errors.get(label)}
+                runs.append(row)
+                print(json.dumps(row), flush=True)
+
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True, cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
+    out = {"cpu": it.cpu_name(), "isa_flags": it.isa_flags(), "machine": platform.machine(),
+           "commit": commit, "binaries": dict(binaries), "models": a.models,
+           "swap_activation": a.swap_activation, "batch": a.batch, "size": a.size,
+           "rounds": a.rounds, "seconds": a.seconds, "seed": a.seed, "note": a.note,
+           "python": sys.executable, "runs": runs}
+    with open(a.out, "w") as f:
+        json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
