@@ -13,8 +13,9 @@ usage: teacher_arms.py OUT_JSON --binary NAME=PATH [--binary NAME=PATH ...]
                        [--rounds 3] [--seconds 3] [--note TEXT]
 
 The JSON names the CPU, its ISA flags, the tree's commit and each binary's path; for every model
-(and variant), precision and thread count: each arm's images/s per round, their median, and each
-arm's median over the first arm's.
+(and variant), precision and thread count: each arm's images/s per round, their median, the median
+over the same model's with the first binary (over_first_binary) and over the unswapped model's
+with the same binary (over_unswapped).
 """
 import argparse
 import json
@@ -75,7 +76,7 @@ def main():
         sel = rng.choice(len(x), 9 * a.batch, replace=False)
         calib = os.path.join(tmp, "calib.npy")
         np.save(calib, it.as_rgb(x[sel], a.size))
-        models = []  # (label, onnx path)
+        models = []  # (label, onnx path, the unswapped model's label)
         for arch in a.models:
             for swap in [None] + ([a.swap_activation] if a.swap_activation else []):
                 torch.manual_seed(a.seed)
@@ -87,17 +88,18 @@ def main():
                     label = f"{arch} ({old} -> {new})"
                 path = os.path.join(tmp, f"{arch}{'_' + swap.replace(':', '_') if swap else ''}.onnx")
                 it.export(m, a.size, path)
-                models.append((label, path))
+                models.append((label, path, arch))
         caches = {name: tempfile.mkdtemp(dir=tmp) for name, _ in binaries}
-        arms = [(f"{label} / {name}" if len(binaries) > 1 else label, path, name, binary)
-                for label, path in models for name, binary in binaries]
+        # (arm label, model, the unswapped model, onnx path, binary name, binary path)
+        arms = [(f"{label} / {name}" if len(binaries) > 1 else label, label, arch, path, name,
+                 binary) for label, path, arch in models for name, binary in binaries]
         runs = []
         for precision in a.precisions:
             for threads in a.threads:
                 rates = {arm[0]: [] for arm in arms}
                 errors = {}
                 for _ in range(a.rounds):
-                    for label, path, name, binary in arms:
+                    for label, _, _, path, name, binary in arms:
                         os.environ["KDFLOW_CACHE_DIR"] = caches[name]
                         r = it.bench(binary, path, precision, a.batch, threads, a.seconds, calib,
                                      a.size)
@@ -106,14 +108,19 @@ def main():
                         else:
                             rates[label].append(r["images_per_s"])
                 row = {"precision": precision, "threads": threads, "arms": {}}
-                first = None
-                for label, *_ in arms:
+                med = {}
+                for label, model, arch, _, name, _ in arms:
                     v = sorted(rates[label])
-                    med = v[len(v) // 2] if v else None
-                    first = med if first is None else first
-                    row["arms"][label] = {"images_per_s": rates[label], "median": med,
-                                          "over_first_arm": med / first if med and first else None,
-                                          "error": errors.get(label)}
+                    med[(model, name)] = v[len(v) // 2] if v else None
+                for label, model, arch, _, name, _ in arms:
+                    m = med[(model, name)]
+                    first = med[(model, binaries[0][0])]  # the same model, the first binary
+                    plain = med[(arch, name)]  # the unswapped model, the same binary
+                    row["arms"][label] = {
+                        "model": model, "binary": name, "images_per_s": rates[label], "median": m,
+                        "over_first_binary": m / first if m and first else None,
+                        "over_unswapped": m / plain if m and plain else None,
+                        "error": errors.get(label)}
                 runs.append(row)
                 print(json.dumps(row), flush=True)
 
