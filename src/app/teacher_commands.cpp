@@ -212,7 +212,7 @@ nlohmann::json step_profile(PinnedRun& pinned, const teacher::Teacher& t, const 
   std::map<std::string, int> plain_n, reference_n;
   // kind -> steps of kdflow's that run oneDNN primitives themselves (Winograd: kdflow's
   // transforms around oneDNN's matmul)
-  std::map<std::string, int> composite_n;
+  std::map<std::string, int> composite_n, own_n;
   double plain_total = 0, reference_total = 0;
   nlohmann::json rows = nlohmann::json::array();
   for (std::size_t i = 0; i < steps; ++i) {
@@ -227,7 +227,10 @@ nlohmann::json step_profile(PinnedRun& pinned, const teacher::Teacher& t, const 
       plain_n[info[i].kind] += 1;
       plain_total += median;
     }
-    if (info[i].impl.starts_with("kdflow ")) composite_n[info[i].kind] += 1;
+    // kdflow's kernels: around oneDNN primitives ("kdflow winograd ... + brg_matmul:...") or
+    // vectorized on their own ("kdflow planar->channels-last ...").
+    if (info[i].impl.starts_with("kdflow "))
+      (info[i].impl.find(" + ") != std::string::npos ? composite_n : own_n)[info[i].kind] += 1;
     if (reference) {
       reference_n[info[i].kind] += 1;
       reference_total += median;
@@ -244,12 +247,14 @@ nlohmann::json step_profile(PinnedRun& pinned, const teacher::Teacher& t, const 
   nlohmann::json kind_rows = nlohmann::json::array();
   for (const auto& [kind, v] : by_kind) {
     // How the kind ran: oneDNN primitives, kdflow's kernels around oneDNN primitives, kdflow's
-    // plain kernels, its reference loops, or a mix.
+    // vectorized kernels of their own, its plain kernels, its reference loops, or a mix.
     const int plain = plain_n.count(kind) ? plain_n.at(kind) : 0;
     const int reference = reference_n.count(kind) ? reference_n.at(kind) : 0;
     const int composite = composite_n.count(kind) ? composite_n.at(kind) : 0;
+    const int own = own_n.count(kind) ? own_n.at(kind) : 0;
     const char* ran = composite == v.first                       ? "kdflow + oneDNN"
-                      : plain == 0                               ? "oneDNN"
+                      : own == v.first                           ? "kdflow kernel"
+                      : plain == 0 && composite == 0 && own == 0 ? "oneDNN"
                       : plain == v.first && reference == 0       ? "plain kernel"
                       : plain == v.first && reference == v.first ? "reference loop"
                                                                  : "mixed";

@@ -138,7 +138,8 @@ struct StepInfo {
   // (rows or blocks: contiguous inner loops, copies, fills) or "reference loop" (element by
   // element, each element's offsets computed from its index, as the reference computes it); or a
   // kernel of kdflow's that runs a primitive itself
-  // ("kdflow winograd 4x4 (avx512) + brg_matmul:avx512_core").
+  // ("kdflow winograd 4x4 (avx512) + brg_matmul:avx512_core"), or a vectorized one of its own
+  // ("kdflow planar->channels-last (avx512_vbmi)": no " + ").
   std::string impl;
   // The element type it writes: "f32" or "bf16" (teacher.precision = bf16 keeps some values in
   // f32, as PyTorch's autocast does).
