@@ -37,7 +37,7 @@ TEST(TeacherPlanar, ImageInputTurnedChannelsLastAsOnednnsReorder) {
   std::mt19937 rng(11);
   std::normal_distribution<float> normal(0.f, 3.f);
   int ran = 0;
-  // 91 pixels: a group's tail (8 and 16 pixel groups); 4160: two tasks of 4096 pixels and a tail.
+  // 91 pixels: a 16-pixel group's tail; 4160: two tasks of 4096 pixels and a tail.
   for (const memory::dims& spatial : {memory::dims{7, 13}, memory::dims{64, 65}})
     for (memory::dim c = 1; c <= 4; ++c)
       for (const dt type : {dt::u8, dt::s8})
