@@ -53,11 +53,12 @@ inline std::uint64_t lanes(std::int64_t n) {
 // Pixels [first, last) of one sample, x its planes (c of `pixels` each), y its channels-last
 // pixels: x / scale rounded to nearest even (the CPU's default rounding) and saturated, as
 // oneDNN's quantizing reorder writes it (it multiplies by the scale's reciprocal too).
+// `interleave`: interleave_index(c).
 template <bool Unsigned>
 KD_TARGET_VBMI void int8_rows(const float* x, std::uint8_t* y, std::int64_t c, std::int64_t pixels,
-                              std::int64_t first, std::int64_t last, float inverse) {
-  const auto table = interleave_index(c);
-  const __m512i idx = _mm512_loadu_si512(table.data());
+                              std::int64_t first, std::int64_t last, float inverse,
+                              const std::uint8_t* interleave) {
+  const __m512i idx = _mm512_loadu_si512(interleave);
   const __m512 inv = _mm512_set1_ps(inverse);
   const __m512 low = _mm512_set1_ps(Unsigned ? 0.f : -128.f);
   const __m512 high = _mm512_set1_ps(Unsigned ? 255.f : 127.f);
@@ -100,22 +101,24 @@ std::optional<PlanarKernel> planar_to_channels_last(const memory::desc& from,
   constexpr std::int64_t kChunk = 4096;
   const std::int64_t chunks = (pixels + kChunk - 1) / kChunk;
   const float inverse = 1.f / scale;
+  const std::array<std::uint8_t, 64> table = interleave_index(c);
   Kernel k = [=](std::byte* const* ptrs) {
     const auto* x = reinterpret_cast<const float*>(ptrs[0]);
     auto* y = reinterpret_cast<std::uint8_t*>(ptrs[1]);
-    oneapi::tbb::parallel_for(oneapi::tbb::blocked_range<std::int64_t>(0, samples * chunks),
-                              [&](const oneapi::tbb::blocked_range<std::int64_t>& r) {
-                                for (std::int64_t t = r.begin(); t < r.end(); ++t) {
-                                  const std::int64_t n = t / chunks, first = t % chunks * kChunk;
-                                  const std::int64_t last = std::min(pixels, first + kChunk);
-                                  const float* xn = x + n * c * pixels;
-                                  std::uint8_t* yn = y + n * c * pixels;
-                                  if (type == dt::u8)
-                                    int8_rows<true>(xn, yn, c, pixels, first, last, inverse);
-                                  else
-                                    int8_rows<false>(xn, yn, c, pixels, first, last, inverse);
-                                }
-                              });
+    oneapi::tbb::parallel_for(
+        oneapi::tbb::blocked_range<std::int64_t>(0, samples * chunks),
+        [&](const oneapi::tbb::blocked_range<std::int64_t>& r) {
+          for (std::int64_t t = r.begin(); t < r.end(); ++t) {
+            const std::int64_t n = t / chunks, first = t % chunks * kChunk;
+            const std::int64_t last = std::min(pixels, first + kChunk);
+            const float* xn = x + n * c * pixels;
+            std::uint8_t* yn = y + n * c * pixels;
+            if (type == dt::u8)
+              int8_rows<true>(xn, yn, c, pixels, first, last, inverse, table.data());
+            else
+              int8_rows<false>(xn, yn, c, pixels, first, last, inverse, table.data());
+          }
+        });
   };
   return PlanarKernel{std::move(k), "kdflow planar->channels-last (avx512_vbmi)"};
 #else
