@@ -103,11 +103,12 @@ def infer(kdflow, model, x, precision, calib, tmp, threads):
     return np.concatenate(out)
 
 
-def bench(kdflow, model, precision, batch, threads, seconds, calib, size):
+def bench(kdflow, model, precision, batch, threads, seconds, calib, size, extra=()):
     with tempfile.TemporaryDirectory() as d:
         j = os.path.join(d, "r.json")
         cmd = [kdflow, "teacher", "bench", "--model", model, "--precision", precision, "--batch",
                str(batch), "--threads", str(threads), "--seconds", str(seconds), "--json", j]
+        cmd += list(extra)
         if size:
             cmd += ["--input-size", str(size)]
         if precision == "int8":
@@ -117,7 +118,8 @@ def bench(kdflow, model, precision, batch, threads, seconds, calib, size):
             return {"error": r.stderr.strip().splitlines()[-1] if r.stderr.strip() else "failed"}
         res = json.load(open(j))
         return {"images_per_s": res["images_per_s"], "isa": res["isa"],
-                "int8": res.get("int8")}
+                "int8": res.get("int8"),
+                "samples_per_pass": res.get("tune", {}).get("samples_per_pass")}
 
 
 def cpu_name():

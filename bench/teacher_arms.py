@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
 """`kdflow teacher bench` arms measured side by side in one run, rounds alternating between them:
-two kdflow binaries (a change against the build before it), and/or each model beside a variant of
-it with one activation swapped for another (what that activation costs). torchvision's models at
+two kdflow binaries (a change against the build before it), or one binary with and without an
+option (an arm's --binary value may add `teacher bench` options after the path), and/or each model
+beside a variant of it with one activation swapped for another (what that activation costs). torchvision's models at
 --size (torchvision's initialisation under --seed: a rate does not depend on the weights), int8
 calibrated on Fashion-MNIST upsampled to the size, as bench/int8_teacher.py does. Each binary
 keeps its own plan cache folder (a fresh temporary one), so each tunes its own plans. Run with the
 kdflow venv's python (torch, torchvision, numpy).
 
-usage: teacher_arms.py OUT_JSON --binary NAME=PATH [--binary NAME=PATH ...]
+usage: teacher_arms.py OUT_JSON --binary "NAME=PATH [OPTION ...]" [--binary ...]
                        [--models mobilenet_v2 ...] [--swap-activation SiLU:ReLU]
                        [--precisions fp32 int8] [--threads 1 2] [--batch 16] [--size 224]
                        [--rounds 3] [--seconds 3] [--note TEXT]
@@ -15,12 +16,13 @@ usage: teacher_arms.py OUT_JSON --binary NAME=PATH [--binary NAME=PATH ...]
 The JSON names the CPU, its ISA flags, the tree's commit and each binary's path; for every model
 (and variant), precision and thread count: each arm's images/s per round, their median, the median
 over the same model's with the first binary (over_first_binary) and over the unswapped model's
-with the same binary (over_unswapped).
+with the same binary (over_unswapped), and the samples per pass each run's plan kept.
 """
 import argparse
 import json
 import os
 import platform
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -50,7 +52,8 @@ def swapped(model, old, new):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("out")
-    p.add_argument("--binary", action="append", required=True, help="NAME=PATH (repeatable)")
+    p.add_argument("--binary", action="append", required=True,
+                   help="NAME=PATH, then any `teacher bench` options for that arm (repeatable)")
     p.add_argument("--models", nargs="+", default=["mobilenet_v2"])
     p.add_argument("--swap-activation", help="OLD:NEW, torch.nn class names (SiLU:ReLU)")
     p.add_argument("--precisions", nargs="+", default=["fp32", "int8"])
@@ -64,11 +67,14 @@ def main():
     p.add_argument("--note", default="")
     a = p.parse_args()
     binaries = []
+    extra = {}  # name -> the arm's own `teacher bench` options
     for b in a.binary:
-        name, _, path = b.partition("=")
-        if not name or not os.access(path, os.X_OK):
-            sys.exit(f"teacher_arms.py: --binary {b}: want NAME=PATH to an executable")
+        words = shlex.split(b)
+        name, _, path = (words[0] if words else "").partition("=")
+        if not name or not os.access(path, os.X_OK) or name in extra:
+            sys.exit(f"teacher_arms.py: --binary {b}: want a new NAME=PATH to an executable")
         binaries.append((name, os.path.abspath(path)))
+        extra[name] = words[1:]
 
     with tempfile.TemporaryDirectory() as tmp:
         x, _ = it.fashion(a.data, "train")
@@ -97,16 +103,18 @@ def main():
         for precision in a.precisions:
             for threads in a.threads:
                 rates = {arm[0]: [] for arm in arms}
+                passes = {arm[0]: [] for arm in arms}
                 errors = {}
                 for _ in range(a.rounds):
                     for label, _, _, path, name, binary in arms:
                         os.environ["KDFLOW_CACHE_DIR"] = caches[name]
                         r = it.bench(binary, path, precision, a.batch, threads, a.seconds, calib,
-                                     a.size)
+                                     a.size, extra[name])
                         if "error" in r:
                             errors[label] = r["error"]
                         else:
                             rates[label].append(r["images_per_s"])
+                            passes[label].append(r["samples_per_pass"])
                 row = {"precision": precision, "threads": threads, "arms": {}}
                 med = {}
                 for label, model, arch, _, name, _ in arms:
@@ -118,6 +126,7 @@ def main():
                     plain = med[(arch, name)]  # the unswapped model, the same binary
                     row["arms"][label] = {
                         "model": model, "binary": name, "images_per_s": rates[label], "median": m,
+                        "samples_per_pass": passes[label],
                         "over_first_binary": m / first if m and first else None,
                         "over_unswapped": m / plain if m and plain else None,
                         "error": errors.get(label)}
@@ -127,7 +136,8 @@ def main():
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True, cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
     out = {"cpu": it.cpu_name(), "isa_flags": it.isa_flags(), "machine": platform.machine(),
-           "commit": commit, "binaries": dict(binaries), "models": a.models,
+           "commit": commit, "binaries": {n: [b] + extra[n] for n, b in binaries},
+           "models": a.models,
            "swap_activation": a.swap_activation, "batch": a.batch, "size": a.size,
            "rounds": a.rounds, "seconds": a.seconds, "seed": a.seed, "note": a.note,
            "python": sys.executable, "runs": runs}

@@ -973,6 +973,16 @@ std::shared_ptr<const Teacher> Teacher::load(const std::string& path,
   }
   Graph graph = load_onnx(path, load_options(options));
   check_features(graph, options);
+  if (options.samples_per_pass > 0 && options.samples_per_pass != options.batch) {
+    auto passes = load_onnx_in_passes(path, load_options(options), graph, options.samples_per_pass);
+    if (!passes)
+      throw InputError(fmt::format(
+          "{}: teacher batch {} cannot run in passes of {} samples: the number must divide the "
+          "batch, and the model compute each sample alike at both batches (no batch it fixes or "
+          "hard-codes, every output and feature led by the batch)",
+          path, options.batch, options.samples_per_pass));
+    graph = std::move(*passes);
+  }
   std::shared_ptr<Teacher> t(new Teacher());
   if (options.tune == Tune::automatic) {
     t->plan_ = tuned_plan(std::move(graph), options, path);
@@ -986,6 +996,8 @@ std::shared_ptr<const Teacher> Teacher::load(const std::string& path,
       t->plan_->tune.nodes.push_back(
           {o.node, o.options, std::vector<double>(o.options.size(), -1.0), o.chosen});
   }
+  if (options.samples_per_pass > 0 && options.samples_per_pass != options.batch)
+    t->plan_->tune.samples_per_pass = options.samples_per_pass;
   if (t->plan_->graph.chunks > 1)
     for (const auto& o : t->plan_->outputs)
       if (o.shape.empty() || o.shape[0] != t->plan_->graph.batch)

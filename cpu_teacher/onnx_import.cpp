@@ -616,4 +616,22 @@ Graph load_onnx(const std::string& path, const LoadOptions& options) {
   return own;
 }
 
+std::optional<Graph> load_onnx_in_passes(const std::string& path, const LoadOptions& options,
+                                         const Graph& whole, std::int64_t per_pass) {
+  if (whole.chunks != 1 || whole.batch != options.batch || per_pass < 1 ||
+      per_pass >= options.batch || options.batch % per_pass != 0)
+    return std::nullopt;
+  LoadOptions at = options;
+  at.batch = per_pass;
+  std::optional<Graph> g;
+  try {
+    g = load_onnx(path, at);
+  } catch (const InputError&) {
+    return std::nullopt; // the graph does not import at that batch (a batch it hard-codes)
+  }
+  if (g->chunks != 1 || !batch_consistent(whole, *g)) return std::nullopt;
+  g->chunks = options.batch / per_pass;
+  return g;
+}
+
 } // namespace kdflow::teacher

@@ -2,7 +2,8 @@
 // thread count, never by a rule about the network. Each node that can run more than one way (the
 // op table's lowerings offer them: a convolution direct in channels-last or in oneDNN's layout, as
 // an inner product, unrolled) is timed in whole plans, the fastest way per node is put together
-// and timed again, and the fastest whole plan is kept. Choices are cached on disk, keyed by the
+// and timed again, and the fastest whole plan is kept. Then the batch in passes of fewer samples
+// (Graph::chunks) is timed against the whole batch. Choices are cached on disk, keyed by the
 // model's bytes, the input, batch, precision, threads, oneDNN and the CPU.
 #include "kdflow/core/cache_home.hpp"
 #include "kdflow/core/digest.hpp"
@@ -38,8 +39,8 @@ using Choices = std::map<std::string, std::string>;
 // tuned before them never timed; 5: the channels-last group normalization, with the exporters'
 // group_norm fused into one node, and the Concat with its reader's affine; 6: the Winograd ways in
 // bf16 plans; 7: the convolutions' second oneDNN implementation, channels_last_alternative; 8:
-// that implementation for the first one's ISA only).
-constexpr int kPlanVersion = 8;
+// that implementation for the first one's ISA only; 9: the batch in passes of fewer samples).
+constexpr int kPlanVersion = 9;
 // Another plan replaces the untuned one only when it is this much faster: below that, the
 // difference is the machine's noise, not the plan.
 constexpr double kMargin = 0.03;
@@ -138,7 +139,18 @@ std::unique_ptr<Teacher::Plan> Teacher::tuned_plan(Graph graph, const TeacherOpt
           {n.at("node").get<std::string>(), n.at("options").get<std::vector<std::string>>(),
            n.at("ms").get<std::vector<double>>(), n.at("chosen").get<std::string>()});
     Choices choices = j.at("choices").get<Choices>(); // parsed before the graph moves
-    auto plan = build_plan(std::move(g), options, std::move(choices));
+    cached.samples_per_pass = j.at("samples_per_pass").get<std::int64_t>();
+    for (const auto& [n, ms] : j.at("pass_ms").get<std::vector<std::pair<std::int64_t, double>>>())
+      cached.pass_ms.emplace_back(n, ms);
+    std::unique_ptr<Plan> plan;
+    if (cached.samples_per_pass > 0) {
+      auto passes = load_onnx_in_passes(path, load_options(options), g, cached.samples_per_pass);
+      if (!passes)
+        throw InputError(fmt::format("passes of {} samples do not load", cached.samples_per_pass));
+      plan = build_plan(std::move(*passes), options, std::move(choices));
+    } else {
+      plan = build_plan(std::move(g), options, std::move(choices));
+    }
     cached.seconds = std::chrono::duration<double>(Clock::now() - started).count();
     plan->tune = std::move(cached);
     return plan;
@@ -310,8 +322,54 @@ std::unique_ptr<Teacher::Plan> Teacher::tuned_plan(Graph graph, const TeacherOpt
     report.nodes.push_back(std::move(n));
   }
 
+  // The batch in passes of fewer samples, with the ways chosen: a smaller working set (at 224 x 224
+  // and batch 64 a network's activations spill every cache; a few samples at a time keep them
+  // nearer) against fewer samples per primitive over which to share each weight's load. Halving
+  // the samples per pass (the largest divisor of the batch at most half the last), while a pass
+  // is no slower than the fastest so far beyond the margin; the whole batch timed again first,
+  // beside them. Kept where faster than the whole batch by more than the margin. Not where the
+  // caller fixed the passes, or the model fixes its batch.
+  if (options.samples_per_pass == 0 && options.batch > 1 && plan->graph.chunks == 1) {
+    const LoadOptions lo = load_options(options);
+    const double whole_ms = time_plan(plan).total_ms;
+    report.pass_ms.emplace_back(options.batch, whole_ms);
+    if (nodes.empty()) report.untuned_ms = report.tuned_ms = whole_ms;
+    const auto divisor_at_most = [&](std::int64_t n) {
+      while (n > 1 && options.batch % n != 0) --n;
+      return n;
+    };
+    std::unique_ptr<Plan> fastest;
+    double fastest_ms = whole_ms;
+    for (std::int64_t n = divisor_at_most(options.batch / 2), last = options.batch; n < last;
+         last = n, n = divisor_at_most(n / 2)) {
+      auto g = load_onnx_in_passes(path, lo, plan->graph, n);
+      if (!g) break; // the model does not compute per sample alike at that batch
+      std::unique_ptr<Plan> p;
+      try {
+        p = build_plan(std::move(*g), options, effective(*plan));
+      } catch (const InputError& e) {
+        report.note += fmt::format("{}passes of {} samples could not be built ({}): left out",
+                                   report.note.empty() ? "" : "; ", n, e.what());
+        break;
+      }
+      const double ms = time_plan(p).total_ms;
+      report.pass_ms.emplace_back(n, ms);
+      if (ms < fastest_ms) {
+        fastest_ms = ms;
+        fastest = std::move(p);
+      } else if (ms > fastest_ms * (1 + kMargin)) {
+        break;
+      }
+    }
+    if (fastest && fastest_ms < whole_ms * (1 - kMargin)) {
+      report.samples_per_pass = fastest->graph.batch;
+      report.tuned_ms = fastest_ms;
+      plan = std::move(fastest);
+    }
+  }
+
   // Cached for the next load: written beside, then renamed, so a reader never sees half a file.
-  if (!file.empty() && !nodes.empty()) {
+  if (!file.empty() && report.plans_timed > 0) {
     nlohmann::json nodes_json = nlohmann::json::array();
     for (const auto& n : report.nodes)
       nodes_json.push_back(
@@ -321,6 +379,8 @@ std::unique_ptr<Teacher::Plan> Teacher::tuned_plan(Graph graph, const TeacherOpt
                               {"untuned_ms", report.untuned_ms},
                               {"tuned_ms", report.tuned_ms},
                               {"plans_timed", report.plans_timed},
+                              {"samples_per_pass", report.samples_per_pass},
+                              {"pass_ms", report.pass_ms},
                               {"nodes", nodes_json}};
     std::error_code ec;
     const fs::path tmp = write_temporary(file, j.dump(1), ec);
@@ -343,13 +403,17 @@ std::unique_ptr<Teacher::Plan> Teacher::tuned_plan(Graph graph, const TeacherOpt
       report.note += fmt::format("{}could not write the plan cache {} ({}): kept for this run only",
                                  report.note.empty() ? "" : "; ", file.string(), ec.message());
     } else if (lost_race) {
+      // Theirs read onto the model's graph at the whole batch (ours may run in passes).
+      const bool in_passes = report.samples_per_pass > 0;
+      Graph whole = in_passes ? load_onnx(path, load_options(options)) : std::move(plan->graph);
       try {
-        if (auto theirs = read_cache(plan->graph)) return theirs;
+        if (auto theirs = read_cache(whole)) return theirs;
       } catch (const nlohmann::json::exception&) {
         // Another writer's half-made file cannot be: link() publishes whole files. Keep ours.
       } catch (const InputError&) {
         // Their choices do not build here (another oneDNN behind the same key?): keep ours.
       }
+      if (!in_passes) plan->graph = std::move(whole); // (a build that throws gives it back)
     } else {
       report.cache_file = file.string();
     }

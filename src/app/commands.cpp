@@ -171,6 +171,11 @@ void Commands::add_teacher(CLI::App& app) {
   info->add_option("--feature", teacher_.features,
                    "plan with this intermediate value returned too, as teacher.features does "
                    "(repeatable)");
+  info->add_option("--samples-per-pass", teacher_.samples_per_pass,
+                   "run the batch in passes of this many samples (a divisor of the batch; 0: "
+                   "with --tune auto the tuner times passes against the whole batch)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   info->add_flag("--plan", teacher_.plan,
                  "list every node that can run more than one way: the ways, their times, the one "
                  "kept");
@@ -220,6 +225,12 @@ void Commands::add_teacher(CLI::App& app) {
                    "run this many replicas of --threads each at once, each on its own physical "
                    "cores (a training run's teacher stage): their images/s together "
                    "(--threads 0: the cores shared out equally)")
+      ->capture_default_str();
+  tbench
+      ->add_option("--samples-per-pass", teacher_.samples_per_pass,
+                   "run the batch in passes of this many samples (a divisor of the batch; 0: "
+                   "with --tune auto the tuner times passes against the whole batch)")
+      ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   tbench->add_flag("--profile", teacher_.profile,
                    "also time every step of the plan and report where the time goes, by kind");

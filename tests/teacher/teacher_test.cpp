@@ -1135,6 +1135,169 @@ TEST(TeacherTune, KeepsTheFastestPlanCachesItAndReadsItBack) {
   fs::remove_all(cache);
 }
 
+// A batch run in passes of fewer samples (the tuner's choice where faster, or the caller's)
+// computes what the whole batch does, in every network of the set, features included; the exports
+// with a dynamic batch all run so. A number that does not divide the batch, and a model that does
+// not compute each sample alike at both batches, are refused in one line naming the file.
+TEST(TeacherSamplesPerPass, PassesComputeWhatTheWholeBatchDoes) {
+  const fs::path dir = fixture_dir("models");
+  const auto m = manifest(dir);
+  constexpr std::int64_t kBatch = 8;
+  int in_passes = 0;
+  for (const auto& entry : m["models"]) {
+    const std::string name = entry["name"];
+    SCOPED_TRACE(name);
+    const std::string path = (dir / (name + ".onnx")).string();
+    TeacherOptions whole;
+    whole.batch = kBatch;
+    std::shared_ptr<const Teacher> w;
+    try {
+      w = Teacher::load(path, whole);
+    } catch (const InputError&) {
+      continue; // an export that fixes its batch at the manifest's (the _static ones)
+    }
+    // Per-sample values of the graph as imported, a few spread over it kept as features too.
+    LoadOptions lo;
+    lo.batch = kBatch;
+    lo.run_passes = false;
+    const Graph raw = load_onnx(path, lo);
+    std::vector<std::string> values, features;
+    for (const auto& node : raw.nodes)
+      for (const auto& v : node.outputs)
+        if (!v.empty() && !raw.is_output(v) && raw.shape(v).size() > 1 &&
+            raw.shape(v).at(0) == kBatch)
+          values.push_back(v);
+    for (std::size_t k = 0; k < values.size(); k += std::max<std::size_t>(1, values.size() / 5))
+      features.push_back(values[k]);
+    whole.features = features;
+    w = Teacher::load(path, whole);
+    const auto x = random_input(w->input_shape());
+    const auto want = run(w, x);
+    for (const std::int64_t per_pass : {4, 1}) {
+      SCOPED_TRACE(per_pass);
+      TeacherOptions opts = whole;
+      opts.samples_per_pass = per_pass;
+      std::shared_ptr<const Teacher> t;
+      try {
+        t = Teacher::load(path, opts);
+      } catch (const InputError& e) {
+        EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find("passes of " + std::to_string(per_pass) + " samples"),
+                  std::string::npos)
+            << e.what();
+        EXPECT_TRUE(name.ends_with("_static")) << e.what();
+        continue;
+      }
+      ++in_passes;
+      EXPECT_EQ(t->graph().chunks, kBatch / per_pass);
+      EXPECT_EQ(t->batch(), kBatch);
+      EXPECT_EQ(t->input_shape(), w->input_shape());
+      EXPECT_EQ(t->tune_report().samples_per_pass, per_pass);
+      ASSERT_EQ(t->output_names(), w->output_names());
+      for (std::size_t k = 0; k < t->output_names().size(); ++k)
+        EXPECT_EQ(t->output_shape(k), w->output_shape(k)) << t->output_names()[k];
+      const auto got = run(t, x);
+      for (std::size_t k = 0; k < got.size(); ++k)
+        EXPECT_LE(normalized_error(got[k], want[k]), 1e-5) << t->output_names()[k];
+    }
+  }
+  EXPECT_GE(in_passes, 2 * 20);
+
+  const std::string mnv2 = (dir / "mobilenet_v2_opset13.onnx").string();
+  TeacherOptions odd;
+  odd.batch = kBatch;
+  odd.samples_per_pass = 3;
+  const std::string why = input_error([&] { Teacher::load(mnv2, odd); });
+  EXPECT_NE(why.find(mnv2), std::string::npos) << why;
+  EXPECT_NE(why.find("passes of 3 samples"), std::string::npos) << why;
+  // Flattened whole and read at constant positions: the batch is in the indices.
+  const std::string strided = (fixture_dir("ops") / "view_gather_as_strided.onnx").string();
+  TeacherOptions two;
+  two.batch = 2;
+  ASSERT_NO_THROW(Teacher::load(strided, two));
+  two.samples_per_pass = 1;
+  EXPECT_NE(input_error([&] { Teacher::load(strided, two); }).find("passes of 1 samples"),
+            std::string::npos);
+  two.samples_per_pass = 0;
+  two.tune = Tune::automatic;
+  two.cache_dir = (fs::path(::testing::TempDir()) / "kdflow_passes_strided").string();
+  const auto tuned = Teacher::load(strided, two); // the tuner tries no passes there
+  EXPECT_EQ(tuned->tune_report().samples_per_pass, 0);
+  EXPECT_EQ(tuned->graph().chunks, 1);
+  fs::remove_all(two.cache_dir);
+}
+
+// The tuner times the batch whole and in halving passes with the ways it chose, and keeps passes
+// only where they beat the whole batch by its margin; a cached plan in passes is read back in
+// passes, and cached passes that no longer load are tuned again.
+TEST(TeacherTune, TimesTheBatchInPassesAndCachesTheChoice) {
+  const fs::path dir = fixture_dir("models");
+  const std::string path = (dir / "mobilenet_v2_opset13.onnx").string();
+  const fs::path cache = fs::path(::testing::TempDir()) / "kdflow_tune_passes_test";
+  fs::remove_all(cache);
+  TeacherOptions opts;
+  opts.batch = 8;
+  opts.threads = 1;
+  opts.tune = Tune::automatic;
+  opts.cache_dir = cache.string();
+  const auto tuned = Teacher::load(path, opts);
+  const TuneReport& r = tuned->tune_report();
+  ASSERT_GE(r.pass_ms.size(), 2u);
+  EXPECT_EQ(r.pass_ms.front().first, 8);
+  for (std::size_t k = 1; k < r.pass_ms.size(); ++k) {
+    EXPECT_EQ(8 % r.pass_ms[k].first, 0);
+    EXPECT_LT(r.pass_ms[k].first, r.pass_ms[k - 1].first);
+    EXPECT_GT(r.pass_ms[k].second, 0.0);
+  }
+  const double whole_ms = r.pass_ms.front().second;
+  if (r.samples_per_pass > 0) {
+    const auto kept = std::find_if(r.pass_ms.begin(), r.pass_ms.end(),
+                                   [&](const auto& p) { return p.first == r.samples_per_pass; });
+    ASSERT_NE(kept, r.pass_ms.end());
+    EXPECT_LT(kept->second, whole_ms);
+    EXPECT_EQ(r.tuned_ms, kept->second);
+    EXPECT_EQ(tuned->graph().chunks, 8 / r.samples_per_pass);
+  } else {
+    EXPECT_EQ(tuned->graph().chunks, 1);
+  }
+  const auto x = random_input(tuned->input_shape());
+  TeacherOptions off = opts;
+  off.tune = Tune::off;
+  const auto reference = run(Teacher::load(path, off), x)[0];
+
+  // The cached choice rewritten to passes of 2 samples: read back so, the same answers.
+  ASSERT_FALSE(r.cache_file.empty());
+  nlohmann::json j;
+  std::ifstream(r.cache_file) >> j;
+  j["samples_per_pass"] = 2;
+  std::ofstream(r.cache_file, std::ios::trunc) << j.dump();
+  const auto read = Teacher::load(path, opts);
+  EXPECT_TRUE(read->tune_report().from_cache) << read->tune_report().note;
+  EXPECT_EQ(read->tune_report().samples_per_pass, 2);
+  EXPECT_EQ(read->graph().chunks, 4);
+  EXPECT_EQ(read->tune_report().pass_ms, r.pass_ms);
+  EXPECT_LE(normalized_error(run(read, x)[0], reference), 1e-5);
+
+  j["samples_per_pass"] = 3; // does not divide the batch
+  std::ofstream(r.cache_file, std::ios::trunc) << j.dump();
+  const auto retuned = Teacher::load(path, opts);
+  EXPECT_FALSE(retuned->tune_report().from_cache);
+  EXPECT_NE(retuned->tune_report().note.find("passes of 3 samples do not load"), std::string::npos)
+      << retuned->tune_report().note;
+  EXPECT_LE(normalized_error(run(retuned, x)[0], reference), 1e-5);
+
+  // Fixed by the caller: nothing else timed, and another key than the tuner's own choice.
+  TeacherOptions fixed = opts;
+  fixed.samples_per_pass = 4;
+  const auto pinned = Teacher::load(path, fixed);
+  EXPECT_TRUE(pinned->tune_report().pass_ms.empty());
+  EXPECT_EQ(pinned->tune_report().samples_per_pass, 4);
+  EXPECT_EQ(pinned->graph().chunks, 2);
+  EXPECT_NE(pinned->tune_report().cache_file, retuned->tune_report().cache_file);
+  EXPECT_LE(normalized_error(run(pinned, x)[0], reference), 1e-5);
+  fs::remove_all(cache);
+}
+
 // A timed run is the same computation with a time per step; the steps say what they are, so a
 // profile can tell mobilenet_v2's depthwise convolutions from its pointwise ones.
 TEST(TeacherModels, TimedRunTimesEveryStepAndGivesTheSameAnswers) {

@@ -13,6 +13,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace kdflow::teacher {
@@ -77,6 +78,11 @@ struct TeacherOptions {
   // "winograd_2x2", "pooling", "reduction"); a node offering none runs its first way. Pins a
   // plan by hand; the tests run every way through it.
   std::vector<std::string> prefer;
+  // Samples per pass of the plan: a batch run as batch / samples_per_pass passes, each on the next
+  // samples (a divisor of the batch; the model must compute each sample alike at both batches).
+  // 0: with tune = auto the tuner times passes of fewer samples (a smaller working set) against the
+  // whole batch and keeps the fastest; with tune = off the batch runs whole.
+  std::int64_t samples_per_pass = 0;
   // Where tuned plans are kept between runs; "" = $KDFLOW_CACHE_DIR, else $XDG_CACHE_HOME/kdflow,
   // else ~/.cache/kdflow (a "plans" folder inside).
   std::string cache_dir;
@@ -107,6 +113,11 @@ struct TuneReport {
   double tuned_ms = 0;    // the plan kept
   std::size_t plans_timed = 0;
   double seconds = 0; // spent tuning
+  // The batch in passes: the samples per pass kept (0: the batch whole, or the model's own fixed
+  // batch), and what each number of samples per pass that was timed cost (ms per batch, the
+  // tuned ways; the whole batch first).
+  std::int64_t samples_per_pass = 0;
+  std::vector<std::pair<std::int64_t, double>> pass_ms;
   std::vector<TunedNode> nodes;
 };
 

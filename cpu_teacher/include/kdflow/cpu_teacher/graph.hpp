@@ -139,6 +139,15 @@ struct LoadOptions {
 // InputError naming the file, node and op.
 Graph load_onnx(const std::string& path, const LoadOptions& options);
 
+// The model of `whole` (imported by load_onnx at options.batch, in one pass) imported again at
+// `per_pass` samples, a divisor of options.batch, to run options.batch / per_pass times per batch
+// (Graph::chunks), each pass on the next samples: a batch's working set that a smaller pass keeps
+// in cache. std::nullopt where the graph does not compute per sample alike at both batches (a
+// batch hard-coded in a Reshape, a value whose batch is merged away, an output or kept value not
+// led by the batch) or where the model fixes its batch already.
+std::optional<Graph> load_onnx_in_passes(const std::string& path, const LoadOptions& options,
+                                         const Graph& whole, std::int64_t per_pass);
+
 // Writes `g` (no fused post-ops; shapes for every output) as an ONNX model at opset g.opset, its
 // input and outputs with an open batch dimension, constants as initializers; atomically (the
 // file is whole or absent). The exported student's writer (onnx_export.cpp).
