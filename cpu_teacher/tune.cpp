@@ -44,6 +44,11 @@ constexpr int kPlanVersion = 9;
 // Another plan replaces the untuned one only when it is this much faster: below that, the
 // difference is the machine's noise, not the plan.
 constexpr double kMargin = 0.03;
+// Halving the samples per pass goes on while a pass is within this of the fastest so far: where
+// the time per batch falls with the pass, it falls a few per cent per halving, about what two
+// timings of one plan differ by on a shared machine, so the margin alone would stop the search at
+// the first noisy step.
+constexpr double kPassTolerance = 0.10;
 
 fs::path cache_folder(const TeacherOptions& options) {
   if (!options.cache_dir.empty()) return fs::path(options.cache_dir) / "plans";
@@ -326,7 +331,7 @@ std::unique_ptr<Teacher::Plan> Teacher::tuned_plan(Graph graph, const TeacherOpt
   // and batch 64 a network's activations spill every cache; a few samples at a time keep them
   // nearer) against fewer samples per primitive over which to share each weight's load. Halving
   // the samples per pass (the largest divisor of the batch at most half the last), while a pass
-  // is no slower than the fastest so far beyond the margin; the whole batch timed again first,
+  // is within kPassTolerance of the fastest so far; the whole batch timed again first,
   // beside them. Kept where faster than the whole batch by more than the margin. Not where the
   // caller fixed the passes, or the model fixes its batch.
   if (options.samples_per_pass == 0 && options.batch > 1 && plan->graph.chunks == 1) {
@@ -357,7 +362,7 @@ std::unique_ptr<Teacher::Plan> Teacher::tuned_plan(Graph graph, const TeacherOpt
       if (ms < fastest_ms) {
         fastest_ms = ms;
         fastest = std::move(p);
-      } else if (ms > fastest_ms * (1 + kMargin)) {
+      } else if (ms > fastest_ms * (1 + kPassTolerance)) {
         break;
       }
     }
