@@ -27,6 +27,10 @@ std::vector<InferredOutput> infer(Node& node, const std::vector<Shape>& in,
   const OpDef& op = op_of(node);
   if (in.size() < op.min_inputs)
     bad(node, fmt::format("needs {} inputs, has {}", op.min_inputs, in.size()));
+  for (std::size_t k = 0; k < std::min(op.float_inputs, in.size()); ++k)
+    if (!node.inputs[k].empty() && types[k] != ElemType::f32)
+      bad(node, fmt::format("input '{}' holds integers, and {} takes floats there", node.inputs[k],
+                            node.op));
   return op.infer(node, InferArgs{in, types, c, opset});
 }
 

@@ -669,6 +669,19 @@ def rejects(out):
                                     "scale has shape [0]")
     bad["clip_empty_min"] = (model([node("Clip", ["x", "lo"])], X, [const("lo", np.ones(0, np.float32))], out_shape=["N", 4, 9, 11]),
                              "min must be one value")
+    # Integer initializers where a float kernel reads its parameters (a fuzzer's find: they were
+    # read as floats, out of an empty buffer).
+    bad["batchnorm_int_var"] = (model([node("BatchNormalization", ["x", "s", "b", "m", "v"])], X,
+                                      [const("s", rand(4)), const("b", rand(4)), const("m", rand(4)),
+                                       const("v", np.ones(4, np.int32))], out_shape=["N", 4, 9, 11]),
+                                "input 'v' holds integers, and BatchNormalization takes floats")
+    bad["conv_int_weight"] = (model([node("Conv", ["x", "w"])], X, [const("w", np.ones((2, 4, 3, 3), np.int32))]),
+                              "input 'w' holds integers, and Conv takes floats")
+    bad["gemm_int_weight"] = (model([node("Flatten", ["x"], ["f"]), helper.make_node("Gemm", ["f", "w"], ["y"], name="gemm", transB=1)], X,
+                                    [const("w", np.ones((3, 396), np.int64))], out_shape=["N", 3]),
+                              "input 'w' holds integers, and Gemm takes floats")
+    bad["add_int_float"] = (model([node("Add", ["x", "k"])], X, [const("k", np.ones((4, 1, 1), np.int32))], out_shape=["N", 4, 9, 11]),
+                            "inputs differ in element type")
     bad["bad_broadcast"] = (model([node("Add", ["x", "k"])], X, [const("k", rand(3, 1, 1))], out_shape=["N", 4, 9, 11]), "do not broadcast")
     return bad
 

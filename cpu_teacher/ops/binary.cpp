@@ -33,6 +33,8 @@ constexpr Arithmetic kDiv{dnnl_binary_div, false, [](float a, float b) { return 
                           [](std::int64_t a, std::int64_t b) { return b == 0 ? 0 : a / b; }};
 
 std::vector<InferredOutput> infer_binary(Node& node, const InferArgs& a) {
+  if (a.types[0] != a.types[1])
+    bad(node, "its inputs differ in element type (one holds integers, the other floats)");
   return {{broadcast(node, a.in[0], a.in[1]), a.types[0]}};
 }
 

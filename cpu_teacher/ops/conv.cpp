@@ -635,6 +635,7 @@ void lower_batchnorm(Lowering& plan, const Node& node) {
 constexpr OpDef kOps[] = {
     {.name = "Conv",
      .min_inputs = 2,
+     .float_inputs = 3,
      .infer = infer_conv,
      .evaluate = evaluate_conv,
      .lower = lower_conv,
@@ -642,6 +643,7 @@ constexpr OpDef kOps[] = {
      .flops_per_sample = conv_flops},
     {.name = "BatchNormalization",
      .min_inputs = 5,
+     .float_inputs = 5,
      .infer = infer_batchnorm,
      .evaluate = evaluate_batchnorm,
      .lower = lower_batchnorm,

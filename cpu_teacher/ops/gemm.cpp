@@ -539,6 +539,7 @@ double product_flops(const Graph& g, const Node& node) {
 constexpr OpDef kOps[] = {
     {.name = "Gemm",
      .min_inputs = 2,
+     .float_inputs = 3,
      .infer = infer_gemm,
      .evaluate = evaluate_product,
      .lower = lower_gemm,
@@ -551,6 +552,7 @@ constexpr OpDef kOps[] = {
      .flops_per_sample = einsum_flops},
     {.name = "MatMul",
      .min_inputs = 2,
+     .float_inputs = 2,
      .infer = infer_matmul,
      .evaluate = evaluate_product,
      .lower = lower_matmul,

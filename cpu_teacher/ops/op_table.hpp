@@ -60,7 +60,11 @@ enum class PostOps { none, eltwise, eltwise_and_sum };
 struct OpDef {
   std::string_view name;      // ONNX op type
   std::size_t min_inputs = 1; // checked before the shape rule runs
-  InferFn infer = nullptr;    // shape rule and attribute normalization
+  // The first this many inputs (those given) must hold floats: the data and parameters its float
+  // kernel reads (a Conv's weight and bias, a BatchNormalization's statistics); checked before
+  // the shape rule runs, so that an integer initializer there is refused, never read as floats.
+  std::size_t float_inputs = 0;
+  InferFn infer = nullptr; // shape rule and attribute normalization
   EvaluateFn evaluate = nullptr;
   LowerFn lower = nullptr; // nullptr: load-time only (folded at import, never run per batch)
   const Activation* activation = nullptr;

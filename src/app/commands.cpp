@@ -174,7 +174,7 @@ void Commands::add_teacher(CLI::App& app) {
   info->add_option("--samples-per-pass", teacher_.samples_per_pass,
                    "run the batch in passes of this many samples (a divisor of the batch; 0: "
                    "with --tune auto the tuner times passes against the whole batch)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(CLI::Range(0, 1 << 20))
       ->capture_default_str();
   info->add_flag("--plan", teacher_.plan,
                  "list every node that can run more than one way: the ways, their times, the one "
@@ -230,7 +230,7 @@ void Commands::add_teacher(CLI::App& app) {
       ->add_option("--samples-per-pass", teacher_.samples_per_pass,
                    "run the batch in passes of this many samples (a divisor of the batch; 0: "
                    "with --tune auto the tuner times passes against the whole batch)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(CLI::Range(0, 1 << 20))
       ->capture_default_str();
   tbench->add_flag("--profile", teacher_.profile,
                    "also time every step of the plan and report where the time goes, by kind");

@@ -247,8 +247,16 @@ TEST(TeacherCli, InfoPlanListsEveryTunableNode) {
   // mobilenet_v2's 1x1 convolutions each list their ways, one of them kept.
   const std::string listing = tuned.substr(listed, tuned.find("graph after passes") - listed);
   EXPECT_GE(std::count(listing.begin(), listing.end(), '*'), 30) << listing;
+  // The batch whole and in halving passes, each timed (ms per batch of 8), the one kept said.
+  EXPECT_NE(tuned.find("\npasses:     the batch "), std::string::npos) << tuned;
+  EXPECT_NE(tuned.find("8 samples "), std::string::npos) << tuned;
+  EXPECT_NE(tuned.find(", 4 samples "), std::string::npos) << tuned;
   const std::string off = info({"--tune", "off"}, "off.txt");
   EXPECT_NE(off.find("tuning:     off"), std::string::npos) << off;
+  EXPECT_EQ(off.find("\npasses:     "), std::string::npos) << off;
+  // Passes fixed by hand: said on the batch line, nothing else timed.
+  const std::string fixed = info({"--tune", "off", "--samples-per-pass", "2"}, "fixed.txt");
+  EXPECT_NE(fixed.find("batch:      4 passes of 2 samples per batch"), std::string::npos) << fixed;
 }
 
 TEST(TeacherCli, BadInputIsOneLineAndExitCode2) {
@@ -268,6 +276,14 @@ TEST(TeacherCli, BadInputIsOneLineAndExitCode2) {
     EXPECT_EQ(r.code, 2) << seconds;
     expect_one_line_naming(r.err, "--seconds");
   }
+  // Passes of a number of samples that does not divide the batch, or below 0.
+  r = run({"teacher", "bench", "--model", model, "--batch", "8", "--samples-per-pass", "3"},
+          dir / "passes");
+  EXPECT_EQ(r.code, 2);
+  expect_one_line_naming(r.err, model + ": teacher batch 8 cannot run in passes of 3 samples");
+  r = run({"teacher", "bench", "--model", model, "--samples-per-pass", "-1"}, dir / "passes_neg");
+  EXPECT_EQ(r.code, 2);
+  expect_one_line_naming(r.err, "--samples-per-pass");
   // A folder where the model belongs.
   r = run({"teacher", "info", "--model", dir.string()}, dir / "folder");
   EXPECT_EQ(r.code, 2);

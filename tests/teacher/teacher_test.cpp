@@ -1073,16 +1073,22 @@ TEST(TeacherTune, EveryWayOfEveryNodeMatchesPyTorch) {
 // teacher.tune = auto times the plans, keeps one no slower than the untuned plan, caches the
 // choice and reads it back; a damaged cache is tuned again and replaced, an unwritable one only
 // noted.
-TEST(TeacherTune, KeepsTheFastestPlanCachesItAndReadsItBack) {
-  const fs::path dir = fixture_dir("models");
-  const std::string path = (dir / "mobilenet_v2_opset13.onnx").string();
-  const fs::path cache = fs::path(::testing::TempDir()) / "kdflow_tune_test";
+// mobilenet_v2's fixture tuned at batch 8 on one thread, its plans cached in a fresh folder
+// `name` (the model's path, the options).
+std::pair<std::string, TeacherOptions> tuned_mobilenet(const char* name) {
+  const fs::path cache = fs::path(::testing::TempDir()) / name;
   fs::remove_all(cache);
   TeacherOptions opts;
   opts.batch = 8;
   opts.threads = 1;
   opts.tune = Tune::automatic;
   opts.cache_dir = cache.string();
+  return {(fixture_dir("models") / "mobilenet_v2_opset13.onnx").string(), opts};
+}
+
+TEST(TeacherTune, KeepsTheFastestPlanCachesItAndReadsItBack) {
+  const auto [path, opts] = tuned_mobilenet("kdflow_tune_test");
+  const fs::path cache = opts.cache_dir;
   const auto tuned = Teacher::load(path, opts);
   const TuneReport& r = tuned->tune_report();
   EXPECT_EQ(r.mode, Tune::automatic);
@@ -1231,15 +1237,8 @@ TEST(TeacherSamplesPerPass, PassesComputeWhatTheWholeBatchDoes) {
 // only where they beat the whole batch by its margin; a cached plan in passes is read back in
 // passes, and cached passes that no longer load are tuned again.
 TEST(TeacherTune, TimesTheBatchInPassesAndCachesTheChoice) {
-  const fs::path dir = fixture_dir("models");
-  const std::string path = (dir / "mobilenet_v2_opset13.onnx").string();
-  const fs::path cache = fs::path(::testing::TempDir()) / "kdflow_tune_passes_test";
-  fs::remove_all(cache);
-  TeacherOptions opts;
-  opts.batch = 8;
-  opts.threads = 1;
-  opts.tune = Tune::automatic;
-  opts.cache_dir = cache.string();
+  const auto [path, opts] = tuned_mobilenet("kdflow_tune_passes_test");
+  const fs::path cache = opts.cache_dir;
   const auto tuned = Teacher::load(path, opts);
   const TuneReport& r = tuned->tune_report();
   ASSERT_GE(r.pass_ms.size(), 2u);
