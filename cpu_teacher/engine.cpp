@@ -973,7 +973,9 @@ std::shared_ptr<const Teacher> Teacher::load(const std::string& path,
   }
   Graph graph = load_onnx(path, load_options(options));
   check_features(graph, options);
-  if (options.samples_per_pass > 0 && options.samples_per_pass != options.batch) {
+  const bool fixed_passes =
+      options.samples_per_pass > 0 && options.samples_per_pass != options.batch;
+  if (fixed_passes) {
     auto passes = load_onnx_in_passes(path, load_options(options), graph, options.samples_per_pass);
     if (!passes)
       throw InputError(fmt::format(
@@ -996,8 +998,7 @@ std::shared_ptr<const Teacher> Teacher::load(const std::string& path,
       t->plan_->tune.nodes.push_back(
           {o.node, o.options, std::vector<double>(o.options.size(), -1.0), o.chosen});
   }
-  if (options.samples_per_pass > 0 && options.samples_per_pass != options.batch)
-    t->plan_->tune.samples_per_pass = options.samples_per_pass;
+  if (fixed_passes) t->plan_->tune.samples_per_pass = options.samples_per_pass;
   if (t->plan_->graph.chunks > 1)
     for (const auto& o : t->plan_->outputs)
       if (o.shape.empty() || o.shape[0] != t->plan_->graph.batch)
