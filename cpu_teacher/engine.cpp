@@ -14,6 +14,7 @@
 #include "ops/planar.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -23,6 +24,8 @@
 #include <unordered_map>
 
 #include <fmt/format.h>
+#include <oneapi/tbb/parallel_for.h>
+#include <oneapi/tbb/partitioner.h>
 #include <oneapi/tbb/task_arena.h>
 
 namespace kdflow::teacher {
@@ -971,10 +974,24 @@ std::shared_ptr<const Teacher> Teacher::load(const std::string& path,
     if (!options.calibration)
       throw std::logic_error("teacher.precision = int8 without a calibration");
   }
+  const int threads = replica_threads(options);
+  if (options.passes_at_once < 0 ||
+      (options.passes_at_once > 1 && options.passes_at_once != threads))
+    throw InputError(fmt::format(
+        "{}: {} passes at once with {} threads per replica: 1 (one pass at a time on every "
+        "thread), {} (a pass per thread) or 0 (the tuner's choice)",
+        path, options.passes_at_once, threads, threads));
   Graph graph = load_onnx(path, load_options(options));
   check_features(graph, options);
   const bool fixed_passes =
       options.samples_per_pass > 0 && options.samples_per_pass != options.batch;
+  const bool whole = graph.chunks == 1 && !fixed_passes &&
+                     (options.samples_per_pass > 0 || options.tune == Tune::off);
+  if (options.passes_at_once > 1 && whole)
+    throw InputError(fmt::format("{}: {} passes at once, but the batch of {} runs whole: give it "
+                                 "passes (samples per pass{})",
+                                 path, options.passes_at_once, options.batch,
+                                 options.tune == Tune::off ? ", or tune it" : ""));
   if (fixed_passes) {
     auto passes = load_onnx_in_passes(path, load_options(options), graph, options.samples_per_pass);
     if (!passes)
@@ -989,11 +1006,13 @@ std::shared_ptr<const Teacher> Teacher::load(const std::string& path,
   if (options.tune == Tune::automatic) {
     t->plan_ = tuned_plan(std::move(graph), options, path);
   } else {
-    t->plan_ = build_plan(std::move(graph), options, {});
+    const int lanes = std::max(1, options.passes_at_once);
+    t->plan_ = build_plan(std::move(graph), options, {}, lanes);
     if (!options.prefer.empty()) {
       auto ways = prefer_ways(t->plan_->options, options.prefer);
-      t->plan_ = build_plan(std::move(t->plan_->graph), options, std::move(ways));
+      t->plan_ = build_plan(std::move(t->plan_->graph), options, std::move(ways), lanes);
     }
+    t->plan_->tune.passes_at_once = lanes;
     for (const auto& o : t->plan_->options)
       t->plan_->tune.nodes.push_back(
           {o.node, o.options, std::vector<double>(o.options.size(), -1.0), o.chosen});
@@ -1061,7 +1080,19 @@ int replica_threads(const TeacherOptions& options) {
 }
 
 std::unique_ptr<Teacher::Plan> Teacher::build_plan(Graph&& graph, const TeacherOptions& options,
-                                                   std::map<std::string, std::string> choices) {
+                                                   std::map<std::string, std::string> choices,
+                                                   int passes_at_once) {
+  if (passes_at_once > 1) {
+    // In an arena of one thread: oneDNN fixes how a primitive shares its work among threads when
+    // it creates it, from the threads it sees then.
+    TeacherOptions one = options;
+    one.threads = 1;
+    std::unique_ptr<Plan> plan;
+    oneapi::tbb::task_arena(1).execute(
+        [&] { plan = build_plan(std::move(graph), one, std::move(choices)); });
+    plan->passes_at_once = passes_at_once;
+    return plan;
+  }
   auto plan = std::make_unique<Plan>();
   plan->graph = std::move(graph);
   plan->precision = options.precision;
@@ -1206,7 +1237,9 @@ Shape Teacher::output_shape(std::size_t k) const {
   return s;
 }
 std::size_t Teacher::steps() const { return plan_->steps.size(); }
-std::size_t Teacher::buffer_bytes() const { return plan_->arena_bytes; }
+std::size_t Teacher::buffer_bytes() const {
+  return plan_->arena_bytes * static_cast<std::size_t>(plan_->passes_at_once);
+}
 std::size_t Teacher::unshared_buffer_bytes() const {
   return std::accumulate(plan_->buffer_bytes.begin(), plan_->buffer_bytes.end(), std::size_t{0});
 }
@@ -1262,10 +1295,16 @@ std::vector<StepInfo> Teacher::step_info() const {
 
 // --- replicas ------------------------------------------------------------------------------------
 
-struct Replica::State {
+namespace {
+
+// What one pass of the plan runs with: its intermediate buffers, scratchpad, stream and the
+// operands of every step. A replica has one, or one per pass it runs at once.
+struct Lane {
   struct AlignedFree {
     void operator()(std::byte* p) const { std::free(p); }
   };
+  explicit Lane(const Teacher::Plan& p);
+
   dnnl::stream stream;
   // Every intermediate buffer, at its offset in one block (Teacher::Plan::buffer_offset).
   std::unique_ptr<std::byte, AlignedFree> arena;
@@ -1278,13 +1317,12 @@ struct Replica::State {
       kernel_ptrs; // per kernel step (input/output patched per run)
   std::vector<std::vector<std::pair<std::size_t, ArgRef>>> kernel_user_args;
   std::vector<float*> chunk_outputs; // per run: where the current chunk's outputs go
+  std::vector<double> step_seconds;  // passes at once, timed: this lane's share
 
   std::byte* buffer(const Teacher::Plan& p, const ArgRef& r) const {
     return arena.get() + p.buffer_offset[static_cast<std::size_t>(r.index)] + r.offset;
   }
 };
-
-namespace {
 
 std::byte* aligned_bytes(std::size_t n) {
   constexpr std::size_t kAlign = 64;
@@ -1294,56 +1332,42 @@ std::byte* aligned_bytes(std::size_t n) {
   return static_cast<std::byte*>(p);
 }
 
-} // namespace
-
-OutputBuffers::OutputBuffers(const Teacher& teacher) {
-  const std::size_t n = teacher.output_names().size();
-  data.reserve(n);
-  for (std::size_t k = 0; k < n; ++k) {
-    data.emplace_back(static_cast<std::size_t>(numel(teacher.output_shape(k))));
-    pointers.push_back(data.back().data());
-  }
-}
-
-Replica::Replica(std::shared_ptr<const Teacher> teacher)
-    : teacher_(std::move(teacher)), state_(std::make_unique<State>()) {
-  const Teacher::Plan& p = teacher_->plan();
-  State& s = *state_;
-  s.stream = dnnl::stream(p.eng);
-  s.arena.reset(aligned_bytes(p.arena_bytes));
-  s.scratch.reset(aligned_bytes(p.scratchpad_bytes));
-  s.input = memory(p.input_md, p.eng, DNNL_MEMORY_NONE);
-  for (const auto& o : p.outputs) s.outputs.push_back(memory(o.md, p.eng, DNNL_MEMORY_NONE));
-  s.chunk_outputs.resize(p.outputs.size());
-  const memory scratch(
+Lane::Lane(const Teacher::Plan& p) {
+  stream = dnnl::stream(p.eng);
+  arena.reset(aligned_bytes(p.arena_bytes));
+  scratch.reset(aligned_bytes(p.scratchpad_bytes));
+  input = memory(p.input_md, p.eng, DNNL_MEMORY_NONE);
+  for (const auto& o : p.outputs) outputs.push_back(memory(o.md, p.eng, DNNL_MEMORY_NONE));
+  chunk_outputs.resize(p.outputs.size());
+  const memory scratch_memory(
       memory::desc({static_cast<memory::dim>(p.scratchpad_bytes)}, dt::u8, memory::format_tag::a),
-      p.eng, s.scratch.get());
+      p.eng, scratch.get());
 
   const auto resolve = [&](const ArgRef& r) -> memory {
     switch (r.kind) {
     case ArgRef::Kind::weight: return p.weights[static_cast<std::size_t>(r.index)];
     case ArgRef::Kind::input: {
-      if (r.md == p.input_md && r.offset == 0) return s.input;
-      s.input_views.emplace_back(memory(r.md, p.eng, DNNL_MEMORY_NONE), r.offset);
-      return s.input_views.back().first;
+      if (r.md == p.input_md && r.offset == 0) return input;
+      input_views.emplace_back(memory(r.md, p.eng, DNNL_MEMORY_NONE), r.offset);
+      return input_views.back().first;
     }
-    case ArgRef::Kind::output: return s.outputs[static_cast<std::size_t>(r.index)];
-    case ArgRef::Kind::buffer: return memory(r.md, p.eng, s.buffer(p, r));
+    case ArgRef::Kind::output: return outputs[static_cast<std::size_t>(r.index)];
+    case ArgRef::Kind::buffer: return memory(r.md, p.eng, buffer(p, r));
     }
     throw std::logic_error("bad operand");
   };
   for (const auto& step : p.steps) {
-    std::unordered_map<int, memory> args;
+    std::unordered_map<int, memory> step_args;
     std::vector<std::byte*> ptrs;
     std::vector<std::pair<std::size_t, ArgRef>> user;
     if (step.prim) {
-      for (const auto& [arg, ref] : step.args) args.emplace(arg, resolve(ref));
-      args.emplace(DNNL_ARG_SCRATCHPAD, scratch);
+      for (const auto& [arg, ref] : step.args) step_args.emplace(arg, resolve(ref));
+      step_args.emplace(DNNL_ARG_SCRATCHPAD, scratch_memory);
     } else {
       for (std::size_t k = 0; k < step.args.size(); ++k) {
         const ArgRef& ref = step.args[k].second;
         if (ref.kind == ArgRef::Kind::buffer)
-          ptrs.push_back(s.buffer(p, ref));
+          ptrs.push_back(buffer(p, ref));
         else if (ref.kind == ArgRef::Kind::weight)
           ptrs.push_back(static_cast<std::byte*>(
               p.weights[static_cast<std::size_t>(ref.index)].get_data_handle()));
@@ -1353,50 +1377,16 @@ Replica::Replica(std::shared_ptr<const Teacher> teacher)
         }
       }
     }
-    s.args.push_back(std::move(args));
-    s.kernel_ptrs.push_back(std::move(ptrs));
-    s.kernel_user_args.push_back(std::move(user));
+    args.push_back(std::move(step_args));
+    kernel_ptrs.push_back(std::move(ptrs));
+    kernel_user_args.push_back(std::move(user));
   }
 }
 
-Replica::~Replica() = default;
-
-void Replica::run(const float* input, std::span<float* const> outputs) {
-  execute(input, outputs, {});
-}
-
-void Replica::run_timed(const float* input, std::span<float* const> outputs,
-                        std::span<double> step_seconds) {
-  if (step_seconds.size() != teacher_->steps())
-    throw std::invalid_argument(fmt::format("teacher: {} step times given, {} steps to time",
-                                            step_seconds.size(), teacher_->steps()));
-  execute(input, outputs, step_seconds);
-}
-
-void Replica::execute(const float* input, std::span<float* const> outputs,
-                      std::span<double> step_seconds) {
-  const Teacher::Plan& p = teacher_->plan();
-  State& s = *state_;
-  const bool timed = !step_seconds.empty();
-  if (outputs.size() != p.outputs.size())
-    throw std::invalid_argument(fmt::format("teacher: {} output buffers given, {} expected",
-                                            outputs.size(), p.outputs.size()));
-  if (timed) std::fill(step_seconds.begin(), step_seconds.end(), 0.0);
-  // A model that fixes its batch: the plan runs `chunks` times, each on the next rows.
-  const auto chunk_at = [](const Shape& shape, std::int64_t c) {
-    return static_cast<std::size_t>(c * numel(shape));
-  };
-  for (std::int64_t c = 0; c < p.graph.chunks; ++c) {
-    for (std::size_t k = 0; k < outputs.size(); ++k)
-      s.chunk_outputs[k] = outputs[k] + chunk_at(p.outputs[k].shape, c);
-    execute_once(input + chunk_at(p.graph.input_shape, c), s.chunk_outputs, step_seconds);
-  }
-}
-
-void Replica::execute_once(const float* input, std::span<float* const> outputs,
-                           std::span<double> step_seconds) {
-  const Teacher::Plan& p = teacher_->plan();
-  State& s = *state_;
+// One run of the plan on `lane` (a teacher batch, or one pass of it), adding each step's time to
+// step_seconds where given.
+void run_pass(const Teacher::Plan& p, Lane& s, const float* input, std::span<float* const> outputs,
+              std::span<double> step_seconds) {
   const bool timed = !step_seconds.empty();
   s.input.set_data_handle(const_cast<float*>(input));
   for (auto& [view, offset] : s.input_views)
@@ -1428,6 +1418,95 @@ void Replica::execute_once(const float* input, std::span<float* const> outputs,
     done();
   }
   s.stream.wait();
+}
+
+} // namespace
+
+struct Replica::State {
+  std::vector<std::unique_ptr<Lane>> lanes;
+  // Passes at once: an arena of one thread per lane, which the thread running the lane enters
+  // (the plan's primitives and kernels then run on that thread alone).
+  std::vector<std::unique_ptr<oneapi::tbb::task_arena>> lane_arenas;
+};
+
+OutputBuffers::OutputBuffers(const Teacher& teacher) {
+  const std::size_t n = teacher.output_names().size();
+  data.reserve(n);
+  for (std::size_t k = 0; k < n; ++k) {
+    data.emplace_back(static_cast<std::size_t>(numel(teacher.output_shape(k))));
+    pointers.push_back(data.back().data());
+  }
+}
+
+Replica::Replica(std::shared_ptr<const Teacher> teacher)
+    : teacher_(std::move(teacher)), state_(std::make_unique<State>()) {
+  const Teacher::Plan& p = teacher_->plan();
+  const int lanes = p.passes_at_once > 1 ? p.passes_at_once : 1;
+  for (int k = 0; k < lanes; ++k) {
+    state_->lanes.push_back(std::make_unique<Lane>(p));
+    if (lanes > 1) state_->lane_arenas.push_back(std::make_unique<oneapi::tbb::task_arena>(1));
+  }
+}
+
+Replica::~Replica() = default;
+
+void Replica::run(const float* input, std::span<float* const> outputs) {
+  execute(input, outputs, {});
+}
+
+void Replica::run_timed(const float* input, std::span<float* const> outputs,
+                        std::span<double> step_seconds) {
+  if (step_seconds.size() != teacher_->steps())
+    throw std::invalid_argument(fmt::format("teacher: {} step times given, {} steps to time",
+                                            step_seconds.size(), teacher_->steps()));
+  execute(input, outputs, step_seconds);
+}
+
+void Replica::execute(const float* input, std::span<float* const> outputs,
+                      std::span<double> step_seconds) {
+  const Teacher::Plan& p = teacher_->plan();
+  State& s = *state_;
+  const bool timed = !step_seconds.empty();
+  if (outputs.size() != p.outputs.size())
+    throw std::invalid_argument(fmt::format("teacher: {} output buffers given, {} expected",
+                                            outputs.size(), p.outputs.size()));
+  if (timed) std::fill(step_seconds.begin(), step_seconds.end(), 0.0);
+  // The batch in passes (or a model that fixes its batch): the plan runs `chunks` times, each on
+  // the next rows.
+  const auto chunk_at = [](const Shape& shape, std::int64_t c) {
+    return static_cast<std::size_t>(c * numel(shape));
+  };
+  const auto pass = [&](Lane& lane, std::int64_t c, std::span<double> seconds) {
+    for (std::size_t k = 0; k < outputs.size(); ++k)
+      lane.chunk_outputs[k] = outputs[k] + chunk_at(p.outputs[k].shape, c);
+    run_pass(p, lane, input + chunk_at(p.graph.input_shape, c), lane.chunk_outputs, seconds);
+  };
+  if (s.lanes.size() == 1) {
+    for (std::int64_t c = 0; c < p.graph.chunks; ++c) pass(*s.lanes[0], c, step_seconds);
+    return;
+  }
+  // Passes at once: each lane, on whichever thread of the caller's arena takes it, runs the next
+  // pass nobody has taken until none is left (an arena with fewer threads than lanes runs them in
+  // turn; each pass is run once whatever the threads).
+  std::atomic<std::int64_t> next{0};
+  const std::size_t lanes = std::min(s.lanes.size(), static_cast<std::size_t>(p.graph.chunks));
+  oneapi::tbb::parallel_for(
+      std::size_t{0}, lanes,
+      [&](std::size_t w) {
+        Lane& lane = *s.lanes[w];
+        if (timed) lane.step_seconds.assign(step_seconds.size(), 0.0);
+        s.lane_arenas[w]->execute([&] {
+          for (std::int64_t c = next.fetch_add(1); c < p.graph.chunks; c = next.fetch_add(1))
+            pass(lane, c, timed ? std::span<double>(lane.step_seconds) : std::span<double>());
+        });
+      },
+      oneapi::tbb::simple_partitioner());
+  // A step's time: the seconds its passes took on every lane, over the lanes (their share of the
+  // batch's wall time where the lanes ran side by side).
+  if (timed)
+    for (std::size_t w = 0; w < lanes; ++w)
+      for (std::size_t i = 0; i < step_seconds.size(); ++i)
+        step_seconds[i] += s.lanes[w]->step_seconds[i] / static_cast<double>(lanes);
 }
 
 } // namespace kdflow::teacher

@@ -3,7 +3,8 @@
 // op table's lowerings offer them: a convolution direct in channels-last or in oneDNN's layout, as
 // an inner product, unrolled) is timed in whole plans, the fastest way per node is put together
 // and timed again, and the fastest whole plan is kept. Then the batch in passes of fewer samples
-// (Graph::chunks) is timed against the whole batch. Choices are cached on disk, keyed by the
+// (Graph::chunks) is timed against the whole batch, one pass at a time on every thread and as
+// many at once as threads, each on one. Choices are cached on disk, keyed by the
 // model's bytes, the input, batch, precision, threads, oneDNN and the CPU.
 #include "kdflow/core/cache_home.hpp"
 #include "kdflow/core/digest.hpp"
@@ -39,8 +40,9 @@ using Choices = std::map<std::string, std::string>;
 // tuned before them never timed; 5: the channels-last group normalization, with the exporters'
 // group_norm fused into one node, and the Concat with its reader's affine; 6: the Winograd ways in
 // bf16 plans; 7: the convolutions' second oneDNN implementation, channels_last_alternative; 8:
-// that implementation for the first one's ISA only; 9: the batch in passes of fewer samples).
-constexpr int kPlanVersion = 9;
+// that implementation for the first one's ISA only; 9: the batch in passes of fewer samples; 10:
+// passes at once, each on one thread).
+constexpr int kPlanVersion = 10;
 // Another plan replaces the untuned one only when it is this much faster: below that, the
 // difference is the machine's noise, not the plan.
 constexpr double kMargin = 0.03;
@@ -113,11 +115,11 @@ std::unique_ptr<Teacher::Plan> Teacher::tuned_plan(Graph graph, const TeacherOpt
   for (const auto& f : options.features) features += f + ",";
   const OnednnInfo dnnl = onednn_info();
   const std::string key = fmt::format(
-      "kdflow plan v{} | model {} | input {} x{} | {} | {} threads | features {} | "
-      "oneDNN {} {} {} | {}{}",
+      "kdflow plan v{} | model {} | input {} x{} | {} | {} threads | passes at once {} | "
+      "features {} | oneDNN {} {} {} | {}{}",
       kPlanVersion, file_digest(path), format_shape(graph.input_shape), graph.chunks,
-      precision_name(options.precision), threads, features, dnnl.version, dnnl.hash, dnnl.isa,
-      cpu_model_name(),
+      precision_name(options.precision), threads, options.passes_at_once, features, dnnl.version,
+      dnnl.hash, dnnl.isa, cpu_model_name(),
       options.calibration ? fmt::format(" | calibration {:016x}", options.calibration->digest)
                           : std::string());
   const fs::path folder = cache_folder(options);
@@ -145,16 +147,23 @@ std::unique_ptr<Teacher::Plan> Teacher::tuned_plan(Graph graph, const TeacherOpt
            n.at("ms").get<std::vector<double>>(), n.at("chosen").get<std::string>()});
     Choices choices = j.at("choices").get<Choices>(); // parsed before the graph moves
     cached.samples_per_pass = j.at("samples_per_pass").get<std::int64_t>();
-    for (const auto& [n, ms] : j.at("pass_ms").get<std::vector<std::pair<std::int64_t, double>>>())
-      cached.pass_ms.emplace_back(n, ms);
+    cached.passes_at_once = j.at("passes_at_once").get<int>();
+    using Timings = std::vector<std::pair<std::int64_t, double>>;
+    cached.pass_ms = j.at("pass_ms").get<Timings>();
+    cached.pass_at_once_ms = j.at("pass_at_once_ms").get<Timings>();
+    if (cached.passes_at_once != 1 && cached.passes_at_once != threads)
+      throw InputError(
+          fmt::format("{} passes at once with {} threads", cached.passes_at_once, threads));
     std::unique_ptr<Plan> plan;
     if (cached.samples_per_pass > 0) {
       auto passes = load_onnx_in_passes(path, load_options(options), g, cached.samples_per_pass);
       if (!passes)
         throw InputError(fmt::format("passes of {} samples do not load", cached.samples_per_pass));
-      plan = build_plan(std::move(*passes), options, std::move(choices));
+      plan = build_plan(std::move(*passes), options, std::move(choices), cached.passes_at_once);
     } else {
-      plan = build_plan(std::move(g), options, std::move(choices));
+      if (cached.passes_at_once > 1 && g.chunks == 1)
+        throw InputError("passes at once of a batch run whole");
+      plan = build_plan(std::move(g), options, std::move(choices), cached.passes_at_once);
     }
     cached.seconds = std::chrono::duration<double>(Clock::now() - started).count();
     plan->tune = std::move(cached);
@@ -175,9 +184,11 @@ std::unique_ptr<Teacher::Plan> Teacher::tuned_plan(Graph graph, const TeacherOpt
     stale = true;
   }
 
-  // Times a plan in an arena of the replicas' size: one warm-up run, then the timed runs.
+  // Times a plan in an arena of the replicas' size: one warm-up run, then the timed runs, each
+  // step waited for and timed; or (`wall`) the runs' wall time alone, as they run in a replica
+  // (passes at once overlap their steps).
   oneapi::tbb::task_arena arena(threads);
-  const auto time_plan = [&](std::unique_ptr<Plan>& plan) {
+  const auto time_plan = [&](std::unique_ptr<Plan>& plan, bool wall = false) {
     std::shared_ptr<Teacher> t(new Teacher());
     t->plan_ = std::move(plan);
     Timing out;
@@ -204,6 +215,13 @@ std::unique_ptr<Teacher::Plan> Teacher::tuned_plan(Graph graph, const TeacherOpt
         return totals.size() >= 3 && spent >= std::chrono::milliseconds(200);
       };
       while (!enough()) {
+        if (wall) {
+          const auto run_start = Clock::now();
+          r.run(input.data(), ptrs);
+          totals.push_back(
+              std::chrono::duration<double, std::milli>(Clock::now() - run_start).count());
+          continue;
+        }
         r.run_timed(input.data(), ptrs, step_s);
         double total = 0;
         for (std::size_t i = 0; i < step_s.size(); ++i) {
@@ -329,14 +347,33 @@ std::unique_ptr<Teacher::Plan> Teacher::tuned_plan(Graph graph, const TeacherOpt
 
   // The batch in passes of fewer samples, with the ways chosen: a smaller working set (at 224 x 224
   // and batch 64 a network's activations spill every cache; a few samples at a time keep them
-  // nearer) against fewer samples per primitive over which to share each weight's load. Halving
-  // the samples per pass (the largest divisor of the batch at most half the last), while a pass
-  // is within kPassTolerance of the fastest so far; the whole batch timed again first,
-  // beside them. Kept where faster than the whole batch by more than the margin. Not where the
-  // caller fixed the passes, or the model fixes its batch.
+  // nearer) against fewer samples per primitive over which to share each weight's load. And with
+  // more than one thread, the passes run as many at once as threads, each on one: a pass of a few
+  // samples is little work for its primitives to share among threads (each layer's share ends in
+  // a wait for the slowest), while passes side by side share nothing but the weights.
+  //
+  // Each way to run passes halves the samples per pass (the largest divisor of the batch at most
+  // half the last; at once, from a pass per thread), while a pass is within kPassTolerance of the
+  // fastest so far. All are timed by their wall time, the whole batch first, beside them. Passes
+  // are kept where faster than the whole batch by more than the margin. Not where the caller fixed
+  // the samples per pass, or the model its batch: there the passes it has are timed one at a time
+  // against at once.
+  const int at_once = options.passes_at_once; // 0: the tuner's choice
+  const bool try_at_once = threads > 1 && at_once != 1;
+  const bool try_one_at_a_time = at_once <= 1;
+  const LoadOptions lo = load_options(options);
+  const auto build_or_note = [&](Graph&& g, int lanes, std::int64_t n) -> std::unique_ptr<Plan> {
+    try {
+      return build_plan(std::move(g), options, effective(*plan), lanes);
+    } catch (const InputError& e) {
+      report.note +=
+          fmt::format("{}passes of {} samples{} could not be built ({}): left out",
+                      report.note.empty() ? "" : "; ", n, lanes > 1 ? " at once" : "", e.what());
+      return nullptr;
+    }
+  };
   if (options.samples_per_pass == 0 && options.batch > 1 && plan->graph.chunks == 1) {
-    const LoadOptions lo = load_options(options);
-    const double whole_ms = time_plan(plan).total_ms;
+    const double whole_ms = time_plan(plan, true).total_ms;
     report.pass_ms.emplace_back(options.batch, whole_ms);
     if (nodes.empty()) report.untuned_ms = report.tuned_ms = whole_ms;
     const auto divisor_at_most = [&](std::int64_t n) {
@@ -344,32 +381,69 @@ std::unique_ptr<Teacher::Plan> Teacher::tuned_plan(Graph graph, const TeacherOpt
       return n;
     };
     std::unique_ptr<Plan> fastest;
-    double fastest_ms = whole_ms;
-    for (std::int64_t n = divisor_at_most(options.batch / 2), last = options.batch; n < last;
-         last = n, n = divisor_at_most(n / 2)) {
-      auto g = load_onnx_in_passes(path, lo, plan->graph, n);
-      if (!g) break; // the model does not compute per sample alike at that batch
-      std::unique_ptr<Plan> p;
-      try {
-        p = build_plan(std::move(*g), options, effective(*plan));
-      } catch (const InputError& e) {
-        report.note += fmt::format("{}passes of {} samples could not be built ({}): left out",
-                                   report.note.empty() ? "" : "; ", n, e.what());
-        break;
+    double fastest_ms = std::numeric_limits<double>::infinity();
+    // Halving from `first` samples per pass, `lanes` passes at once; the timings into `timed`.
+    const auto search = [&](std::int64_t first, int lanes,
+                            std::vector<std::pair<std::int64_t, double>>& timed) {
+      double best_ms = std::numeric_limits<double>::infinity();
+      for (std::int64_t n = first, last = options.batch; n < last;
+           last = n, n = divisor_at_most(n / 2)) {
+        auto g = load_onnx_in_passes(path, lo, plan->graph, n);
+        if (!g) break; // the model does not compute per sample alike at that batch
+        auto p = build_or_note(std::move(*g), lanes, n);
+        if (!p) break;
+        const double ms = time_plan(p, true).total_ms;
+        timed.emplace_back(n, ms);
+        if (ms < fastest_ms) {
+          fastest_ms = ms;
+          fastest = std::move(p);
+        }
+        if (ms < best_ms)
+          best_ms = ms;
+        else if (ms > best_ms * (1 + kPassTolerance))
+          break;
       }
-      const double ms = time_plan(p).total_ms;
-      report.pass_ms.emplace_back(n, ms);
-      if (ms < fastest_ms) {
-        fastest_ms = ms;
-        fastest = std::move(p);
-      } else if (ms > fastest_ms * (1 + kPassTolerance)) {
-        break;
-      }
-    }
-    if (fastest && fastest_ms < whole_ms * (1 - kMargin)) {
+    };
+    if (try_one_at_a_time) search(divisor_at_most(options.batch / 2), 1, report.pass_ms);
+    // At once: from a pass per thread, or (to spare the tuning time) from twice the samples of
+    // the fastest pass one at a time, where fewer.
+    std::int64_t from = divisor_at_most(options.batch / threads);
+    if (report.pass_ms.size() > 1)
+      from = std::min(from, divisor_at_most(2 * std::min_element(report.pass_ms.begin() + 1,
+                                                                 report.pass_ms.end(),
+                                                                 [](const auto& a, const auto& b) {
+                                                                   return a.second < b.second;
+                                                                 })
+                                                    ->first));
+    if (try_at_once && options.batch >= threads) search(from, threads, report.pass_at_once_ms);
+    if (fastest && (fastest_ms < whole_ms * (1 - kMargin) || !try_one_at_a_time)) {
       report.samples_per_pass = fastest->graph.batch;
+      report.passes_at_once = fastest->passes_at_once;
       report.tuned_ms = fastest_ms;
       plan = std::move(fastest);
+    } else if (!try_one_at_a_time) {
+      throw InputError(fmt::format("{}: {} passes at once: the batch of {} cannot run in passes "
+                                   "(the model computes its samples differently at a smaller "
+                                   "batch)",
+                                   path, at_once, options.batch));
+    }
+  } else if (plan->graph.chunks > 1 && try_at_once) {
+    // The passes the caller or the model fixed: one at a time (timed here unless refused) against
+    // as many at once as threads.
+    const double one_ms = try_one_at_a_time ? time_plan(plan, true).total_ms
+                                            : std::numeric_limits<double>::infinity();
+    if (try_one_at_a_time) report.pass_ms.emplace_back(plan->graph.batch, one_ms);
+    Graph again = plan->graph; // the plan keeps its own, should the other be slower
+    if (auto p = build_or_note(std::move(again), threads, plan->graph.batch)) {
+      const double ms = time_plan(p, true).total_ms;
+      report.pass_at_once_ms.emplace_back(plan->graph.batch, ms);
+      if (ms < one_ms) {
+        report.passes_at_once = threads;
+        report.tuned_ms = ms;
+        plan = std::move(p);
+      }
+    } else if (!try_one_at_a_time) {
+      throw InputError(fmt::format("{}: its passes cannot run at once ({})", path, report.note));
     }
   }
 
@@ -385,7 +459,9 @@ std::unique_ptr<Teacher::Plan> Teacher::tuned_plan(Graph graph, const TeacherOpt
                               {"tuned_ms", report.tuned_ms},
                               {"plans_timed", report.plans_timed},
                               {"samples_per_pass", report.samples_per_pass},
+                              {"passes_at_once", report.passes_at_once},
                               {"pass_ms", report.pass_ms},
+                              {"pass_at_once_ms", report.pass_at_once_ms},
                               {"nodes", nodes_json}};
     std::error_code ec;
     const fs::path tmp = write_temporary(file, j.dump(1), ec);

@@ -93,6 +93,10 @@ struct Teacher::Plan {
   std::vector<NodeOptions> options; // filled while lowering: every node with a choice
   TuneReport tune;
   int threads = 1; // each replica's threads (TeacherOptions::threads, or the arena's)
+  // Passes of the batch (graph.chunks) run at once, each on one thread of its own: the plan is
+  // built for one thread, and a replica holds this many lanes, each its own buffers
+  // (TeacherOptions::passes_at_once). 1: one pass at a time, on all of `threads`.
+  int passes_at_once = 1;
   dnnl::engine eng{dnnl::engine::kind::cpu, 0};
   std::vector<std::size_t> buffer_bytes;
   std::vector<std::size_t> buffer_offset; // each buffer's place in a replica's block of arena_bytes

@@ -176,6 +176,12 @@ void Commands::add_teacher(CLI::App& app) {
                    "with --tune auto the tuner times passes against the whole batch)")
       ->check(CLI::Range(0, 1 << 20))
       ->capture_default_str();
+  info->add_option("--passes-at-once", teacher_.passes_at_once,
+                   "passes run at once, each on one thread: 1 (one at a time, on every "
+                   "thread), the threads (a pass per thread), 0: with --tune auto the tuner "
+                   "times both")
+      ->check(CLI::Range(0, 1 << 20))
+      ->capture_default_str();
   info->add_flag("--plan", teacher_.plan,
                  "list every node that can run more than one way: the ways, their times, the one "
                  "kept");
@@ -230,6 +236,13 @@ void Commands::add_teacher(CLI::App& app) {
       ->add_option("--samples-per-pass", teacher_.samples_per_pass,
                    "run the batch in passes of this many samples (a divisor of the batch; 0: "
                    "with --tune auto the tuner times passes against the whole batch)")
+      ->check(CLI::Range(0, 1 << 20))
+      ->capture_default_str();
+  tbench
+      ->add_option("--passes-at-once", teacher_.passes_at_once,
+                   "passes run at once, each on one thread: 1 (one at a time, on every "
+                   "thread), the threads (a pass per thread), 0: with --tune auto the tuner "
+                   "times both")
       ->check(CLI::Range(0, 1 << 20))
       ->capture_default_str();
   tbench->add_flag("--profile", teacher_.profile,

@@ -109,6 +109,7 @@ std::shared_ptr<const teacher::Teacher> load(const TeacherArgs& args, std::int64
   }
   opts.tune = args.tune.empty() ? teacher::Tune::automatic : teacher::parse_tune(args.tune);
   opts.samples_per_pass = args.samples_per_pass;
+  opts.passes_at_once = args.passes_at_once;
   opts.threads = static_cast<int>(teacher_cpus(affinity::Topology::load(), args.threads).size());
   auto t = opts.precision == teacher::Precision::int8 ? load_int8(args, opts)
                                                       : teacher::Teacher::load(args.model, opts);
@@ -134,15 +135,21 @@ void print_tuning(const teacher::Teacher& t, bool every_node) {
                r.from_cache ? ", read from the cache" : fmt::format(" in {:.1f} s", r.seconds),
                r.cache_file.empty() ? "not cached" : r.cache_file);
   }
-  if (!r.pass_ms.empty()) {
+  if (!r.pass_ms.empty() || !r.pass_at_once_ms.empty()) {
     std::string timed;
     for (const auto& [n, ms] : r.pass_ms)
       timed += fmt::format("{}{} samples {:.3f} ms", timed.empty() ? "" : ", ", n, ms);
-    fmt::print("passes:     {} ({} per batch as timed)\n",
-               r.samples_per_pass > 0
-                   ? fmt::format("the batch in passes of {} samples", r.samples_per_pass)
-                   : std::string("the batch whole"),
-               timed);
+    for (const auto& [n, ms] : r.pass_at_once_ms)
+      timed += fmt::format("{}{} samples at once {:.3f} ms", timed.empty() ? "" : ", ", n, ms);
+    fmt::print(
+        "passes:     {} ({} per batch as timed)\n",
+        r.samples_per_pass > 0 || t.graph().chunks > 1
+            ? fmt::format("the batch in passes of {} samples, {}", t.graph().batch,
+                          r.passes_at_once > 1
+                              ? fmt::format("{} at once, each on one thread", r.passes_at_once)
+                              : std::string("one at a time"))
+            : std::string("the batch whole"),
+        timed);
   }
   if (!every_node) return;
   fmt::print("plan (node: way ms per batch ..., * kept):\n");
@@ -342,9 +349,12 @@ int teacher_info(const TeacherArgs& args) {
   fmt::print("model:      {} (opset {})\n", g.file, g.opset);
   fmt::print("input:      {} {}\n", g.input, teacher::format_shape(t->input_shape()));
   if (g.chunks > 1 && t->tune_report().samples_per_pass > 0)
-    fmt::print("batch:      {} passes of {} samples per batch (the tuner's or --samples-per-pass: "
-               "a smaller working set)\n",
-               g.chunks, g.batch);
+    fmt::print("batch:      {} passes of {} samples per batch, {} (the tuner's or "
+               "--samples-per-pass: a smaller working set)\n",
+               g.chunks, g.batch,
+               t->tune_report().passes_at_once > 1
+                   ? fmt::format("{} at once, each on one thread", t->tune_report().passes_at_once)
+                   : std::string("one at a time"));
   else if (g.chunks > 1)
     fmt::print("batch:      {} runs of {} per batch: the model fixes its batch at {} (export it "
                "with a dynamic batch dimension to run a batch at once)\n",
@@ -500,7 +510,9 @@ nlohmann::json bench_result(const TeacherArgs& args, const teacher::Teacher& t, 
         {"tuned_ms", tuned.tuned_ms},
         {"plans_timed", tuned.plans_timed},
         {"samples_per_pass", tuned.samples_per_pass},
+        {"passes_at_once", tuned.passes_at_once},
         {"pass_ms", tuned.pass_ms},
+        {"pass_at_once_ms", tuned.pass_at_once_ms},
         {"seconds", tuned.seconds},
         {"nodes", tuned.nodes.size()},
         {"ways", std::move(ways)}}},

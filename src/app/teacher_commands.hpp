@@ -23,6 +23,7 @@ struct TeacherArgs {
   std::string input_size = "auto"; // info, bench: binds the height and width a model leaves open
   int replicas = 1; // bench: this many replicas of --threads each, on their own cores, at once
   int samples_per_pass = 0; // info, bench: the batch in passes of this many (0: the tuner's choice)
+  int passes_at_once = 0;   // info, bench: passes run at once, one per thread (0: the tuner's)
 };
 
 // A teacher as `kdflow teacher infer` runs it (the same load, pinned arena and replica), kept

@@ -26,10 +26,12 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <memory>
 #include <numeric>
+#include <random>
 #include <span>
 #include <string>
 #include <thread>
@@ -660,6 +662,53 @@ TEST(CpuPipeline, TeacherFeaturesReachTheirSlotRegionsBesideTheLogits) {
   for (std::size_t k = 0; k < features.size(); ++k) {
     EXPECT_GT(largest[k], 1e-3) << features[k] << ": values that say something";
     EXPECT_LE(worst[1 + k], 1e-5 * std::max(1.0, largest[k])) << features[k];
+  }
+}
+
+// Passes run at once, each on one of two threads (TSan runs this suite): every pass of every batch
+// is written once, by whichever lane takes it, and bit for bit as the same plan's passes run in
+// turn on one thread; and within float noise of the whole batch.
+TEST(TeacherPassesAtOnce, EveryPassOfEveryBatchIsRunOnceWhicheverLaneTakesIt) {
+  ASSERT_GE(allowed_cpus().size(), 2u);
+  const std::string model = std::string(KDFLOW_SOURCE_DIR) + "/models/fmnist_teacher.onnx";
+  teacher::TeacherOptions opts;
+  opts.batch = 16;
+  opts.threads = 2;
+  const auto whole = teacher::Teacher::load(model, opts);
+  opts.samples_per_pass = 1;
+  opts.passes_at_once = 2;
+  const auto at_once = teacher::Teacher::load(model, opts);
+  ASSERT_EQ(at_once->graph().chunks, 16);
+  oneapi::tbb::task_arena two(2), one(1);
+  std::unique_ptr<teacher::Replica> lanes, in_turn, reference;
+  two.execute([&] {
+    lanes = std::make_unique<teacher::Replica>(at_once);
+    reference = std::make_unique<teacher::Replica>(whole);
+  });
+  one.execute([&] { in_turn = std::make_unique<teacher::Replica>(at_once); });
+  teacher::OutputBuffers got(*at_once), turn(*at_once), want(*whole);
+  std::vector<float> x(static_cast<std::size_t>(teacher::numel(at_once->input_shape())));
+  std::mt19937 rng(11);
+  std::normal_distribution<float> dist;
+  constexpr int kBatches = 40;
+  for (int b = 0; b < kBatches; ++b) {
+    for (auto& v : x) v = dist(rng);
+    for (auto& o : got.data) std::fill(o.begin(), o.end(), std::nanf(""));
+    two.execute([&] {
+      lanes->run(x.data(), got.pointers);
+      reference->run(x.data(), want.pointers);
+    });
+    one.execute([&] { in_turn->run(x.data(), turn.pointers); });
+    for (std::size_t k = 0; k < got.data.size(); ++k) {
+      ASSERT_EQ(
+          std::memcmp(got.data[k].data(), turn.data[k].data(), got.data[k].size() * sizeof(float)),
+          0)
+          << "batch " << b << ", output " << k;
+      double worst = 0;
+      for (std::size_t i = 0; i < got.data[k].size(); ++i)
+        worst = std::max(worst, double(std::abs(got.data[k][i] - want.data[k][i])));
+      EXPECT_LE(worst, 1e-4) << "batch " << b;
+    }
   }
 }
 

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <map>
+#include <thread>
 #include <tuple>
 
 #include <nlohmann/json.hpp>
@@ -256,7 +257,18 @@ TEST(TeacherCli, InfoPlanListsEveryTunableNode) {
   EXPECT_EQ(off.find("\npasses:     "), std::string::npos) << off;
   // Passes fixed by hand: said on the batch line, nothing else timed.
   const std::string fixed = info({"--tune", "off", "--samples-per-pass", "2"}, "fixed.txt");
-  EXPECT_NE(fixed.find("batch:      4 passes of 2 samples per batch"), std::string::npos) << fixed;
+  EXPECT_NE(fixed.find("batch:      4 passes of 2 samples per batch, one at a time"),
+            std::string::npos)
+      << fixed;
+  if (std::thread::hardware_concurrency() >= 2) { // two at once, each on one of two threads
+    const std::string both = info(
+        {"--tune", "off", "--threads", "2", "--samples-per-pass", "2", "--passes-at-once", "2"},
+        "at_once.txt");
+    EXPECT_NE(both.find("batch:      4 passes of 2 samples per batch, 2 at once, each on one "
+                        "thread"),
+              std::string::npos)
+        << both;
+  }
 }
 
 TEST(TeacherCli, BadInputIsOneLineAndExitCode2) {
@@ -284,6 +296,12 @@ TEST(TeacherCli, BadInputIsOneLineAndExitCode2) {
   r = run({"teacher", "bench", "--model", model, "--samples-per-pass", "-1"}, dir / "passes_neg");
   EXPECT_EQ(r.code, 2);
   expect_one_line_naming(r.err, "--samples-per-pass");
+  // More passes at once than threads.
+  r = run({"teacher", "bench", "--model", model, "--batch", "8", "--threads", "1",
+           "--samples-per-pass", "2", "--passes-at-once", "2"},
+          dir / "at_once");
+  EXPECT_EQ(r.code, 2);
+  expect_one_line_naming(r.err, model + ": 2 passes at once with 1 threads per replica");
   // A folder where the model belongs.
   r = run({"teacher", "info", "--model", dir.string()}, dir / "folder");
   EXPECT_EQ(r.code, 2);

@@ -29,6 +29,8 @@
 #include <random>
 #include <thread>
 
+#include <oneapi/tbb/task_arena.h>
+
 #include <unistd.h>
 
 namespace kdflow::teacher {
@@ -1141,10 +1143,13 @@ TEST(TeacherTune, KeepsTheFastestPlanCachesItAndReadsItBack) {
   fs::remove_all(cache);
 }
 
+std::string mnv2_path() { return (fixture_dir("models") / "mobilenet_v2_opset13.onnx").string(); }
+
 // A batch run in passes of fewer samples (the tuner's choice where faster, or the caller's)
-// computes what the whole batch does, in every network of the set, features included; the exports
-// with a dynamic batch all run so. A number that does not divide the batch, and a model that does
-// not compute each sample alike at both batches, are refused in one line naming the file.
+// computes what the whole batch does, in every network of the set, features included, one pass at
+// a time and two at once on two threads (timed runs too); the exports with a dynamic batch all run
+// so. A number that does not divide the batch, and a model that does not compute each sample alike
+// at both batches, are refused in one line naming the file.
 TEST(TeacherSamplesPerPass, PassesComputeWhatTheWholeBatchDoes) {
   const fs::path dir = fixture_dir("models");
   const auto m = manifest(dir);
@@ -1205,11 +1210,53 @@ TEST(TeacherSamplesPerPass, PassesComputeWhatTheWholeBatchDoes) {
       const auto got = run(t, x);
       for (std::size_t k = 0; k < got.size(); ++k)
         EXPECT_LE(normalized_error(got[k], want[k]), 1e-5) << t->output_names()[k];
+
+      // Two at once, each on a thread of its own; and in an arena of one thread, in turn.
+      opts.threads = 2;
+      opts.passes_at_once = 2;
+      const auto both = Teacher::load(path, opts);
+      EXPECT_EQ(both->tune_report().passes_at_once, 2);
+      EXPECT_EQ(both->buffer_bytes(), 2 * t->buffer_bytes());
+      OutputBuffers at_once(*both);
+      std::vector<double> step_s(both->steps());
+      for (const int arena_threads : {2, 1}) {
+        SCOPED_TRACE(arena_threads);
+        Replica r(both);
+        for (auto& o : at_once.data) std::fill(o.begin(), o.end(), std::nanf(""));
+        oneapi::tbb::task_arena(arena_threads).execute([&] {
+          r.run(x.data(), at_once.pointers);
+          for (std::size_t k = 0; k < got.size(); ++k)
+            EXPECT_LE(normalized_error(at_once.data[k], want[k]), 1e-5) << t->output_names()[k];
+          for (auto& o : at_once.data) std::fill(o.begin(), o.end(), std::nanf(""));
+          r.run_timed(x.data(), at_once.pointers, step_s);
+        });
+        for (std::size_t k = 0; k < got.size(); ++k)
+          EXPECT_LE(normalized_error(at_once.data[k], want[k]), 1e-5) << t->output_names()[k];
+        EXPECT_GT(std::accumulate(step_s.begin(), step_s.end(), 0.0), 0.0);
+      }
     }
   }
   EXPECT_GE(in_passes, 2 * 20);
 
-  const std::string mnv2 = (dir / "mobilenet_v2_opset13.onnx").string();
+  // At once: 1, the replica's threads, or 0; and only where the batch runs in passes.
+  TeacherOptions three;
+  three.batch = kBatch;
+  three.threads = 2;
+  three.samples_per_pass = 2;
+  three.passes_at_once = 3;
+  const std::string many = input_error([&] { Teacher::load(mnv2_path(), three); });
+  EXPECT_NE(many.find(mnv2_path()), std::string::npos) << many;
+  EXPECT_NE(many.find("3 passes at once with 2 threads"), std::string::npos) << many;
+  three.passes_at_once = 2;
+  three.samples_per_pass = 0; // tune off: the batch whole
+  const std::string whole_batch = input_error([&] { Teacher::load(mnv2_path(), three); });
+  EXPECT_NE(whole_batch.find("runs whole"), std::string::npos) << whole_batch;
+  three.samples_per_pass = kBatch;
+  three.tune = Tune::automatic;
+  EXPECT_NE(input_error([&] { Teacher::load(mnv2_path(), three); }).find("runs whole"),
+            std::string::npos);
+
+  const std::string mnv2 = mnv2_path();
   TeacherOptions odd;
   odd.batch = kBatch;
   odd.samples_per_pass = 3;
@@ -1242,6 +1289,8 @@ TEST(TeacherTune, TimesTheBatchInPassesAndCachesTheChoice) {
   const auto tuned = Teacher::load(path, opts);
   const TuneReport& r = tuned->tune_report();
   ASSERT_GE(r.pass_ms.size(), 2u);
+  EXPECT_TRUE(r.pass_at_once_ms.empty()); // one thread: nothing to run at once
+  EXPECT_EQ(r.passes_at_once, 1);
   EXPECT_EQ(r.pass_ms.front().first, 8);
   for (std::size_t k = 1; k < r.pass_ms.size(); ++k) {
     EXPECT_EQ(8 % r.pass_ms[k].first, 0);
@@ -1294,6 +1343,83 @@ TEST(TeacherTune, TimesTheBatchInPassesAndCachesTheChoice) {
   EXPECT_EQ(pinned->graph().chunks, 2);
   EXPECT_NE(pinned->tune_report().cache_file, retuned->tune_report().cache_file);
   EXPECT_LE(normalized_error(run(pinned, x)[0], reference), 1e-5);
+  fs::remove_all(cache);
+}
+
+// With two threads the tuner also times passes two at once, each on one thread (halving from
+// twice the fastest pass one at a time at most), keeps whichever way is fastest, and caches it; a
+// cache naming more passes at once than threads is tuned again. Passes the caller fixed are timed
+// one at a time against at once.
+TEST(TeacherTune, TimesPassesAtOnceWithMoreThanOneThread) {
+  auto [path, opts] = tuned_mobilenet("kdflow_tune_at_once_test");
+  opts.threads = 2;
+  const fs::path cache = opts.cache_dir;
+  std::shared_ptr<const Teacher> tuned;
+  oneapi::tbb::task_arena(2).execute([&] { tuned = Teacher::load(path, opts); });
+  const TuneReport& r = tuned->tune_report();
+  ASSERT_GE(r.pass_ms.size(), 2u);
+  ASSERT_FALSE(r.pass_at_once_ms.empty());
+  EXPECT_LE(r.pass_at_once_ms.front().first, 4); // a pass per thread at most
+  for (std::size_t k = 0; k < r.pass_at_once_ms.size(); ++k) {
+    EXPECT_EQ(8 % r.pass_at_once_ms[k].first, 0);
+    if (k > 0) EXPECT_LT(r.pass_at_once_ms[k].first, r.pass_at_once_ms[k - 1].first);
+    EXPECT_GT(r.pass_at_once_ms[k].second, 0.0);
+  }
+  const auto& kept_from = r.passes_at_once > 1 ? r.pass_at_once_ms : r.pass_ms;
+  if (r.samples_per_pass > 0) {
+    const auto kept = std::find_if(kept_from.begin(), kept_from.end(),
+                                   [&](const auto& p) { return p.first == r.samples_per_pass; });
+    ASSERT_NE(kept, kept_from.end());
+    EXPECT_EQ(r.tuned_ms, kept->second);
+    for (const auto* timed : {&r.pass_ms, &r.pass_at_once_ms})
+      for (const auto& [n, ms] : *timed) EXPECT_GE(ms, kept->second) << n; // the fastest kept
+  } else {
+    EXPECT_EQ(r.passes_at_once, 1);
+  }
+  const auto x = random_input(tuned->input_shape());
+  TeacherOptions off = opts;
+  off.tune = Tune::off;
+  const auto reference = run(Teacher::load(path, off), x)[0];
+  EXPECT_LE(normalized_error(run(tuned, x)[0], reference), 1e-5);
+
+  // The cache rewritten to passes of 1 sample, two at once: read back so.
+  ASSERT_FALSE(r.cache_file.empty());
+  nlohmann::json j;
+  std::ifstream(r.cache_file) >> j;
+  j["samples_per_pass"] = 1;
+  j["passes_at_once"] = 2;
+  std::ofstream(r.cache_file, std::ios::trunc) << j.dump();
+  std::shared_ptr<const Teacher> read;
+  oneapi::tbb::task_arena(2).execute([&] { read = Teacher::load(path, opts); });
+  EXPECT_TRUE(read->tune_report().from_cache) << read->tune_report().note;
+  EXPECT_EQ(read->tune_report().passes_at_once, 2);
+  EXPECT_EQ(read->graph().chunks, 8);
+  EXPECT_EQ(read->tune_report().pass_at_once_ms, r.pass_at_once_ms);
+  oneapi::tbb::task_arena(2).execute(
+      [&] { EXPECT_LE(normalized_error(run(read, x)[0], reference), 1e-5); });
+
+  j["passes_at_once"] = 3; // more than the threads
+  std::ofstream(r.cache_file, std::ios::trunc) << j.dump();
+  const auto retuned = Teacher::load(path, opts);
+  EXPECT_FALSE(retuned->tune_report().from_cache);
+  EXPECT_NE(retuned->tune_report().note.find("3 passes at once with 2 threads"), std::string::npos)
+      << retuned->tune_report().note;
+
+  // Passes the caller fixed: that pass size one at a time against at once, nothing else; and at
+  // once where the caller asks.
+  TeacherOptions fixed = opts;
+  fixed.samples_per_pass = 2;
+  const auto pinned = Teacher::load(path, fixed);
+  ASSERT_EQ(pinned->tune_report().pass_ms.size(), 1u);
+  ASSERT_EQ(pinned->tune_report().pass_at_once_ms.size(), 1u);
+  EXPECT_EQ(pinned->tune_report().pass_ms[0].first, 2);
+  EXPECT_EQ(pinned->tune_report().pass_at_once_ms[0].first, 2);
+  EXPECT_EQ(pinned->graph().chunks, 4);
+  fixed.passes_at_once = 2;
+  const auto both = Teacher::load(path, fixed);
+  EXPECT_TRUE(both->tune_report().pass_ms.empty());
+  EXPECT_EQ(both->tune_report().passes_at_once, 2);
+  EXPECT_LE(normalized_error(run(both, x)[0], reference), 1e-5);
   fs::remove_all(cache);
 }
 

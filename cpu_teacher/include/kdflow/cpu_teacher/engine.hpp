@@ -83,6 +83,12 @@ struct TeacherOptions {
   // 0: with tune = auto the tuner times passes of fewer samples (a smaller working set) against the
   // whole batch and keeps the fastest; with tune = off the batch runs whole.
   std::int64_t samples_per_pass = 0;
+  // How many of those passes run at once: 1, one pass at a time on all the replica's threads (each
+  // primitive shares its work among them); or the replica's threads, each running passes of its
+  // own on one thread (no primitive shares work: a pass of a few samples is too little to share
+  // among threads well). 0: with tune = auto the tuner times both and keeps the faster; with
+  // tune = off, or where the batch runs whole, one at a time.
+  int passes_at_once = 0;
   // Where tuned plans are kept between runs; "" = $KDFLOW_CACHE_DIR, else $XDG_CACHE_HOME/kdflow,
   // else ~/.cache/kdflow (a "plans" folder inside).
   std::string cache_dir;
@@ -114,10 +120,13 @@ struct TuneReport {
   std::size_t plans_timed = 0;
   double seconds = 0; // spent tuning
   // The batch in passes: the samples per pass kept (0: the batch whole, or the model's own fixed
-  // batch), and what each number of samples per pass that was timed cost (ms per batch, the
-  // tuned ways; the whole batch first).
+  // batch), how many run at once (TeacherOptions::passes_at_once; 1 where the batch runs whole),
+  // and what each number of samples per pass that was timed cost (ms per batch, the tuned ways):
+  // one pass at a time (the whole batch first), and as many at once as threads, each on one.
   std::int64_t samples_per_pass = 0;
+  int passes_at_once = 1;
   std::vector<std::pair<std::int64_t, double>> pass_ms;
+  std::vector<std::pair<std::int64_t, double>> pass_at_once_ms;
   std::vector<TunedNode> nodes;
 };
 
@@ -186,8 +195,8 @@ public:
   [[nodiscard]] Shape output_shape(std::size_t k) const;
   [[nodiscard]] std::size_t steps() const;    // primitives and kernels per batch
   [[nodiscard]] std::size_t reorders() const; // of which layout/type conversions
-  // Intermediate memory per replica (buffers whose lives do not overlap share it), and what the
-  // buffers would take each on its own.
+  // Intermediate memory per replica (buffers whose lives do not overlap share it; a lane's worth
+  // per pass run at once), and what one pass's buffers would take each on its own.
   [[nodiscard]] std::size_t buffer_bytes() const;
   [[nodiscard]] std::size_t unshared_buffer_bytes() const;
   [[nodiscard]] std::vector<StepInfo> step_info() const; // one per step, in execution order
@@ -204,8 +213,10 @@ private:
   Teacher() = default;
   // The plan for `graph` in options' precision (and calibration), with its features and
   // `choices`; where it cannot be built, `graph` is left as it was.
+  // passes_at_once > 1: built for one thread, to run that many of graph.chunks at once.
   static std::unique_ptr<Plan> build_plan(Graph&& graph, const TeacherOptions& options,
-                                          std::map<std::string, std::string> choices);
+                                          std::map<std::string, std::string> choices,
+                                          int passes_at_once = 1);
   // tune.cpp: the plan cache, or the fastest of the plans timed at load.
   static std::unique_ptr<Plan> tuned_plan(Graph graph, const TeacherOptions& options,
                                           const std::string& path);
@@ -239,10 +250,6 @@ public:
 
 private:
   void execute(const float* input, std::span<float* const> outputs, std::span<double> step_seconds);
-  // One run of the plan (a teacher batch, or one chunk of a model that fixes its batch).
-  void execute_once(const float* input, std::span<float* const> outputs,
-                    std::span<double> step_seconds);
-
   struct State;
   std::shared_ptr<const Teacher> teacher_;
   std::unique_ptr<State> state_;
