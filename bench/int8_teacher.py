@@ -119,7 +119,8 @@ def bench(kdflow, model, precision, batch, threads, seconds, calib, size, extra=
         res = json.load(open(j))
         return {"images_per_s": res["images_per_s"], "isa": res["isa"],
                 "int8": res.get("int8"),
-                "samples_per_pass": res.get("tune", {}).get("samples_per_pass")}
+                "samples_per_pass": res.get("tune", {}).get("samples_per_pass"),
+                "passes_at_once": res.get("tune", {}).get("passes_at_once")}
 
 
 def cpu_name():
