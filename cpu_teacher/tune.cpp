@@ -447,6 +447,10 @@ std::unique_ptr<Teacher::Plan> Teacher::tuned_plan(Graph graph, const TeacherOpt
     }
   }
 
+  if (at_once > 1 && plan->passes_at_once != at_once) // a batch of 1, say
+    throw InputError(fmt::format("{}: {} passes at once, but the batch of {} runs whole", path,
+                                 at_once, options.batch));
+
   // Cached for the next load: written beside, then renamed, so a reader never sees half a file.
   if (!file.empty() && report.plans_timed > 0) {
     nlohmann::json nodes_json = nlohmann::json::array();

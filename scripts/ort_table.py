@@ -19,7 +19,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import readme_block  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RESULT = os.path.join("bench", "results", "teacher_vs_ort_zen4_224_1c13eb3.json")
+RESULT = os.path.join("bench", "results", "teacher_vs_ort_zen4_224_8653be6.json")
 BAR = 1.5  # issue 38: fp32 >= 1.5x ONNX Runtime on every model
 
 

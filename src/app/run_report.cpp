@@ -31,6 +31,25 @@ json int8_checks(const RunInputs& run) {
   return out.empty() ? json(nullptr) : out;
 }
 
+// Each teacher's plan as loaded: its batch, how it runs it (whole, or in passes of fewer samples,
+// one at a time on all its threads or as many at once as threads, each on one) and what the tuner
+// measured for it (ms per batch; null untuned), by teacher file.
+json teacher_plans(const RunInputs& run) {
+  json out = json::array();
+  for (const auto& t : run.teachers) {
+    const teacher::TuneReport& r = t.model->tune_report();
+    const bool tuned = r.mode == teacher::Tune::automatic;
+    out.push_back({{"model", t.spec.path},
+                   {"batch", t.model->batch()},
+                   {"samples_per_pass", t.model->graph().batch},
+                   {"passes_at_once", r.passes_at_once},
+                   {"tune", teacher::tune_name(r.mode)},
+                   {"from_cache", r.from_cache},
+                   {"tuned_ms", tuned ? json(r.tuned_ms) : json(nullptr)}});
+  }
+  return out.empty() ? json(nullptr) : out;
+}
+
 } // namespace
 
 nlohmann::json rank_line(const DistEnv& dist, const std::string& device, const RunFigures& figures,
@@ -79,6 +98,8 @@ json run_summary(const SummaryParts& p) {
       // teacher.precision = int8: each int8 teacher's check against fp32 on a batch of training
       // images its calibration did not see.
       {"teacher_int8", int8_checks(p.run)},
+      // How each teacher's plan runs its batch (teacher.tune = auto times the ways to).
+      {"teacher_plans", teacher_plans(p.run)},
       // Several teachers: each alone (teacher_test_accuracy is their mixture's, the target).
       {"teachers", p.state.teachers},
       {"teacher_cache", p.cache},

@@ -199,6 +199,13 @@ TEST(Train, RunsAndWritesTheRunFolder) {
   EXPECT_GE(s["teacher_test_accuracy"].get<double>(), 0.0);
   expect_student_device(s["device"]);
   EXPECT_FALSE(s["interrupted"].get<bool>());
+  // How the teacher's plan runs its batch of 64: whole or in passes that divide it.
+  ASSERT_EQ(s["teacher_plans"].size(), 1u) << s.dump();
+  const json& plan = s["teacher_plans"][0];
+  EXPECT_EQ(plan["batch"], 64);
+  EXPECT_EQ(64 % plan["samples_per_pass"].get<int>(), 0);
+  EXPECT_GE(plan["passes_at_once"].get<int>(), 1);
+  EXPECT_EQ(plan["model"], s["teacher"]);
   // The rate is the steps' samples over the loop's time less its evaluations and saves (here the
   // last evaluation comes after the last step: the run ends mid-epoch).
   const double steps_s = s["train_loop_s"].get<double>() - s["evaluation_s"].get<double>() -

@@ -1253,8 +1253,14 @@ TEST(TeacherSamplesPerPass, PassesComputeWhatTheWholeBatchDoes) {
   EXPECT_NE(whole_batch.find("runs whole"), std::string::npos) << whole_batch;
   three.samples_per_pass = kBatch;
   three.tune = Tune::automatic;
+  three.cache_dir = (fs::path(::testing::TempDir()) / "kdflow_passes_at_once_whole").string();
   EXPECT_NE(input_error([&] { Teacher::load(mnv2_path(), three); }).find("runs whole"),
             std::string::npos);
+  three.samples_per_pass = 0;
+  three.batch = 1; // nothing to pass: tuned, then refused
+  EXPECT_NE(input_error([&] { Teacher::load(mnv2_path(), three); }).find("runs whole"),
+            std::string::npos);
+  fs::remove_all(three.cache_dir);
 
   const std::string mnv2 = mnv2_path();
   TeacherOptions odd;
