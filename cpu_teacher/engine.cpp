@@ -1265,6 +1265,15 @@ std::string int8_check_warning(const LogitAgreement& check, const std::string& m
                      model, changed, samples, 100 * check.top1, check.kl);
 }
 
+std::string describe_passes(const Teacher& t) {
+  const Graph& g = t.graph();
+  if (g.chunks == 1) return "the batch whole";
+  const int at_once = t.tune_report().passes_at_once;
+  return fmt::format("passes of {} samples, {}", g.batch,
+                     at_once > 1 ? fmt::format("{} at once, each on one thread", at_once)
+                                 : std::string("one at a time"));
+}
+
 std::vector<StepInfo> Teacher::step_info() const {
   const auto type_name = [](dt t) -> std::string {
     switch (t) {

@@ -148,6 +148,22 @@ void Commands::add_export(CLI::App& app) {
 }
 
 void Commands::add_teacher(CLI::App& app) {
+  // The batch in passes (teacher info and bench): how many samples per pass, how many at once.
+  const auto add_pass_options = [this](CLI::App* command) {
+    command
+        ->add_option("--samples-per-pass", teacher_.samples_per_pass,
+                     "run the batch in passes of this many samples (a divisor of the batch; 0: "
+                     "with --tune auto the tuner times passes against the whole batch)")
+        ->check(CLI::Range(0, 1 << 20))
+        ->capture_default_str();
+    command
+        ->add_option("--passes-at-once", teacher_.passes_at_once,
+                     "passes run at once, each on one thread: 1 (one at a time, on every "
+                     "thread), the threads (a pass per thread), 0: with --tune auto the tuner "
+                     "times both")
+        ->check(CLI::Range(0, 1 << 20))
+        ->capture_default_str();
+  };
   auto* teacher =
       app.add_subcommand("teacher", "inspect, run and benchmark an ONNX teacher on oneDNN");
   teacher->require_subcommand(1);
@@ -171,17 +187,7 @@ void Commands::add_teacher(CLI::App& app) {
   info->add_option("--feature", teacher_.features,
                    "plan with this intermediate value returned too, as teacher.features does "
                    "(repeatable)");
-  info->add_option("--samples-per-pass", teacher_.samples_per_pass,
-                   "run the batch in passes of this many samples (a divisor of the batch; 0: "
-                   "with --tune auto the tuner times passes against the whole batch)")
-      ->check(CLI::Range(0, 1 << 20))
-      ->capture_default_str();
-  info->add_option("--passes-at-once", teacher_.passes_at_once,
-                   "passes run at once, each on one thread: 1 (one at a time, on every "
-                   "thread), the threads (a pass per thread), 0: with --tune auto the tuner "
-                   "times both")
-      ->check(CLI::Range(0, 1 << 20))
-      ->capture_default_str();
+  add_pass_options(info);
   info->add_flag("--plan", teacher_.plan,
                  "list every node that can run more than one way: the ways, their times, the one "
                  "kept");
@@ -232,19 +238,7 @@ void Commands::add_teacher(CLI::App& app) {
                    "cores (a training run's teacher stage): their images/s together "
                    "(--threads 0: the cores shared out equally)")
       ->capture_default_str();
-  tbench
-      ->add_option("--samples-per-pass", teacher_.samples_per_pass,
-                   "run the batch in passes of this many samples (a divisor of the batch; 0: "
-                   "with --tune auto the tuner times passes against the whole batch)")
-      ->check(CLI::Range(0, 1 << 20))
-      ->capture_default_str();
-  tbench
-      ->add_option("--passes-at-once", teacher_.passes_at_once,
-                   "passes run at once, each on one thread: 1 (one at a time, on every "
-                   "thread), the threads (a pass per thread), 0: with --tune auto the tuner "
-                   "times both")
-      ->check(CLI::Range(0, 1 << 20))
-      ->capture_default_str();
+  add_pass_options(tbench);
   tbench->add_flag("--profile", teacher_.profile,
                    "also time every step of the plan and report where the time goes, by kind");
   tbench

@@ -280,21 +280,14 @@ std::shared_ptr<const teacher::Teacher> load_run_teacher(const RunInputs& run,
                                                       : teacher::Teacher::load(spec.path, options);
   const teacher::TuneReport& tuned = loaded->tune_report();
   if (!tuned.note.empty()) fmt::print(stderr, "kdflow: {}\n", tuned.note);
-  if (tuned.mode == teacher::Tune::automatic) {
-    const auto& g = loaded->graph();
+  if (tuned.mode == teacher::Tune::automatic)
     log_info(fmt::format("{}: plan at batch {} on {}: {}; {:.2f} ms per batch as timed ({})",
                          spec.path, loaded->batch(),
                          threads > 0 ? fmt::format("{} thread{}", threads, threads == 1 ? "" : "s")
                                      : std::string("the calling arena's threads"),
-                         g.chunks == 1 ? std::string("the batch whole")
-                         : tuned.passes_at_once > 1
-                             ? fmt::format("passes of {} samples, {} at once, each on one thread",
-                                           g.batch, tuned.passes_at_once)
-                             : fmt::format("passes of {} samples, one at a time", g.batch),
-                         tuned.tuned_ms,
+                         teacher::describe_passes(*loaded), tuned.tuned_ms,
                          tuned.from_cache ? "the plan cache's"
                                           : fmt::format("tuned in {:.1f} s", tuned.seconds)));
-  }
   const teacher::Shape out = loaded->output_shape(0);
   if (out.size() != 2 || out[1] != run.train.classes())
     throw InputError(fmt::format(

@@ -141,15 +141,7 @@ void print_tuning(const teacher::Teacher& t, bool every_node) {
       timed += fmt::format("{}{} samples {:.3f} ms", timed.empty() ? "" : ", ", n, ms);
     for (const auto& [n, ms] : r.pass_at_once_ms)
       timed += fmt::format("{}{} samples at once {:.3f} ms", timed.empty() ? "" : ", ", n, ms);
-    fmt::print(
-        "passes:     {} ({} per batch as timed)\n",
-        r.samples_per_pass > 0 || t.graph().chunks > 1
-            ? fmt::format("the batch in passes of {} samples, {}", t.graph().batch,
-                          r.passes_at_once > 1
-                              ? fmt::format("{} at once, each on one thread", r.passes_at_once)
-                              : std::string("one at a time"))
-            : std::string("the batch whole"),
-        timed);
+    fmt::print("passes:     {} ({} per batch as timed)\n", teacher::describe_passes(t), timed);
   }
   if (!every_node) return;
   fmt::print("plan (node: way ms per batch ..., * kept):\n");
@@ -349,12 +341,9 @@ int teacher_info(const TeacherArgs& args) {
   fmt::print("model:      {} (opset {})\n", g.file, g.opset);
   fmt::print("input:      {} {}\n", g.input, teacher::format_shape(t->input_shape()));
   if (g.chunks > 1 && t->tune_report().samples_per_pass > 0)
-    fmt::print("batch:      {} passes of {} samples per batch, {} (the tuner's or "
-               "--samples-per-pass: a smaller working set)\n",
-               g.chunks, g.batch,
-               t->tune_report().passes_at_once > 1
-                   ? fmt::format("{} at once, each on one thread", t->tune_report().passes_at_once)
-                   : std::string("one at a time"));
+    fmt::print("batch:      {} samples in {} (the tuner's or --samples-per-pass: a smaller "
+               "working set)\n",
+               t->batch(), teacher::describe_passes(*t));
   else if (g.chunks > 1)
     fmt::print("batch:      {} runs of {} per batch: the model fixes its batch at {} (export it "
                "with a dynamic batch dimension to run a batch at once)\n",

@@ -223,6 +223,10 @@ private:
   std::unique_ptr<Plan> plan_;
 };
 
+// How `t`'s plan runs its batch, for people: "the batch whole", "passes of N samples, one at a
+// time" or "passes of N samples, K at once, each on one thread".
+std::string describe_passes(const Teacher& t);
+
 // Plain float32 buffers for every output of a teacher (output_shape(k) each), and their pointers
 // as Replica::run takes them: for callers that keep the outputs outside a ring slot.
 struct OutputBuffers {
