@@ -992,6 +992,13 @@ std::shared_ptr<const Teacher> Teacher::load(const std::string& path,
                                  "passes (samples per pass{})",
                                  path, options.passes_at_once, options.batch,
                                  options.tune == Tune::off ? ", or tune it" : ""));
+  // The tuner's passes at once start from a pass per thread: refused before any tuning.
+  if (options.passes_at_once > 1 && graph.chunks == 1 && !fixed_passes &&
+      options.batch < options.passes_at_once)
+    throw InputError(fmt::format("{}: {} passes at once need a batch of at least {} samples (a "
+                                 "pass per thread), and the batch is {}",
+                                 path, options.passes_at_once, options.passes_at_once,
+                                 options.batch));
   if (fixed_passes) {
     auto passes = load_onnx_in_passes(path, load_options(options), graph, options.samples_per_pass);
     if (!passes)

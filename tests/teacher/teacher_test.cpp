@@ -1289,9 +1289,12 @@ TEST(TeacherSamplesPerPass, PassesComputeWhatTheWholeBatchDoes) {
   EXPECT_NE(input_error([&] { Teacher::load(mnv2_path(), three); }).find("runs whole"),
             std::string::npos);
   three.samples_per_pass = 0;
-  three.batch = 1; // nothing to pass: tuned, then refused
-  EXPECT_NE(input_error([&] { Teacher::load(mnv2_path(), three); }).find("runs whole"),
-            std::string::npos);
+  three.batch = 1; // nothing to pass: refused before any tuning
+  fs::remove_all(three.cache_dir);
+  const std::string one = input_error([&] { Teacher::load(mnv2_path(), three); });
+  EXPECT_NE(one.find("2 passes at once need a batch of at least 2 samples"), std::string::npos)
+      << one;
+  EXPECT_FALSE(fs::exists(fs::path(three.cache_dir) / "plans")); // nothing tuned, nothing cached
   fs::remove_all(three.cache_dir);
 
   const std::string mnv2 = mnv2_path();
@@ -1350,6 +1353,7 @@ TEST(TeacherTune, TimesTheBatchInPassesAndCachesTheChoice) {
   TeacherOptions off = opts;
   off.tune = Tune::off;
   const auto reference = run(Teacher::load(path, off), x)[0];
+  EXPECT_LE(normalized_error(run(tuned, x)[0], reference), 1e-5);
 
   // The cached choice rewritten to passes of 2 samples: read back so, the same answers.
   ASSERT_FALSE(r.cache_file.empty());
@@ -1400,7 +1404,9 @@ TEST(TeacherTune, TimesPassesAtOnceWithMoreThanOneThread) {
   EXPECT_LE(r.pass_at_once_ms.front().first, 4); // a pass per thread at most
   for (std::size_t k = 0; k < r.pass_at_once_ms.size(); ++k) {
     EXPECT_EQ(8 % r.pass_at_once_ms[k].first, 0);
-    if (k > 0) EXPECT_LT(r.pass_at_once_ms[k].first, r.pass_at_once_ms[k - 1].first);
+    if (k > 0) {
+      EXPECT_LT(r.pass_at_once_ms[k].first, r.pass_at_once_ms[k - 1].first);
+    }
     EXPECT_GT(r.pass_at_once_ms[k].second, 0.0);
   }
   const auto& kept_from = r.passes_at_once > 1 ? r.pass_at_once_ms : r.pass_ms;
