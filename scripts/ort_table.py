@@ -11,14 +11,12 @@ README's table is not what the result file gives (a ctest runs that). Standard l
 
 usage: ort_table.py [--check] [RESULT.json]   (default: RESULT below)
 """
-import json
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import readme_block  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULT = os.path.join("bench", "results", "teacher_vs_ort_zen4_224_8653be6.json")
 BAR = 1.5  # issue 38: fp32 >= 1.5x ONNX Runtime on every model
 
@@ -43,12 +41,8 @@ def table(doc, source):
     machine = doc["machine"]
     runs = [r for r in doc["runs"] if "kdflow_fp32_images_per_s" in r]
     failed = [r for r in doc["runs"] if "kdflow_fp32_images_per_s" not in r]
-    isa = ", ".join(f for f in machine["isa_flags"] if f in ("avx2", "avx512f", "avx512_vnni",
-                                                              "avx512_bf16", "amx_bf16", "amx_int8"))
-    capped = machine.get("onednn_max_cpu_isa") or "none"
     lines = [
-        f"Result: `{source}` ({machine['cpu']}; {isa}; {machine['cpus']} CPUs; "
-        f"ONEDNN_MAX_CPU_ISA {capped}; commit {doc['commit']}; onnxruntime {doc['onnxruntime']}, "
+        f"Result: `{source}` ({readme_block.machine_text(machine)}; commit {doc['commit']}; onnxruntime {doc['onnxruntime']}, "
         f"torch {doc['torch']}; batch {doc['batch']}, fp32, `tune = {doc['tune']}` with an empty "
         f"plan cache, the {doc['exporter']} exporter).",
         "",
@@ -86,13 +80,7 @@ def table(doc, source):
 
 
 def main():
-    args = [a for a in sys.argv[1:] if a != "--check"]
-    source = args[0] if args else RESULT
-    with open(os.path.join(ROOT, source)) as f:
-        doc = json.load(f)
-    return readme_block.update("teacher-vs-ort", table(doc, source), "--check" in sys.argv[1:],
-                               "table of the teacher against ONNX Runtime", source,
-                               "scripts/ort_table.py")
+    return readme_block.from_result("teacher-vs-ort", table, RESULT, "table of the teacher against ONNX Runtime", "scripts/ort_table.py")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """A generated block of README.md between two HTML-comment markers: written, or with check=True
 compared (exit status 1 and one line naming the generator when it differs). Standard library
-only; used by fuzz_table.py and zoo_table.py."""
+only; used by fuzz_table.py, zoo_table.py, ort_table.py and throughput_table.py."""
+import json
 import os
 import sys
 
@@ -23,3 +24,22 @@ def update(name, text, check, what, source, script):
     with open(path, "w") as f:
         f.write(updated)
     return 0
+
+
+def machine_text(machine):
+    """A result file's machine in a phrase: its CPU, the ISA flags that decide the kernels, its CPUs
+    and oneDNN's ISA cap (bench/teacher_vs_ort.py's `machine`)."""
+    isa = ", ".join(f for f in machine["isa_flags"] if f in ("avx2", "avx512f", "avx512_vnni",
+                                                              "avx512_bf16", "amx_bf16", "amx_int8"))
+    capped = machine.get("onednn_max_cpu_isa") or "none"
+    return f"{machine['cpu']}; {isa}; {machine['cpus']} CPUs; ONEDNN_MAX_CPU_ISA {capped}"
+
+
+def from_result(name, table, default, what, script):
+    """The command line of a table made from one result file: [--check] [RESULT.json] (default
+    `default`, relative to the tree); `table(doc, source)` gives the block's text."""
+    args = [a for a in sys.argv[1:] if a != "--check"]
+    source = args[0] if args else default
+    with open(os.path.join(ROOT, source)) as f:
+        doc = json.load(f)
+    return update(name, table(doc, source), "--check" in sys.argv[1:], what, source, script)

@@ -8,14 +8,12 @@ table is not what the result file gives (a ctest runs that). Standard library on
 
 usage: throughput_table.py [--check] [RESULT.json]   (default: RESULT below)
 """
-import json
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import readme_block  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULT = os.path.join("bench", "results", "teacher_throughput_224_zen4_a6e9a63.json")
 BAR = 1.5  # issue 38's bar for fp32 against ONNX Runtime
 
@@ -41,12 +39,8 @@ def table(doc, source):
     rows = doc["throughput"]
     if not rows:
         raise SystemExit(f"{source}: no throughput rows (run bench/teacher_vs_ort.py --throughput)")
-    isa = ", ".join(f for f in machine["isa_flags"] if f in ("avx2", "avx512f", "avx512_vnni",
-                                                              "avx512_bf16", "amx_bf16", "amx_int8"))
-    capped = machine.get("onednn_max_cpu_isa") or "none"
     lines = [
-        f"Result: `{source}` ({machine['cpu']}; {isa}; {machine['cpus']} CPUs; "
-        f"ONEDNN_MAX_CPU_ISA {capped}; commit {doc['commit']}; onnxruntime {doc['onnxruntime']}; "
+        f"Result: `{source}` ({readme_block.machine_text(machine)}; commit {doc['commit']}; onnxruntime {doc['onnxruntime']}; "
         f"batch {doc['batch']}, fp32, `tune = {doc['tune']}` with an empty plan cache, the "
         f"{doc['exporter']} exporter); images/s:",
         "",
@@ -76,13 +70,7 @@ def table(doc, source):
 
 
 def main():
-    args = [a for a in sys.argv[1:] if a != "--check"]
-    source = args[0] if args else RESULT
-    with open(os.path.join(ROOT, source)) as f:
-        doc = json.load(f)
-    return readme_block.update("teacher-throughput", table(doc, source), "--check" in sys.argv[1:],
-                               "table of the teacher's throughput on N cores", source,
-                               "scripts/throughput_table.py")
+    return readme_block.from_result("teacher-throughput", table, RESULT, "table of the teacher's throughput on N cores", "scripts/throughput_table.py")
 
 
 if __name__ == "__main__":
