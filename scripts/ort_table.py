@@ -80,7 +80,9 @@ def table(doc, source):
 
 
 def main():
-    return readme_block.from_result("teacher-vs-ort", table, RESULT, "table of the teacher against ONNX Runtime", "scripts/ort_table.py")
+    return readme_block.from_result("teacher-vs-ort", table, RESULT,
+                                    "table of the teacher against ONNX Runtime",
+                                    "scripts/ort_table.py")
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ def split(entry, count_key):
 
 
 def others(entries, best, count_key):
-    rest = [e for e in entries if e is not best and e != best]
+    rest = [e for e in entries if e != best]
     return ", ".join(split(e, count_key) for e in rest) if rest else "-"
 
 
@@ -40,7 +40,8 @@ def table(doc, source):
     if not rows:
         raise SystemExit(f"{source}: no throughput rows (run bench/teacher_vs_ort.py --throughput)")
     lines = [
-        f"Result: `{source}` ({readme_block.machine_text(machine)}; commit {doc['commit']}; onnxruntime {doc['onnxruntime']}; "
+        f"Result: `{source}` ({readme_block.machine_text(machine)}; commit {doc['commit']}; "
+        f"onnxruntime {doc['onnxruntime']}; "
         f"batch {doc['batch']}, fp32, `tune = {doc['tune']}` with an empty plan cache, the "
         f"{doc['exporter']} exporter); images/s:",
         "",
@@ -70,7 +71,9 @@ def table(doc, source):
 
 
 def main():
-    return readme_block.from_result("teacher-throughput", table, RESULT, "table of the teacher's throughput on N cores", "scripts/throughput_table.py")
+    return readme_block.from_result("teacher-throughput", table, RESULT,
+                                    "table of the teacher's throughput on N cores",
+                                    "scripts/throughput_table.py")
 
 
 if __name__ == "__main__":
