@@ -42,7 +42,8 @@ def table(doc, source):
     runs = [r for r in doc["runs"] if "kdflow_fp32_images_per_s" in r]
     failed = [r for r in doc["runs"] if "kdflow_fp32_images_per_s" not in r]
     lines = [
-        f"Result: `{source}` ({readme_block.machine_text(machine)}; commit {doc['commit']}; onnxruntime {doc['onnxruntime']}, "
+        f"Result: `{source}` ({readme_block.machine_text(machine)}; commit {doc['commit']}; "
+        f"onnxruntime {doc['onnxruntime']}, "
         f"torch {doc['torch']}; batch {doc['batch']}, fp32, `tune = {doc['tune']}` with an empty "
         f"plan cache, the {doc['exporter']} exporter).",
         "",

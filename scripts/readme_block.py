@@ -29,8 +29,8 @@ def update(name, text, check, what, source, script):
 def machine_text(machine):
     """A result file's machine in a phrase: its CPU, the ISA flags that decide the kernels, its CPUs
     and oneDNN's ISA cap (bench/teacher_vs_ort.py's `machine`)."""
-    isa = ", ".join(f for f in machine["isa_flags"] if f in ("avx2", "avx512f", "avx512_vnni",
-                                                              "avx512_bf16", "amx_bf16", "amx_int8"))
+    kept = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
+    isa = ", ".join(f for f in machine["isa_flags"] if f in kept)
     capped = machine.get("onednn_max_cpu_isa") or "none"
     return f"{machine['cpu']}; {isa}; {machine['cpus']} CPUs; ONEDNN_MAX_CPU_ISA {capped}"
 

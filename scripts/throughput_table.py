@@ -45,16 +45,17 @@ def table(doc, source):
         f"batch {doc['batch']}, fp32, `tune = {doc['tune']}` with an empty plan cache, the "
         f"{doc['exporter']} exporter); images/s:",
         "",
-        "| model | input | cores | kdflow best (replicas x threads) | ORT best (sessions x threads) "
-        "| best vs best | kdflow's other splits | ORT's other splits |",
+        "| model | input | cores | kdflow best (replicas x threads) | ORT best (sessions x "
+        "threads) | best vs best | kdflow's other splits | ORT's other splits |",
         "|---|---|---|---|---|---|---|---|",
     ]
     by_cores = {}
     for r in rows:
         text = ratio_text(r["best_vs_best"])
         lines.append(
-            f"| {r['model']} | {r['size']} | {r['cores']} | {split(r['kdflow_best'], 'replicas')} | "
-            f"{split(r['onnxruntime_best'], 'sessions')} | {text} | "
+            f"| {r['model']} | {r['size']} | {r['cores']} | "
+            f"{split(r['kdflow_best'], 'replicas')} | {split(r['onnxruntime_best'], 'sessions')} | "
+            f"{text} | "
             f"{others(r['kdflow'], r['kdflow_best'], 'replicas')} | "
             f"{others(r['onnxruntime'], r['onnxruntime_best'], 'sessions')} |")
         by_cores.setdefault(r["cores"], []).append(r)
