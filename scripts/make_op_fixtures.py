@@ -680,6 +680,36 @@ def rejects(out):
     bad["gemm_int_weight"] = (model([node("Flatten", ["x"], ["f"]), helper.make_node("Gemm", ["f", "w"], ["y"], name="gemm", transB=1)], X,
                                     [const("w", np.ones((3, 396), np.int64))], out_shape=["N", 3]),
                               "input 'w' holds integers, and Gemm takes floats")
+    # Integer constants folded at load through ops whose evaluation reads floats (they crashed the
+    # import: read out of an empty float buffer): refused by name.
+    k4 = const("k", np.arange(4, dtype=np.int64).reshape(4, 1, 1))
+
+    def folded(op_node, *inits):
+        nodes = [op_node, node("Cast", ["f"], ["c"], to=TensorProto.FLOAT), node("Add", ["x", "c"])]
+        return model(nodes, X, [k4, *inits], out_shape=["N", 4, 9, 11])
+
+    bad["erf_int_constant"] = (folded(node("Erf", ["k"], ["f"])), "input 'k' holds integers, and Erf takes floats")
+    bad["softmax_int_constant"] = (folded(node("Softmax", ["k"], ["f"], axis=0)),
+                                   "input 'k' holds integers, and Softmax takes floats")
+    bad["reducemax_int_constant"] = (folded(node("ReduceMax", ["k"], ["f"], axes=[0])),
+                                     "input 'k' holds integers, and ReduceMax takes floats")
+    bad["reducesum_int_constant"] = (folded(node("ReduceSum", ["k"], ["f"])),
+                                     "input 'k' holds integers, and ReduceSum takes floats")
+    bad["pad_int_constant"] = (folded(node("Pad", ["k", "pads"], ["f"]), const("pads", np.zeros(6, np.int64))),
+                               "input 'k' holds integers, and Pad takes floats")
+    bad["maxpool_int_constant"] = (model([node("MaxPool", ["k"], ["f"], kernel_shape=[1, 1]),
+                                          node("Cast", ["f"], ["c"], to=TensorProto.FLOAT), node("Add", ["x", "c"])], X,
+                                         [const("k", np.ones((1, 4, 9, 11), np.int64))], out_shape=["N", 4, 9, 11]),
+                                   "input 'k' holds integers, and MaxPool takes floats")
+    bad["resize_int_constant"] = (model([node("Resize", ["k", "", "scales"], ["f"]),
+                                         node("Cast", ["f"], ["c"], to=TensorProto.FLOAT), node("Add", ["x", "c"])], X,
+                                        [const("k", np.ones((1, 4, 9, 11), np.int64)), const("scales", np.ones(4, np.float32))],
+                                        out_shape=["N", 4, 9, 11], opset=13),
+                                  "input 'k' holds integers, and Resize takes floats")
+    # An integer operand beside the input's: a float kernel would read the constant's bytes.
+    bad["einsum_int_operand"] = (model([node("Einsum", ["x", "k"], equation="nchw,wv->nchv")], X,
+                                       [const("k", np.ones((11, 11), np.int64))], opset=12, out_shape=["N", 4, 9, 11]),
+                                 "input 'k' holds integers, and Einsum takes floats")
     bad["add_int_float"] = (model([node("Add", ["x", "k"])], X, [const("k", np.ones((4, 1, 1), np.int32))], out_shape=["N", 4, 9, 11]),
                             "inputs differ in element type")
     bad["bad_broadcast"] = (model([node("Add", ["x", "k"])], X, [const("k", rand(3, 1, 1))], out_shape=["N", 4, 9, 11]), "do not broadcast")

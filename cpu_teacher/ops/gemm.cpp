@@ -546,6 +546,7 @@ constexpr OpDef kOps[] = {
      .post_ops = product_post_ops,
      .flops_per_sample = product_flops},
     {.name = "Einsum",
+     .float_inputs = 2,
      .infer = infer_einsum,
      .evaluate = evaluate_einsum,
      .lower = lower_einsum,

@@ -132,7 +132,11 @@ void lower_resize(Lowering& plan, const Node& node) {
 }
 
 constexpr OpDef kOps[] = {
-    {.name = "Resize", .infer = infer_resize, .evaluate = evaluate_resize, .lower = lower_resize},
+    {.name = "Resize",
+     .float_inputs = 1,
+     .infer = infer_resize,
+     .evaluate = evaluate_resize,
+     .lower = lower_resize},
 };
 
 } // namespace

@@ -781,7 +781,11 @@ constexpr OpDef kOps[] = {
      .infer = infer_slice,
      .evaluate = evaluate_window<slice_window>,
      .lower = lower_window<slice_window>},
-    {.name = "Pad", .infer = infer_pad, .evaluate = evaluate_pad, .lower = lower_pad},
+    {.name = "Pad",
+     .float_inputs = 1,
+     .infer = infer_pad,
+     .evaluate = evaluate_pad,
+     .lower = lower_pad},
 };
 
 } // namespace

@@ -70,6 +70,7 @@ void lower_softmax(Lowering& plan, const Node& node) {
 
 constexpr OpDef kOps[] = {
     {.name = "Softmax",
+     .float_inputs = 1,
      .infer = infer_softmax,
      .evaluate = evaluate_softmax,
      .lower = lower_softmax},
