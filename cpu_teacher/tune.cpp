@@ -447,7 +447,9 @@ std::unique_ptr<Teacher::Plan> Teacher::tuned_plan(Graph graph, const TeacherOpt
     }
   }
 
-  if (at_once > 1 && plan->passes_at_once != at_once) // a batch of 1, say
+  // The last guard of a forced at-once (Teacher::load refuses a batch smaller than it, and the
+  // searches above throw where no pass runs at once): never a plan that runs otherwise.
+  if (at_once > 1 && plan->passes_at_once != at_once)
     throw InputError(fmt::format("{}: {} passes at once, but the batch of {} runs whole", path,
                                  at_once, options.batch));
 
