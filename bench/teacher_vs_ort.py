@@ -268,6 +268,34 @@ def cpu_name():
     return platform.processor() or platform.machine()
 
 
+# x86 families whose number alone names the core (AMD's: Zen 4 and Zen 5 share the ISA flags
+# but not the vector units: Zen 5 runs 512-bit FMAs at full width). Intel's family 6 names none.
+AMD_FAMILIES = {23: "Zen/Zen 2", 25: "Zen 3", 26: "Zen 5"}
+
+
+def cpu_id():
+    """The CPU's vendor, family, model and stepping from cpuinfo, and the core they name where the
+    family alone does (AMD), so that a result file tells machines of one model name apart."""
+    fields = {}
+    try:
+        for line in open("/proc/cpuinfo"):
+            key, _, value = line.partition(":")
+            key = key.strip()
+            if key in ("vendor_id", "cpu family", "model", "stepping") and key not in fields:
+                fields[key] = value.strip()
+            if not line.strip():
+                break
+    except OSError:
+        return {}
+    out = {"vendor": fields.get("vendor_id", ""), "family": int(fields.get("cpu family", 0) or 0),
+           "model": int(fields.get("model", 0) or 0), "stepping": int(fields.get("stepping", 0) or 0)}
+    if out["vendor"] == "AuthenticAMD" and out["family"] in AMD_FAMILIES:
+        # family 25 is Zen 3 and Zen 4; of the two only Zen 4 has AVX-512
+        out["core"] = "Zen 4" if out["family"] == 25 and "avx512f" in cpu_isa() else \
+            AMD_FAMILIES[out["family"]]
+    return out
+
+
 def cpu_isa():
     """The vector ISA flags that decide the kernels (AVX2, the AVX-512 family, AMX), from cpuinfo:
     a model name alone ("AMD EPYC") does not say which machine of a family ran."""
@@ -317,7 +345,8 @@ def main():
     chosen = args.models or list(models)
     result = {"benchmark": "teacher_vs_onnxruntime", "batch": args.batch, "classes": 10,
               "exporter": args.exporter, "tune": args.tune,
-              "machine": {"cpu": cpu_name(), "isa_flags": cpu_isa(), "cpus": os.cpu_count(),
+              "machine": {"cpu": cpu_name(), "cpu_id": cpu_id(), "isa_flags": cpu_isa(),
+                          "cpus": os.cpu_count(),
                           "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA", "")},
               "onnxruntime": ort.__version__, "torch": torch.__version__,
               "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,

@@ -32,7 +32,9 @@ def machine_text(machine):
     kept = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
     isa = ", ".join(f for f in machine["isa_flags"] if f in kept)
     capped = machine.get("onednn_max_cpu_isa") or "none"
-    return f"{machine['cpu']}; {isa}; {machine['cpus']} CPUs; ONEDNN_MAX_CPU_ISA {capped}"
+    core = machine.get("cpu_id", {}).get("core")
+    cpu = f"{machine['cpu']} ({core})" if core else machine["cpu"]
+    return f"{cpu}; {isa}; {machine['cpus']} CPUs; ONEDNN_MAX_CPU_ISA {capped}"
 
 
 def from_result(name, table, default, what, script):
