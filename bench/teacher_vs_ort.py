@@ -8,6 +8,7 @@ torchvision, onnxruntime, onnxscript).
 usage: teacher_vs_ort.py KDFLOW_BINARY OUT_JSON [--seconds S] [--threads 1 2] [--sizes 32 64 224]
                          [--models NAME...] [--exporter dynamo|legacy] [--tune auto|off]
                          [--no-bf16] [--check-only] [--throughput N...] [--note TEXT]
+                         [--plan-cache DIR]
 
 Each model is exported by torch.onnx.export (the dynamo exporter with a dynamic batch unless
 --exporter legacy) once per input size. Rates are images/s from the median batch time; ORT and
@@ -339,12 +340,16 @@ def main():
     ap.add_argument("--throughput", type=int, nargs="*",
                     help="images/s on N physical cores, each side's best replicas x threads")
     ap.add_argument("--note", default="", help="what this run measures, kept in the result")
+    ap.add_argument("--plan-cache", default="",
+                    help="kdflow's tuned plans from and into this folder (default: an empty one "
+                         "of this run's, so that every plan is tuned here and now)")
     args = ap.parse_args()
     torch.manual_seed(0)
     models = model_set()
     chosen = args.models or list(models)
     result = {"benchmark": "teacher_vs_onnxruntime", "batch": args.batch, "classes": 10,
               "exporter": args.exporter, "tune": args.tune,
+              "plan_cache": args.plan_cache or "empty, this run's",
               "machine": {"cpu": cpu_name(), "cpu_id": cpu_id(), "isa_flags": cpu_isa(),
                           "cpus": os.cpu_count(),
                           "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA", "")},
@@ -356,6 +361,9 @@ def main():
     if args.note:
         result["note"] = args.note
     with tempfile.TemporaryDirectory() as tmp:
+        # kdflow's plans: tuned in this run unless asked otherwise (a plan cached by another run
+        # may have been tuned by another build or, before plans named the core, another CPU)
+        os.environ["KDFLOW_CACHE_DIR"] = args.plan_cache or os.path.join(tmp, "plan_cache")
         for name in chosen:
             make, channels = models[name]
             sizes = [28] if name == "transformer_encoder" else args.sizes

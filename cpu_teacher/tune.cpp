@@ -119,7 +119,7 @@ std::unique_ptr<Teacher::Plan> Teacher::tuned_plan(Graph graph, const TeacherOpt
       "features {} | oneDNN {} {} {} | {}{}",
       kPlanVersion, file_digest(path), format_shape(graph.input_shape), graph.chunks,
       precision_name(options.precision), threads, options.passes_at_once, features, dnnl.version,
-      dnnl.hash, dnnl.isa, cpu_model_name(),
+      dnnl.hash, dnnl.isa, cpu_identity(),
       options.calibration ? fmt::format(" | calibration {:016x}", options.calibration->digest)
                           : std::string());
   const fs::path folder = cache_folder(options);

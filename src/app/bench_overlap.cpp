@@ -45,7 +45,7 @@ using nlohmann::json;
 std::string machine_text() {
   struct utsname u {};
   ::uname(&u);
-  return fmt::format("{} ({} CPUs allowed), {} {}", cpu_model_name(),
+  return fmt::format("{} ({} CPUs allowed), {} {}", cpu_identity(),
                      ::sysconf(_SC_NPROCESSORS_ONLN), u.sysname, u.release);
 }
 

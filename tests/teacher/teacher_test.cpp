@@ -10,6 +10,7 @@
 //   InputError naming the file and what is wrong.
 #include "fixtures.hpp"
 #include "kdflow/core/error.hpp"
+#include "kdflow/core/versions.hpp"
 #include "kdflow/cpu_teacher/engine.hpp"
 #include "kdflow/cpu_teacher/npy.hpp"
 #include "kdflow/cpu_teacher/reference.hpp"
@@ -1133,6 +1134,27 @@ TEST(TeacherTune, KeepsTheFastestPlanCachesItAndReadsItBack) {
   EXPECT_GE(r.plans_timed, 2u);
   EXPECT_GT(r.untuned_ms, 0.0);
   EXPECT_GT(r.tuned_ms, 0.0);
+  {
+    // The plan is this core's: its key names the CPU's family, model and stepping (as cpuinfo
+    // says them) beside the model name, which several cores share ("AMD EPYC": Zen 3, 4 and 5).
+    std::ifstream in(r.cache_file);
+    const auto key = nlohmann::json::parse(in).at("key").get<std::string>();
+    EXPECT_NE(key.find(cpu_identity()), std::string::npos) << key;
+    std::map<std::string, std::string> info;
+    std::ifstream cpuinfo("/proc/cpuinfo");
+    for (std::string line; std::getline(cpuinfo, line) && !line.empty();)
+      if (const auto colon = line.find(':'); colon != std::string::npos) {
+        std::string name = line.substr(0, colon);
+        name.erase(name.find_last_not_of(" \t") + 1);
+        info.emplace(name, line.substr(std::min(line.size(), colon + 2)));
+      }
+    if (info.contains("cpu family")) { // x86
+      EXPECT_NE(cpu_identity().find(info["vendor_id"] + " " + info["cpu family"] + "/" +
+                                    info["model"] + "/" + info["stepping"] + " | L2 "),
+                std::string::npos)
+          << cpu_identity();
+    }
+  }
   ASSERT_FALSE(r.nodes.empty());
   for (const auto& n : r.nodes) {
     SCOPED_TRACE(n.node);
