@@ -63,8 +63,8 @@ std::string cpu_identity() {
   std::string l2 = l2_size();
   if (!l2.empty() && l2.back() == 'K') l2 = l2.substr(0, l2.size() - 1) + " KiB";
   return fmt::format("{} | {} {}/{}/{} | L2 {}", cpu_model_name(), cpuinfo_field("vendor_id"),
-                     cpuinfo_field("cpu family"), cpuinfo_field("model"),
-                     cpuinfo_field("stepping"), l2.empty() ? "unknown" : l2);
+                     cpuinfo_field("cpu family"), cpuinfo_field("model"), cpuinfo_field("stepping"),
+                     l2.empty() ? "unknown" : l2);
 }
 
 } // namespace kdflow
