@@ -138,7 +138,8 @@ def main():
 
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True, cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
-    out = {"cpu": it.cpu_name(), "isa_flags": it.isa_flags(), "machine": platform.machine(),
+    out = {"cpu": it.cpu_name(), "cpu_id": it.cpu_id(), "isa_flags": it.isa_flags(),
+           "machine": platform.machine(),
            "commit": commit, "binaries": {n: [b] + extra[n] for n, b in binaries},
            "models": a.models,
            "swap_activation": a.swap_activation, "batch": a.batch, "size": a.size,

@@ -42,6 +42,7 @@ import torchvision
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts"))
 from make_teacher_fixtures import EncoderClassifier  # noqa: E402 (the test fixtures' classifier)
+from int8_teacher import cpu_id  # noqa: E402 (the CPU's family and core, as every bench names it)
 
 warnings.filterwarnings("ignore")
 logging.disable(logging.WARNING)
@@ -267,34 +268,6 @@ def cpu_name():
     except OSError:
         pass
     return platform.processor() or platform.machine()
-
-
-# x86 families whose number alone names the core (AMD's: Zen 4 and Zen 5 share the ISA flags
-# but not the vector units: Zen 5 runs 512-bit FMAs at full width). Intel's family 6 names none.
-AMD_FAMILIES = {23: "Zen/Zen 2", 25: "Zen 3", 26: "Zen 5"}
-
-
-def cpu_id():
-    """The CPU's vendor, family, model and stepping from cpuinfo, and the core they name where the
-    family alone does (AMD), so that a result file tells machines of one model name apart."""
-    fields = {}
-    try:
-        for line in open("/proc/cpuinfo"):
-            key, _, value = line.partition(":")
-            key = key.strip()
-            if key in ("vendor_id", "cpu family", "model", "stepping") and key not in fields:
-                fields[key] = value.strip()
-            if not line.strip():
-                break
-    except OSError:
-        return {}
-    out = {"vendor": fields.get("vendor_id", ""), "family": int(fields.get("cpu family", 0) or 0),
-           "model": int(fields.get("model", 0) or 0), "stepping": int(fields.get("stepping", 0) or 0)}
-    if out["vendor"] == "AuthenticAMD" and out["family"] in AMD_FAMILIES:
-        # family 25 is Zen 3 and Zen 4; of the two only Zen 4 has AVX-512
-        out["core"] = "Zen 4" if out["family"] == 25 and "avx512f" in cpu_isa() else \
-            AMD_FAMILIES[out["family"]]
-    return out
 
 
 def cpu_isa():

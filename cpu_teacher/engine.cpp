@@ -791,13 +791,14 @@ const std::string* Lowering::flat_source(const Node& node) const {
 // bf16, as CPU autocast runs them; every other value keeps the type PyTorch's type promotion gives
 // it there, so that kdflow's bf16 teacher rounds where PyTorch's own bf16 run rounds and no more.
 // A value is wide (f32) when it is the input, when a product's fused residual sum accumulates into
-// a wide value, or when another op computes it from a wide value or, for arithmetic, concatenation,
-// selection and gathers, from a parameter tensor (a float constant of more than one element: a
-// layer scale, a position embedding, a class token, an attention bias); one-element constants
-// promote nothing, as PyTorch's Python numbers and 0-d tensors do not. Normalizations read their
-// scale and shift as parameters of their own and keep their input's type. In ViTs, ConvNeXts and
-// Swins this keeps the residual stream and the attention logits in f32, as PyTorch does; a CNN with
-// batch norm stays bf16 throughout.
+// a wide value, when a product is the partial sum of a convolution split over a Concat's inputs
+// (split_conv_over_concat: the one convolution accumulated in f32), or when another op computes it
+// from a wide value or, for arithmetic, concatenation, selection and gathers, from a parameter
+// tensor (a float constant of more than one element: a layer scale, a position embedding, a class
+// token, an attention bias); one-element constants promote nothing, as PyTorch's Python numbers and
+// 0-d tensors do not. Normalizations read their scale and shift as parameters of their own and keep
+// their input's type. In ViTs, ConvNeXts and Swins this keeps the residual stream and the attention
+// logits in f32, as PyTorch does; a CNN with batch norm stays bf16 throughout.
 void Lowering::find_wide_values() {
   if (act_ == dt::f32) return;
   static const std::set<std::string> products = {"Conv", "ConvTranspose", "Gemm", "MatMul",
@@ -823,7 +824,10 @@ void Lowering::find_wide_values() {
     bool wide = false;
     if (products.count(node.op) != 0) {
       const PostOp* sum = sum_post(node);
-      wide = sum != nullptr && wide_.count(sum->sum_input) != 0;
+      // a partial sum (a convolution split over a Concat's inputs) accumulates in f32 as the one
+      // product did; the parts summing into it then write f32 too, the reader rounds once
+      wide = (sum != nullptr && wide_.count(sum->sum_input) != 0) ||
+             node.int_attr("partial_sum", 0) != 0;
     } else {
       const bool promotes = promoting.count(node.op) != 0;
       for (const auto& in : node.inputs) {
@@ -1137,9 +1141,10 @@ Calibration Teacher::calibrate(const std::string& path, const TeacherOptions& op
         source, samples.size(), batch_floats, format_shape(t->input_shape())));
   std::string features;
   for (const auto& f : options.features) features += f + ",";
-  // (v2: the ranges of residual summands that only a sum reads are observed too.)
+  // (v2: the ranges of residual summands that only a sum reads are observed too; v3: the values
+  // of convolutions split over a Concat's inputs, whose ranges v2 did not have.)
   const std::string key = fmt::format(
-      "kdflow calibration v2 | model {} | input {} x{} | features {} | samples {:016x} {}",
+      "kdflow calibration v3 | model {} | input {} x{} | features {} | samples {:016x} {}",
       file_digest(path), format_shape(plan.graph.input_shape), plan.graph.chunks, features,
       fnv1a_wide(std::as_bytes(samples)), samples.size());
   if (auto cached = read_calibration_cache(options, key)) return std::move(*cached);

@@ -267,6 +267,159 @@ std::string other_operand(const Node& n, const std::string& value) {
   return {};
 }
 
+// The channels a Concat over axis 1 of 4-D values joins, each input's; nullopt for any other
+// Concat, or one with a constant input or an output that leaves the graph.
+std::optional<std::vector<std::int64_t>> channel_concat(const Graph& g, const Node& cat) {
+  if (cat.op != "Concat" || cat.inputs.size() < 2 || g.is_output(cat.outputs[0])) return {};
+  const Shape& os = g.shape(cat.outputs[0]);
+  const std::int64_t axis = cat.int_attr("axis", 0);
+  if (os.size() != 4 || (axis != 1 && axis != -3)) return {};
+  std::vector<std::int64_t> channels;
+  for (const auto& in : cat.inputs) {
+    if (in.empty() || g.is_constant(in) || g.shape(in).size() != 4) return {};
+    channels.push_back(g.shape(in)[1]);
+  }
+  return channels;
+}
+
+// A MaxPool or AveragePool that alone reads a Concat over channels pools each channel on its own:
+// it moves before the Concat, one pool per input, and the Concat joins the pooled maps (the same
+// values, bit for bit). The pools do the same work; the Concat copies a pooled map, a quarter of
+// the bytes after a 2x2 stride, and may then go entirely (split_conv_over_concat: SqueezeNet's
+// fire modules before a pool).
+bool pool_before_concat(Graph& g) {
+  for (std::size_t i = 0; i < g.nodes.size(); ++i) {
+    const auto channels = channel_concat(g, g.nodes[i]);
+    const int r = channels ? sole_reader(g, g.nodes[i].outputs[0]) : -1;
+    if (r < 0) continue;
+    const Node cat = g.nodes[i], pool = g.nodes[static_cast<std::size_t>(r)]; // copies: moved below
+    if ((pool.op != "MaxPool" && pool.op != "AveragePool") || pool.outputs.size() != 1 ||
+        pool.inputs.size() != 1 || pool.inputs[0] != cat.outputs[0] || !pool.post_ops.empty())
+      continue;
+    const Shape pooled = g.shape(pool.outputs[0]);
+    Node joined = cat;
+    joined.name = cat.name + ".after_pool";
+    joined.outputs = {pool.outputs[0]};
+    std::vector<Node> nodes;
+    for (std::size_t k = 0; k < cat.inputs.size(); ++k) {
+      Node part = pool;
+      part.name = fmt::format("{}.part{}", pool.name, k);
+      part.inputs = {cat.inputs[k]};
+      part.outputs = {fmt::format("{}.part{}", pool.outputs[0], k)};
+      g.shapes[part.outputs[0]] = {pooled[0], (*channels)[k], pooled[2], pooled[3]};
+      g.types[part.outputs[0]] = ElemType::f32;
+      joined.inputs[k] = part.outputs[0];
+      nodes.push_back(std::move(part));
+    }
+    nodes.push_back(std::move(joined));
+    // the pool runs after every input is written (it read the Concat), so the parts go at its place
+    g.nodes.erase(g.nodes.begin() + r);
+    g.nodes.insert(g.nodes.begin() + r, nodes.begin(), nodes.end());
+    g.nodes.erase(g.nodes.begin() + static_cast<std::ptrdiff_t>(i));
+    return true;
+  }
+  return false;
+}
+
+// A Concat over channels that only convolutions read (groups of 1, constant weights, the Concat as
+// their input) is never written: a convolution is linear in its input channels, so each reader
+// becomes one convolution per Concat input, over that input's slice of the weights, each after the
+// first summing into the one before (an Add, which fuse_residual makes the convolution's sum
+// post-op), the bias with the first, the first marked `partial_sum` (it writes f32 under bf16,
+// so that the sum rounds once, as the convolution over the Concat did). The readers' work is the
+// same; what goes is the Concat's
+// copy, a read and a write of every joined channel. What comes is one more read of a reader's
+// output per extra input (the sum), so it is done only where that is at most the Concat's size:
+// a reader with fewer output channels than the Concat joins (SqueezeNet's squeeze convolutions,
+// a classifier's 1x1), not an expansion. Each input keeps at least 16 channels (a whole vector
+// of f32 and a whole channel block of oneDNN's blocked layouts), so that no part's product runs
+// on a sliver of the reduction.
+bool split_conv_over_concat(Graph& g) {
+  for (std::size_t i = 0; i < g.nodes.size(); ++i) {
+    const auto channels = channel_concat(g, g.nodes[i]);
+    if (!channels) continue;
+    const Node cat = g.nodes[i]; // a copy: the readers' rewrite below moves the nodes
+    const std::string joined = cat.outputs[0];
+    const auto readers = g.consumers(joined);
+    if (readers.empty() ||
+        std::any_of(channels->begin(), channels->end(), [](auto c) { return c < 16; }))
+      continue;
+    const std::int64_t parts = static_cast<std::int64_t>(channels->size());
+    std::int64_t extra = 0; // elements the sums read
+    bool all_convs = true;
+    for (const auto r : readers) {
+      const Node& conv = g.nodes[r];
+      const bool ok =
+          conv.op == "Conv" && conv.inputs[0] == joined && conv.int_attr("group", 1) == 1 &&
+          conv.post_ops.empty() && g.is_constant(conv.inputs[1]) &&
+          std::count(conv.inputs.begin(), conv.inputs.end(), joined) == 1 &&
+          (conv.inputs.size() < 3 || conv.inputs[2].empty() || g.is_constant(conv.inputs[2])) &&
+          g.shape(conv.inputs[1]).size() == 4 &&
+          g.constants.at(conv.inputs[1]).f.size() ==
+              static_cast<std::size_t>(numel(g.shape(conv.inputs[1])));
+      if (!ok) {
+        all_convs = false;
+        break;
+      }
+      extra += (parts - 1) * numel(g.shape(conv.outputs[0]));
+    }
+    if (!all_convs || extra > numel(g.shape(joined))) continue;
+    for (auto at = readers.rbegin(); at != readers.rend(); ++at) { // later readers first
+      const Node conv = g.nodes[*at];
+      const Tensor& w = g.constants.at(conv.inputs[1]);
+      const std::int64_t out_ch = w.shape[0], in_ch = w.shape[1], taps = w.shape[2] * w.shape[3];
+      const Shape out_shape = g.shape(conv.outputs[0]);
+      std::vector<Node> nodes;
+      std::string sum;
+      std::int64_t first = 0;
+      for (std::int64_t k = 0; k < parts; ++k) {
+        const std::int64_t width = (*channels)[static_cast<std::size_t>(k)];
+        std::vector<float> values(static_cast<std::size_t>(out_ch * width * taps));
+        for (std::int64_t o = 0; o < out_ch; ++o)
+          std::copy_n(w.f.begin() + (o * in_ch + first) * taps, width * taps,
+                      values.begin() + o * width * taps);
+        first += width;
+        const std::string wname = fmt::format("{}.weight_part{}", conv.name, k);
+        g.constants[wname] = Tensor::floats({out_ch, width, w.shape[2], w.shape[3]}, values);
+        g.shapes[wname] = {out_ch, width, w.shape[2], w.shape[3]};
+        g.types[wname] = ElemType::f32;
+        Node part = conv;
+        part.name = fmt::format("{}.part{}", conv.name, k);
+        part.inputs = {cat.inputs[static_cast<std::size_t>(k)], wname};
+        if (k == 0 && conv.inputs.size() > 2 && !conv.inputs[2].empty())
+          part.inputs.push_back(conv.inputs[2]);
+        part.outputs = {fmt::format("{}.part{}", conv.outputs[0], k)};
+        g.shapes[part.outputs[0]] = out_shape;
+        g.types[part.outputs[0]] = ElemType::f32;
+        nodes.push_back(part);
+        if (k == 0) {
+          // the accumulator the other parts sum into: kept in f32 under bf16, as the one
+          // convolution's own accumulation was (find_wide_values), rounded once at the end
+          if (parts > 1) nodes.back().attrs["partial_sum"] = int_attribute(1);
+          sum = part.outputs[0];
+          continue;
+        }
+        Node add;
+        add.op = "Add";
+        add.name = fmt::format("{}.sum{}", conv.name, k);
+        add.inputs = {part.outputs[0], sum};
+        add.outputs = {k + 1 == parts ? conv.outputs[0]
+                                      : fmt::format("{}.sum{}", conv.outputs[0], k)};
+        g.shapes[add.outputs[0]] = out_shape;
+        g.types[add.outputs[0]] = ElemType::f32;
+        sum = add.outputs[0];
+        nodes.push_back(std::move(add));
+      }
+      g.nodes.erase(g.nodes.begin() + static_cast<std::ptrdiff_t>(*at));
+      g.nodes.insert(g.nodes.begin() + static_cast<std::ptrdiff_t>(*at), nodes.begin(),
+                     nodes.end());
+    }
+    g.nodes.erase(g.nodes.begin() + static_cast<std::ptrdiff_t>(i)); // before every reader
+    return true;
+  }
+  return false;
+}
+
 // A Pad of zeros on the two spatial axes of an NCHW map, read only by a convolution or by an
 // AveragePool, becomes that node's own padding (exporters write one for a padding mode the op
 // lacks, or for asymmetric padding): the same values, without a copy of the padded map made by a
@@ -819,6 +972,10 @@ void run_passes(Graph& g) {
   while (fold_zero_pad(g)) {
   }
   while (trim_padding_taps(g)) {
+  }
+  while (pool_before_concat(g)) {
+  }
+  while (split_conv_over_concat(g)) {
   }
   while (fuse_silu(g)) {
   }

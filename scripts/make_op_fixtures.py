@@ -480,6 +480,39 @@ def cases():
         helper.make_node("Concat", ["h1", "h2"], ["cat"], name="concat", axis=-3),
         helper.make_node("BatchNormalization", ["cat", "ns", "nb", "nm", "nv"], ["y"], name="norm", epsilon=1e-3)], X,
         [const("w1", rand(32, 4, 3, 3)), const("w2", rand(16, 4, 3, 3))] + bn("n", 48), out_shape=["N", 48, 9, 11])
+    # A Concat over channels that only convolutions read is never written (split_conv_over_concat:
+    # each reader becomes one convolution per input, summing into the one before); a pool that
+    # alone reads one moves before it (pool_before_concat). It stays where a reader widens (more
+    # output channels than the Concat joins) or an input has fewer than 16 channels.
+    def cat_inputs(c1, c2):
+        return [helper.make_node("Conv", ["x", "w1", "b1"], ["h1"], name="conv1", pads=[1, 1, 1, 1]),
+                helper.make_node("Relu", ["h1"], ["r1"], name="relu1"),
+                helper.make_node("Conv", ["x", "w2"], ["h2"], name="conv2")], \
+            [const("w1", rand(c1, 4, 3, 3)), const("b1", rand(c1)), const("w2", rand(c2, 4, 1, 1))]
+    nodes, inits = cat_inputs(16, 24)
+    c["concat_read_by_convs"] = model(nodes + [
+        helper.make_node("Concat", ["r1", "h2", "r1"], ["cat"], name="concat", axis=1),
+        helper.make_node("Conv", ["cat", "w3", "b3"], ["c3"], name="conv3", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c3"], ["r3"], name="relu3"),
+        helper.make_node("Conv", ["cat", "w4"], ["c4"], name="conv4"),
+        helper.make_node("Add", ["r3", "c4"], ["y"], name="add")], X,
+        inits + [const("w3", rand(8, 56, 3, 3)), const("b3", rand(8)), const("w4", rand(8, 56, 1, 1))],
+        out_shape=["N", 8, 9, 11])
+    nodes, inits = cat_inputs(16, 16)
+    c["concat_pooled_read_by_conv"] = model(nodes + [
+        helper.make_node("Concat", ["r1", "h2"], ["cat"], name="concat", axis=-3),
+        helper.make_node("MaxPool", ["cat"], ["p"], name="pool", kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1),
+        helper.make_node("Conv", ["p", "w3", "b3"], ["y"], name="conv3")], X,
+        inits + [const("w3", rand(10, 32, 1, 1)), const("b3", rand(10))], out_shape=["N", 10, 4, 5])
+    c["concat_read_by_widening_conv"] = model(nodes + [
+        helper.make_node("Concat", ["r1", "h2"], ["cat"], name="concat", axis=1),
+        helper.make_node("Conv", ["cat", "w3"], ["y"], name="conv3")], X,
+        inits + [const("w3", rand(40, 32, 1, 1))], out_shape=["N", 40, 9, 11])
+    nodes, inits = cat_inputs(8, 24)
+    c["concat_narrow_input_read_by_conv"] = model(nodes + [
+        helper.make_node("Concat", ["r1", "h2"], ["cat"], name="concat", axis=1),
+        helper.make_node("Conv", ["cat", "w3"], ["y"], name="conv3")], X,
+        inits + [const("w3", rand(4, 32, 1, 1))], out_shape=["N", 4, 9, 11])
     # Reductions as attention and pooling write them: the L2 norm F.normalize takes (clamped,
     # expanded to its input and divided by: Expand at run time), a sum (axes an input since opset
     # 13), a max without keepdims.

@@ -343,6 +343,77 @@ TEST(TeacherOps, ConcatAffineWaysMatchTheReference) {
   }
 }
 
+// The element type each node's step writes ("f32", "bf16"), by node name.
+std::map<std::string, std::string> writes_by_node(const std::shared_ptr<const Teacher>& t) {
+  std::map<std::string, std::string> by_node;
+  for (const auto& step : t->step_info())
+    if (step.kind != "reorder") { // "Conv 'conv1'", "Mul 'scale' (plain kernel)": the name
+      const auto open = step.label.find('\'');
+      by_node[step.label.substr(open + 1, step.label.find('\'', open + 1) - open - 1)] =
+          step.writes;
+    }
+  return by_node;
+}
+
+// A Concat over channels that only convolutions read is never written: each reader runs as one
+// convolution per input, each after the first summing into the one before as a post-op
+// (split_conv_over_concat), and a pool that alone read the Concat pools each input first
+// (pool_before_concat). Where a reader widens, or an input is narrower than 16 channels, the
+// Concat stays. Each plan matches the reference loop, as the tuner leaves it and with each
+// Winograd way preferred (the 3x3 reader's parts take it, sum post-op and all).
+TEST(TeacherOps, ConcatReadOnlyByConvolutionsIsNeverWritten) {
+  const fs::path dir = fixture_dir("ops");
+  const auto m = manifest(dir);
+  struct Steps {
+    int concats, convolutions, adds, pools;
+  };
+  const std::map<std::string, Steps> expected = {
+      // 2 producers + 2 readers of 3 parts each; the graph's own Add stays (both its operands
+      // already sum into their buffers)
+      {"concat_read_by_convs", {0, 8, 1, 0}},
+      {"concat_pooled_read_by_conv", {0, 4, 0, 2}},
+      {"concat_read_by_widening_conv", {1, 3, 0, 0}},
+      {"concat_narrow_input_read_by_conv", {1, 3, 0, 0}}};
+  std::size_t seen = 0;
+  for (const auto& entry : m["models"]) {
+    const std::string name = entry["name"];
+    const auto want = expected.find(name);
+    if (want == expected.end()) continue;
+    ++seen;
+    const Shape shape = entry["input"].get<Shape>();
+    const fs::path path = dir / (name + ".onnx");
+    for (const std::string way : {"", "winograd_4x4", "winograd_2x2"}) {
+      SCOPED_TRACE(name + " preferring " + way);
+      const auto t = load_preferring(path, shape, way); // "": each node's first way
+      Steps got{0, 0, 0, 0};
+      for (const auto& step : t->step_info()) {
+        got.concats += step.kind.starts_with("Concat");
+        got.convolutions += step.kind.starts_with("Conv");
+        got.adds += step.kind == "Add";
+        got.pools += step.kind == "MaxPool";
+      }
+      EXPECT_EQ(got.concats, want->second.concats);
+      EXPECT_EQ(got.convolutions, want->second.convolutions);
+      EXPECT_EQ(got.adds, want->second.adds);
+      EXPECT_EQ(got.pools, want->second.pools);
+      EXPECT_LE(error_vs_reference(path, t, shape), 1e-4);
+    }
+  }
+  EXPECT_EQ(seen, expected.size());
+  // Under bf16 the parts sum in f32, as the one convolution accumulated: the first part writes
+  // f32 and the last sums into it, so the output rounds once, where its reader reads it.
+  if (has_native_bf16()) {
+    const fs::path path = dir / "concat_pooled_read_by_conv.onnx";
+    const Shape shape = {2, 4, 9, 11};
+    const auto t = load_preferring(path, shape, "", Precision::bf16);
+    const auto writes = writes_by_node(t);
+    EXPECT_EQ(writes.at("conv1"), "bf16");
+    EXPECT_EQ(writes.at("conv3.part0"), "f32");
+    EXPECT_EQ(writes.at("conv3.part1"), "f32");
+    EXPECT_LE(error_vs_reference(path, t, shape), 1e-2);
+  }
+}
+
 // Shape ops on computed values leave views of their bytes that the first reader other than a
 // shape op copies out, once (the view_* fixtures match the reference in EveryOpMatchesTheReference
 // too): attention's Q, K and V one reorder each, however many transposes, reshapes (one merging
@@ -428,16 +499,7 @@ TEST(TeacherBf16, ParametersKeepTheResidualStreamInFp32AsAutocastDoes) {
   const fs::path dir = fixture_dir("ops");
   const std::string path = (dir / "layer_scale_residual.onnx").string();
   const Shape shape = {2, 4, 9, 11};
-  const auto writes = [](const std::shared_ptr<const Teacher>& t) {
-    std::map<std::string, std::string> by_node;
-    for (const auto& step : t->step_info())
-      if (step.kind != "reorder") { // "Conv 'conv1'", "Mul 'scale' (plain kernel)": the name
-        const auto open = step.label.find('\'');
-        by_node[step.label.substr(open + 1, step.label.find('\'', open + 1) - open - 1)] =
-            step.writes;
-      }
-    return by_node;
-  };
+  const auto writes = writes_by_node;
   TeacherOptions opts;
   opts.batch = shape[0];
   for (const auto& [node, type] : writes(Teacher::load(path, opts))) EXPECT_EQ(type, "f32") << node;
