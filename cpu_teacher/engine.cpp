@@ -564,6 +564,12 @@ std::optional<Lowering::Quant> Lowering::readers_quant(const std::string& value)
   // product reading it as its input only, all at one quantization (views hold the same data, so
   // their calibrated ranges are the value's), or a convolution summing into it that writes its
   // own output quantized, in the same type.
+  // The partial sum of a convolution split over a Concat's inputs (split_conv_over_concat) stays
+  // f32: quantized, the sum would round twice (its share, then the whole) where the one
+  // convolution rounded once; the parts summing into it then write f32 too (written_quant).
+  if (const int p = g_.producer(value);
+      p >= 0 && g_.nodes[static_cast<std::size_t>(p)].int_attr("partial_sum", 0) != 0)
+    return std::nullopt;
   std::optional<Quant> q;
   std::vector<dt> summed_into; // the types those convolutions write
   std::vector<std::string> todo = {value};
@@ -825,7 +831,9 @@ void Lowering::find_wide_values() {
     if (products.count(node.op) != 0) {
       const PostOp* sum = sum_post(node);
       // a partial sum (a convolution split over a Concat's inputs) accumulates in f32 as the one
-      // product did; the parts summing into it then write f32 too, the reader rounds once
+      // product did; the parts summing into it then write f32 too, and a product reading their
+      // output rounds it to bf16 as it reads it (other readers read f32: the price of the sum
+      // in place)
       wide = (sum != nullptr && wide_.count(sum->sum_input) != 0) ||
              node.int_attr("partial_sum", 0) != 0;
     } else {

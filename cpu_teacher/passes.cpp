@@ -325,8 +325,10 @@ bool pool_before_concat(Graph& g) {
 // their input) is never written: a convolution is linear in its input channels, so each reader
 // becomes one convolution per Concat input, over that input's slice of the weights, each after the
 // first summing into the one before (an Add, which fuse_residual makes the convolution's sum
-// post-op), the bias with the first, the first marked `partial_sum` (it writes f32 under bf16,
-// so that the sum rounds once, as the convolution over the Concat did). The readers' work is the
+// post-op), the bias with the first, the first marked `partial_sum` (it writes f32, under bf16
+// and int8 alike, so that the sum is rounded only where the one convolution rounded its output:
+// the parts after it sum into f32 and write f32, a product reading it rounds as it reads). The
+// readers' work is the
 // same; what goes is the Concat's copy, a read and a write of every joined channel. What comes is
 // one more read of a reader's output per extra input (the sum), so it is done only where that is
 // at most the Concat's size: a reader with fewer output channels than the Concat joins
@@ -379,11 +381,13 @@ bool split_conv_over_concat(Graph& g) {
           std::copy_n(w.f.begin() + (o * in_ch + first) * taps, width * taps,
                       values.begin() + o * width * taps);
         first += width;
-        const std::string wname = fmt::format("{}.weight_part{}", conv.name, k);
+        // named by the reader's output, which the graph assigns once (node names may repeat)
+        const std::string wname = fmt::format("{}.weight_part{}", conv.outputs[0], k);
         g.constants[wname] = Tensor::floats({out_ch, width, w.shape[2], w.shape[3]}, values);
         g.shapes[wname] = {out_ch, width, w.shape[2], w.shape[3]};
         g.types[wname] = ElemType::f32;
         Node part = conv;
+        part.attrs.erase("partial_sum"); // a part of a part: its own role, set below
         part.name = fmt::format("{}.part{}", conv.name, k);
         part.inputs = {cat.inputs[static_cast<std::size_t>(k)], wname};
         if (k == 0 && conv.inputs.size() > 2 && !conv.inputs[2].empty())

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <array>
+#include <charconv>
 #include <chrono>
 #include <stdexcept>
 #include <system_error>
@@ -61,10 +62,23 @@ std::uint32_t masked_crc32c(std::span<const std::byte> data) {
 }
 
 EventWriter::EventWriter(const fs::path& folder) {
-  const auto seconds = static_cast<std::int64_t>(unix_seconds());
+  // TensorBoard reads a folder's event files in name order, and a resumed run's START event
+  // purges the steps after it from what it read before: a run's file must sort after every file
+  // already there. Within one second the names would sort by host and pid (as text: pid 99999
+  // after 100000), so the second in the name is at least one past the newest file's.
+  auto seconds = static_cast<std::int64_t>(unix_seconds());
+  std::error_code ec;
+  constexpr std::string_view kPrefix = "events.out.tfevents.";
+  for (const auto& entry : fs::directory_iterator(folder, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (!name.starts_with(kPrefix)) continue;
+    std::int64_t earlier = 0;
+    const char* first = name.data() + kPrefix.size();
+    const auto [end, err] = std::from_chars(first, name.data() + name.size(), earlier);
+    if (err == std::errc() && end != first && earlier >= seconds) seconds = earlier + 1;
+  }
   const std::string stem =
       fmt::format("events.out.tfevents.{}.{}.{}", seconds, host_name(), ::getpid());
-  std::error_code ec;
   for (int n = 0;; ++n) {
     path_ = folder / fmt::format("{}.{}", stem, n);
     if (!fs::exists(path_, ec)) break;

@@ -8,8 +8,8 @@
 #include <unistd.h>
 
 #include <cstdlib>
-
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -54,6 +54,22 @@ TEST(TensorBoard, Crc32cIsCastagnolisAndRecordsAreFramedAsTFRecords) {
     second = again.path();
   }
   EXPECT_NE(first, second);
+  // TensorBoard reads the files in name order, and each start's START event purges the steps
+  // after it from the files read before: every new file sorts after those already there, even
+  // one from a later second (another writer's clock) or a pid of more digits in the same second.
+  EXPECT_LT(first.filename().string(), second.filename().string());
+  const std::filesystem::path later =
+      folder /
+      ("events.out.tfevents." + std::to_string(std::time(nullptr) + 1000) + ".elsewhere.100000.0");
+  std::ofstream(later) << "x";
+  std::filesystem::path third;
+  {
+    EventWriter w(folder);
+    third = w.path();
+  }
+  EXPECT_GT(third.filename().string(), later.filename().string());
+  ::unlink(later.c_str());
+  ::unlink(third.c_str());
   EXPECT_EQ(first.filename().string().rfind("events.out.tfevents.", 0), 0u) << first;
   std::ifstream in(first, std::ios::binary);
   const std::string file((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());

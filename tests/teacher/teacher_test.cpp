@@ -343,11 +343,13 @@ TEST(TeacherOps, ConcatAffineWaysMatchTheReference) {
   }
 }
 
-// The element type each node's step writes ("f32", "bf16"), by node name.
+// The element type each node's step writes ("f32", "bf16", "u8", "s8"), by node name; not the
+// conversions (reorders, an int8 plan's quantization of an input).
 std::map<std::string, std::string> writes_by_node(const std::shared_ptr<const Teacher>& t) {
   std::map<std::string, std::string> by_node;
   for (const auto& step : t->step_info())
-    if (step.kind != "reorder") { // "Conv 'conv1'", "Mul 'scale' (plain kernel)": the name
+    if (step.kind != "reorder" && step.label.find("(quantize)") == std::string::npos) {
+      // "Conv 'conv1'", "Mul 'scale' (plain kernel)": the name
       const auto open = step.label.find('\'');
       by_node[step.label.substr(open + 1, step.label.find('\'', open + 1) - open - 1)] =
           step.writes;
@@ -411,6 +413,27 @@ TEST(TeacherOps, ConcatReadOnlyByConvolutionsIsNeverWritten) {
     EXPECT_EQ(writes.at("conv3.part0"), "f32");
     EXPECT_EQ(writes.at("conv3.part1"), "f32");
     EXPECT_LE(error_vs_reference(path, t, shape), 1e-2);
+  }
+  // Under int8 too: the parts read their inputs quantized, and the partial sum and the sum into
+  // it stay f32 (quantized, the sum would round twice: the first share, then the whole).
+  if (has_native_int8()) {
+    const fs::path path = dir / "concat_read_by_convs.onnx";
+    const Shape shape = {2, 4, 9, 11};
+    TeacherOptions opts;
+    opts.batch = shape[0];
+    const auto t = Teacher::load_int8(path.string(), opts, random_input({6, 4, 9, 11}),
+                                      random_input(shape), "random batches");
+    const auto writes = writes_by_node(t);
+    int parts = 0;
+    for (const auto& [node, type] : writes)
+      if (node.starts_with("conv3.part") || node.starts_with("conv4.part")) {
+        ++parts;
+        EXPECT_EQ(type, "f32") << node;
+      }
+    EXPECT_EQ(parts, 6);
+    // the fixture's producers are read only by the parts, quantized products: written quantized
+    EXPECT_NE(writes.at("conv1"), "f32");
+    EXPECT_LE(error_vs_reference(path, t, shape), 0.1);
   }
 }
 
