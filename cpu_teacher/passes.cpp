@@ -328,14 +328,13 @@ bool pool_before_concat(Graph& g) {
 // post-op), the bias with the first, the first marked `partial_sum` (it writes f32, under bf16
 // and int8 alike, so that the sum is rounded only where the one convolution rounded its output:
 // the parts after it sum into f32 and write f32, a product reading it rounds as it reads). The
-// readers' work is the
-// same; what goes is the Concat's copy, a read and a write of every joined channel. What comes is
-// one more read of a reader's output per extra input (the sum), so it is done only where that is
-// at most the Concat's size: a reader with fewer output channels than the Concat joins
-// (SqueezeNet's squeeze convolutions, a classifier's 1x1), not an expansion. Each input keeps at
-// least 16 channels (a whole vector of f32 and a whole channel block of oneDNN's blocked
-// layouts), so that no part's product runs on a sliver of the reduction. Values here are f32:
-// the import refuses an integer input to a convolution or a pool.
+// readers' work is the same; what goes is the Concat's copy, a read and a write of every joined
+// channel. What comes is one more read of a reader's output per extra input (the sum), so it is
+// done only where that is at most the Concat's size: a reader with fewer output channels than the
+// Concat joins (SqueezeNet's squeeze convolutions, a classifier's 1x1), not an expansion. Each
+// input keeps at least 16 channels (a whole vector of f32 and a whole channel block of oneDNN's
+// blocked layouts), so that no part's product runs on a sliver of the reduction. Values here are
+// f32: the import refuses an integer input to a convolution or a pool.
 bool split_conv_over_concat(Graph& g) {
   for (std::size_t i = 0; i < g.nodes.size(); ++i) {
     const auto channels = channel_concat(g, g.nodes[i]);

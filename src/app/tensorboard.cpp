@@ -10,6 +10,7 @@
 #include <array>
 #include <charconv>
 #include <chrono>
+#include <limits>
 #include <stdexcept>
 #include <system_error>
 
@@ -75,7 +76,9 @@ EventWriter::EventWriter(const fs::path& folder) {
     std::int64_t earlier = 0;
     const char* first = name.data() + kPrefix.size();
     const auto [end, err] = std::from_chars(first, name.data() + name.size(), earlier);
-    if (err == std::errc() && end != first && earlier >= seconds) seconds = earlier + 1;
+    if (err == std::errc() && end != first && earlier >= seconds &&
+        earlier < std::numeric_limits<std::int64_t>::max())
+      seconds = earlier + 1;
   }
   const std::string stem =
       fmt::format("events.out.tfevents.{}.{}.{}", seconds, host_name(), ::getpid());
