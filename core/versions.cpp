@@ -19,16 +19,6 @@ VersionLines core_versions() {
   };
 }
 
-std::string cpu_model_name() {
-  std::ifstream in("/proc/cpuinfo");
-  for (std::string line; std::getline(in, line);)
-    if (line.starts_with("model name")) {
-      const auto colon = line.find(':');
-      if (colon != std::string::npos && colon + 2 <= line.size()) return line.substr(colon + 2);
-    }
-  return "unknown CPU";
-}
-
 namespace {
 
 // The first "key : value" line of /proc/cpuinfo with this key, "" if none.
@@ -58,6 +48,11 @@ std::string l2_size() {
 }
 
 } // namespace
+
+std::string cpu_model_name() {
+  const std::string name = cpuinfo_field("model name");
+  return name.empty() ? "unknown CPU" : name;
+}
 
 std::string cpu_identity() {
   std::string l2 = l2_size();

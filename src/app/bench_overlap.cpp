@@ -45,8 +45,8 @@ using nlohmann::json;
 std::string machine_text() {
   struct utsname u {};
   ::uname(&u);
-  return fmt::format("{} ({} CPUs allowed), {} {}", cpu_identity(),
-                     ::sysconf(_SC_NPROCESSORS_ONLN), u.sysname, u.release);
+  return fmt::format("{} ({} CPUs allowed), {} {}", cpu_identity(), ::sysconf(_SC_NPROCESSORS_ONLN),
+                     u.sysname, u.release);
 }
 
 // A bar chart of the modes with the ideal as a line, drawn by gnuplot (Debian's gnuplot-nox).
