@@ -40,4 +40,17 @@ inline double normalized_error(const std::vector<float>& a, const std::vector<fl
   return diff / scale;
 }
 
+// sqrt(sum (a - ref)^2 / sum ref^2): the error's RMS relative to the logits'. A NaN anywhere reads
+// as infinite. Unlike the largest element's error, it does not hang on one draw's widest logit.
+inline double relative_rms_error(const std::vector<float>& a, const std::vector<float>& ref) {
+  double error = 0, size = 1e-30;
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    const double d = double(a[i]) - ref[i];
+    if (std::isnan(d)) return std::numeric_limits<double>::infinity();
+    error += d * d;
+    size += double(ref[i]) * ref[i];
+  }
+  return std::sqrt(error / size);
+}
+
 } // namespace kdflow::test

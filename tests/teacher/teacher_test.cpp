@@ -42,6 +42,7 @@ namespace fs = std::filesystem;
 using test::fixture_dir;
 using test::manifest;
 using test::normalized_error;
+using test::relative_rms_error;
 
 std::vector<float> random_input(const Shape& shape) {
   static std::mt19937 rng(std::random_device{}());
@@ -797,11 +798,13 @@ TEST(TeacherModels, MatchPyTorchInFp32AndBf16) {
 // u8/s8 where every reader takes that.
 // The fixtures' weights and the calibration draw are new each run, so the bounds hold for any
 // draw. Measured on the AVX-512 VNNI Zen 4 over 13 fixture draws: top-1 agreement 0.92-1.0 per
-// network (a random DenseNet's near-tied rows; the op zoo 0.97), every changed row within 2.4
+// network (a random DenseNet's near-tied rows; the op zoo 0.97; 0.80-0.86 on the Zen 5 for a
+// ShuffleNet whose top two logits are within 5e-4 on most rows), every changed row within 2.4
 // RMS of the int8 error (bound 6), KL <= 2.6e-3 per check (bound 2e-2), 1.4e-4 at most over all
-// (bound 2e-3); the largest logit errors (up to 0.17 of the largest logit: the ResNets with random
-// batch norms) are the networks' wide random ranges under one scale per tensor, and move no
-// decided top-1. load_int8's check agrees with what the test measures itself.
+// (bound 2e-3); the largest logit errors (up to 0.25 of the largest logit over 21 draws on the Zen
+// 5, 0.51 once in CI: the ResNets with random batch norms) are the networks' wide random ranges
+// under one scale per tensor, and move no decided top-1, so the error is bounded by its RMS.
+// load_int8's check agrees with what the test measures itself.
 TEST(TeacherInt8, EveryNetworkAndEveryConvolutionWayStaysNearFp32) {
   if (!has_native_int8())
     GTEST_SKIP() << "no int8 dot products on this CPU (" << onednn_info().isa << ")";
@@ -813,6 +816,7 @@ TEST(TeacherInt8, EveryNetworkAndEveryConvolutionWayStaysNearFp32) {
   std::map<std::string, int> nodes_run, offered;
   int quantized_networks = 0;
   double agree = 0, checked = 0, kl_sum = 0;
+  std::size_t rows = 0, decided = 0; // rows, and rows whose fp32 top-1 leads by 6 RMS of the error
   int checks = 0, kl_checks = 0;
   std::map<std::string, int> writes_quantized; // products writing their readers' u8/s8
   int planar = 0; // the image input quantized by kdflow's kernel (ops/planar.cpp)
@@ -866,8 +870,15 @@ TEST(TeacherInt8, EveryNetworkAndEveryConvolutionWayStaysNearFp32) {
       nodes_run[way] += taken;
       quantized_networks += way.empty();
       const auto got = run(t, x.data);
+      // The error's RMS relative to the logits': 0.02-0.07 on the Zen 5 over 21 draws of the
+      // three ResNet fixtures (the widest), where a wrong scale or type reads as ~0.5 or more. Its
+      // largest element relative to the largest logit is heavy-tailed over draws (0.03-0.25 on
+      // the same draws, 0.51 once in CI with every top-1 kept): bounded only against a gross
+      // fault.
+      const double rms_error = relative_rms_error(got[0], ref.data);
       const double error = normalized_error(got[0], ref.data);
-      EXPECT_LE(error, 0.4); // a wrong scale or type reads as ~1 or more
+      EXPECT_LE(rms_error, 0.3);
+      EXPECT_LE(error, 1.0);
       // Every way quantizes the same values the same way, so their errors stay near the first
       // ways' (within 1.4x measured); a kernel that sums u8 x s8 pairs in 16 bits, which saturate
       // (oneDNN's int8 kernels for AVX-512 without VNNI), read as 8x on a DenseNet fixture.
@@ -905,9 +916,13 @@ TEST(TeacherInt8, EveryNetworkAndEveryConvolutionWayStaysNearFp32) {
         const auto a32 = std::max_element(row32, row32 + classes) - row32;
         const auto a8 = std::max_element(row8, row8 + classes) - row8;
         if (a32 != a8) worst_margin = std::max(worst_margin, (row32[a32] - row32[a8]) / rms);
+        float second = -std::numeric_limits<float>::infinity();
+        for (std::int64_t c = 0; c < classes; ++c)
+          if (c != a32) second = std::max(second, row32[c]);
+        decided += row32[a32] - second > 6 * rms;
+        ++rows;
       }
       EXPECT_LE(worst_margin, 6.0) << "a decided row changed its top-1";
-      EXPECT_GE(check->top1, 0.75);
       // KL is not free of the logits' scale: a row's KL is at most (max - min of its logit
       // errors)^2 / 8 (Hoeffding's lemma), so a network whose random batch norms give it wide
       // logits moves its softmax further for the same relative error (bounded above). Held to
@@ -931,19 +946,25 @@ TEST(TeacherInt8, EveryNetworkAndEveryConvolutionWayStaysNearFp32) {
         kl_sum += check->kl;
         ++kl_checks;
       }
-      std::printf("%s %s: int8 error %.4f, top-1 agreement with fp32 %.3f (a changed row's fp32 "
-                  "margin at most %.2f RMS of the error), KL %.2e, %zu quantizing reorders\n",
-                  name.c_str(), way.empty() ? "(first ways)" : way.c_str(), error, check->top1,
-                  worst_margin, check->kl, quantize);
+      std::printf("%s %s: int8 error %.4f (RMS %.4f), top-1 agreement with fp32 %.3f (a changed "
+                  "row's fp32 margin at most %.2f RMS of the error), KL %.2e, %zu quantizing "
+                  "reorders\n",
+                  name.c_str(), way.empty() ? "(first ways)" : way.c_str(), error, rms_error,
+                  check->top1, worst_margin, check->kl, quantize);
     }
   }
   EXPECT_GE(quantized_networks, 10);
-  EXPECT_GE(agree / checked, 0.98);
+  // Near-tied rows are the draw's (a random ShuffleNet's top two classes can be within 1e-4 on
+  // every row, and agree on 0.80-0.86 of them by the rounding), so agreement is not bounded per
+  // network: every row that changed was a near-tie (above), and most rows are decided, so that
+  // bound is not empty.
+  EXPECT_GE(static_cast<double>(decided), 0.8 * static_cast<double>(rows));
   EXPECT_GE(2 * kl_checks, checks) << "most checks' logit errors too wide to hold KL to 2e-2";
   EXPECT_LE(kl_sum / kl_checks, 2e-3);
-  std::printf("over %d checks: top-1 agreement %.4f, mean KL %.2e over the %d whose logit errors "
-              "allow 2e-2\n",
-              checks, agree / checked, kl_sum / kl_checks, kl_checks);
+  std::printf("over %d checks: top-1 agreement %.4f (%.3f of the rows decided by 6 RMS of the "
+              "error), mean KL %.2e over the %d whose logit errors allow 2e-2\n",
+              checks, agree / checked, static_cast<double>(decided) / static_cast<double>(rows),
+              kl_sum / kl_checks, kl_checks);
   // Convolutions hand u8 to the next (ResNets, MobileNets) and linear layers too (a ConvNeXt's
   // Gemm + GELU through a Reshape into the next Gemm, a ViT's MLP).
   EXPECT_GT(writes_quantized["Conv"], 0);
