@@ -8,11 +8,14 @@ torchvision, onnxruntime, onnxscript).
 usage: teacher_vs_ort.py KDFLOW_BINARY OUT_JSON [--seconds S] [--threads 1 2] [--sizes 32 64 224]
                          [--models NAME...] [--exporter dynamo|legacy] [--tune auto|off]
                          [--no-bf16] [--check-only] [--throughput N...] [--note TEXT]
-                         [--plan-cache DIR]
+                         [--plan-cache DIR] [--rounds R]
 
 Each model is exported by torch.onnx.export (the dynamo exporter with a dynamic batch unless
 --exporter legacy) once per input size. Rates are images/s from the median batch time; ORT and
-kdflow alternate per model so that drifts in the machine's speed hit both. Each run also keeps
+kdflow alternate per model so that drifts in the machine's speed hit both; with --rounds R they
+alternate R times (ORT, kdflow fp32, ORT, ...) and each side's rate is the median of its rounds
+(the upper middle of an even count), every round kept in the result, so that a slow spell on a
+shared machine moves one round, not the ratio. Each run also keeps
 kdflow's and ORT's shares of the FMA peak that kdflow's bench measured, both counting the
 network's direct multiply-adds (scripts/ort_table.py turns them into the README's table).
 
@@ -29,6 +32,7 @@ import json
 import logging
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -308,6 +312,8 @@ def main():
     ap.add_argument("--exporter", choices=["dynamo", "legacy"], default="dynamo")
     ap.add_argument("--tune", choices=["auto", "off"], default="auto")
     ap.add_argument("--no-bf16", action="store_true")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="ORT and kdflow fp32 measured this many times each, alternating")
     ap.add_argument("--check-only", action="store_true",
                     help="only compare kdflow's logits with ONNX Runtime's, time nothing")
     ap.add_argument("--throughput", type=int, nargs="*",
@@ -317,11 +323,13 @@ def main():
                     help="kdflow's tuned plans from and into this folder (default: an empty one "
                          "of this run's, so that every plan is tuned here and now)")
     args = ap.parse_args()
+    if args.rounds < 1 or (args.rounds > 1 and args.throughput):
+        ap.error(f"--rounds {args.rounds}: at least 1, and 1 in the throughput mode")
     torch.manual_seed(0)
     models = model_set()
     chosen = args.models or list(models)
     result = {"benchmark": "teacher_vs_onnxruntime", "batch": args.batch, "classes": 10,
-              "exporter": args.exporter, "tune": args.tune,
+              "exporter": args.exporter, "tune": args.tune, "rounds": args.rounds,
               "plan_cache": args.plan_cache or "empty, this run's",
               "machine": {"cpu": cpu_name(), "cpu_id": cpu_id(), "isa_flags": cpu_isa(),
                           "cpus": os.cpu_count(),
@@ -368,9 +376,14 @@ def main():
                     os.remove(path)
                     continue
                 for threads in args.threads:
-                    ort_rate = ort_images_per_s(path, shape, args.batch, threads, args.seconds)
-                    fp32 = kdflow_bench(args.kdflow, path, args.batch, threads, "fp32", args.seconds,
-                                        args.tune)
+                    ort_rates, fp32_runs = [], []
+                    for _ in range(args.rounds):
+                        ort_rates.append(ort_images_per_s(path, shape, args.batch, threads,
+                                                          args.seconds))
+                        fp32_runs.append(kdflow_bench(args.kdflow, path, args.batch, threads,
+                                                      "fp32", args.seconds, args.tune))
+                    ort_rate = statistics.median_high(ort_rates)
+                    fp32 = sorted(fp32_runs, key=lambda r: r["images_per_s"])[len(fp32_runs) // 2]
                     bf16 = None if args.no_bf16 else kdflow_bench(
                         args.kdflow, path, args.batch, threads, "bf16", args.seconds, args.tune)
                     run = {"model": name, "size": size, "threads": threads,
@@ -387,6 +400,10 @@ def main():
                            "isa": fp32["isa"],
                            "fp32_slowest_kinds_ms": slowest_kinds(fp32),
                            "fp32_reorders": reorders(fp32)}
+                    if args.rounds > 1:
+                        run["rounds"] = {
+                            "onnxruntime_images_per_s": ort_rates,
+                            "kdflow_fp32_images_per_s": [r["images_per_s"] for r in fp32_runs]}
                     if bf16 is not None:
                         run["kdflow_bf16_images_per_s"] = bf16["images_per_s"]
                         run["bf16_vs_kdflow_fp32"] = bf16["images_per_s"] / fp32["images_per_s"]
