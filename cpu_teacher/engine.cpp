@@ -199,6 +199,19 @@ const ArgRef& Lowering::at(const std::string& value) {
   return loc_[value] = dst;
 }
 
+const ArgRef& Lowering::dense(const std::string& value) {
+  if (is_view(value)) {
+    const ArgRef& view = view_at(value);
+    const Shape& shape = g_.shape(value);
+    const auto bytes =
+        static_cast<std::size_t>(numel(shape)) * memory::data_type_size(view.md.get_data_type());
+    if (view.md.get_dims() == memory::dims(shape.begin(), shape.end()) &&
+        view.md.get_size() == bytes)
+      return view;
+  }
+  return at(value);
+}
+
 // --- views ---------------------------------------------------------------------------------------
 
 bool Lowering::may_view(const Node& node, std::size_t k) const {
@@ -1150,9 +1163,10 @@ Calibration Teacher::calibrate(const std::string& path, const TeacherOptions& op
   std::string features;
   for (const auto& f : options.features) features += f + ",";
   // (v2: the ranges of residual summands that only a sum reads are observed too; v3: the values
-  // of convolutions split over a Concat's inputs, whose ranges v2 did not have.)
+  // of convolutions split over a Concat's inputs, whose ranges v2 did not have; v4: a linear
+  // layer's output with a per-channel scale folded into its weights, under the same name.)
   const std::string key = fmt::format(
-      "kdflow calibration v3 | model {} | input {} x{} | features {} | samples {:016x} {}",
+      "kdflow calibration v4 | model {} | input {} x{} | features {} | samples {:016x} {}",
       file_digest(path), format_shape(plan.graph.input_shape), plan.graph.chunks, features,
       fnv1a_wide(std::as_bytes(samples)), samples.size());
   if (auto cached = read_calibration_cache(options, key)) return std::move(*cached);

@@ -902,6 +902,112 @@ bool matmul_as_gemm(Graph& g) {
   return false;
 }
 
+// A constant scale per output channel of a linear layer (a ConvNeXt's layer scale: Mul by a
+// [C, 1, 1] parameter after the block's second Linear, permuted back to channels-first) is folded
+// into the layer's constant weights and bias, through the reshapes and transposes between them
+// that carry its output channel axis, and the Mul goes: its readers read what it scaled. Only
+// where the layer has no post-op yet (the scale is after any activation), and each value on the
+// way has no other reader. The folded weights are new constants (another node may share the
+// layer's), named by the layer's output.
+bool fold_channel_scale_into_gemm(Graph& g) {
+  for (std::size_t i = 0; i < g.nodes.size(); ++i) {
+    const Node& mul = g.nodes[i];
+    if (mul.op != "Mul" || mul.inputs.size() != 2 || g.is_output(mul.outputs[0])) continue;
+    for (std::size_t side = 0; side < 2; ++side) {
+      const std::string& x = mul.inputs[side];
+      const std::string& c = mul.inputs[1 - side];
+      const Shape& os = g.shape(mul.outputs[0]);
+      if (g.is_constant(x) || !g.is_constant(c) || g.shape(x) != os) continue;
+      const Tensor& scale = g.constants.at(c);
+      const Shape& cs = g.shape(c);
+      if (cs.size() > os.size() || scale.f.size() != static_cast<std::size_t>(numel(cs))) continue;
+      // the one axis of the output the scale varies along
+      std::optional<std::size_t> axis;
+      bool per_axis = true;
+      for (std::size_t k = 0; k < cs.size(); ++k) {
+        if (cs[k] == 1) continue;
+        const std::size_t at = os.size() - cs.size() + k;
+        if (axis || cs[k] != os[at]) per_axis = false;
+        axis = at;
+      }
+      if (!per_axis || !axis) continue;
+      // back through the views to the layer, following the axis
+      std::string cur = x;
+      std::size_t k = *axis;
+      int layer = -1;
+      while (true) {
+        if (g.is_output(cur) || g.consumers(cur).size() != 1) break;
+        const int p = g.producer(cur);
+        if (p < 0) break;
+        const Node& n = g.nodes[static_cast<std::size_t>(p)];
+        const Shape& in = g.shape(n.inputs[0]);
+        if (n.op == "Transpose") {
+          auto perm = n.ints_attr("perm");
+          if (perm.empty())
+            for (std::size_t d = in.size(); d-- > 0;) perm.push_back(static_cast<std::int64_t>(d));
+          if (k >= perm.size()) break;
+          k = static_cast<std::size_t>(perm[k]);
+        } else if (n.op == "Reshape") {
+          const Shape& out = g.shape(cur);
+          if (k + 1 != out.size() || in.empty() || in.back() != out.back()) break;
+          k = in.size() - 1;
+        } else {
+          if (n.op == "Gemm" && in.size() == 2 && k == 1) layer = p;
+          break;
+        }
+        cur = n.inputs[0];
+      }
+      if (layer < 0) continue;
+      Node& gemm = g.nodes[static_cast<std::size_t>(layer)];
+      const std::int64_t cols = g.shape(gemm.outputs[0])[1];
+      const bool trans_b = gemm.int_attr("transB", 0) != 0;
+      if (!gemm.post_ops.empty() || !g.is_constant(gemm.inputs[1])) continue;
+      const Tensor& w = g.constants.at(gemm.inputs[1]);
+      const Shape& ws = g.shape(gemm.inputs[1]);
+      if (ws.size() != 2 || w.f.size() != static_cast<std::size_t>(numel(ws)) ||
+          ws[trans_b ? 0 : 1] != cols)
+        continue;
+      const bool has_bias = gemm.inputs.size() > 2 && !gemm.inputs[2].empty();
+      if (has_bias) {
+        const std::string& bias = gemm.inputs[2];
+        if (!g.is_constant(bias)) continue;
+        const Shape& bs = g.shape(bias);
+        const auto n = static_cast<std::size_t>(numel(bs));
+        if (g.constants.at(bias).f.size() != n ||
+            !(n == 1 || (n == static_cast<std::size_t>(cols) && bs.back() == cols)))
+          continue;
+      }
+      std::vector<float> weights = w.f;
+      for (std::size_t e = 0; e < weights.size(); ++e) {
+        const std::size_t col =
+            trans_b ? e / static_cast<std::size_t>(ws[1]) : e % static_cast<std::size_t>(ws[1]);
+        weights[e] *= scale.f[col];
+      }
+      const std::string wname = gemm.outputs[0] + ".scaled_weight";
+      g.constants[wname] = Tensor::floats(ws, std::move(weights));
+      g.shapes[wname] = ws;
+      g.types[wname] = ElemType::f32;
+      gemm.inputs[1] = wname;
+      if (has_bias) {
+        const Tensor& b = g.constants.at(gemm.inputs[2]);
+        std::vector<float> bias(static_cast<std::size_t>(cols));
+        for (std::size_t col = 0; col < bias.size(); ++col)
+          bias[col] = b.f[b.f.size() == 1 ? 0 : col] * scale.f[col];
+        const std::string bname = gemm.outputs[0] + ".scaled_bias";
+        g.constants[bname] = Tensor::floats({cols}, std::move(bias));
+        g.shapes[bname] = {cols};
+        g.types[bname] = ElemType::f32;
+        gemm.inputs[2] = bname;
+      }
+      const std::string out = mul.outputs[0], scaled = x;
+      g.nodes.erase(g.nodes.begin() + static_cast<std::ptrdiff_t>(i));
+      rename_uses(g, out, scaled);
+      return true;
+    }
+  }
+  return false;
+}
+
 // Conv/Gemm -> activation (sole reader) becomes one node with an eltwise post-op.
 bool fuse_activation(Graph& g) {
   for (std::size_t i = 0; i < g.nodes.size(); ++i) {
@@ -991,6 +1097,8 @@ void run_passes(Graph& g) {
   while (fuse_product_scale(g)) {
   }
   while (matmul_as_gemm(g)) {
+  }
+  while (fold_channel_scale_into_gemm(g)) {
   }
   bool changed = true;
   while (changed) {

@@ -42,8 +42,10 @@ using Choices = std::map<std::string, std::string>;
 // bf16 plans; 7: the convolutions' second oneDNN implementation, channels_last_alternative; 8:
 // that implementation for the first one's ISA only; 9: the batch in passes of fewer samples; 10:
 // passes at once, each on one thread; 11: a Concat that convolutions alone read split into their
-// parts, a pool before a Concat moved before it: other nodes, other names).
-constexpr int kPlanVersion = 11;
+// parts, a pool before a Concat moved before it: other nodes, other names; 12: binary ops read a
+// transpose's output in place and write its layout, so the layouts around them, and the ways
+// timed in them, changed, and a linear layer's per-channel scale is folded into its weights).
+constexpr int kPlanVersion = 12;
 // Another plan replaces the untuned one only when it is this much faster: below that, the
 // difference is the machine's noise, not the plan.
 constexpr double kMargin = 0.03;

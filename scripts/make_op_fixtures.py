@@ -540,6 +540,30 @@ def cases():
         helper.make_node("Add", ["z", "r"], ["y"], name="residual_fused")], X,
         [const("w1", rand(4, 4, 3, 3) * 0.2), const("w2", rand(4, 4, 3, 3) * 0.2), const("gamma", rand(4, 1, 1) * 0.1),
          const("w3", rand(4, 4, 3, 3) * 0.2)])
+    # ConvNeXt's block as exporters write it: a depthwise convolution, permuted to channels-last
+    # for two linear layers, permuted back, then a layer scale and the residual sum, read by the
+    # next convolution. The scale folds into the second layer's weights, and the sum reads the
+    # permuted output where it lies, in the layout the next convolution reads
+    # (TeacherOps.TransposedBlockOutputIsNotCopied).
+    def transposed_block(gamma):
+        return model([
+            helper.make_node("Conv", ["x", "w0"], ["h"], name="stem"),
+            helper.make_node("Conv", ["h", "wd", "bd"], ["d"], name="dw", group=16, pads=[3, 3, 3, 3]),
+            helper.make_node("Transpose", ["d"], ["t1"], name="to_channels_last", perm=[0, 2, 3, 1]),
+            helper.make_node("MatMul", ["t1", "f1"], ["m1"], name="fc1"),
+            helper.make_node("Relu", ["m1"], ["a1"], name="act"),
+            helper.make_node("MatMul", ["a1", "f2"], ["m2"], name="fc2"),
+            helper.make_node("Add", ["m2", "b2"], ["m2b"], name="fc2_bias"),
+            helper.make_node("Transpose", ["m2b"], ["t2"], name="to_channels_first", perm=[0, 3, 1, 2]),
+            helper.make_node("Mul", ["gamma", "t2"], ["s"], name="scale"),
+            helper.make_node("Add", ["s", "h"], ["r"], name="residual"),
+            helper.make_node("Conv", ["r", "wd2", "bd2"], ["y"], name="dw2", group=16, pads=[3, 3, 3, 3])], X,
+            [const("w0", rand(16, 4, 1, 1) * 0.5), const("wd", rand(16, 1, 7, 7) * 0.2), const("bd", rand(16)),
+             const("f1", rand(16, 32) * 0.25), const("f2", rand(32, 16) * 0.2), const("b2", rand(16)), const("gamma", gamma),
+             const("wd2", rand(16, 1, 7, 7) * 0.2), const("bd2", rand(16))], out_shape=["N", 16, 9, 11])
+    c["transposed_block_scale_residual"] = transposed_block(rand(16, 1, 1))
+    # The same block scaled along its rows, not its channels: not a per-channel scale of the layer.
+    c["transposed_block_scale_along_rows"] = transposed_block(rand(9, 1))
     c["reduce_sum_opset13"] = model([node("ReduceSum", ["x", "ax"], keepdims=1)], X, [const("ax", np.array([1, 3], np.int64))], opset=13,
                                     out_shape=["N", 1, 9, 1])
     c["reduce_max_no_keepdims"] = model([node("ReduceMax", ["x"], axes=[2], keepdims=0)], X, opset=17, out_shape=["N", 4, 11])

@@ -174,14 +174,18 @@ void lower_binary(Lowering& plan, const Node& node) {
   };
   if (g.is_constant(a) || g.shape(a) != os) // first operand broadcasts
     return plain_kernel(broadcast_rows(g.shape(a), g.shape(b), os));
-  const ArgRef src0 = plan.at(a);
+  // A transpose's output is read where it lies (ConvNeXt's block output, permuted back to NCHW
+  // before its layer scale and residual sum): the output takes its layout, which the next
+  // convolution reads as channels-last, where a plain copy would be reordered twice.
+  ArgRef src0 = plan.dense(a);
   Shape bs = g.shape(b);
   while (bs.size() < os.size()) bs.insert(bs.begin(), 1);
+  const bool whole_b = !g.is_constant(b) && g.shape(b) == os;
   ArgRef src1;
   if (g.is_constant(b)) {
     src1 = plan.constant(b, bs);
-  } else if (g.shape(b) == os) {
-    src1 = plan.at(b);
+  } else if (whole_b) {
+    src1 = plan.dense(b);
   } else {
     const dt type = plan.at(b).md.get_data_type();
     const ArgRef r = plan.get_plain(b, type);
@@ -203,20 +207,43 @@ void lower_binary(Lowering& plan, const Node& node) {
       q_out.reset();
   }
   const dt out = q_out ? q_out->type : plan.type_of(node.outputs[0]);
-  const memory::desc dst_md = src0.md.get_data_type() == out
-                                  ? src0.md
-                                  : memory::desc(dims_of(os), out, memory::format_tag::any);
   dnnl::primitive_attr attr = Lowering::plain_attr();
   if (q_out) {
     dnnl::post_ops ops;
     ops.append_eltwise(dnnl::algorithm::eltwise_linear, 1.f / q_out->scale, 0.f);
     attr.set_post_ops(ops);
   }
-  const auto pd = dnnl::binary::primitive_desc(
-      plan.eng(), static_cast<dnnl::algorithm>(A.algorithm), src0.md, src1.md, dst_md, attr);
+  const auto describe = [&] {
+    const memory::desc dst_md = src0.md.get_data_type() == out
+                                    ? src0.md
+                                    : memory::desc(dims_of(os), out, memory::format_tag::any);
+    return dnnl::binary::primitive_desc(plan.eng(), static_cast<dnnl::algorithm>(A.algorithm),
+                                        src0.md, src1.md, dst_md, attr);
+  };
+  const auto by_reference = [](const dnnl::binary::primitive_desc& d) {
+    return std::string(d.impl_info_str()).rfind("ref", 0) == 0;
+  };
+  auto pd = describe();
+  // Where oneDNN's kernels do not take a view's strides beside the other operand's layout but do
+  // take plain operands, the plain copies at() makes, as before views were read here. (Where
+  // neither is taken, the reference kernel reads the view in place: a copy would gain nothing.)
+  const bool view_a = plan.is_view(a), view_b = whole_b && plan.is_view(b);
+  if (by_reference(pd) && (view_a || view_b)) {
+    const ArgRef in_place0 = src0, in_place1 = src1;
+    if (view_a) src0.md = plain(os, src0.md.get_data_type());
+    if (view_b) src1.md = plain(os, src1.md.get_data_type());
+    if (by_reference(describe())) {
+      src0 = in_place0;
+      src1 = in_place1;
+    } else {
+      if (view_a) src0 = plan.at(a);
+      if (view_b) src1 = plan.at(b);
+      pd = describe();
+    }
+  }
   // oneDNN's reference implementation (a broadcast its kernels do not cover) is many times slower
   // than the rows kernel; the rows kernel where it applies.
-  if (std::string(pd.impl_info_str()).rfind("ref", 0) == 0)
+  if (by_reference(pd))
     if (auto rows = broadcast_rows(g.shape(a), g.shape(b), os))
       return plain_kernel(std::move(rows));
   const ArgRef dst = plan.new_buffer(pd.dst_desc());

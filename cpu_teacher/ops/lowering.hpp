@@ -211,6 +211,10 @@ public:
   // a view (below) is first copied into a plain buffer of its own (once, by a reorder added now):
   // what at() returns is dense, and any op may read or overwrite it.
   const ArgRef& at(const std::string& value);
+  // Where `value` lives, for a reader that takes any dense strided layout of the value's own axes
+  // (oneDNN's binary): a view that is one (a transpose's permuted strides over its input's bytes)
+  // is read in place, where at() would copy it out plain; any other view is at()'s.
+  const ArgRef& dense(const std::string& value);
   // Where `value` lives, a view as it is kept (its md may have more axes than the value: for
   // checks of a layout, which a view then matches none of).
   [[nodiscard]] const ArgRef& view_at(const std::string& value) const;

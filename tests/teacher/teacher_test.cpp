@@ -364,6 +364,51 @@ std::map<std::string, std::string> writes_by_node(const std::shared_ptr<const Te
 // (pool_before_concat). Where a reader widens, or an input is narrower than 16 channels, the
 // Concat stays. Each plan matches the reference loop, as the tuner leaves it and with each
 // Winograd way preferred (the 3x3 reader's parts take it, sum post-op and all).
+// ConvNeXt's block: the second linear layer writes channels-last, and the transpose back to
+// channels-first is a view of it. The layer scale (a constant per channel) is folded into that
+// layer's weights and bias, and the residual sum reads the view where it lies and writes in its
+// layout, which the next depthwise convolution reads as it is: neither the permuted output nor the
+// sum is copied (two reorders and a Mul per block before). A scale along the rows is not the
+// layer's to fold: its Mul stays and reads the view in place too. Each way, against the reference
+// loop, in fp32 and (where the CPU has it) bf16.
+TEST(TeacherOps, TransposedBlockOutputIsNotCopied) {
+  const fs::path dir = fixture_dir("ops");
+  const Shape shape = {2, 4, 9, 11};
+  std::vector<Precision> precisions = {Precision::fp32};
+  if (has_native_bf16()) precisions.push_back(Precision::bf16);
+  for (const std::string name :
+       {"transposed_block_scale_residual", "transposed_block_scale_along_rows"}) {
+    const fs::path path = dir / (name + ".onnx");
+    const bool folded = name == "transposed_block_scale_residual";
+    for (const Precision precision : precisions)
+      for (const std::string way : {"", "library", "channels_last", "channels_last_alternative"}) {
+        SCOPED_TRACE(name + " preferring " + way +
+                     (precision == Precision::bf16 ? " in bf16" : ""));
+        const auto t = load_preferring(path, shape, way, precision);
+        int reorders = 0, muls = 0;
+        for (const auto& step : t->step_info()) {
+          muls += step.kind == "Mul";
+          if (step.kind != "reorder") continue;
+          ++reorders;
+          // "reorder VALUE" or "reorder VALUE (a view)"
+          const std::string value = step.label.substr(8, step.label.find(' ', 8) - 8);
+          // The transpose's output is read in place; in fp32 the scale's and the sum's are too
+          // (in bf16 the f32 stream is rounded for the convolution, as autocast does).
+          EXPECT_NE(value, "t2") << step.label;
+          if (precision == Precision::fp32) {
+            EXPECT_NE(value, "s") << step.label;
+            EXPECT_NE(value, "r") << step.label;
+          }
+        }
+        EXPECT_EQ(muls, folded ? 0 : 1);
+        if (way.empty() && precision == Precision::fp32) {
+          EXPECT_LE(reorders, 2); // the input's and the output's, at most
+        }
+        EXPECT_LE(error_vs_reference(path, t, shape), precision == Precision::fp32 ? 1e-4 : 2e-2);
+      }
+  }
+}
+
 TEST(TeacherOps, ConcatReadOnlyByConvolutionsIsNeverWritten) {
   const fs::path dir = fixture_dir("ops");
   const auto m = manifest(dir);
