@@ -358,12 +358,6 @@ std::map<std::string, std::string> writes_by_node(const std::shared_ptr<const Te
   return by_node;
 }
 
-// A Concat over channels that only convolutions read is never written: each reader runs as one
-// convolution per input, each after the first summing into the one before as a post-op
-// (split_conv_over_concat), and a pool that alone read the Concat pools each input first
-// (pool_before_concat). Where a reader widens, or an input is narrower than 16 channels, the
-// Concat stays. Each plan matches the reference loop, as the tuner leaves it and with each
-// Winograd way preferred (the 3x3 reader's parts take it, sum post-op and all).
 // ConvNeXt's block: the second linear layer writes channels-last, and the transpose back to
 // channels-first is a view of it. The layer scale (a constant per channel) is folded into that
 // layer's weights and bias, and the residual sum reads the view where it lies and writes in its
@@ -409,6 +403,12 @@ TEST(TeacherOps, TransposedBlockOutputIsNotCopied) {
   }
 }
 
+// A Concat over channels that only convolutions read is never written: each reader runs as one
+// convolution per input, each after the first summing into the one before as a post-op
+// (split_conv_over_concat), and a pool that alone read the Concat pools each input first
+// (pool_before_concat). Where a reader widens, or an input is narrower than 16 channels, the
+// Concat stays. Each plan matches the reference loop, as the tuner leaves it and with each
+// Winograd way preferred (the 3x3 reader's parts take it, sum post-op and all).
 TEST(TeacherOps, ConcatReadOnlyByConvolutionsIsNeverWritten) {
   const fs::path dir = fixture_dir("ops");
   const auto m = manifest(dir);
