@@ -1,6 +1,7 @@
 // LayerNormalization (opset 17; the exporters' decomposed form is fused into it by the passes):
 // oneDNN's layer normalization over the trailing axes from `axis` on, seen as one axis; and
 // InstanceNormalization and GroupNormalization through the same primitive (below).
+#include "bf16.hpp"
 #include "common.hpp"
 #include "lowering.hpp"
 #include "op_table.hpp"
@@ -239,24 +240,26 @@ struct ChannelsLastNorm {
 
 // Each channel's sum of x (squared == false) or of (x - centre[channel])^2 over one sample's
 // positions: float runs of 64 positions, each added into `sum` in double. Inlined into each ISA's
-// copy of normalize_sample, the inner loops running along the channels as they lie.
-[[gnu::always_inline]] inline void channel_sums(const float* x, std::int64_t positions,
-                                                std::int64_t c, const float* centre, bool squared,
-                                                float* part, double* sum) {
+// copy of normalize_sample, the inner loops running along the channels as they lie. T: the
+// element type, f32 or bf16 (each element widened to f32 as it is read).
+template <class T>
+[[gnu::always_inline]] inline void channel_sums(const T* x, std::int64_t positions, std::int64_t c,
+                                                const float* centre, bool squared, float* part,
+                                                double* sum) {
   constexpr std::int64_t kRun = 64;
   std::fill(sum, sum + c, 0.0);
   for (std::int64_t p0 = 0; p0 < positions; p0 += kRun) {
     std::fill(part, part + c, 0.f);
     const std::int64_t p1 = std::min(positions, p0 + kRun);
     for (std::int64_t p = p0; p < p1; ++p) {
-      const float* row = x + p * c;
+      const T* row = x + p * c;
       if (squared)
         for (std::int64_t ch = 0; ch < c; ++ch) {
-          const float d = row[ch] - centre[ch];
+          const float d = to_float(row[ch]) - centre[ch];
           part[ch] += d * d;
         }
       else
-        for (std::int64_t ch = 0; ch < c; ++ch) part[ch] += row[ch];
+        for (std::int64_t ch = 0; ch < c; ++ch) part[ch] += to_float(row[ch]);
     }
     for (std::int64_t ch = 0; ch < c; ++ch) sum[ch] += part[ch];
   }
@@ -278,10 +281,12 @@ inline void group_means(const double* sum, std::int64_t c, std::int64_t groups,
 
 // One sample's [positions, channels]: each group's mean, then its variance as the mean squared
 // deviation from that mean (statistics in double over float runs), then y = x * a + b per channel
-// (a = scale / sqrt(var + eps), b = bias - mean * a), and max(y, 0) where a Relu was taken in.
-[[gnu::always_inline]] inline void normalize_sample(const ChannelsLastNorm& k, const float* x,
-                                                    float* y, float* part, double* sum, float* a,
-                                                    float* b) {
+// (a = scale / sqrt(var + eps), b = bias - mean * a), and max(y, 0) where a Relu was taken in,
+// computed in f32 and written in T (rounded once to bf16 in bf16, as PyTorch's bf16 group_norm
+// computes in f32 and rounds its result).
+template <class T>
+[[gnu::always_inline]] inline void normalize_sample(const ChannelsLastNorm& k, const T* x, T* y,
+                                                    float* part, double* sum, float* a, float* b) {
   const std::int64_t c = k.channels;
   channel_sums(x, k.positions, c, nullptr, false, part, sum);
   group_means(sum, c, k.groups, k.positions, b); // b: each channel's group mean, for now
@@ -294,39 +299,44 @@ inline void group_means(const double* sum, std::int64_t c, std::int64_t groups,
     b[ch] = static_cast<float>(k.bias[static_cast<std::size_t>(ch)] - b[ch] * scale);
   }
   for (std::int64_t p = 0; p < k.positions; ++p) {
-    const float* row = x + p * c;
-    float* out = y + p * c;
+    const T* row = x + p * c;
+    T* out = y + p * c;
     if (k.relu)
-      for (std::int64_t ch = 0; ch < c; ++ch) out[ch] = std::max(row[ch] * a[ch] + b[ch], 0.f);
+      for (std::int64_t ch = 0; ch < c; ++ch)
+        put(out[ch], std::max(to_float(row[ch]) * a[ch] + b[ch], 0.f));
     else
-      for (std::int64_t ch = 0; ch < c; ++ch) out[ch] = row[ch] * a[ch] + b[ch];
+      for (std::int64_t ch = 0; ch < c; ++ch) put(out[ch], to_float(row[ch]) * a[ch] + b[ch]);
   }
 }
 
-using SampleFn = void (*)(const ChannelsLastNorm&, const float*, float*, float*, double*, float*,
-                          float*);
-void sample_baseline(const ChannelsLastNorm& k, const float* x, float* y, float* part, double* sum,
+template <class T>
+using SampleFn = void (*)(const ChannelsLastNorm&, const T*, T*, float*, double*, float*, float*);
+template <class T>
+void sample_baseline(const ChannelsLastNorm& k, const T* x, T* y, float* part, double* sum,
                      float* a, float* b) {
   normalize_sample(k, x, y, part, sum, a, b);
 }
 #ifdef KD_TARGET_X86
-KD_TARGET_AVX512 void sample_avx512(const ChannelsLastNorm& k, const float* x, float* y,
-                                    float* part, double* sum, float* a, float* b) {
+template <class T>
+KD_TARGET_AVX512 void sample_avx512(const ChannelsLastNorm& k, const T* x, T* y, float* part,
+                                    double* sum, float* a, float* b) {
   normalize_sample(k, x, y, part, sum, a, b);
 }
-KD_TARGET_AVX2 void sample_avx2(const ChannelsLastNorm& k, const float* x, float* y, float* part,
+template <class T>
+KD_TARGET_AVX2 void sample_avx2(const ChannelsLastNorm& k, const T* x, T* y, float* part,
                                 double* sum, float* a, float* b) {
   normalize_sample(k, x, y, part, sum, a, b);
 }
 #endif
 
-SampleFn sample_for(VectorIsa isa) {
+template <class T>
+SampleFn<T> sample_for(VectorIsa isa) {
 #ifdef KD_TARGET_X86
-  if (isa == VectorIsa::avx512) return sample_avx512;
-  if (isa == VectorIsa::avx2) return sample_avx2;
+  if (isa == VectorIsa::avx512) return sample_avx512<T>;
+  if (isa == VectorIsa::avx2) return sample_avx2<T>;
 #endif
   (void)isa;
-  return sample_baseline;
+  return sample_baseline<T>;
 }
 
 // The Relu that alone reads `node`'s output, where the channels-last kernel can take it in.
@@ -340,15 +350,21 @@ const Node* relu_after(const Lowering& plan, const Node& node) {
   return r.op == "Relu" && r.inputs[0] == out && r.post_ops.empty() ? &r : nullptr;
 }
 
-// Offered for a 4-D input in an f32 plan, the output f32.
-bool channels_last_norm_offered(const Lowering& plan, const Node& node) {
+// The element type the channels-last kernel would read and write `node`'s values in: a 4-D input
+// that lies f32 or bf16 and an output written in the same type (in a bf16 plan, bf16 where the
+// convolution before wrote bf16, f32 where the value is kept wide); nullopt where it is not
+// offered (int8 plans, whose calibration observes the convolutions' inputs, included).
+std::optional<dt> channels_last_norm_type(const Lowering& plan, const Node& node) {
   const Graph& g = plan.graph();
-  return g.shape(node.inputs[0]).size() == 4 && plan.act() == dt::f32 &&
-         plan.view_at(node.inputs[0]).md.get_data_type() == dt::f32 &&
-         plan.type_of(node.outputs[0]) == dt::f32;
+  const dt type = plan.view_at(node.inputs[0]).md.get_data_type();
+  if (g.shape(node.inputs[0]).size() != 4 || (type != dt::f32 && type != dt::bf16) ||
+      plan.type_of(node.outputs[0]) != type || (plan.act() != dt::f32 && plan.act() != dt::bf16))
+    return std::nullopt;
+  return type;
 }
 
-void channels_last_group_norm(Lowering& plan, const Node& node) {
+template <class T>
+void channels_last_group_norm(Lowering& plan, const Node& node, dt type) {
   const Graph& g = plan.graph();
   const Shape& xs = g.shape(node.inputs[0]);
   auto k = std::make_shared<ChannelsLastNorm>();
@@ -360,11 +376,11 @@ void channels_last_group_norm(Lowering& plan, const Node& node) {
   k->bias = per_channel(g.constants.at(node.inputs[2]));
   const Node* relu = relu_after(plan, node);
   k->relu = relu != nullptr;
-  const memory::desc md(dims_of(xs), dt::f32, memory::format_tag::acdb);
+  const memory::desc md(dims_of(xs), type, memory::format_tag::acdb);
   const ArgRef x = plan.get(node.inputs[0], md);
   const ArgRef y = plan.new_buffer(md);
   const VectorIsa isa = vector_isa();
-  const SampleFn run = sample_for(isa);
+  const SampleFn<T> run = sample_for<T>(isa);
   const std::int64_t samples = xs[0], sample = k->positions * k->channels;
   // Each sample's statistics in a region of a plan buffer (nothing allocated per batch): its
   // channel sums in double, then the float runs, scales and shifts; 6 floats a channel, so that
@@ -373,8 +389,8 @@ void channels_last_group_norm(Lowering& plan, const Node& node) {
   const ArgRef scratch = plan.new_buffer(plain({samples * region}, dt::f32));
   plan.add_kernel(
       [k, run, samples, sample, region](std::byte* const* p) {
-        const auto* in = reinterpret_cast<const float*>(p[0]);
-        auto* out = reinterpret_cast<float*>(p[1]);
+        const auto* in = reinterpret_cast<const T*>(p[0]);
+        auto* out = reinterpret_cast<T*>(p[1]);
         auto* stats = reinterpret_cast<float*>(p[2]);
         const std::int64_t c = k->channels;
         oneapi::tbb::parallel_for(oneapi::tbb::blocked_range<std::int64_t>(0, samples, 1),
@@ -387,8 +403,9 @@ void channels_last_group_norm(Lowering& plan, const Node& node) {
                                   });
       },
       {x, y, scratch},
-      fmt::format("{}{} (channels-last, {})", node.describe(),
-                  relu ? " + " + relu->describe() : std::string(), isa_name(isa)));
+      fmt::format("{}{} (channels-last, {}{})", node.describe(),
+                  relu ? " + " + relu->describe() : std::string(), isa_name(isa),
+                  type == dt::bf16 ? ", bf16" : ""));
   if (relu != nullptr) {
     plan.set(relu->outputs[0], y);
     plan.skip(relu->name);
@@ -397,20 +414,21 @@ void channels_last_group_norm(Lowering& plan, const Node& node) {
   }
 }
 
-// Two ways: "channels_last" (kdflow's kernel over a 4-D f32 input as convolutions leave it,
-// channels-last in and out, a Relu that alone reads it taken in; first where the input lies so)
-// and "rows" (oneDNN's layer normalization over plain rows, then the scale and bias).
+// Two ways: "channels_last" (kdflow's kernel over a 4-D f32 or bf16 input as convolutions leave
+// it, channels-last in and out, a Relu that alone reads it taken in; first where the input lies
+// so) and "rows" (oneDNN's layer normalization over plain rows, then the scale and bias).
 void lower_group_norm(Lowering& plan, const Node& node) {
   std::vector<std::string> ways = {"rows"};
-  if (channels_last_norm_offered(plan, node)) {
+  const auto type = channels_last_norm_type(plan, node);
+  if (type) {
     const Shape& xs = plan.graph().shape(node.inputs[0]);
     const bool lies_so = plan.view_at(node.inputs[0]).md ==
-                         memory::desc(dims_of(xs), dt::f32, memory::format_tag::acdb);
+                         memory::desc(dims_of(xs), *type, memory::format_tag::acdb);
     ways.insert(lies_so ? ways.begin() : ways.end(), "channels_last");
   }
-  if (plan.choose(node, std::move(ways)) == "channels_last")
-    return channels_last_group_norm(plan, node);
-  rows_group_norm(plan, node);
+  if (plan.choose(node, std::move(ways)) != "channels_last") return rows_group_norm(plan, node);
+  if (*type == dt::bf16) return channels_last_group_norm<Bf16>(plan, node, *type);
+  channels_last_group_norm<float>(plan, node, *type);
 }
 
 constexpr OpDef kOps[] = {

@@ -21,6 +21,7 @@
 // with the bias and the node's post-ops (activations, the residual sum), parallel over tiles.
 #include "winograd.hpp"
 
+#include "bf16.hpp"
 #include "op_table.hpp"
 #include "simd.hpp"
 
@@ -45,10 +46,6 @@ using Vec = float __attribute__((vector_size(kLanes * sizeof(float))));
 [[gnu::always_inline]] inline void load(Vec& v, const float* p) { std::memcpy(&v, p, sizeof v); }
 [[gnu::always_inline]] inline void store(float* p, const Vec& v) { std::memcpy(p, &v, sizeof v); }
 
-// A bf16 element as bf16 plans store activations: the upper half of an f32's bits.
-struct Bf16 {
-  std::uint16_t bits;
-};
 using Bits = std::uint32_t __attribute__((vector_size(kLanes * sizeof(std::uint32_t))));
 using Halves = std::uint16_t __attribute__((vector_size(kLanes * sizeof(std::uint16_t))));
 
@@ -73,23 +70,6 @@ using Halves = std::uint16_t __attribute__((vector_size(kLanes * sizeof(std::uin
   const Halves h = __builtin_convertvector(b, Halves);
   std::memcpy(p, &h, sizeof h);
 }
-// One element, for the lanes past a channel count that fills no whole vector.
-[[gnu::always_inline]] inline float to_float(float f) { return f; }
-[[gnu::always_inline]] inline float to_float(Bf16 e) {
-  const std::uint32_t u = std::uint32_t{e.bits} << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
-[[gnu::always_inline]] inline void put(float& e, float f) { e = f; }
-[[gnu::always_inline]] inline void put(Bf16& e, float f) {
-  std::uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  e.bits = (u & 0x7fffffffu) > 0x7f800000u
-               ? std::uint16_t{0x7fc0}
-               : static_cast<std::uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-
 // The one-dimensional transforms along a line of a tile (`s`: the stride between its elements):
 // B^T d for the input, A^T m for the products. The 2-D transforms apply them to the columns,
 // then to the rows. B^T, G and A^T as in Lavin and Gray (interpolation points 0, +-1, +-2 for m =

@@ -309,6 +309,75 @@ TEST(TeacherOps, GroupNormWaysMatchTheReference) {
   }
 }
 
+// In bf16 plans the channels-last way reads and writes the normalization's values in the type the
+// plan stores them in: bf16 after a convolution, which it reads as it lies (no copy between them,
+// where the rows way copies to plain rows and back), f32 where it reads the wide graph input. It
+// is offered and taken there, and its error against the reference loop is bf16's, as the rows
+// way's (after a convolution 3e-3 to 7e-3 of the largest value over 40 draws, within 1.6x the
+// rows way's on the same draw; on the wide input 1e-7), its rounding to nearest leaving no bias.
+TEST(TeacherOps, GroupNormChannelsLastWayInBf16) {
+  if (!has_native_bf16()) GTEST_SKIP() << "no native bf16 on this CPU";
+  const fs::path dir = fixture_dir("ops");
+  const auto m = manifest(dir);
+  int fixtures = 0, bf16_kernels = 0;
+  for (const auto& entry : m["models"]) {
+    const std::string name = entry["name"];
+    if (!name.starts_with("group_norm") && !name.starts_with("instance_norm")) continue;
+    ++fixtures;
+    SCOPED_TRACE(name);
+    const Shape shape = entry["input"].get<Shape>();
+    const fs::path path = dir / (name + ".onnx");
+    const auto x = random_input(shape);
+    const auto env = interpret(path.string(), x, shape[0]);
+    std::map<std::string, double> error;
+    std::map<std::string, int> reorders;
+    for (const std::string way : {"channels_last", "rows"}) {
+      SCOPED_TRACE("preferring " + way);
+      const auto t = load_preferring(path, shape, way, Precision::bf16);
+      int taken = 0;
+      for (const auto& n : t->tune_report().nodes)
+        taken += n.chosen == way &&
+                 std::find(n.options.begin(), n.options.end(), "rows") != n.options.end();
+      EXPECT_EQ(taken, 1);
+      const std::vector<float> got = run(t, x)[0];
+      const std::vector<float>& ref = env.at(t->output_names()[0]).f;
+      error[way] = normalized_error(got, ref);
+      for (const auto& step : t->step_info()) {
+        reorders[way] += step.kind == "reorder";
+        if (way != "channels_last" || step.label.find("(channels-last, ") == std::string::npos)
+          continue;
+        const bool bf16 = step.label.find(", bf16)") != std::string::npos;
+        bf16_kernels += bf16;
+        // After a convolution (which writes bf16 in a bf16 plan) the kernel reads bf16.
+        if (name.find("after_conv") != std::string::npos) {
+          EXPECT_TRUE(bf16) << step.label;
+        }
+      }
+      if (way == "channels_last") {
+        double along = 0, magnitude = 0;
+        for (std::size_t i = 0; i < ref.size(); ++i) {
+          along += (static_cast<double>(got[i]) - ref[i]) * ((ref[i] > 0) - (ref[i] < 0));
+          magnitude += std::fabs(ref[i]);
+        }
+        EXPECT_LE(std::fabs(along / magnitude), 2.5e-3);
+      }
+    }
+    std::printf("%s: bf16 channels-last error %.2e, rows %.2e; reorders %d against %d\n",
+                name.c_str(), error["channels_last"], error["rows"], reorders["channels_last"],
+                reorders["rows"]);
+    EXPECT_LE(error["channels_last"], 2e-2); // at most 6.9e-3 over 40 draws
+    EXPECT_LE(error["channels_last"], 2 * error["rows"] + 2e-3);
+    if (name.find("after_conv") != std::string::npos) {
+      EXPECT_LT(reorders["channels_last"], reorders["rows"]);
+    }
+    if (name == "group_norm_reshaped_after_conv_relu") {
+      EXPECT_LE(reorders["channels_last"] + 2, reorders["rows"]);
+    }
+  }
+  EXPECT_EQ(fixtures, 6);
+  EXPECT_EQ(bf16_kernels, 3); // the three fixtures after a convolution
+}
+
 // A Concat read alone by a per-channel scale and shift (DenseNet's BatchNormalization, a
 // depthwise 1x1 convolution after the passes) runs each way (concat_affine: one kdflow kernel,
 // the concatenation never written; concat: oneDNN's concat, then the convolution) and matches the
