@@ -480,6 +480,15 @@ def cases():
         helper.make_node("Concat", ["h1", "h2"], ["cat"], name="concat", axis=-3),
         helper.make_node("BatchNormalization", ["cat", "ns", "nb", "nm", "nv"], ["y"], name="norm", epsilon=1e-3)], X,
         [const("w1", rand(32, 4, 3, 3)), const("w2", rand(16, 4, 3, 3))] + bn("n", 48), out_shape=["N", 48, 9, 11])
+    # The same with channel counts that fill no whole vector (20 + 12), each input a convolution's
+    # (in bf16 plans every input and the concatenation are then bf16) and a Relu after the norm.
+    c["concat_bn_relu_odd_channels"] = model([
+        node("Conv", ["x", "w1"], ["h1"], pads=[1, 1, 1, 1]),
+        helper.make_node("Conv", ["x", "w2"], ["h2"], name="conv2", pads=[1, 1, 1, 1]),
+        helper.make_node("Concat", ["h1", "h2"], ["cat"], name="concat", axis=1),
+        helper.make_node("BatchNormalization", ["cat", "ns", "nb", "nm", "nv"], ["n"], name="norm", epsilon=1e-5),
+        helper.make_node("Relu", ["n"], ["y"], name="relu")], X,
+        [const("w1", rand(20, 4, 3, 3)), const("w2", rand(12, 4, 3, 3))] + bn("n", 32), out_shape=["N", 32, 9, 11])
     # A Concat over channels that only convolutions read is never written (split_conv_over_concat:
     # each reader becomes one convolution per input, summing into the one before); a pool that
     # alone reads one moves before it (pool_before_concat). It stays where a reader widens (more

@@ -2,6 +2,7 @@
 // Dropout: the same bytes with another shape), Transpose, Concat, Split, Slice and Pad. Reorders
 // and views where oneDNN can; a constant Pad as a reorder into the padded buffer and a fill of its
 // border; reference loops for negative Slice steps and the other Pads.
+#include "bf16.hpp"
 #include "common.hpp"
 #include "lowering.hpp"
 #include "op_table.hpp"
@@ -243,19 +244,23 @@ std::optional<memory::desc> dense_in_order_of(const memory::desc& md, const Shap
 
 // --- Concat with the per-channel affine of its reader ----------------------------------------
 
-// A Concat over the channels of 4-D f32 values read alone by a per-channel scale and shift (a
+// A Concat over the channels of 4-D values read alone by a per-channel scale and shift (a
 // BatchNormalization the passes made a depthwise 1x1 convolution: DenseNet's norm before each
 // layer's convolution), with a Relu or nothing fused after it: that convolution, else nullptr.
-// Not in int8 plans or their calibration (the convolution is a product they quantize).
+// Its inputs, the concatenation and the convolution's output all in one type, f32 or (in bf16
+// plans, where convolutions write bf16) bf16. Not in int8 plans or their calibration (the
+// convolution is a product they quantize).
 const Node* affine_after_concat(Lowering& plan, const Node& node) {
   const Graph& g = plan.graph();
   const std::string& out = node.outputs[0];
   const Shape& os = g.shape(out);
-  if (os.size() != 4 || node.int_attr("axis", 0) != 1 || plan.act() != dt::f32 ||
-      plan.type_of(out) != dt::f32 || g.is_output(out) || plan.is_feature(out) || plan.observing())
+  const dt type = plan.type_of(out);
+  if (os.size() != 4 || node.int_attr("axis", 0) != 1 ||
+      (plan.act() != dt::f32 && plan.act() != dt::bf16) || (type != dt::f32 && type != dt::bf16) ||
+      g.is_output(out) || plan.is_feature(out) || plan.observing())
     return nullptr;
   for (const auto& in : node.inputs)
-    if (g.is_constant(in) || plan.view_at(in).md.get_data_type() != dt::f32) return nullptr;
+    if (g.is_constant(in) || plan.view_at(in).md.get_data_type() != type) return nullptr;
   const auto readers = g.consumers(out);
   if (readers.size() != 1) return nullptr;
   const Node& conv = g.nodes[readers[0]];
@@ -266,7 +271,7 @@ const Node* affine_after_concat(Lowering& plan, const Node& node) {
       !constant_bias || conv.int_attr("group", 1) != os[1] ||
       g.shape(conv.inputs[1]) != Shape{os[1], 1, 1, 1} || conv.ints_attr("strides") != Ints{1, 1} ||
       conv.ints_attr("pads") != Ints{0, 0, 0, 0} || conv.ints_attr("dilations") != Ints{1, 1} ||
-      plan.quant_input(conv) || plan.type_of(conv.outputs[0]) != dt::f32)
+      plan.quant_input(conv) || plan.type_of(conv.outputs[0]) != type)
     return nullptr;
   if (conv.post_ops.size() > 1 ||
       (conv.post_ops.size() == 1 &&
@@ -283,21 +288,34 @@ struct ConcatAffine {
 };
 
 // Pixels [first, last) of the output: each input's channels of a pixel scaled, shifted (and
-// clamped at 0) into their place in the output's row, as they lie (channels-last).
+// clamped at 0) into their place in the output's row, as they lie (channels-last). T: the element
+// type of the inputs and the output, f32 or bf16 (computed in f32, rounded once to bf16, as
+// PyTorch's bf16 batch norm computes in f32 with its f32 parameters).
+template <class T>
 [[gnu::always_inline]] inline void concat_affine_rows(const ConcatAffine& k, std::byte* const* in,
-                                                      float* out, std::int64_t first,
+                                                      T* out, std::int64_t first,
                                                       std::int64_t last) {
   for (std::int64_t px = first; px < last; ++px) {
-    float* row = out + px * k.total;
+    T* row = out + px * k.total;
     const float* a = k.scale.data();
     const float* b = k.shift.data();
     for (std::size_t i = 0; i < k.channels.size(); ++i) {
       const std::int64_t c = k.channels[i];
-      const float* src = reinterpret_cast<const float*>(in[i]) + px * c;
-      if (k.relu)
-        for (std::int64_t ch = 0; ch < c; ++ch) row[ch] = std::max(src[ch] * a[ch] + b[ch], 0.f);
-      else
-        for (std::int64_t ch = 0; ch < c; ++ch) row[ch] = src[ch] * a[ch] + b[ch];
+      const T* src = reinterpret_cast<const T*>(in[i]) + px * c;
+      std::int64_t ch = 0;
+      for (; ch + simd16::kLanes <= c; ch += simd16::kLanes) {
+        simd16::Vec x, scale, shift;
+        simd16::load(x, src + ch);
+        simd16::load(scale, a + ch);
+        simd16::load(shift, b + ch);
+        x = x * scale + shift;
+        if (k.relu) x = x < 0 ? simd16::Vec{} : x; // as std::max(x, 0.f): a NaN stays
+        simd16::store(row + ch, x);
+      }
+      for (; ch < c; ++ch) {
+        const float y = to_float(src[ch]) * a[ch] + b[ch];
+        put(row[ch], k.relu ? std::max(y, 0.f) : y);
+      }
       row += c;
       a += c;
       b += c;
@@ -305,36 +323,42 @@ struct ConcatAffine {
   }
 }
 
-using ConcatAffineFn = void (*)(const ConcatAffine&, std::byte* const*, float*, std::int64_t,
+template <class T>
+using ConcatAffineFn = void (*)(const ConcatAffine&, std::byte* const*, T*, std::int64_t,
                                 std::int64_t);
-void concat_affine_baseline(const ConcatAffine& k, std::byte* const* in, float* out,
-                            std::int64_t first, std::int64_t last) {
+template <class T>
+void concat_affine_baseline(const ConcatAffine& k, std::byte* const* in, T* out, std::int64_t first,
+                            std::int64_t last) {
   concat_affine_rows(k, in, out, first, last);
 }
 #ifdef KD_TARGET_X86
-KD_TARGET_AVX512 void concat_affine_avx512(const ConcatAffine& k, std::byte* const* in, float* out,
+template <class T>
+KD_TARGET_AVX512 void concat_affine_avx512(const ConcatAffine& k, std::byte* const* in, T* out,
                                            std::int64_t first, std::int64_t last) {
   concat_affine_rows(k, in, out, first, last);
 }
-KD_TARGET_AVX2 void concat_affine_avx2(const ConcatAffine& k, std::byte* const* in, float* out,
+template <class T>
+KD_TARGET_AVX2 void concat_affine_avx2(const ConcatAffine& k, std::byte* const* in, T* out,
                                        std::int64_t first, std::int64_t last) {
   concat_affine_rows(k, in, out, first, last);
 }
 #endif
 
-ConcatAffineFn concat_affine_for(VectorIsa isa) {
+template <class T>
+ConcatAffineFn<T> concat_affine_for(VectorIsa isa) {
 #ifdef KD_TARGET_X86
-  if (isa == VectorIsa::avx512) return concat_affine_avx512;
-  if (isa == VectorIsa::avx2) return concat_affine_avx2;
+  if (isa == VectorIsa::avx512) return concat_affine_avx512<T>;
+  if (isa == VectorIsa::avx2) return concat_affine_avx2<T>;
 #endif
   (void)isa;
-  return concat_affine_baseline;
+  return concat_affine_baseline<T>;
 }
 
 // The Concat and its reader `conv` (affine_after_concat) as one kdflow kernel: each input read
 // channels-last (as convolutions and pooling leave them; copied so where one lies otherwise), the
-// concatenation never written, the reader's output written channels-last.
-void concat_affine(Lowering& plan, const Node& node, const Node& conv) {
+// concatenation never written, the reader's output written channels-last; T as `type`.
+template <class T>
+void concat_affine(Lowering& plan, const Node& node, const Node& conv, dt type) {
   const Graph& g = plan.graph();
   const Shape& os = g.shape(node.outputs[0]);
   auto k = std::make_shared<ConcatAffine>();
@@ -349,24 +373,25 @@ void concat_affine(Lowering& plan, const Node& node, const Node& conv) {
   for (const auto& in : node.inputs) {
     const Shape& is = g.shape(in);
     k->channels.push_back(is[1]);
-    operands.push_back(plan.get(in, memory::desc(dims_of(is), dt::f32, memory::format_tag::acdb)));
+    operands.push_back(plan.get(in, memory::desc(dims_of(is), type, memory::format_tag::acdb)));
   }
-  const ArgRef dst = plan.new_buffer(memory::desc(dims_of(os), dt::f32, memory::format_tag::acdb));
+  const ArgRef dst = plan.new_buffer(memory::desc(dims_of(os), type, memory::format_tag::acdb));
   operands.push_back(dst);
   const VectorIsa isa = vector_isa();
-  const ConcatAffineFn run = concat_affine_for(isa);
+  const ConcatAffineFn<T> run = concat_affine_for<T>(isa);
   const std::size_t inputs = node.inputs.size();
   plan.set_kind("Concat (+ affine)");
   plan.add_kernel(
       [k, run, inputs](std::byte* const* p) { // the inputs' pointers, then the output's
-        auto* out = reinterpret_cast<float*>(p[inputs]);
+        auto* out = reinterpret_cast<T*>(p[inputs]);
         oneapi::tbb::parallel_for(oneapi::tbb::blocked_range<std::int64_t>(0, k->pixels, 256),
                                   [&](const oneapi::tbb::blocked_range<std::int64_t>& r) {
                                     run(*k, p, out, r.begin(), r.end());
                                   });
       },
       std::move(operands),
-      fmt::format("{} + {} (channels-last, {})", node.describe(), conv.describe(), isa_name(isa)));
+      fmt::format("{} + {} (channels-last, {}{})", node.describe(), conv.describe(), isa_name(isa),
+                  type == dt::bf16 ? ", bf16" : ""));
   plan.set(conv.outputs[0], dst);
   plan.skip(conv.name);
 }
@@ -378,9 +403,11 @@ void copy_concat(Lowering& plan, const Node& node);
 // "concat" (oneDNN's concat, then the reader as a depthwise convolution); elsewhere "concat" alone.
 void lower_concat(Lowering& plan, const Node& node) {
   const Node* conv = affine_after_concat(plan, node);
-  if (conv != nullptr && plan.choose(node, {"concat_affine", "concat"}) == "concat_affine")
-    return concat_affine(plan, node, *conv);
-  copy_concat(plan, node);
+  if (conv == nullptr || plan.choose(node, {"concat_affine", "concat"}) != "concat_affine")
+    return copy_concat(plan, node);
+  const dt type = plan.type_of(node.outputs[0]);
+  if (type == dt::bf16) return concat_affine<Bf16>(plan, node, *conv, type);
+  concat_affine<float>(plan, node, *conv, type);
 }
 
 void copy_concat(Lowering& plan, const Node& node) {

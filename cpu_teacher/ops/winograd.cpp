@@ -38,38 +38,10 @@
 namespace kdflow::teacher {
 namespace {
 
-constexpr int kLanes = 16; // channels per vector: one AVX-512 register, two AVX2 ones
-using Vec = float __attribute__((vector_size(kLanes * sizeof(float))));
-
-// (Out-parameters, not return values: a 64-byte vector returned by value has another ABI where
-// AVX-512 is enabled than in the baseline build.)
-[[gnu::always_inline]] inline void load(Vec& v, const float* p) { std::memcpy(&v, p, sizeof v); }
-[[gnu::always_inline]] inline void store(float* p, const Vec& v) { std::memcpy(p, &v, sizeof v); }
-
-using Bits = std::uint32_t __attribute__((vector_size(kLanes * sizeof(std::uint32_t))));
-using Halves = std::uint16_t __attribute__((vector_size(kLanes * sizeof(std::uint16_t))));
-
-// f32 -> bf16 bits rounded to nearest even (as oneDNN's conversions round); a NaN stays a quiet
-// NaN (the rounding's carry would turn some into infinities).
-[[gnu::always_inline]] inline void round_to_bf16(Bits& b) {
-  const Bits rounded = (b + 0x7fffu + ((b >> 16) & 1u)) >> 16;
-  // All ones where b is a NaN (its magnitude above infinity's, so the difference wraps).
-  const Bits nan = 0u - ((0x7f800000u - (b & 0x7fffffffu)) >> 31);
-  b = (rounded & ~nan) | (0x7fc0u & nan);
-}
-[[gnu::always_inline]] inline void load(Vec& v, const Bf16* p) {
-  Halves h;
-  std::memcpy(&h, p, sizeof h);
-  const Bits b = __builtin_convertvector(h, Bits) << 16;
-  std::memcpy(&v, &b, sizeof v);
-}
-[[gnu::always_inline]] inline void store(Bf16* p, const Vec& v) {
-  Bits b;
-  std::memcpy(&b, &v, sizeof b);
-  round_to_bf16(b);
-  const Halves h = __builtin_convertvector(b, Halves);
-  std::memcpy(p, &h, sizeof h);
-}
+using simd16::kLanes;
+using simd16::load;
+using simd16::store;
+using simd16::Vec;
 // The one-dimensional transforms along a line of a tile (`s`: the stride between its elements):
 // B^T d for the input, A^T m for the products. The 2-D transforms apply them to the columns,
 // then to the rows. B^T, G and A^T as in Lavin and Gray (interpolation points 0, +-1, +-2 for m =
