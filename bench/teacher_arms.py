@@ -36,6 +36,19 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import int8_teacher as it  # noqa: E402  (export, Fashion-MNIST, bench, CPU name)
 
 
+def construct(arch, size):
+    """torchvision's `arch` (1000 classes), else the model of that name in teacher_vs_ort.py's set
+    (three-channel input only, as the export here makes)."""
+    if hasattr(torchvision.models, arch):
+        return getattr(torchvision.models, arch)(num_classes=1000)
+    import teacher_vs_ort  # noqa: E402  (onnxruntime too: the venv has it)
+    found = teacher_vs_ort.model_set().get(arch)
+    if found is None or found[1] != 3:
+        sys.exit(f"teacher_arms.py: --models {arch}: neither a torchvision model nor a "
+                 "three-channel model of bench/teacher_vs_ort.py")
+    return found[0](size)
+
+
 def swapped(model, old, new):
     """`model` with every module of class `old` (torch.nn) replaced by a fresh `new`."""
     old_cls, new_cls = getattr(torch.nn, old), getattr(torch.nn, new)
@@ -55,7 +68,9 @@ def main():
     p.add_argument("out")
     p.add_argument("--binary", action="append", required=True,
                    help="NAME=PATH, then any `teacher bench` options for that arm (repeatable)")
-    p.add_argument("--models", nargs="+", default=["mobilenet_v2"])
+    p.add_argument("--models", nargs="+", default=["mobilenet_v2"],
+                   help="torchvision model names, or the three-channel names of "
+                        "bench/teacher_vs_ort.py's set (resnet18_groupnorm, deit_tiny)")
     p.add_argument("--swap-activation", help="OLD:NEW, torch.nn class names (SiLU:ReLU)")
     p.add_argument("--precisions", nargs="+", default=["fp32", "int8"])
     p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
@@ -87,7 +102,7 @@ def main():
         for arch in a.models:
             for swap in [None] + ([a.swap_activation] if a.swap_activation else []):
                 torch.manual_seed(a.seed)
-                m = getattr(torchvision.models, arch)(num_classes=1000).eval()
+                m = construct(arch, a.size).eval()
                 label = arch
                 if swap:
                     old, _, new = swap.partition(":")
