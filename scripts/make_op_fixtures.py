@@ -576,6 +576,16 @@ def cases():
     c["reduce_sum_opset13"] = model([node("ReduceSum", ["x", "ax"], keepdims=1)], X, [const("ax", np.array([1, 3], np.int64))], opset=13,
                                     out_shape=["N", 1, 9, 1])
     c["reduce_max_no_keepdims"] = model([node("ReduceMax", ["x"], axes=[2], keepdims=0)], X, opset=17, out_shape=["N", 4, 11])
+    # Reductions over middle axes, which oneDNN 3.2 runs in its reference loop: a classifier's mean
+    # over the tokens of [N, T, D] after a linear layer (70 tokens: two blocks of 32 and a partial
+    # one; 300 features: a chunk of 256 and a partial one), and an L2 norm over two middle axes of
+    # a convolution's output (in bf16 plans both read a product's bf16 output).
+    c["reduce_mean_tokens"] = model([
+        helper.make_node("MatMul", ["x", "w"], ["h"], name="linear"),
+        node("ReduceMean", ["h"], axes=[1], keepdims=0)], (2, 70, 300), [const("w", rand(300, 300) * 0.1)], opset=17, out_shape=["N", 300])
+    c["reduce_l2_middle_axes"] = model([
+        helper.make_node("Conv", ["x", "w"], ["h"], name="conv"),
+        node("ReduceL2", ["h"], axes=[1, 2], keepdims=1)], X, [const("w", rand(6, 4, 1, 1))], opset=17, out_shape=["N", 1, 1, 11])
     # BatchNorm1d after a linear layer (rank 2 and 3 inputs): not foldable into a convolution.
     bn_params = lambda n: [const("s", rand(n)), const("b", rand(n)), const("m", rand(n)), const("v", np.abs(rand(n)) + 0.5)]
     c["batchnorm_rank3_alone"] = model(

@@ -1,6 +1,7 @@
 // Pooling (MaxPool, AveragePool, GlobalAveragePool: oneDNN's pooling) and the reductions (oneDNN's
 // reduction, or its pooling over a 4-D tensor's map), with the reference loops they are checked
 // against.
+#include "bf16.hpp"
 #include "common.hpp"
 #include "lowering.hpp"
 #include "op_table.hpp"
@@ -238,8 +239,8 @@ std::vector<Tensor> evaluate_reduce(const Node& node, const std::vector<const Te
 // One row's accumulation: blocks of 256 values in eight float32 lanes (kept in vector registers,
 // 32 values a lane), each block's lanes folded into a double, as the reference accumulates in
 // double (a lane's float32 sum of 32 values stays within a few 1e-7 of the exact one).
-template <const ReduceKind& R>
-double reduce_row(const float* row, std::int64_t len) {
+template <const ReduceKind& R, typename T>
+double reduce_row(const T* row, std::int64_t len) {
   constexpr int kLanes = 8;
   constexpr std::int64_t kBlock = 256;
   double acc = accumulate_init<R, double>();
@@ -248,14 +249,73 @@ double reduce_row(const float* row, std::int64_t len) {
     float lane[kLanes];
     std::fill(lane, lane + kLanes, accumulate_init<R, float>());
     for (; i + kLanes <= end; i += kLanes)
-      for (int j = 0; j < kLanes; ++j) lane[j] = accumulate<R, float>(lane[j], row[i + j]);
-    for (; i < end; ++i) lane[0] = accumulate<R, float>(lane[0], row[i]);
+      for (int j = 0; j < kLanes; ++j)
+        lane[j] = accumulate<R, float>(lane[j], to_float(row[i + j]));
+    for (; i < end; ++i) lane[0] = accumulate<R, float>(lane[0], to_float(row[i]));
     // Lanes merge by the same step but for the squares: a partial sum of squares adds as is.
     for (const float v : lane)
       acc = R.accumulate == ReduceKind::Accumulate::max ? std::max(acc, static_cast<double>(v))
                                                         : acc + v;
   }
   return acc;
+}
+
+// One [len, inner] slab reduced over its rows into `inner` outputs: columns in chunks of 256,
+// each chunk's rows added in float32 in blocks of 32 (along the columns as they lie, so the loop
+// vectorizes), each block folded into a double per column, as reduce_row does along a row.
+template <const ReduceKind& R, typename T>
+void reduce_columns(const T* x, std::int64_t len, std::int64_t inner, T* y) {
+  constexpr std::int64_t kChunk = 256, kBlock = 32;
+  float part[kChunk];
+  double acc[kChunk];
+  for (std::int64_t c0 = 0; c0 < inner; c0 += kChunk) {
+    const std::int64_t width = std::min(kChunk, inner - c0);
+    std::fill(acc, acc + width, accumulate_init<R, double>());
+    for (std::int64_t r0 = 0; r0 < len; r0 += kBlock) {
+      std::fill(part, part + width, accumulate_init<R, float>());
+      for (std::int64_t r = r0; r < std::min(len, r0 + kBlock); ++r) {
+        const T* row = x + r * inner + c0;
+        for (std::int64_t j = 0; j < width; ++j)
+          part[j] = accumulate<R, float>(part[j], to_float(row[j]));
+      }
+      for (std::int64_t j = 0; j < width; ++j)
+        acc[j] = R.accumulate == ReduceKind::Accumulate::max
+                     ? std::max(acc[j], static_cast<double>(part[j]))
+                     : acc[j] + part[j];
+    }
+    for (std::int64_t j = 0; j < width; ++j)
+      put(y[c0 + j], static_cast<float>(R.finish(acc[j], static_cast<double>(len))));
+  }
+}
+
+// The reduction over consecutive axes of a plain [outer, len, inner] tensor as kdflow's kernel,
+// in T (f32, or bf16 in a bf16 plan, accumulated in f32 and double as above and rounded once):
+// each outer index's slab in turn, rows (inner == 1) by reduce_row, columns by reduce_columns.
+template <const ReduceKind& R, typename T>
+void add_reduce_kernel(Lowering& plan, const Node& node, const ArgRef& src, const ArgRef& dst,
+                       std::int64_t outer, std::int64_t len, std::int64_t inner) {
+  plan.add_kernel(
+      [outer, len, inner](std::byte* const* p) {
+        const auto* x = reinterpret_cast<const T*>(p[0]);
+        auto* y = reinterpret_cast<T*>(p[1]);
+        if (inner == 1) {
+          oneapi::tbb::parallel_for(
+              oneapi::tbb::blocked_range<std::int64_t>(0, outer),
+              [&](const oneapi::tbb::blocked_range<std::int64_t>& range) {
+                for (std::int64_t r = range.begin(); r != range.end(); ++r)
+                  put(y[r], static_cast<float>(R.finish(reduce_row<R>(x + r * len, len),
+                                                        static_cast<double>(len))));
+              });
+          return;
+        }
+        oneapi::tbb::parallel_for(oneapi::tbb::blocked_range<std::int64_t>(0, outer),
+                                  [&](const oneapi::tbb::blocked_range<std::int64_t>& range) {
+                                    for (std::int64_t o = range.begin(); o != range.end(); ++o)
+                                      reduce_columns<R>(x + o * len * inner, len, inner,
+                                                        y + o * inner);
+                                  });
+      },
+      {src, dst}, node.describe());
 }
 
 // ReduceMean's result as its output: the reduced tensor keeps the reduced axes as extent 1; with
@@ -326,32 +386,26 @@ void lower_reduce(Lowering& plan, const Node& node) {
     pd.emplace(plan.eng(), R.algorithm, plain(xs, act), plain(kept, act), R.p, 0.f,
                Lowering::plain_attr());
   }
-  // Over trailing axes (a norm or mean per row: Swin V2's cosine attention) where oneDNN has only
-  // its reference implementation: a plain kernel, one row per output value.
+  // Over consecutive axes (a norm or mean per row: Swin V2's cosine attention; a mean over the
+  // middle axis: a classifier's pooling over the tokens of [N, T, D]) where oneDNN has only its
+  // reference implementation: kdflow's kernel over the plain tensor as [outer, len, inner].
   const auto axes = node.ints_attr("axes");
-  const auto trailing =
-      static_cast<std::int64_t>(xs.size()) - static_cast<std::int64_t>(axes.size());
-  bool suffix = !axes.empty();
-  for (std::size_t k = 0; k < axes.size(); ++k)
-    suffix = suffix && axes[k] == trailing + static_cast<std::int64_t>(k);
-  if (suffix && std::string(pd->impl_info_str()).rfind("ref", 0) == 0) {
-    const std::int64_t len = numel(Shape(xs.begin() + trailing, xs.end()));
-    const std::int64_t rows = numel(xs) / len;
-    const ArgRef src = plan.get_plain(node.inputs[0], dt::f32);
-    const ArgRef dst = plan.new_buffer(plain(kept, dt::f32));
-    plan.add_kernel(
-        [rows, len](std::byte* const* p) {
-          const auto* x = reinterpret_cast<const float*>(p[0]);
-          auto* y = reinterpret_cast<float*>(p[1]);
-          oneapi::tbb::parallel_for(
-              oneapi::tbb::blocked_range<std::int64_t>(0, rows),
-              [&](const oneapi::tbb::blocked_range<std::int64_t>& range) {
-                for (std::int64_t r = range.begin(); r != range.end(); ++r)
-                  y[r] = static_cast<float>(
-                      R.finish(reduce_row<R>(x + r * len, len), static_cast<double>(len)));
-              });
-        },
-        {src, dst}, node.describe());
+  bool consecutive = !axes.empty();
+  for (std::size_t k = 1; k < axes.size(); ++k)
+    consecutive = consecutive && axes[k] == axes[0] + static_cast<std::int64_t>(k);
+  if (consecutive && std::string(pd->impl_info_str()).rfind("ref", 0) == 0) {
+    const auto first = static_cast<std::size_t>(axes.front());
+    const auto last = static_cast<std::size_t>(axes.back()) + 1;
+    const std::int64_t outer = numel(Shape(xs.begin(), xs.begin() + first));
+    const std::int64_t len = numel(Shape(xs.begin() + first, xs.begin() + last));
+    const std::int64_t inner = numel(Shape(xs.begin() + last, xs.end()));
+    const dt type = act == dt::bf16 ? dt::bf16 : dt::f32;
+    const ArgRef src = plan.get_plain(node.inputs[0], type);
+    const ArgRef dst = plan.new_buffer(plain(kept, type));
+    if (type == dt::bf16)
+      add_reduce_kernel<R, Bf16>(plan, node, src, dst, outer, len, inner);
+    else
+      add_reduce_kernel<R, float>(plan, node, src, dst, outer, len, inner);
     return set_reduced(plan, node, dst, kept);
   }
   const ArgRef src = plan.get(node.inputs[0], pd->src_desc());

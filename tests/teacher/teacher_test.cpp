@@ -413,6 +413,39 @@ TEST(TeacherOps, ConcatAffineWaysMatchTheReference) {
   }
 }
 
+// Reductions over consecutive axes that oneDNN 3.2 runs only in its reference loop (a middle
+// axis: a classifier's mean over tokens, an L2 norm or max over middle axes) run as kdflow's
+// kernel instead, in fp32 within 1e-4 of the reference loop and in bf16 within bf16's error:
+// reading and writing bf16 after a product (which writes bf16), f32 on the wide graph input.
+TEST(TeacherOps, MiddleAxisReductionsRunKdflowsKernel) {
+  const fs::path dir = fixture_dir("ops");
+  std::vector<Precision> precisions = {Precision::fp32};
+  if (has_native_bf16()) precisions.push_back(Precision::bf16);
+  const std::map<std::string, Shape> fixtures = {{"reduce_mean_tokens", {2, 70, 300}},
+                                                 {"reduce_l2_middle_axes", {2, 4, 9, 11}},
+                                                 {"reduce_max_no_keepdims", {2, 4, 9, 11}}};
+  for (const auto& [name, shape] : fixtures)
+    for (const Precision precision : precisions) {
+      const bool bf16 = precision == Precision::bf16;
+      SCOPED_TRACE(name + (bf16 ? " in bf16" : ""));
+      const fs::path path = dir / (name + ".onnx");
+      const auto t = load_preferring(path, shape, "", precision);
+      int kernels = 0;
+      for (const auto& step : t->step_info()) {
+        EXPECT_FALSE(step.impl.starts_with("ref")) << step.label << ": " << step.impl;
+        if (step.kind.starts_with("Reduce")) {
+          ++kernels;
+          EXPECT_EQ(step.impl, "plain kernel");
+          EXPECT_EQ(step.writes, bf16 && name != "reduce_max_no_keepdims" ? "bf16" : "f32");
+        }
+      }
+      EXPECT_EQ(kernels, 1);
+      const double error = error_vs_reference(path, t, shape);
+      std::printf("%s%s: error %.2e\n", name.c_str(), bf16 ? " in bf16" : "", error);
+      EXPECT_LE(error, bf16 ? 2e-2 : 1e-4); // bf16: at most 5.1e-3 over 30 draws
+    }
+}
+
 // In bf16 plans the kernel reads and writes bf16 where every input of the Concat is a
 // convolution's (bf16) output: within bf16's error of the reference loop, as the concat way (which
 // rounds the concatenation, then the convolution's output), rounding to nearest (no bias). Where an
