@@ -46,7 +46,8 @@ using Choices = std::map<std::string, std::string>;
 // transpose's output in place and write its layout, so the layouts around them, and the ways
 // timed in them, changed, and a linear layer's per-channel scale is folded into its weights; 13:
 // the channels-last group normalization and the Concat with its reader's affine in bf16 plans,
-// which a bf16 plan tuned before never timed).
+// which a bf16 plan tuned before never timed, and a pool's channels-last way over an input
+// whose own layout has only oneDNN's simple loop).
 constexpr int kPlanVersion = 13;
 // Another plan replaces the untuned one only when it is this much faster: below that, the
 // difference is the machine's noise, not the plan.

@@ -53,4 +53,15 @@ inline double relative_rms_error(const std::vector<float>& a, const std::vector<
   return std::sqrt(error / size);
 }
 
+// The error's sum along each reference value's sign, over the values' summed magnitude: near 0
+// where a conversion rounds to nearest (no bias), negative where it truncates toward zero.
+inline double rounding_bias(const std::vector<float>& a, const std::vector<float>& ref) {
+  double along = 0, magnitude = 1e-30;
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    along += (double(a[i]) - ref[i]) * ((ref[i] > 0) - (ref[i] < 0));
+    magnitude += std::fabs(ref[i]);
+  }
+  return along / magnitude;
+}
+
 } // namespace kdflow::test

@@ -43,6 +43,7 @@ using test::fixture_dir;
 using test::manifest;
 using test::normalized_error;
 using test::relative_rms_error;
+using test::rounding_bias;
 
 std::vector<float> random_input(const Shape& shape) {
   static std::mt19937 rng(std::random_device{}());
@@ -214,14 +215,7 @@ TEST(TeacherOps, WinogradInBf16StaysNearTheDirectBf16) {
     // Rounding to nearest leaves no bias: the errors' sum along each reference value's sign, over
     // the values' summed magnitude, stays near 0 (at most 9e-4 over 50 draws of the 6 fixtures
     // here), where a conversion that truncated toward zero gives -4.7e-3 to -9.4e-3.
-    const std::vector<float> got = run(t, x)[0];
-    const std::vector<float>& ref = env.at(t->output_names()[0]).f;
-    double along = 0, magnitude = 0;
-    for (std::size_t i = 0; i < ref.size(); ++i) {
-      along += (static_cast<double>(got[i]) - ref[i]) * ((ref[i] > 0) - (ref[i] < 0));
-      magnitude += std::fabs(ref[i]);
-    }
-    const double bias = along / magnitude;
+    const double bias = rounding_bias(run(t, x)[0], env.at(t->output_names()[0]).f);
     std::printf("%s: bf16 winograd 2x2 error %.2e (bias %.1e), direct %.2e\n", name.c_str(),
                 winograd_error, bias, direct_error);
     EXPECT_LE(winograd_error, 3 * direct_error + 2e-3);
@@ -354,12 +348,7 @@ TEST(TeacherOps, GroupNormChannelsLastWayInBf16) {
         }
       }
       if (way == "channels_last") {
-        double along = 0, magnitude = 0;
-        for (std::size_t i = 0; i < ref.size(); ++i) {
-          along += (static_cast<double>(got[i]) - ref[i]) * ((ref[i] > 0) - (ref[i] < 0));
-          magnitude += std::fabs(ref[i]);
-        }
-        EXPECT_LE(std::fabs(along / magnitude), 2.5e-3);
+        EXPECT_LE(std::fabs(rounding_bias(got, ref)), 2.5e-3);
       }
     }
     std::printf("%s: bf16 channels-last error %.2e, rows %.2e; reorders %d against %d\n",
@@ -446,6 +435,47 @@ TEST(TeacherOps, MiddleAxisReductionsRunKdflowsKernel) {
     }
 }
 
+// A pool over a plain NCHW input, where oneDNN has only its simple or reference loop for that
+// layout (at AVX2; its AVX-512 kernels take NCHW), is offered "channels_last" first: the input
+// copied channels-last and its jit kernel. Both ways match the reference loop; a pool with no
+// jit kernel either way (dilated) is not offered it; a pool whose own layout has one runs there.
+TEST(TeacherOps, PoolOverASlowLayoutTakesChannelsLast) {
+  const fs::path dir = fixture_dir("ops");
+  const auto slow = [](const std::string& impl) {
+    return impl.starts_with("simple") || impl.starts_with("ref");
+  };
+  const auto pool_impl = [](const std::shared_ptr<const Teacher>& t) {
+    for (const auto& step : t->step_info())
+      if (step.kind.ends_with("Pool")) return step.impl;
+    return std::string("none");
+  };
+  int offered = 0;
+  for (const std::string name :
+       {"maxpool_pads", "maxpool_ceil", "maxpool_dilated", "avgpool_exclude_ceil",
+        "avgpool_include_pad", "avgpool_same_upper"}) {
+    SCOPED_TRACE(name);
+    const fs::path path = dir / (name + ".onnx");
+    const Shape shape = {2, 4, 9, 11};
+    const auto as_is = load_preferring(path, shape, "input_layout");
+    const auto cl = load_preferring(path, shape, "channels_last");
+    bool has_way = false;
+    for (const auto& n : cl->tune_report().nodes)
+      has_way |= std::find(n.options.begin(), n.options.end(), "channels_last") != n.options.end();
+    EXPECT_LE(error_vs_reference(path, as_is, shape), 1e-4);
+    EXPECT_LE(error_vs_reference(path, cl, shape), 1e-4);
+    if (has_way) {
+      ++offered;
+      EXPECT_TRUE(slow(pool_impl(as_is))) << pool_impl(as_is);
+      EXPECT_FALSE(slow(pool_impl(cl))) << pool_impl(cl);
+    } else if (name != "maxpool_dilated") {
+      EXPECT_FALSE(slow(pool_impl(as_is))) << pool_impl(as_is);
+    }
+  }
+  if (onednn_info().isa == "avx2") {
+    EXPECT_EQ(offered, 5); // every one but the dilated pool
+  }
+}
+
 // In bf16 plans the kernel reads and writes bf16 where every input of the Concat is a
 // convolution's (bf16) output: within bf16's error of the reference loop, as the concat way (which
 // rounds the concatenation, then the convolution's output), rounding to nearest (no bias). Where an
@@ -481,12 +511,7 @@ TEST(TeacherOps, ConcatAffineWayInBf16) {
       const std::vector<float> got = run(t, x)[0];
       const std::vector<float>& ref = env.at(t->output_names()[0]).f;
       error[way] = normalized_error(got, ref);
-      double along = 0, magnitude = 0;
-      for (std::size_t i = 0; i < ref.size(); ++i) {
-        along += (static_cast<double>(got[i]) - ref[i]) * ((ref[i] > 0) - (ref[i] < 0));
-        magnitude += std::fabs(ref[i]);
-      }
-      EXPECT_LE(std::fabs(along / magnitude), 2.5e-3) << way;
+      EXPECT_LE(std::fabs(rounding_bias(got, ref)), 2.5e-3) << way;
     }
     std::printf("%s: bf16 concat_affine error %.2e, concat %.2e\n", name.c_str(),
                 error["concat_affine"], error["concat"]);
