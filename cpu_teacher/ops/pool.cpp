@@ -127,10 +127,14 @@ void lower_pool(Lowering& plan, const Node& node) {
   }
   const memory::desc src_md = plan.at(node.inputs[0]).md;
   const memory::desc dst_any(dims_of(os), src_md.get_data_type(), memory::format_tag::any);
+  // (Plain dims, not the structured bindings: a lambda may not capture those before C++20's
+  // clang 16.)
+  const memory::dims strides = {s[0], s[1]}, kernel = {k[0], k[1]}, dilation = {d[0] - 1, d[1] - 1},
+                     pl = {pads[0], pads[1]};
   const auto make = [&](const memory::desc& from) {
-    return dnnl::pooling_forward::primitive_desc(
-        plan.eng(), dnnl::prop_kind::forward_inference, alg, from, dst_any, {s[0], s[1]},
-        {k[0], k[1]}, {d[0] - 1, d[1] - 1}, {pads[0], pads[1]}, pr, Lowering::plain_attr());
+    return dnnl::pooling_forward::primitive_desc(plan.eng(), dnnl::prop_kind::forward_inference,
+                                                 alg, from, dst_any, strides, kernel, dilation, pl,
+                                                 pr, Lowering::plain_attr());
   };
   // oneDNN's pooling kernels for plain NCHW input are its simple loop or reference one (an
   // AlexNet's first pool after its im2col convolution, which writes NCHW: 63.6 ms of a 360 ms
