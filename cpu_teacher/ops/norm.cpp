@@ -352,8 +352,8 @@ const Node* relu_after(const Lowering& plan, const Node& node) {
 
 // The element type the channels-last kernel would read and write `node`'s values in: a 4-D input
 // that lies f32 or bf16 and an output written in the same type (in a bf16 plan, bf16 where the
-// convolution before wrote bf16, f32 where the value is kept wide); nullopt where it is not
-// offered (int8 plans, whose calibration observes the convolutions' inputs, included).
+// convolution before wrote bf16, f32 where the value is kept wide; int8 plans keep f32 here);
+// nullopt where it is not offered.
 std::optional<dt> channels_last_norm_type(const Lowering& plan, const Node& node) {
   const Graph& g = plan.graph();
   const dt type = plan.view_at(node.inputs[0]).md.get_data_type();
