@@ -34,7 +34,7 @@ struct Bf16 {
 // of a kernel compiles them to its own width), f32 or bf16 in memory, f32 in the register.
 namespace simd16 {
 
-constexpr int kLanes = 16; // channels per vector: one AVX-512 register, two AVX2 ones
+constexpr int kLanes = 16;
 using Vec = float __attribute__((vector_size(kLanes * sizeof(float))));
 
 // (Out-parameters, not return values: a 64-byte vector returned by value has another ABI where
