@@ -1,7 +1,11 @@
 // FMA peak microbenchmark: per thread, 16 (AVX-512) or 12 (AVX2) independent accumulator chains,
 // enough to cover the FMA latency on two ports; compiled per ISA with target attributes and chosen
-// at run time.
+// at run time at the width the engine runs at: oneDNN's effective ISA, which ONEDNN_MAX_CPU_ISA
+// caps (a run capped at AVX2 on a core with 512-bit FMA units is measured against the AVX2 peak,
+// half the AVX-512 one there, not against a peak its kernels cannot reach).
 #include "kdflow/cpu_teacher/peak.hpp"
+
+#include "ops/simd.hpp"
 
 #include <immintrin.h>
 
@@ -52,8 +56,9 @@ __attribute__((target("avx2,fma"))) double fma_avx2(long reps) {
 
 PeakResult measure_fma_peak(double seconds) {
   PeakResult r;
-  const bool avx512 = __builtin_cpu_supports("avx512f");
-  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  const VectorIsa width = vector_isa();
+  const bool avx512 = width == VectorIsa::avx512;
+  const bool avx2 = width == VectorIsa::avx2;
   r.isa = avx512 ? "avx512" : avx2 ? "avx2" : "scalar";
   if (!avx512 && !avx2) return r;
   r.threads = oneapi::tbb::this_task_arena::max_concurrency();

@@ -122,6 +122,36 @@ TEST(TeacherCli, BenchProfileAccountsForEveryStep) {
   EXPECT_GT(compared, 0);
 }
 
+// The FMA peak a bench reports its share of is measured at the width the engine runs at: capped
+// with ONEDNN_MAX_CPU_ISA=AVX2 on an AVX-512 CPU, the AVX2 peak (on cores with 512-bit FMA units
+// half the AVX-512 one, which the capped kernels cannot reach), and the share follows it.
+TEST(TeacherCli, BenchMeasuresThePeakAtTheWidthTheEngineRuns) {
+  if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx2") ||
+      !__builtin_cpu_supports("fma"))
+    GTEST_SKIP() << "no AVX-512 here to cap below";
+  const fs::path dir = scratch("peak_isa");
+  fs::create_directories(dir);
+  const auto bench = [&](const std::string& name, std::vector<std::string> env) {
+    const fs::path out = dir / (name + ".json"), err = dir / (name + ".stderr");
+    const Child c = spawn(
+        {"teacher", "bench", "--model", fixture("mobilenet_v2_opset13.onnx").string(), "--batch",
+         "4", "--threads", "1", "--seconds", "0.3", "--tune", "off", "--json", out.string()},
+        err, "/dev/null", std::move(env));
+    EXPECT_EQ(wait_exit(c), 0) << read_text(err);
+    return json::parse(read_text(out));
+  };
+  const json capped = bench("capped", {"ONEDNN_MAX_CPU_ISA=AVX2"});
+  EXPECT_EQ(capped.at("isa"), "avx2");
+  EXPECT_EQ(capped.at("peak_isa"), "avx2");
+  EXPECT_GT(capped.at("peak_gflops_per_s").get<double>(), 0.0);
+  EXPECT_NEAR(
+      capped.at("peak_fraction").get<double>(),
+      capped.at("gflops_per_s").get<double>() / capped.at("peak_gflops_per_s").get<double>(), 1e-9);
+  const json full = bench("full", {"ONEDNN_MAX_CPU_ISA=ALL"}); // (CI runs a line capped)
+  EXPECT_EQ(full.at("peak_isa"), "avx512");
+  EXPECT_NE(full.at("isa"), "avx2");
+}
+
 // --replicas R: R replicas of --threads each on their own cores at once; the images/s are theirs
 // together, each replica's own rate listed. Bad splits are exit 2 naming the option.
 TEST(TeacherCli, BenchReplicasRunOnTheirOwnCoresAndAddUp) {
