@@ -475,6 +475,17 @@ ArgRef Lowering::get(const std::string& value, const memory::desc& want) {
   return dst;
 }
 
+void Lowering::reorder_into(const std::string& value, const ArgRef& dst) {
+  std::optional<memory::desc> fine;
+  if (is_view(value) && view_at(value).md.get_ndims() != dst.md.get_ndims()) {
+    fine = in_fine_axes(value, dst.md);
+    if (!fine) (void)at(value);
+  }
+  const bool view = is_view(value);
+  add_reorder(view_at(value), fine ? ArgRef{dst.kind, dst.index, dst.offset, *fine} : dst,
+              view ? value + " (a view)" : value + " (into a slice)");
+}
+
 std::optional<memory::desc> Lowering::in_fine_axes(const std::string& value,
                                                    const memory::desc& want) const {
   if (want.get_format_kind() != memory::format_kind::blocked || want.get_inner_nblks() != 0)

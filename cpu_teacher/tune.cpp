@@ -47,8 +47,8 @@ using Choices = std::map<std::string, std::string>;
 // timed in them, changed, and a linear layer's per-channel scale is folded into its weights; 13:
 // the channels-last group normalization and the Concat with its reader's affine in bf16 plans,
 // which a bf16 plan tuned before never timed, and a pool's channels-last way over an input
-// whose own layout has only oneDNN's simple loop).
-constexpr int kPlanVersion = 13;
+// whose own layout has only oneDNN's simple loop; 14: a Concat of views written slice by slice).
+constexpr int kPlanVersion = 14;
 // Another plan replaces the untuned one only when it is this much faster: below that, the
 // difference is the machine's noise, not the plan.
 constexpr double kMargin = 0.03;
@@ -293,9 +293,10 @@ std::unique_ptr<Teacher::Plan> Teacher::tuned_plan(Graph graph, const TeacherOpt
   if (!nodes.empty()) {
     report.untuned_ms = measure(plan);
     // Whole plans, each preferring one way everywhere it is offered (layouts agree between
-    // neighbours that way), then each node's fastest way as timed in them.
+    // neighbours that way), then each node's fastest way as timed in them. oneDNN's own
+    // primitives first: its concat too, where kdflow's kernel or slices are a Concat's first way.
     for (const auto& prefs : std::vector<std::vector<std::string>>{
-             {"library", "reduction"},
+             {"library", "reduction", "concat"},
              {"channels_last", "pooling"},
              {"unrolled", "inner_product", "channels_last", "reduction"},
              {"inner_product", "channels_last", "pooling"},

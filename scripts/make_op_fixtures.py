@@ -332,6 +332,20 @@ def cases():
          const("flat", np.array([0, 32, 5, 6], np.int64)), const("halves", np.array([16, 16], np.int64)),
          const("starts", np.array([3], np.int64)), const("ends", np.array([32], np.int64)), const("axes", np.array([1], np.int64)),
          const("steps", np.array([2], np.int64))], opset=13, out_shape=["N", 15, 5, 6])
+    # Swin's patch merging: the four pixels of each 2x2 window of [N, H, W, C] (a convolution's
+    # output transposed channels-last: a view) as strided slices (views of it), concatenated
+    # along the channels and read by a linear layer.
+    win = [helper.make_node("Slice", ["t", f"start{k}", "end", "hw", "two"], [f"p{k}"], name=f"window{k}")
+           for k in range(4)]
+    c["concat_strided_slices"] = model(
+        [node("Conv", ["x", "w1"], ["c"]),
+         helper.make_node("Transpose", ["c"], ["t"], name="to_nhwc", perm=[0, 2, 3, 1])] + win +
+        [helper.make_node("Concat", ["p0", "p1", "p2", "p3"], ["cat"], name="merge", axis=-1),
+         helper.make_node("MatMul", ["cat", "w"], ["y"], name="reduction")], (2, 5, 6, 8),
+        [const(f"start{k}", np.array(s, np.int64)) for k, s in enumerate([[0, 0], [1, 0], [0, 1], [1, 1]])] +
+        [const("end", np.array([6, 8], np.int64)), const("hw", np.array([1, 2], np.int64)),
+         const("two", np.array([2, 2], np.int64)), const("w1", rand(6, 5, 1, 1)), const("w", rand(24, 7))],
+        out_shape=["N", 3, 4, 7])
     # as_strided as the dynamo exporter writes it: a Gather of the flattened tensor at constant
     # positions that step evenly (here a transpose of its last two axes; the batch is fixed).
     idx = (np.arange(2)[:, None, None] * 24 + np.arange(4)[None, :, None] + np.arange(6)[None, None, :] * 4).astype(np.int64)

@@ -227,6 +227,11 @@ public:
   ArgRef get_plain(const std::string& value, dt type) {
     return get(value, plain(g_.shape(value), type));
   }
+  // One reorder of `value` (a view read through its strides, or its buffer as it lies) into
+  // `dst`: a plain strided layout of the value's shape over a window of another buffer (a
+  // Concat's slice). A view whose fine axes cannot be seen in dst's strides is copied out plain
+  // first (at()).
+  void reorder_into(const std::string& value, const ArgRef& dst);
   void set(const std::string& value, ArgRef ref);
 
   // Views. A shape op may leave its output as a view of its input's bytes (in a plain strided

@@ -396,18 +396,87 @@ void concat_affine(Lowering& plan, const Node& node, const Node& conv, dt type) 
   plan.skip(conv.name);
 }
 
+// The plain strided layout a Concat's computed inputs share, where every one that is not a view
+// lies densely in one axis order (channels-last after convolutions, say): that order over
+// `shape`; nullopt where they lie in different orders or in a blocked layout, or where every
+// input is a view or a constant.
+std::optional<memory::desc> shared_layout(Lowering& plan, const Node& node, const Shape& shape,
+                                          dt type) {
+  const Graph& g = plan.graph();
+  std::optional<memory::desc> shared;
+  for (const auto& in : node.inputs) {
+    if (g.is_constant(in) || plan.is_view(in)) continue;
+    const memory::desc& md = plan.view_at(in).md;
+    const auto order = dense_in_order_of(md, g.shape(in), type);
+    if (!order || md != *order || (shared && *dense_in_order_of(*shared, g.shape(in), type) != md))
+      return std::nullopt;
+    if (!shared) shared = md;
+  }
+  if (!shared) return std::nullopt;
+  return dense_in_order_of(*shared, shape, type);
+}
+
+// The layout the "slices" way writes a Concat in, where it is offered: some input is a view (a
+// transpose's, a split's, a shuffle's), every input is computed (no constant) and of the
+// concatenation's type; the layout the other inputs share, or plain where every input is a view.
+std::optional<memory::desc> slices_layout(Lowering& plan, const Node& node) {
+  const Graph& g = plan.graph();
+  const std::string& out = node.outputs[0];
+  const dt type = plan.type_of(out);
+  bool view = false, dense = false;
+  for (const auto& in : node.inputs) {
+    if (g.is_constant(in) || plan.view_at(in).md.get_data_type() != type) return std::nullopt;
+    (plan.is_view(in) ? view : dense) = true;
+  }
+  if (!view) return std::nullopt;
+  if (!dense) return plain(g.shape(out), type);
+  return shared_layout(plan, node, g.shape(out), type);
+}
+
+// The Concat as one reorder per input straight into its slice of the concatenation (a window of
+// the output's buffer, in `layout`): a view is read through its strides, so its bytes are copied
+// once where the "concat" way copies them out into a buffer of their own and oneDNN's concat
+// copies them again.
+void slice_concat(Lowering& plan, const Node& node, const memory::desc& layout) {
+  const Graph& g = plan.graph();
+  const dt type = plan.type_of(node.outputs[0]);
+  const auto axis = static_cast<std::size_t>(node.int_attr("axis", 0));
+  const ArgRef dst = plan.new_buffer(layout);
+  const memory::dims strides = layout.get_strides();
+  std::int64_t along = 0;
+  for (const auto& in : node.inputs) {
+    const Shape& is = g.shape(in);
+    if (numel(is) > 0) {
+      ArgRef slice = dst;
+      slice.offset +=
+          static_cast<std::size_t>(along * strides[axis]) * memory::data_type_size(type);
+      slice.md = memory::desc(dims_of(is), type, strides);
+      plan.reorder_into(in, slice);
+    }
+    along += is[axis];
+  }
+  plan.set(node.outputs[0], dst);
+}
+
 void copy_concat(Lowering& plan, const Node& node);
 
-// Two ways where a per-channel affine alone reads the concatenation (affine_after_concat):
+// Ways: where a per-channel affine alone reads the concatenation (affine_after_concat),
 // "concat_affine" (first: the concatenation is never written, the affine's own pass gone) and
-// "concat" (oneDNN's concat, then the reader as a depthwise convolution); elsewhere "concat" alone.
+// "concat" (oneDNN's concat, then the reader as a depthwise convolution); where an input is a view
+// (slices_layout), "slices" (first: each input copied once, into its slice) and "concat" (each view
+// copied out, then oneDNN's concat); elsewhere "concat" alone.
 void lower_concat(Lowering& plan, const Node& node) {
-  const Node* conv = affine_after_concat(plan, node);
-  if (conv == nullptr || plan.choose(node, {"concat_affine", "concat"}) != "concat_affine")
-    return copy_concat(plan, node);
-  const dt type = plan.type_of(node.outputs[0]);
-  if (type == dt::bf16) return concat_affine<Bf16>(plan, node, *conv, type);
-  concat_affine<float>(plan, node, *conv, type);
+  if (const Node* conv = affine_after_concat(plan, node); conv != nullptr) {
+    if (plan.choose(node, {"concat_affine", "concat"}) != "concat_affine")
+      return copy_concat(plan, node);
+    const dt type = plan.type_of(node.outputs[0]);
+    if (type == dt::bf16) return concat_affine<Bf16>(plan, node, *conv, type);
+    return concat_affine<float>(plan, node, *conv, type);
+  }
+  if (const auto layout = slices_layout(plan, node);
+      layout && plan.choose(node, {"slices", "concat"}) == "slices")
+    return slice_concat(plan, node, *layout);
+  copy_concat(plan, node);
 }
 
 void copy_concat(Lowering& plan, const Node& node) {
@@ -420,18 +489,8 @@ void copy_concat(Lowering& plan, const Node& node) {
   // Views are copied out straight into the layout the other inputs share, where that is a plain
   // strided one of this type (oneDNN's concat copies rows where all lie alike; mixed layouts
   // take its reference loop).
-  std::optional<memory::desc> shared;
-  bool agree = true;
-  for (const auto& in : node.inputs) {
-    if (g.is_constant(in) || plan.is_view(in)) continue;
-    const memory::desc& md = plan.view_at(in).md;
-    const auto order = dense_in_order_of(md, g.shape(in), type);
-    if (!order || md != *order || (shared && *dense_in_order_of(*shared, g.shape(in), type) != md))
-      agree = false;
-    else if (!shared)
-      shared = md;
-  }
-  if (!agree) shared.reset();
+  const std::optional<memory::desc> shared =
+      shared_layout(plan, node, g.shape(node.inputs[0]), type);
   for (const auto& in : node.inputs) {
     const auto want = shared ? dense_in_order_of(*shared, g.shape(in), type) : std::nullopt;
     if (g.is_constant(in))

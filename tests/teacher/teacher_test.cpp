@@ -402,6 +402,63 @@ TEST(TeacherOps, ConcatAffineWaysMatchTheReference) {
   }
 }
 
+// A Concat of views (ShuffleNet's shuffled half beside a convolution's output; Swin's patch
+// merging: four strided windows of a transposed value) runs both ways: "slices" (each input
+// reordered once straight into its slice of the concatenation, a view through its strides: one
+// reorder per input and no Concat step) and "concat" (each view copied out, then oneDNN's concat).
+// Both copy, so their results are the same bit for bit, in fp32 (within 1e-4 of the reference)
+// and in bf16 (where the Swin fixture's values are bf16 from its convolution on). A Concat of no
+// view (ShuffleNet's first) is not offered the way.
+TEST(TeacherOps, ConcatOfViewsWritesEachIntoItsSlice) {
+  const fs::path dir = fixture_dir("ops");
+  const std::map<std::string, Shape> fixtures = {{"view_channel_shuffle", {2, 16, 5, 6}},
+                                                 {"concat_strided_slices", {2, 5, 6, 8}}};
+  std::vector<Precision> precisions = {Precision::fp32};
+  if (has_native_bf16()) precisions.push_back(Precision::bf16);
+  for (const auto& [name, shape] : fixtures)
+    for (const Precision precision : precisions) {
+      const bool bf16 = precision == Precision::bf16;
+      if (bf16 && name == "view_channel_shuffle") continue; // its concatenations are f32 there
+      const fs::path path = dir / (name + ".onnx");
+      std::map<std::string, std::vector<float>> outputs;
+      std::map<std::string, std::size_t> steps;
+      const auto x = random_input(shape);
+      for (const std::string way : {"slices", "concat"}) {
+        SCOPED_TRACE(name + " preferring " + way + (bf16 ? " in bf16" : ""));
+        const auto t = load_preferring(path, shape, way, precision);
+        int offered = 0, taken = 0;
+        for (const auto& n : t->tune_report().nodes) {
+          const bool has =
+              std::find(n.options.begin(), n.options.end(), "slices") != n.options.end();
+          offered += has;
+          taken += n.chosen == way && has;
+          if (has) {
+            EXPECT_EQ(n.options, (std::vector<std::string>{"slices", "concat"}));
+          }
+        }
+        EXPECT_EQ(offered, 1);
+        EXPECT_EQ(taken, 1);
+        // The views are copied once either way (into the slice, or out for oneDNN's concat); the
+        // shuffle's convolution output is copied into its slice where oneDNN's concat read it.
+        int concats = 0, into_slice = 0;
+        for (const auto& step : t->step_info()) {
+          concats += step.kind == "Concat";
+          into_slice += step.label.ends_with(" (into a slice)");
+        }
+        const int dense = name == "view_channel_shuffle" ? 1 : 0;
+        EXPECT_EQ(concats, dense + (way == "concat" ? 1 : 0)); // (its first Concat: no view)
+        EXPECT_EQ(into_slice, way == "slices" ? dense : 0);
+        steps[way] = t->step_info().size();
+        outputs[way] = run(t, x)[0];
+        if (!bf16) {
+          EXPECT_LE(error_vs_reference(path, t, shape), 1e-4);
+        }
+      }
+      EXPECT_EQ(steps["slices"], steps["concat"] - 1 + (name == "view_channel_shuffle" ? 1 : 0));
+      EXPECT_EQ(outputs["slices"], outputs["concat"]); // copies either way: bit for bit
+    }
+}
+
 // Reductions over consecutive axes that oneDNN 3.2 runs only in its reference loop (a middle
 // axis: a classifier's mean over tokens, an L2 norm or max over middle axes) run as kdflow's
 // kernel instead, in fp32 within 1e-4 of the reference loop and in bf16 within bf16's error:
@@ -666,9 +723,10 @@ TEST(TeacherOps, ConcatReadOnlyByConvolutionsIsNeverWritten) {
 // shape op copies out, once (the view_* fixtures match the reference in EveryOpMatchesTheReference
 // too): attention's Q, K and V one reorder each, however many transposes, reshapes (one merging
 // axes that no strides merge) and selections made them; ShuffleNet's shuffled and split halves
-// one each, straight into the layout their reader takes (a convolution, a concatenation), and a
-// strided slice of them; and a view of a buffer that a residual sum then overwrites in place is
-// copied out before the convolution writes it.
+// one each, straight into the layout their reader takes (a convolution, a concatenation: there
+// into its slice of the concatenation, the convolution's output beside it), and a strided slice
+// of them; and a view of a buffer that a residual sum then overwrites in place is copied out
+// before the convolution writes it.
 TEST(TeacherOps, ViewsAreCopiedOutOnceWhereTheyAreRead) {
   const fs::path dir = fixture_dir("ops");
   const std::map<std::string, std::vector<std::string>> copies = {
@@ -689,7 +747,7 @@ TEST(TeacherOps, ViewsAreCopiedOutOnceWhereTheyAreRead) {
     opts.batch = shape[0];
     const auto t = Teacher::load(path, opts);
     std::vector<std::string> copied;
-    int reorders = 0;
+    int reorders = 0, into_slice = 0;
     std::size_t conv_step = 0, view_t_step = 0;
     const auto steps = t->step_info();
     for (std::size_t k = 0; k < steps.size(); ++k) {
@@ -698,6 +756,10 @@ TEST(TeacherOps, ViewsAreCopiedOutOnceWhereTheyAreRead) {
       // (The network input taken into a convolution's layout and the output's copy are no views.)
       if (steps[k].kind != "reorder" || label.starts_with("reorder output") || label == "reorder x")
         continue;
+      if (label.ends_with(" (into a slice)")) {
+        ++into_slice;
+        continue;
+      }
       ++reorders;
       const std::string suffix = " (a view)";
       ASSERT_TRUE(label.ends_with(suffix)) << label;
@@ -706,6 +768,7 @@ TEST(TeacherOps, ViewsAreCopiedOutOnceWhereTheyAreRead) {
     }
     EXPECT_EQ(copied, views);
     EXPECT_EQ(reorders, static_cast<int>(views.size()));
+    EXPECT_EQ(into_slice, name == "view_channel_shuffle" ? 1 : 0);
     if (name == "view_before_residual_sum") {
       EXPECT_LT(view_t_step, conv_step);
     }
