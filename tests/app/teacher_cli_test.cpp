@@ -124,7 +124,7 @@ TEST(TeacherCli, BenchProfileAccountsForEveryStep) {
 
 // The FMA peak a bench reports its share of is measured at the width the engine runs at: capped
 // with ONEDNN_MAX_CPU_ISA=AVX2 on an AVX-512 CPU, the AVX2 peak (on cores with 512-bit FMA units
-// half the AVX-512 one, which the capped kernels cannot reach), and the share follows it.
+// half the AVX-512 one, which the capped kernels cannot reach), named so in the JSON (peak_isa).
 TEST(TeacherCli, BenchMeasuresThePeakAtTheWidthTheEngineRuns) {
   if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx2") ||
       !__builtin_cpu_supports("fma"))
@@ -144,9 +144,6 @@ TEST(TeacherCli, BenchMeasuresThePeakAtTheWidthTheEngineRuns) {
   EXPECT_EQ(capped.at("isa"), "avx2");
   EXPECT_EQ(capped.at("peak_isa"), "avx2");
   EXPECT_GT(capped.at("peak_gflops_per_s").get<double>(), 0.0);
-  EXPECT_NEAR(
-      capped.at("peak_fraction").get<double>(),
-      capped.at("gflops_per_s").get<double>() / capped.at("peak_gflops_per_s").get<double>(), 1e-9);
   const json full = bench("full", {"ONEDNN_MAX_CPU_ISA=ALL"}); // (CI runs a line capped)
   EXPECT_EQ(full.at("peak_isa"), "avx512");
   EXPECT_NE(full.at("isa"), "avx2");
