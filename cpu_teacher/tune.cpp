@@ -4,8 +4,7 @@
 // an inner product, unrolled) is timed in whole plans, the fastest way per node is put together
 // and timed again, and the fastest whole plan is kept. Then the batch in passes of fewer samples
 // (Graph::chunks) is timed against the whole batch, one pass at a time on every thread and as
-// many at once as threads, each on one. Each choice ends in a runoff between the few that came
-// nearest the fastest, timed again side by side. Choices are cached on disk, keyed by the
+// many at once as threads, each on one. Choices are cached on disk, keyed by the
 // model's bytes, the input, batch, precision, threads, oneDNN and the CPU.
 #include "kdflow/core/cache_home.hpp"
 #include "kdflow/core/digest.hpp"
@@ -22,7 +21,6 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
-#include <optional>
 #include <random>
 #include <unistd.h>
 
@@ -49,9 +47,8 @@ using Choices = std::map<std::string, std::string>;
 // timed in them, changed, and a linear layer's per-channel scale is folded into its weights; 13:
 // the channels-last group normalization and the Concat with its reader's affine in bf16 plans,
 // which a bf16 plan tuned before never timed, and a pool's channels-last way over an input
-// whose own layout has only oneDNN's simple loop; 14: a Concat of views written slice by slice;
-// 15: the runoff, which may keep another plan than the fastest first timing).
-constexpr int kPlanVersion = 15;
+// whose own layout has only oneDNN's simple loop; 14: a Concat of views written slice by slice).
+constexpr int kPlanVersion = 14;
 // Another plan replaces the untuned one only when it is this much faster: below that, the
 // difference is the machine's noise, not the plan.
 constexpr double kMargin = 0.03;
@@ -60,17 +57,6 @@ constexpr double kMargin = 0.03;
 // timings of one plan differ by on a shared machine, so the margin alone would stop the search at
 // the first noisy step.
 constexpr double kPassTolerance = 0.10;
-// The runoff. Each plan is timed once before it (a median of a few runs, or one run where a run
-// takes a second), at another moment than the others, and the fastest of about ten such timings is
-// as often the luckiest as the best: four tunings of one ShuffleNet kept plans 5.5% apart in
-// rate with the same passes (bench/results/teacher_tuner_spread_zen5_2eaea2e.json). So the plans
-// whose first timings are within kRunoffBand of the fastest (kRunoffSize at most) are timed again
-// in kRunoffRounds rounds, each round in another order, and kept by their medians over the rounds:
-// fresh timings, side by side, which no plan was chosen for.
-constexpr double kRunoffBand = 0.06;
-constexpr std::size_t kRunoffSize = 3;
-constexpr int kRunoffRounds = 3;
-constexpr std::size_t kNone = kNoIncumbent;
 
 fs::path cache_folder(const TeacherOptions& options) {
   if (!options.cache_dir.empty()) return fs::path(options.cache_dir) / "plans";
@@ -108,58 +94,6 @@ Choices effective(const Teacher::Plan& plan) {
   Choices c;
   for (const auto& o : plan.options) c[o.node] = o.chosen;
   return c;
-}
-
-} // namespace
-
-std::vector<std::size_t> runoff_finalists(const std::vector<double>& ms, std::size_t incumbent) {
-  std::vector<std::size_t> eligible;
-  for (std::size_t i = 0; i < ms.size(); ++i)
-    if (incumbent == kNone || i == incumbent || ms[i] < ms[incumbent] * (1 - kMargin))
-      eligible.push_back(i);
-  if (eligible.empty()) return eligible;
-  std::stable_sort(eligible.begin(), eligible.end(),
-                   [&](std::size_t a, std::size_t b) { return ms[a] < ms[b]; });
-  const double near = ms[eligible.front()] * (1 + kRunoffBand);
-  std::vector<std::size_t> out;
-  for (const std::size_t i : eligible)
-    if (ms[i] <= near && out.size() < kRunoffSize) out.push_back(i);
-  if (incumbent != kNone && ms[incumbent] <= near &&
-      std::find(out.begin(), out.end(), incumbent) == out.end())
-    out.back() = incumbent;
-  return out;
-}
-
-void to_json(nlohmann::json& j, const RunoffEntry& e) {
-  j = {{"plan", e.plan},
-       {"first_ms", e.first_ms},
-       {"rounds_ms", e.rounds_ms},
-       {"median_ms", e.median_ms},
-       {"kept", e.kept}};
-}
-
-void from_json(const nlohmann::json& j, RunoffEntry& e) {
-  e = {j.at("plan").get<std::string>(), j.at("first_ms").get<double>(),
-       j.at("rounds_ms").get<std::vector<double>>(), j.at("median_ms").get<double>(),
-       j.at("kept").get<bool>()};
-}
-
-std::size_t runoff_kept(const std::vector<double>& medians, std::size_t incumbent) {
-  std::size_t fastest = kNone;
-  for (std::size_t i = 0; i < medians.size(); ++i)
-    if (i != incumbent && (fastest == kNone || medians[i] < medians[fastest])) fastest = i;
-  if (incumbent != kNone &&
-      (fastest == kNone || medians[fastest] >= medians[incumbent] * (1 - kMargin)))
-    return incumbent;
-  return fastest;
-}
-
-namespace {
-
-double median_of(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t m = v.size() / 2;
-  return v.size() % 2 == 1 ? v[m] : (v[m - 1] + v[m]) / 2;
 }
 
 } // namespace
@@ -223,8 +157,6 @@ std::unique_ptr<Teacher::Plan> Teacher::tuned_plan(Graph graph, const TeacherOpt
     using Timings = std::vector<std::pair<std::int64_t, double>>;
     cached.pass_ms = j.at("pass_ms").get<Timings>();
     cached.pass_at_once_ms = j.at("pass_at_once_ms").get<Timings>();
-    cached.ways_runoff = j.at("ways_runoff").get<std::vector<RunoffEntry>>();
-    cached.passes_runoff = j.at("passes_runoff").get<std::vector<RunoffEntry>>();
     if (cached.passes_at_once != 1 && cached.passes_at_once != threads)
       throw InputError(
           fmt::format("{} passes at once with {} threads", cached.passes_at_once, threads));
@@ -258,12 +190,11 @@ std::unique_ptr<Teacher::Plan> Teacher::tuned_plan(Graph graph, const TeacherOpt
     stale = true;
   }
 
-  // Times a plan in an arena of the replicas' size: one warm-up run, then the timed runs (as many
-  // as below; `brief`, a runoff's round: 0.1 s of them, one at least), each step waited for and
-  // timed; or (`wall`) the runs' wall time alone, as they run in a replica (passes at once overlap
-  // their steps).
+  // Times a plan in an arena of the replicas' size: one warm-up run, then the timed runs, each
+  // step waited for and timed; or (`wall`) the runs' wall time alone, as they run in a replica
+  // (passes at once overlap their steps).
   oneapi::tbb::task_arena arena(threads);
-  const auto time_plan = [&](std::unique_ptr<Plan>& plan, bool wall = false, bool brief = false) {
+  const auto time_plan = [&](std::unique_ptr<Plan>& plan, bool wall = false) {
     std::shared_ptr<Teacher> t(new Teacher());
     t->plan_ = std::move(plan);
     Timing out;
@@ -286,7 +217,6 @@ std::unique_ptr<Teacher::Plan> Teacher::tuned_plan(Graph graph, const TeacherOpt
       // batch 64 on one core), whose noise is small against its length.
       const auto enough = [&] {
         const auto spent = Clock::now() - start;
-        if (brief) return !totals.empty() && spent >= std::chrono::milliseconds(100);
         if (spent > std::chrono::seconds(1)) return !totals.empty();
         return totals.size() >= 3 && spent >= std::chrono::milliseconds(200);
       };
@@ -314,50 +244,16 @@ std::unique_ptr<Teacher::Plan> Teacher::tuned_plan(Graph graph, const TeacherOpt
     return out;
   };
 
-  // The runoff (kRunoffBand above) of `f`, timed as their first timings were (`wall` or step by
-  // step): kRunoffRounds rounds of 0.1 s of runs each (one at least, after its warm-up), fewer (one
-  // at least) once it has taken as long as all the tuning before it, each round one further on, so
-  // that no plan always runs first or after the same other. The one kept: the least median, but
-  // `incumbent` (an index into f, or kNone) unless another's median beats its own by the margin.
-  // The rounds go into `out`.
-  struct Finalist {
-    std::string label;
-    double first_ms = 0;
-    std::unique_ptr<Plan> plan;
-  };
-  const auto runoff = [&](std::vector<Finalist>& f, bool wall, std::size_t incumbent,
-                          std::vector<RunoffEntry>& out) {
-    out.clear();
-    for (const auto& c : f) out.push_back({c.label, c.first_ms, {}, 0, false});
-    const auto begun = Clock::now();
-    const auto before = begun - started;
-    for (int r = 0; r < kRunoffRounds && (r == 0 || Clock::now() - begun < before); ++r)
-      for (std::size_t k = 0; k < f.size(); ++k) {
-        const std::size_t i = (k + static_cast<std::size_t>(r)) % f.size();
-        out[i].rounds_ms.push_back(time_plan(f[i].plan, wall, true).total_ms);
-      }
-    std::vector<double> medians;
-    for (auto& e : out) medians.push_back(e.median_ms = median_of(e.rounds_ms));
-    const std::size_t kept = runoff_kept(medians, incumbent);
-    out[kept].kept = true;
-    return kept;
-  };
-
   // Every node's ways, and what each cost where it was timed.
   std::map<std::string, std::map<std::string, double>> cost;
   // The ways that lowered the next node with their own (node -> way -> that node), and what each
   // node's steps cost at least where it ran on its own.
   std::map<std::string, std::map<std::string, std::string>> takes_in;
   std::map<std::string, double> alone;
-  struct Measured {
-    Choices choices; // effective
-    double ms = 0;   // per batch
-    std::string label;
-  };
-  std::vector<Measured> measured;
+  std::vector<std::pair<Choices, double>> measured; // effective choices, ms per batch
   auto plan = build_plan(std::move(graph), options, {});
   const std::vector<NodeOptions> nodes = plan->options;
-  const auto measure = [&](std::unique_ptr<Plan>& p, const std::string& label) {
+  const auto measure = [&](std::unique_ptr<Plan>& p) {
     const Timing t = time_plan(p);
     const auto by_node = ms_by_node(*p, t);
     for (const auto& [node, ms] : by_node) {
@@ -371,17 +267,17 @@ std::unique_ptr<Teacher::Plan> Teacher::tuned_plan(Graph graph, const TeacherOpt
       auto& ms = cost[o.node].try_emplace(o.chosen, it->second).first->second;
       ms = std::min(ms, it->second);
     }
-    measured.push_back({effective(*p), t.total_ms, label});
+    measured.emplace_back(effective(*p), t.total_ms);
     return t.total_ms;
   };
   const auto tried = [&](const Choices& c) {
     return std::any_of(measured.begin(), measured.end(),
-                       [&](const auto& m) { return m.choices == c; });
+                       [&](const auto& m) { return m.first == c; });
   };
   // Builds and times the plan with `choices` unless a plan with the same choices was timed. A
   // way oneDNN cannot build here is left out of the tuning, not an error of the model (which the
   // untuned plan has proved buildable).
-  const auto try_choices = [&](Choices choices, const std::string& label) {
+  const auto try_choices = [&](Choices choices) {
     std::unique_ptr<Plan> p;
     try {
       p = build_plan(std::move(plan->graph), options, std::move(choices));
@@ -390,12 +286,12 @@ std::unique_ptr<Teacher::Plan> Teacher::tuned_plan(Graph graph, const TeacherOpt
                                  report.note.empty() ? "" : "; ", e.what());
       return;
     }
-    if (!tried(effective(*p))) measure(p, label);
+    if (!tried(effective(*p))) measure(p);
     plan = std::move(p);
   };
 
   if (!nodes.empty()) {
-    report.untuned_ms = measure(plan, "untuned");
+    report.untuned_ms = measure(plan);
     // Whole plans, each preferring one way everywhere it is offered (layouts agree between
     // neighbours that way), then each node's fastest way as timed in them. oneDNN's own
     // primitives first: its concat too, where kdflow's kernel or slices are a Concat's first way.
@@ -407,7 +303,7 @@ std::unique_ptr<Teacher::Plan> Teacher::tuned_plan(Graph graph, const TeacherOpt
              {"winograd_4x4", "inner_product", "channels_last", "pooling"},
              {"winograd_2x2", "inner_product", "channels_last", "pooling"},
              {"channels_last_alternative", "inner_product", "channels_last", "pooling"}})
-      try_choices(prefer_ways(nodes, prefs), prefs.front() + " preferred");
+      try_choices(prefer_ways(nodes, prefs));
     Choices fastest;
     for (const auto& [node, ways] : cost)
       fastest[node] = std::min_element(ways.begin(), ways.end(), [](const auto& a, const auto& b) {
@@ -434,43 +330,19 @@ std::unique_ptr<Teacher::Plan> Teacher::tuned_plan(Graph graph, const TeacherOpt
       }
       fastest[node] = best;
     }
-    try_choices(std::move(fastest), "fastest way per node");
+    try_choices(std::move(fastest));
   }
 
-  // The untuned plan unless another beat it by more than the margin: in a runoff where more than
-  // one came near the fastest (the untuned one's median then untuned_ms).
-  std::vector<double> first_ms;
-  for (const auto& m : measured) first_ms.push_back(m.ms);
-  const std::vector<std::size_t> near = runoff_finalists(first_ms, 0);
-  if (near.size() > 1) {
-    std::vector<Finalist> f;
-    std::size_t untuned = kNone;
-    // The last plan timed is one of them, or gives its graph up (no fourth plan held meanwhile).
-    const bool reused = std::any_of(near.begin(), near.end(), [&](std::size_t i) {
-      return measured[i].choices == effective(*plan);
-    });
-    std::optional<Graph> spare;
-    if (!reused) {
-      spare = std::move(plan->graph);
-      plan.reset();
+  // The untuned plan unless another beat it by more than the margin.
+  Choices best = measured.empty() ? Choices{} : measured.front().first;
+  double best_ms = report.untuned_ms;
+  for (const auto& [choices, ms] : measured)
+    if (ms < report.untuned_ms * (1 - kMargin) && ms < best_ms) {
+      best = choices;
+      best_ms = ms;
     }
-    const Graph& source = reused ? plan->graph : *spare; // the Plan stays put as it changes owner
-    for (const std::size_t i : near) {
-      if (i == 0) untuned = f.size();
-      auto p = plan && effective(*plan) == measured[i].choices
-                   ? std::move(plan)
-                   : build_plan(Graph(source), options, measured[i].choices);
-      f.push_back({measured[i].label, measured[i].ms, std::move(p)});
-    }
-    const std::size_t kept = runoff(f, false, untuned, report.ways_runoff);
-    if (untuned != kNone) report.untuned_ms = report.ways_runoff[untuned].median_ms;
-    report.tuned_ms = report.ways_runoff[kept].median_ms;
-    plan = std::move(f[kept].plan);
-  } else {
-    const Choices best = near.empty() ? Choices{} : measured[near.front()].choices;
-    report.tuned_ms = near.empty() ? report.untuned_ms : measured[near.front()].ms;
-    if (effective(*plan) != best) plan = build_plan(std::move(plan->graph), options, best);
-  }
+  report.tuned_ms = best_ms;
+  if (effective(*plan) != best) plan = build_plan(std::move(plan->graph), options, best);
   for (const auto& o : plan->options) {
     TunedNode n{o.node, o.options, {}, o.chosen};
     for (const auto& way : o.options) {
@@ -551,54 +423,11 @@ std::unique_ptr<Teacher::Plan> Teacher::tuned_plan(Graph graph, const TeacherOpt
                                                                  })
                                                     ->first));
     if (try_at_once && options.batch >= threads) search(from, threads, report.pass_at_once_ms);
-    // The whole batch (where it may run so: the incumbent) and every pass timed; the finalists
-    // among them in a runoff where more than one came near the fastest.
-    struct Way {
-      std::int64_t samples; // 0: the whole batch
-      int lanes;
-      double ms;
-    };
-    std::vector<Way> timed;
-    if (try_one_at_a_time) timed.push_back({0, 1, whole_ms});
-    for (std::size_t k = 1; k < report.pass_ms.size(); ++k)
-      timed.push_back({report.pass_ms[k].first, 1, report.pass_ms[k].second});
-    for (const auto& [n, ms] : report.pass_at_once_ms) timed.push_back({n, threads, ms});
-    std::vector<double> timed_ms;
-    for (const auto& w : timed) timed_ms.push_back(w.ms);
-    std::vector<Finalist> f;
-    std::vector<Way> f_way;
-    std::size_t whole = kNone;
-    const std::vector<std::size_t> near = runoff_finalists(timed_ms, try_one_at_a_time ? 0 : kNone);
-    for (const std::size_t i : near) {
-      const Way& w = timed[i];
-      if (w.samples == 0) continue; // last: the passes are loaded from its graph
-      std::unique_ptr<Plan> p;
-      if (fastest && fastest->graph.batch == w.samples && fastest->passes_at_once == w.lanes) {
-        p = std::move(fastest);
-      } else if (auto g = load_onnx_in_passes(path, lo, plan->graph, w.samples)) {
-        p = build_or_note(std::move(*g), w.lanes, w.samples);
-      }
-      if (!p) continue;
-      f.push_back({fmt::format("passes of {} samples{}", w.samples,
-                               w.lanes > 1 ? fmt::format(", {} at once", w.lanes) : ""),
-                   w.ms, std::move(p)});
-      f_way.push_back(w);
-    }
-    if (try_one_at_a_time && std::find(near.begin(), near.end(), 0) != near.end()) {
-      whole = f.size();
-      f.push_back({"the whole batch", whole_ms, std::move(plan)});
-      f_way.push_back(timed.front());
-    }
-    const std::size_t kept = f.size() > 1 ? runoff(f, true, whole, report.passes_runoff)
-                             : f.empty()  ? kNone
-                                          : 0;
-    if (kept != kNone && kept != whole) {
-      report.samples_per_pass = f[kept].plan->graph.batch;
-      report.passes_at_once = f[kept].plan->passes_at_once;
-      report.tuned_ms = f.size() > 1 ? report.passes_runoff[kept].median_ms : f_way[kept].ms;
-    }
-    if (kept != kNone) {
-      plan = std::move(f[kept].plan);
+    if (fastest && (fastest_ms < whole_ms * (1 - kMargin) || !try_one_at_a_time)) {
+      report.samples_per_pass = fastest->graph.batch;
+      report.passes_at_once = fastest->passes_at_once;
+      report.tuned_ms = fastest_ms;
+      plan = std::move(fastest);
     } else if (!try_one_at_a_time) {
       throw InputError(fmt::format("{}: {} passes at once: the batch of {} cannot run in passes "
                                    "(the model computes its samples differently at a smaller "
@@ -646,8 +475,6 @@ std::unique_ptr<Teacher::Plan> Teacher::tuned_plan(Graph graph, const TeacherOpt
                               {"passes_at_once", report.passes_at_once},
                               {"pass_ms", report.pass_ms},
                               {"pass_at_once_ms", report.pass_at_once_ms},
-                              {"ways_runoff", report.ways_runoff},
-                              {"passes_runoff", report.passes_runoff},
                               {"nodes", nodes_json}};
     std::error_code ec;
     const fs::path tmp = write_temporary(file, j.dump(1), ec);

@@ -78,18 +78,6 @@ int replica_threads(const TeacherOptions& options);
 std::map<std::string, std::string> prefer_ways(const std::vector<NodeOptions>& nodes,
                                                const std::vector<std::string>& prefer);
 
-// The tuner's runoff (tune.cpp), between candidates first timed at `first_ms` each, where
-// `incumbent` (an index into it, or kNoIncumbent) is the one kept unless another beats it by
-// the tuner's margin (3%): the finalists (indices, fastest first), those that beat the incumbent
-// by the margin and the incumbent itself, within 6% of the fastest of them, three at most, the
-// incumbent among them wherever it is that near (in place of the slowest other); and, from the
-// finalists' medians over the runoff's rounds, the one kept: the least, but the incumbent unless
-// that beats its own by the margin.
-inline constexpr std::size_t kNoIncumbent = static_cast<std::size_t>(-1);
-std::vector<std::size_t> runoff_finalists(const std::vector<double>& first_ms,
-                                          std::size_t incumbent);
-std::size_t runoff_kept(const std::vector<double>& medians, std::size_t incumbent);
-
 struct Teacher::Plan {
   Graph graph;
   Precision precision = Precision::fp32;

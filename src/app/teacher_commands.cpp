@@ -143,14 +143,6 @@ void print_tuning(const teacher::Teacher& t, bool every_node) {
       timed += fmt::format("{}{} samples at once {:.3f} ms", timed.empty() ? "" : ", ", n, ms);
     fmt::print("passes:     {} ({} per batch as timed)\n", teacher::describe_passes(t), timed);
   }
-  for (const auto* runoff : {&r.ways_runoff, &r.passes_runoff}) {
-    if (runoff->empty()) continue;
-    std::string line;
-    for (const auto& e : *runoff)
-      line += fmt::format("{}{}{} {:.3f} ms (first {:.3f})", line.empty() ? "" : ", ",
-                          e.kept ? "* " : "", e.plan, e.median_ms, e.first_ms);
-    fmt::print("runoff:     {} rounds: {}\n", runoff->front().rounds_ms.size(), line);
-  }
   if (!every_node) return;
   fmt::print("plan (node: way ms per batch ..., * kept):\n");
   for (const auto& n : r.nodes) {
@@ -510,8 +502,6 @@ nlohmann::json bench_result(const TeacherArgs& args, const teacher::Teacher& t, 
         {"passes_at_once", tuned.passes_at_once},
         {"pass_ms", tuned.pass_ms},
         {"pass_at_once_ms", tuned.pass_at_once_ms},
-        {"ways_runoff", tuned.ways_runoff},
-        {"passes_runoff", tuned.passes_runoff},
         {"seconds", tuned.seconds},
         {"nodes", tuned.nodes.size()},
         {"ways", std::move(ways)}}},

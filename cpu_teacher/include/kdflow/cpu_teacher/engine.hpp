@@ -16,8 +16,6 @@
 #include <utility>
 #include <vector>
 
-#include <nlohmann/json_fwd.hpp>
-
 namespace kdflow::teacher {
 
 enum class Precision { fp32, bf16, int8 };
@@ -112,23 +110,6 @@ struct TunedNode {
   std::string chosen;
 };
 
-// A finalist of the tuner's runoff (tune.cpp): the plans whose first timings came within a few
-// per cent of the fastest are timed again in alternating rounds, and the one with the least
-// median over the rounds is kept, so that no plan is kept for one lucky timing. `plan` names it
-// ("untuned", the way every node was preferred, "fastest way per node"; "the whole batch",
-// "passes of N samples", "passes of N samples at once"); ms per batch, wall time.
-struct RunoffEntry {
-  std::string plan;
-  double first_ms = 0;           // as timed before the runoff
-  std::vector<double> rounds_ms; // one per round, in round order
-  double median_ms = 0;          // of rounds_ms
-  bool kept = false;
-};
-// As the plan cache and `teacher bench --json` keep it: {plan, first_ms, rounds_ms, median_ms,
-// kept}.
-void to_json(nlohmann::json& j, const RunoffEntry& e);
-void from_json(const nlohmann::json& j, RunoffEntry& e);
-
 struct TuneReport {
   Tune mode = Tune::off;
   bool from_cache = false;
@@ -147,9 +128,6 @@ struct TuneReport {
   std::vector<std::pair<std::int64_t, double>> pass_ms;
   std::vector<std::pair<std::int64_t, double>> pass_at_once_ms;
   std::vector<TunedNode> nodes;
-  // The runoffs between whole plans (ways) and between ways to run the batch (passes); empty
-  // where fewer than two came near the fastest. tuned_ms is the kept one's median there.
-  std::vector<RunoffEntry> ways_runoff, passes_runoff;
 };
 
 class Replica;
