@@ -120,7 +120,10 @@ def bench(kdflow, model, precision, batch, threads, seconds, calib, size, extra=
         return {"images_per_s": res["images_per_s"], "isa": res["isa"],
                 "int8": res.get("int8"),
                 "samples_per_pass": res.get("tune", {}).get("samples_per_pass"),
-                "passes_at_once": res.get("tune", {}).get("passes_at_once")}
+                "passes_at_once": res.get("tune", {}).get("passes_at_once"),
+                # the seconds the load spent tuning (None where the plan came from the cache)
+                "tune_seconds": None if res.get("tune", {}).get("from_cache", True)
+                else res["tune"].get("seconds")}
 
 
 def cpu_name():

@@ -16,8 +16,8 @@ usage: teacher_arms.py OUT_JSON --binary "NAME=PATH [OPTION ...]" [--binary ...]
 The JSON names the CPU, its ISA flags, the tree's commit and each binary's path; for every model
 (and variant), precision and thread count: each arm's images/s per round, their median, the median
 over the same model's with the first binary (over_first_binary) and over the unswapped model's
-with the same binary (over_unswapped), and the samples per pass (and passes at once) each run's
-plan kept.
+with the same binary (over_unswapped), the samples per pass (and passes at once) each run's
+plan kept, and the seconds each run's load spent tuning (null where it read its arm's cache).
 """
 import argparse
 import json
@@ -121,6 +121,7 @@ def main():
                 rates = {arm[0]: [] for arm in arms}
                 passes = {arm[0]: [] for arm in arms}
                 at_once = {arm[0]: [] for arm in arms}
+                tuning = {arm[0]: [] for arm in arms}
                 errors = {}
                 for _ in range(a.rounds):
                     for label, _, _, path, name, binary in arms:
@@ -133,6 +134,7 @@ def main():
                             rates[label].append(r["images_per_s"])
                             passes[label].append(r["samples_per_pass"])
                             at_once[label].append(r["passes_at_once"])
+                            tuning[label].append(r["tune_seconds"])
                 row = {"precision": precision, "threads": threads, "arms": {}}
                 med = {}
                 for label, model, arch, _, name, _ in arms:
@@ -145,6 +147,7 @@ def main():
                     row["arms"][label] = {
                         "model": model, "binary": name, "images_per_s": rates[label], "median": m,
                         "samples_per_pass": passes[label], "passes_at_once": at_once[label],
+                        "tune_seconds": tuning[label],
                         "over_first_binary": m / first if m and first else None,
                         "over_unswapped": m / plain if m and plain else None,
                         "error": errors.get(label)}
