@@ -123,7 +123,9 @@ def bench(kdflow, model, precision, batch, threads, seconds, calib, size, extra=
                 "passes_at_once": res.get("tune", {}).get("passes_at_once"),
                 # the seconds the load spent tuning (None where the plan came from the cache)
                 "tune_seconds": None if res.get("tune", {}).get("from_cache", True)
-                else res["tune"].get("seconds")}
+                else res["tune"].get("seconds"),
+                # with --profile among the options: the batch's time by kind of step
+                "profile_by_kind": res.get("profile", {}).get("by_kind")}
 
 
 def cpu_name():

@@ -17,7 +17,9 @@ The JSON names the CPU, its ISA flags, the tree's commit and each binary's path;
 (and variant), precision and thread count: each arm's images/s per round, their median, the median
 over the same model's with the first binary (over_first_binary) and over the unswapped model's
 with the same binary (over_unswapped), the samples per pass (and passes at once) each run's
-plan kept, and the seconds each run's load spent tuning (null where it read its arm's cache).
+plan kept, the seconds each run's load spent tuning (null where it read its arm's cache), and
+where an arm's options include --profile, each run's batch time by kind of step
+(profile_by_kind).
 """
 import argparse
 import json
@@ -122,6 +124,7 @@ def main():
                 passes = {arm[0]: [] for arm in arms}
                 at_once = {arm[0]: [] for arm in arms}
                 tuning = {arm[0]: [] for arm in arms}
+                profiles = {arm[0]: [] for arm in arms}
                 errors = {}
                 for _ in range(a.rounds):
                     for label, _, _, path, name, binary in arms:
@@ -135,6 +138,8 @@ def main():
                             passes[label].append(r["samples_per_pass"])
                             at_once[label].append(r["passes_at_once"])
                             tuning[label].append(r["tune_seconds"])
+                            if r["profile_by_kind"] is not None:
+                                profiles[label].append(r["profile_by_kind"])
                 row = {"precision": precision, "threads": threads, "arms": {}}
                 med = {}
                 for label, model, arch, _, name, _ in arms:
@@ -148,6 +153,7 @@ def main():
                         "model": model, "binary": name, "images_per_s": rates[label], "median": m,
                         "samples_per_pass": passes[label], "passes_at_once": at_once[label],
                         "tune_seconds": tuning[label],
+                        "profile_by_kind": profiles[label] or None,
                         "over_first_binary": m / first if m and first else None,
                         "over_unswapped": m / plain if m and plain else None,
                         "error": errors.get(label)}
