@@ -47,8 +47,9 @@ using Choices = std::map<std::string, std::string>;
 // timed in them, changed, and a linear layer's per-channel scale is folded into its weights; 13:
 // the channels-last group normalization and the Concat with its reader's affine in bf16 plans,
 // which a bf16 plan tuned before never timed, and a pool's channels-last way over an input
-// whose own layout has only oneDNN's simple loop; 14: a Concat of views written slice by slice).
-constexpr int kPlanVersion = 14;
+// whose own layout has only oneDNN's simple loop; 14: a Concat of views written slice by slice;
+// 15: the search over passes also times the smallest passes, which the halving may stop short of).
+constexpr int kPlanVersion = 15;
 // Another plan replaces the untuned one only when it is this much faster: below that, the
 // difference is the machine's noise, not the plan.
 constexpr double kMargin = 0.03;
@@ -361,10 +362,10 @@ std::unique_ptr<Teacher::Plan> Teacher::tuned_plan(Graph graph, const TeacherOpt
   //
   // Each way to run passes halves the samples per pass (the largest divisor of the batch at most
   // half the last; at once, from a pass per thread), while a pass is within kPassTolerance of the
-  // fastest so far. All are timed by their wall time, the whole batch first, beside them. Passes
-  // are kept where faster than the whole batch by more than the margin. Not where the caller fixed
-  // the samples per pass, or the model its batch: there the passes it has are timed one at a time
-  // against at once.
+  // fastest so far, and where that stops short, doubles from one sample as long. All are timed by
+  // their wall time, the whole batch first, beside them. Passes are kept where faster than the
+  // whole batch by more than the margin. Not where the caller fixed the samples per pass, or the
+  // model its batch: there the passes it has are timed one at a time against at once.
   const int at_once = options.passes_at_once; // 0: the tuner's choice
   const bool try_at_once = threads > 1 && at_once != 1;
   const bool try_one_at_a_time = at_once <= 1;
@@ -389,27 +390,49 @@ std::unique_ptr<Teacher::Plan> Teacher::tuned_plan(Graph graph, const TeacherOpt
     };
     std::unique_ptr<Plan> fastest;
     double fastest_ms = std::numeric_limits<double>::infinity();
-    // Halving from `first` samples per pass, `lanes` passes at once; the timings into `timed`.
+    const auto divisor_at_least = [&](std::int64_t n) {
+      while (n < options.batch && options.batch % n != 0) ++n;
+      return n;
+    };
+    // Halving from `first` samples per pass, `lanes` passes at once; the timings into `timed`,
+    // largest pass first. Where the halving stops before the smallest passes, they are timed too,
+    // doubling from one sample while within the tolerance of the fastest: the time per batch is
+    // not monotone in the pass (it can stay level or rise while a pass's activations still spill
+    // the last cache, then fall once they fit), so a rise is no sign that smaller passes lose.
     const auto search = [&](std::int64_t first, int lanes,
                             std::vector<std::pair<std::int64_t, double>>& timed) {
       double best_ms = std::numeric_limits<double>::infinity();
-      for (std::int64_t n = first, last = options.batch; n < last;
-           last = n, n = divisor_at_most(n / 2)) {
+      // Whether passes of `n` were timed and the search goes on from them.
+      const auto time_passes = [&](std::int64_t n) {
         auto g = load_onnx_in_passes(path, lo, plan->graph, n);
-        if (!g) break; // the model does not compute per sample alike at that batch
+        if (!g) return false; // the model does not compute per sample alike at that batch
         auto p = build_or_note(std::move(*g), lanes, n);
-        if (!p) break;
+        if (!p) return false;
         const double ms = time_plan(p, true).total_ms;
         timed.emplace_back(n, ms);
         if (ms < fastest_ms) {
           fastest_ms = ms;
           fastest = std::move(p);
         }
-        if (ms < best_ms)
+        if (ms < best_ms) {
           best_ms = ms;
-        else if (ms > best_ms * (1 + kPassTolerance))
-          break;
+          return true;
+        }
+        return ms <= best_ms * (1 + kPassTolerance);
+      };
+      std::int64_t smallest = options.batch; // the smallest pass the halving timed
+      bool went_on = true;
+      for (std::int64_t n = first, last = options.batch; went_on && n < last;
+           last = n, n = divisor_at_most(n / 2)) {
+        const std::size_t before = timed.size();
+        went_on = time_passes(n);
+        if (timed.size() == before) return; // passes of n do not load or build: none smaller
+        smallest = n;
       }
+      for (std::int64_t n = 1; n < smallest && time_passes(n); n = divisor_at_least(2 * n)) {
+      }
+      std::sort(timed.begin(), timed.end(),
+                [](const auto& a, const auto& b) { return a.first > b.first; });
     };
     if (try_one_at_a_time) search(divisor_at_most(options.batch / 2), 1, report.pass_ms);
     // At once: from a pass per thread, or (to spare the tuning time) from twice the samples of
