@@ -1751,6 +1751,9 @@ TEST(TeacherTune, TimesTheBatchInPassesAndCachesTheChoice) {
   EXPECT_TRUE(r.pass_at_once_ms.empty()); // one thread: nothing to run at once
   EXPECT_EQ(r.passes_at_once, 1);
   EXPECT_EQ(r.pass_ms.front().first, 8);
+  // Passes of one sample are always timed: the halving reaches them, or the search from the
+  // smallest passes up starts there.
+  EXPECT_EQ(r.pass_ms.back().first, 1);
   for (std::size_t k = 1; k < r.pass_ms.size(); ++k) {
     EXPECT_EQ(8 % r.pass_ms[k].first, 0);
     EXPECT_LT(r.pass_ms[k].first, r.pass_ms[k - 1].first);
@@ -1820,6 +1823,7 @@ TEST(TeacherTune, TimesPassesAtOnceWithMoreThanOneThread) {
   ASSERT_GE(r.pass_ms.size(), 2u);
   ASSERT_FALSE(r.pass_at_once_ms.empty());
   EXPECT_LE(r.pass_at_once_ms.front().first, 4); // a pass per thread at most
+  EXPECT_EQ(r.pass_at_once_ms.back().first, 1);  // the smallest passes always timed
   for (std::size_t k = 0; k < r.pass_at_once_ms.size(); ++k) {
     EXPECT_EQ(8 % r.pass_at_once_ms[k].first, 0);
     if (k > 0) {
