@@ -9,11 +9,12 @@ kernel for these multiply-adds and needs fewer of them (Winograd, bf16, int8) or
 Writes the table between the README's teacher-vs-ort markers; with --check, exits 1 when the
 README's table is not what the result file gives (a ctest runs that). Standard library only.
 
-A second table, between the teacher-vs-ort-avx2 markers, is the same from a host without AVX-512
-(RESULT_AVX2), where ONNX Runtime's kernels are AVX2 as kdflow's are.
+A second block, between the teacher-vs-ort-avx2 markers, is the same from a host without AVX-512,
+where ONNX Runtime's kernels are AVX2 as kdflow's are: a table per file of RESULTS_AVX2 (runs of
+one model set split over several runs, each table naming its own commit).
 
-usage: ort_table.py [--check] [RESULT.json]   (default: RESULT below; the AVX2 table always from
-                                               RESULT_AVX2)
+usage: ort_table.py [--check] [RESULT.json]   (default: RESULT below; the AVX2 block always from
+                                               RESULTS_AVX2)
 """
 import json
 import os
@@ -23,7 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import readme_block  # noqa: E402
 
 RESULT = os.path.join("bench", "results", "teacher_vs_ort_zen4_224_8653be6.json")
-RESULT_AVX2 = os.path.join("bench", "results", "teacher_vs_ort_zen3_224_dcde46e.json")
+RESULTS_AVX2 = [os.path.join("bench", "results", "teacher_vs_ort_zen3_224_dcde46e.json")]
 BAR = 1.5  # issue 38: fp32 >= 1.5x ONNX Runtime on every model
 
 
@@ -90,12 +91,14 @@ def main():
     status = readme_block.from_result("teacher-vs-ort", table, RESULT,
                                       "table of the teacher against ONNX Runtime",
                                       "scripts/ort_table.py")
-    with open(os.path.join(readme_block.ROOT, RESULT_AVX2)) as f:
-        doc = json.load(f)
-    return status or readme_block.update("teacher-vs-ort-avx2", table(doc, RESULT_AVX2),
+    tables = []
+    for source in RESULTS_AVX2:
+        with open(os.path.join(readme_block.ROOT, source)) as f:
+            tables.append(table(json.load(f), source))
+    return status or readme_block.update("teacher-vs-ort-avx2", "\n\n".join(tables),
                                          "--check" in sys.argv[1:],
-                                         "AVX2 host's table of the teacher against ONNX Runtime",
-                                         RESULT_AVX2, "scripts/ort_table.py")
+                                         "block of AVX2 tables of the teacher against ONNX Runtime",
+                                         " and ".join(RESULTS_AVX2), "scripts/ort_table.py")
 
 
 if __name__ == "__main__":
