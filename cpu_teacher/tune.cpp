@@ -48,8 +48,10 @@ using Choices = std::map<std::string, std::string>;
 // the channels-last group normalization and the Concat with its reader's affine in bf16 plans,
 // which a bf16 plan tuned before never timed, and a pool's channels-last way over an input
 // whose own layout has only oneDNN's simple loop; 14: a Concat of views written slice by slice;
-// 15: the search over passes also times the smallest passes, which the halving may stop short of).
-constexpr int kPlanVersion = 15;
+// 15: the search over passes also times the smallest passes, which the halving may stop short of;
+// 16: the convolutions over few channels as im2col + matmul, which a plan tuned before never
+// timed).
+constexpr int kPlanVersion = 16;
 // Another plan replaces the untuned one only when it is this much faster: below that, the
 // difference is the machine's noise, not the plan.
 constexpr double kMargin = 0.03;
@@ -301,7 +303,7 @@ std::unique_ptr<Teacher::Plan> Teacher::tuned_plan(Graph graph, const TeacherOpt
              {"channels_last", "pooling"},
              {"unrolled", "inner_product", "channels_last", "reduction"},
              {"inner_product", "channels_last", "pooling"},
-             {"winograd_4x4", "inner_product", "channels_last", "pooling"},
+             {"winograd_4x4", "im2col", "inner_product", "channels_last", "pooling"},
              {"winograd_2x2", "inner_product", "channels_last", "pooling"},
              {"channels_last_alternative", "inner_product", "channels_last", "pooling"}})
       try_choices(prefer_ways(nodes, prefs));

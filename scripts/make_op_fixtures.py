@@ -269,6 +269,18 @@ def cases():
                                          helper.make_node("Conv", ["r", "w3"], ["c3"], name="conv3", pads=[1, 1, 1, 1]),
                                          helper.make_node("Gelu", ["c3"], ["y"], name="gelu")], W,
                                         [const("w1", rand(18, 20, 1, 1)), const("w2", rand(18, 20, 3, 3)), const("w3", rand(16, 18, 3, 3))], opset=20)
+    # Convolutions over few input channels, which the im2col way takes
+    # (TeacherOps.Im2colWayMatchesTheReference): an image stem (7x7, stride 2, padding 3, 3
+    # channels in, 20 out: no whole vector) with a bias and a Relu; and on one channel a dilated
+    # 5x5 kernel (taps read strided, in the padding on every side) over a map of enough pixels for
+    # several chunks, whose residual summand is another im2col convolution's output, then a
+    # Sigmoid after the sum.
+    c["im2col_stem"] = model([node("Conv", ["x", "w", "b"], ["c"], strides=[2, 2], pads=[3, 3, 3, 3]), helper.make_node("Relu", ["c"], ["y"], name="relu")], (2, 3, 29, 31),
+                             [const("w", rand(20, 3, 7, 7)), const("b", rand(20))])
+    c["im2col_dilated_residual"] = model([node("Conv", ["x", "w1"], ["s"], pads=[1, 1, 1, 1]),
+                                          helper.make_node("Conv", ["x", "w2", "b2"], ["h"], name="dilated", dilations=[2, 3], pads=[4, 6, 4, 6]),
+                                          helper.make_node("Add", ["h", "s"], ["a"], name="add"), helper.make_node("Sigmoid", ["a"], ["y"], name="sigmoid")], (2, 1, 97, 101),
+                                         [const("w1", rand(8, 1, 3, 3)), const("w2", rand(8, 1, 5, 5)), const("b2", rand(8))])
     # Views (TeacherOps.ViewsAreCopiedOutOnceAndMatchTheReference): shape ops on a computed value
     # leave views of its bytes, copied out once by their reader. Attention as a seq-first
     # exporter writes it: one projection transposed, split into heads and selected into Q, K and

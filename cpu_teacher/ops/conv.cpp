@@ -3,6 +3,7 @@
 // BatchNormalization, which the passes fold into the convolution before it or turn into a
 // depthwise one: the engine never runs it on its own.
 #include "common.hpp"
+#include "im2col.hpp"
 #include "lowering.hpp"
 #include "op_table.hpp"
 #include "winograd.hpp"
@@ -499,7 +500,10 @@ void fused_depthwise_conv(Lowering& plan, const Node& pw, const Node& dw,
 //    implementation oneDNN offers for it for the first one's ISA (channels_last_impls), where that
 //    is neither its reference nor its GEMM one; never the untuned plan's way;
 //  - "winograd_4x4", "winograd_2x2": F(4x4, 3x3) and F(2x2, 3x3) (winograd.cpp), for 3x3
-//    convolutions of stride 1 in fp32; never the untuned plan's way, for the tuner to time.
+//    convolutions of stride 1 in fp32; never the untuned plan's way, for the tuner to time;
+//  - "im2col": each output pixel's receptive field unrolled into a row and the layer one matmul
+//    (im2col.cpp), for convolutions over fewer than 16 input channels (an image network's stem);
+//    never the untuned plan's way, for the tuner to time.
 // (Plain NCHW in and out, where oneDNN runs im2col + its GEMM, was tried as a fifth way: on AVX2
 // it took 1.4-1.9x the channels-last time on every 3x3 convolution of a ResNet-50 at 224 and was
 // never chosen, so it is not offered.)
@@ -528,11 +532,13 @@ void lower_conv(Lowering& plan, const Node& node) {
     }
   }
   for (auto& w : winograd_ways(plan, node)) later.push_back(std::move(w));
+  for (auto& w : im2col_ways(plan, node)) later.push_back(std::move(w));
   first.insert(first.end(), later.begin(), later.end());
   const std::string way = plan.choose(node, std::move(first));
   if (way == "pointwise_depthwise") return fused_depthwise_conv(plan, node, *dw, *fused);
   if (way == "winograd_4x4" || way == "winograd_2x2")
     return winograd_conv(plan, node, way == "winograd_4x4" ? 4 : 2);
+  if (way == "im2col") return im2col_conv(plan, node);
   if (way == "unrolled" || way == "inner_product")
     return matrix_conv(plan, node, way == "unrolled");
   if (way == "channels_last_alternative") return direct_conv(plan, node, true, impls.at(1));

@@ -227,6 +227,62 @@ TEST(TeacherOps, WinogradInBf16StaysNearTheDirectBf16) {
   EXPECT_EQ(writes["f32"], 0);
 }
 
+// The im2col way computes each convolution it takes as the reference loop does: every op fixture
+// runs with it preferred wherever a convolution offers it (the conv_* fixtures over 4 channels:
+// strides, asymmetric and SAME padding, taps in the padding, fused activations, residual sums),
+// and the im2col_* fixtures (a stem; a dilated kernel over one channel in several chunks, a
+// short last one included wherever the chunks do not divide the rows, summed into another im2col
+// convolution's output) take it on every convolution. In bf16 plans (where the CPU has native
+// bf16) it stays within 2x oneDNN's direct bf16 convolution's error on the same input, plus 2e-3:
+// it rounds the same input once and accumulates in f32 as the direct one does.
+TEST(TeacherOps, Im2colWayMatchesTheReference) {
+  const fs::path dir = fixture_dir("ops");
+  const auto m = manifest(dir);
+  int fixtures = 0, ran = 0;
+  for (const auto& entry : m["models"]) {
+    const std::string name = entry["name"];
+    const Shape shape = entry["input"].get<Shape>();
+    const fs::path path = dir / (name + ".onnx");
+    SCOPED_TRACE(name);
+    const auto t = load_preferring(path, shape, "im2col");
+    int taken = 0, offered = 0, convs = 0;
+    for (const auto& n : t->tune_report().nodes) {
+      taken += n.chosen == "im2col";
+      offered += std::find(n.options.begin(), n.options.end(), "im2col") != n.options.end();
+    }
+    for (const auto& step : t->step_info()) {
+      if (step.kind != "Conv (im2col)") continue;
+      ++convs;
+      EXPECT_TRUE(step.impl.starts_with("kdflow im2col (")) << step.impl;
+      if (name == "im2col_dilated_residual") {
+        // Several chunks: 2 x 97 x 101 output pixels, at most 4096 rows a chunk per thread.
+        const auto rows = std::stoll(step.impl.substr(std::string("kdflow im2col (").size()));
+        EXPECT_LT(rows * 2, 2 * 97 * 101) << step.impl;
+      }
+    }
+    EXPECT_EQ(convs, taken);
+    if (name.starts_with("im2col_")) {
+      ++fixtures;
+      EXPECT_EQ(taken, name == "im2col_stem" ? 1 : 2);
+      EXPECT_EQ(taken, offered);
+    }
+    if (taken == 0) continue;
+    ++ran;
+    EXPECT_LE(error_vs_reference(path, t, shape), 1e-4);
+    if (has_native_bf16()) {
+      const auto x = random_input(shape);
+      const auto env = interpret(path.string(), x, shape[0]);
+      const auto error = [&](const std::string& way) {
+        const auto plan = load_preferring(path, shape, way, Precision::bf16);
+        return normalized_error(run(plan, x)[0], env.at(plan->output_names()[0]).f);
+      };
+      EXPECT_LE(error("im2col"), 2 * error("channels_last") + 2e-3);
+    }
+  }
+  EXPECT_EQ(fixtures, 2);
+  EXPECT_GE(ran, 8); // the conv_* fixtures over few channels too
+}
+
 // Group and instance normalization run each way (channels_last: kdflow's kernel over the
 // convolution's channels-last output, taking in a Relu that alone reads it; rows: oneDNN's layer
 // normalization over plain rows) and match the reference loop; torch's group_norm as the exporters
@@ -1449,6 +1505,7 @@ TEST(TeacherTune, EveryWayOfEveryNodeMatchesPyTorch) {
                                          "pointwise_depthwise",
                                          "winograd_4x4",
                                          "winograd_2x2",
+                                         "im2col",
                                          "channels_last_alternative",
                                          "concat_affine",
                                          "slices",
