@@ -805,6 +805,19 @@ dnnl::primitive_attr Lowering::plain_attr() {
   return attr;
 }
 
+bool Lowering::conv_into_channels_last(const Node& node) const {
+  if (!g_.is_constant(node.inputs[1])) return false;
+  if (node.inputs.size() > 2 && !node.inputs[2].empty() && !g_.is_constant(node.inputs[2]))
+    return false;
+  if ((act() != dt::f32 && act() != dt::bf16) || type_of(node.outputs[0]) != act() || observing() ||
+      quant_input(node) || quantized_output(node))
+    return false;
+  const PostOp* sum = sum_post(node);
+  return sum == nullptr ||
+         view_at(sum->sum_input).md ==
+             memory::desc(dims_of(g_.shape(node.outputs[0])), act(), memory::format_tag::acdb);
+}
+
 const PostOp* Lowering::sum_post(const Node& node) {
   for (const auto& p : node.post_ops)
     if (p.kind == PostOp::Kind::sum) return &p;

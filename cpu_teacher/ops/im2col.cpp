@@ -17,11 +17,11 @@
 #include "im2col.hpp"
 
 #include "op_table.hpp"
+#include "simd.hpp"
 
 #include <fmt/format.h>
 #include <oneapi/tbb/blocked_range.h>
 #include <oneapi/tbb/parallel_for.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -152,31 +152,14 @@ struct Im2colKernel {
   }
 };
 
-// This CPU's level-2 cache per core (sysconf), 1 MiB where the system does not say.
-std::int64_t l2_bytes() {
-  const long l2 = ::sysconf(_SC_LEVEL2_CACHE_SIZE);
-  return l2 > 0 ? l2 : std::int64_t{1} << 20;
-}
-
 } // namespace
 
 std::vector<std::string> im2col_ways(const Lowering& plan, const Node& node) {
   const Graph& g = plan.graph();
-  if (node.int_attr("group", 1) != 1 || !g.is_constant(node.inputs[1])) return {};
   const Shape& ws = g.shape(node.inputs[1]);
-  if (ws.size() != 4 || ws[1] >= kFewChannels || ws[2] * ws[3] < 2) return {};
-  if (node.inputs.size() > 2 && !node.inputs[2].empty() && !g.is_constant(node.inputs[2]))
+  if (node.int_attr("group", 1) != 1 || ws.size() != 4 || ws[1] >= kFewChannels ||
+      ws[2] * ws[3] < 2 || !plan.conv_into_channels_last(node))
     return {};
-  const dt act = plan.act();
-  if ((act != dt::f32 && act != dt::bf16) || plan.type_of(node.outputs[0]) != act ||
-      plan.observing() || plan.quant_input(node) || plan.quantized_output(node))
-    return {};
-  for (const auto& p : node.post_ops) {
-    if (p.kind != PostOp::Kind::sum) continue;
-    const Shape& os = g.shape(node.outputs[0]);
-    if (plan.view_at(p.sum_input).md != memory::desc(dims_of(os), act, memory::format_tag::acdb))
-      return {}; // the summand must lie channels-last, as the output is written
-  }
   return {"im2col"};
 }
 

@@ -290,6 +290,11 @@ public:
   // A user scratchpad, no post-ops.
   [[nodiscard]] static dnnl::primitive_attr plain_attr();
   [[nodiscard]] static const PostOp* sum_post(const Node& node);
+  // Whether a kdflow kernel step (Winograd, im2col) may lower convolution `node`, writing its
+  // output channels-last in act(): constant weights and bias, f32 or bf16 activations (not int8,
+  // nor its calibration plan, which observes every product's input), the output in act(), and a
+  // residual summand, if any, lying channels-last in act() too.
+  [[nodiscard]] bool conv_into_channels_last(const Node& node) const;
   // The 4-D tensor a Gemm/MatMul reads directly in place of the flattening view before it,
   // or nullptr (see find_flatten_into_gemm).
   [[nodiscard]] const std::string* flat_source(const Node& node) const;

@@ -5,6 +5,9 @@
 #pragma once
 
 #include <oneapi/dnnl/dnnl.hpp>
+#include <unistd.h>
+
+#include <cstdint>
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define KD_TARGET_AVX512 __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,avx2,fma")))
@@ -31,6 +34,13 @@ inline VectorIsa vector_isa() {
 
 inline const char* isa_name(VectorIsa isa) {
   return isa == VectorIsa::avx512 ? "avx512" : isa == VectorIsa::avx2 ? "avx2" : "baseline";
+}
+
+// This CPU's level-2 cache per core (sysconf), 1 MiB where the system does not say: what kdflow's
+// own kernels size their chunks of work by.
+inline std::int64_t l2_bytes() {
+  const long l2 = ::sysconf(_SC_LEVEL2_CACHE_SIZE);
+  return l2 > 0 ? l2 : std::int64_t{1} << 20;
 }
 
 } // namespace kdflow::teacher

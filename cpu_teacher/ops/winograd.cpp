@@ -345,7 +345,9 @@ struct WinogradKernel {
 // Chosen by a scratch comparison on a Zen 4 (1 MiB L2 per core, 2 threads, ResNet-18 at 224,
 // batch 32, tuned plans timed alternately), not a committed result: 2 MiB was the fastest of
 // 128 KiB to 2 MiB, within that VM's noise of 512 KiB. A chunk's products are read back right
-// after they are written, so the shared L3 serves them well enough.
+// after they are written, so the shared L3 serves them well enough. On a Zen 3 (512 KiB L2),
+// twice the L2 ran 0.82-0.89x and 4 MiB 1.00-1.10x this size, within the rounds' spread
+// (bench/results/teacher_winograd_chunk_zen3_974e087.json): the matmuls' size matters more.
 constexpr std::int64_t kChunkBytesPerThread = 2 << 20;
 
 } // namespace
@@ -358,23 +360,14 @@ std::vector<std::string> winograd_ways(const Lowering& plan, const Node& node) {
     return {};
   const Shape& ws = g.shape(node.inputs[1]);
   if (ws.size() != 4 || ws[2] != 3 || ws[3] != 3 || ws[0] < kLanes || ws[1] < kLanes) return {};
-  if (node.inputs.size() > 2 && !node.inputs[2].empty() && !g.is_constant(node.inputs[2]))
-    return {};
   // fp32 and bf16 (products in bf16; a bf16 plan's convolutions write bf16, as under PyTorch's
-  // autocast); no int8 (nor its calibration plan, which observes inputs).
-  const dt act = plan.act();
-  if ((act != dt::f32 && act != dt::bf16) || plan.type_of(node.outputs[0]) != act ||
-      plan.observing() || plan.quant_input(node) || plan.quantized_output(node))
-    return {};
-  for (const auto& p : node.post_ops) {
-    if (p.kind == PostOp::Kind::sum) {
-      const Shape& os = g.shape(node.outputs[0]);
-      if (plan.view_at(p.sum_input).md != memory::desc(dims_of(os), act, memory::format_tag::acdb))
-        return {}; // the summand must lie channels-last, as the output is written
-    } else if (find_op(p.op) == nullptr || find_op(p.op)->activation == nullptr) {
+  // autocast); no int8. The output transform applies the activations itself.
+  if (!plan.conv_into_channels_last(node)) return {};
+  for (const auto& p : node.post_ops)
+    if (p.kind != PostOp::Kind::sum &&
+        (find_op(p.op) == nullptr || find_op(p.op)->activation == nullptr))
       return {};
-    }
-  }
+  const dt act = plan.act();
   // In bf16 only F(2x2): its transforms add and subtract, so rounding the transformed tiles to
   // bf16 costs about what a direct bf16 convolution's rounding of its input costs (1.2-2x its
   // error on the winograd_* fixtures), where F(4x4)'s (weights 1/24 to 1, outputs summing 8x

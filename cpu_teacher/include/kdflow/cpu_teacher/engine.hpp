@@ -75,8 +75,8 @@ struct TeacherOptions {
   int threads = 0;
   // With tune = off: ways every node that offers them runs, first listed first ("library",
   // "channels_last", "inner_product", "unrolled", "pointwise_depthwise", "winograd_4x4",
-  // "winograd_2x2", "pooling", "reduction"); a node offering none runs its first way. Pins a
-  // plan by hand; the tests run every way through it.
+  // "winograd_2x2", "im2col", "pooling", "reduction"); a node offering none runs its first way.
+  // Pins a plan by hand; the tests run every way through it.
   std::vector<std::string> prefer;
   // Samples per pass of the plan: a batch run as batch / samples_per_pass passes, each on the next
   // samples (a divisor of the batch; the model must compute each sample alike at both batches).
