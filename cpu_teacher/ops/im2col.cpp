@@ -1,9 +1,10 @@
 // A convolution over few input channels as im2col + one matrix product. oneDNN's direct
 // convolutions vectorize over input channels (8 or 16 to a register, blocked): over an image's 3
 // channels most lanes are empty, and an image network's stem (7x7 stride 2, 11x11 stride 4, 3
-// channels in) ran at about 30% of the FMA peak on AVX2 (README, the AVX2 table's reading of
-// alexnet). Unrolled, each output pixel's receptive field is one row of C x KH x KW columns (363
-// for an 11x11 kernel over 3 channels), and the whole layer is one matrix product
+// channels in) ran at 30-75% of the FMA peak on AVX2 in the runs the README reads (alexnet's
+// first convolution on the Zen 3). Unrolled, each output pixel's receptive field is one row of C x
+// KH x KW columns (363 for an 11x11 kernel over 3 channels), and the whole layer is one matrix
+// product
 //     out[pixels, K] = columns[pixels, C*KH*KW] x W[C*KH*KW, K]
 // whose depth (the columns) is large however few the channels: the product runs at a GEMM's rate.
 //
