@@ -50,9 +50,8 @@ using Choices = std::map<std::string, std::string>;
 // whose own layout has only oneDNN's simple loop; 14: a Concat of views written slice by slice;
 // 15: the search over passes also times the smallest passes, which the halving may stop short of;
 // 16: the convolutions over few channels as im2col + matmul, which a plan tuned before never
-// timed; 17: the finalists timed again in turns, where a plan tuned before kept the fastest of
-// single timings).
-constexpr int kPlanVersion = 17;
+// timed).
+constexpr int kPlanVersion = 16;
 // Another plan replaces the untuned one only when it is this much faster: below that, the
 // difference is the machine's noise, not the plan.
 constexpr double kMargin = 0.03;
@@ -61,11 +60,6 @@ constexpr double kMargin = 0.03;
 // timings of one plan differ by on a shared machine, so the margin alone would stop the search at
 // the first noisy step.
 constexpr double kPassTolerance = 0.10;
-// The finalists: the plans timed within this of the fastest, at most this many besides the
-// untuned one, each timed this many times more (see tuned_plan).
-constexpr double kFinalBand = 0.15;
-constexpr std::size_t kFinalOthers = 3;
-constexpr std::size_t kFinalRounds = 2;
 
 fs::path cache_folder(const TeacherOptions& options) {
   if (!options.cache_dir.empty()) return fs::path(options.cache_dir) / "plans";
@@ -342,55 +336,14 @@ std::unique_ptr<Teacher::Plan> Teacher::tuned_plan(Graph graph, const TeacherOpt
     try_choices(std::move(fastest));
   }
 
-  // The finalists timed again, in turns. Each plan above was timed once, at its own moment, and on
-  // a shared machine a slow spell of a second or two lifts every node of the plan timed in it: the
-  // fastest single timing is then often a plan that met a quiet spell, not the fastest plan (on a
-  // 2-vCPU EPYC Zen 3 a mobilenet_v3_large plan kept so ran at 0.78-0.88x the ways an earlier
-  // tuning of the same model kept, in three alternating runs; see the README). So the untuned plan
-  // and the fastest others within kFinalBand of the fastest are each timed kFinalRounds times more,
-  // their order turned every round, and each is weighed by the median of its timings.
-  std::vector<std::size_t> finalists; // indices into measured, the untuned plan first
-  std::vector<std::vector<double>> final_ms;
-  if (!measured.empty()) {
-    std::vector<std::size_t> by_ms(measured.size() - 1);
-    for (std::size_t i = 0; i < by_ms.size(); ++i) by_ms[i] = i + 1;
-    std::sort(by_ms.begin(), by_ms.end(), [&](std::size_t a, std::size_t b) {
-      return measured[a].second < measured[b].second;
-    });
-    const double fastest_ms =
-        std::min(measured.front().second,
-                 by_ms.empty() ? measured.front().second : measured[by_ms[0]].second);
-    finalists.push_back(0);
-    for (const std::size_t i : by_ms)
-      if (finalists.size() <= kFinalOthers && measured[i].second <= fastest_ms * (1 + kFinalBand))
-        finalists.push_back(i);
-    for (const std::size_t i : finalists) final_ms.push_back({measured[i].second});
-    if (finalists.size() > 1)
-      for (std::size_t round = 0; round < kFinalRounds; ++round)
-        for (std::size_t k = 0; k < finalists.size(); ++k) {
-          const std::size_t f = (k + round + 1) % finalists.size();
-          auto p = build_plan(std::move(plan->graph), options, measured[finalists[f]].first);
-          final_ms[f].push_back(time_plan(p).total_ms);
-          plan = std::move(p);
-        }
-  }
-  const auto median = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-  };
   // The untuned plan unless another beat it by more than the margin.
   Choices best = measured.empty() ? Choices{} : measured.front().first;
-  if (!final_ms.empty()) report.untuned_ms = median(final_ms.front());
   double best_ms = report.untuned_ms;
-  std::size_t kept = 0; // of the finalists
-  for (std::size_t k = 1; k < finalists.size(); ++k) {
-    const double ms = median(final_ms[k]);
+  for (const auto& [choices, ms] : measured)
     if (ms < report.untuned_ms * (1 - kMargin) && ms < best_ms) {
-      best = measured[finalists[k]].first;
+      best = choices;
       best_ms = ms;
-      kept = k;
     }
-  }
   report.tuned_ms = best_ms;
   if (effective(*plan) != best) plan = build_plan(std::move(plan->graph), options, best);
   for (const auto& o : plan->options) {
@@ -547,8 +500,6 @@ std::unique_ptr<Teacher::Plan> Teacher::tuned_plan(Graph graph, const TeacherOpt
                               {"passes_at_once", report.passes_at_once},
                               {"pass_ms", report.pass_ms},
                               {"pass_at_once_ms", report.pass_at_once_ms},
-                              {"final_ms", final_ms},
-                              {"final_kept", kept},
                               {"nodes", nodes_json}};
     std::error_code ec;
     const fs::path tmp = write_temporary(file, j.dump(1), ec);

@@ -1614,28 +1614,6 @@ TEST(TeacherTune, KeepsTheFastestPlanCachesItAndReadsItBack) {
           << cpu_identity();
     }
   }
-  {
-    // The finalists, the untuned plan first, each timed again in turns: the one kept is the
-    // untuned plan or beat its median by the margin (3%), and none beat the kept one's median.
-    std::ifstream in(r.cache_file);
-    const auto j = nlohmann::json::parse(in);
-    const auto finals = j.at("final_ms").get<std::vector<std::vector<double>>>();
-    const auto kept = j.at("final_kept").get<std::size_t>();
-    ASSERT_FALSE(finals.empty());
-    ASSERT_LT(kept, finals.size());
-    const auto median = [](std::vector<double> v) {
-      std::sort(v.begin(), v.end());
-      return v[v.size() / 2];
-    };
-    for (const auto& f : finals) {
-      EXPECT_EQ(f.size(), finals.size() > 1 ? 3u : 1u); // the first timing and two in turns
-      for (const double ms : f) EXPECT_GT(ms, 0.0);
-    }
-    if (kept > 0) EXPECT_LT(median(finals[kept]), median(finals[0]) * 0.97);
-    for (std::size_t k = 1; k < finals.size(); ++k)
-      if (median(finals[k]) < median(finals[0]) * 0.97)
-        EXPECT_LE(median(finals[kept]), median(finals[k]));
-  }
   ASSERT_FALSE(r.nodes.empty());
   for (const auto& n : r.nodes) {
     SCOPED_TRACE(n.node);
