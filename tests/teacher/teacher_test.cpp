@@ -1805,6 +1805,54 @@ TEST(TeacherSamplesPerPass, PassesComputeWhatTheWholeBatchDoes) {
 // The tuner times the batch whole and in halving passes with the ways it chose, and keeps passes
 // only where they beat the whole batch by its margin; a cached plan in passes is read back in
 // passes, and cached passes that no longer load are tuned again.
+// The pass finalists in the tuner's cache file (`r`'s): the whole batch first where it may run so,
+// each with the search's timing and two runs more in turns (the first alone where no other was
+// near enough to run again); passes kept are the finalist of the fastest run, tuned_ms is that
+// run, and they beat the whole batch's fastest run by the margin (3%); the whole batch kept
+// otherwise.
+void expect_pass_finals(const TuneReport& r, std::int64_t batch) {
+  nlohmann::json j;
+  std::ifstream(r.cache_file) >> j;
+  struct Final {
+    std::int64_t samples;
+    int lanes;
+    std::vector<double> ms;
+  };
+  std::vector<Final> finals;
+  for (const auto& f : j.at("pass_final_ms"))
+    finals.push_back({f.at("samples_per_pass").get<std::int64_t>(),
+                      f.at("passes_at_once").get<int>(), f.at("ms").get<std::vector<double>>()});
+  if (finals.empty()) { // no passes could be built
+    EXPECT_EQ(r.samples_per_pass, 0);
+    return;
+  }
+  const auto least = [](const Final& f) { return *std::min_element(f.ms.begin(), f.ms.end()); };
+  const Final* whole = nullptr;
+  const Final* best = nullptr;
+  for (const auto& f : finals) {
+    EXPECT_EQ(f.ms.size(), finals.size() > 1 ? 3u : 1u) << f.samples;
+    for (const double ms : f.ms) EXPECT_GT(ms, 0.0);
+    if (f.samples == batch && f.lanes == 1)
+      whole = &f;
+    else if (best == nullptr || least(f) < least(*best))
+      best = &f;
+  }
+  if (whole != nullptr) {
+    EXPECT_EQ(whole, &finals.front());
+  }
+  if (r.samples_per_pass > 0) {
+    ASSERT_NE(best, nullptr);
+    EXPECT_EQ(best->samples, r.samples_per_pass);
+    EXPECT_EQ(best->lanes, r.passes_at_once);
+    EXPECT_EQ(r.tuned_ms, least(*best));
+    if (whole != nullptr) {
+      EXPECT_LT(least(*best), least(*whole) * 0.97);
+    }
+  } else if (best != nullptr && whole != nullptr) {
+    EXPECT_GE(least(*best), least(*whole) * 0.97);
+  }
+}
+
 TEST(TeacherTune, TimesTheBatchInPassesAndCachesTheChoice) {
   const auto [path, opts] = tuned_mobilenet("kdflow_tune_passes_test");
   const fs::path cache = opts.cache_dir;
@@ -1822,13 +1870,11 @@ TEST(TeacherTune, TimesTheBatchInPassesAndCachesTheChoice) {
     EXPECT_LT(r.pass_ms[k].first, r.pass_ms[k - 1].first);
     EXPECT_GT(r.pass_ms[k].second, 0.0);
   }
-  const double whole_ms = r.pass_ms.front().second;
+  expect_pass_finals(r, 8);
   if (r.samples_per_pass > 0) {
     const auto kept = std::find_if(r.pass_ms.begin(), r.pass_ms.end(),
                                    [&](const auto& p) { return p.first == r.samples_per_pass; });
     ASSERT_NE(kept, r.pass_ms.end());
-    EXPECT_LT(kept->second, whole_ms);
-    EXPECT_EQ(r.tuned_ms, kept->second);
     EXPECT_EQ(tuned->graph().chunks, 8 / r.samples_per_pass);
   } else {
     EXPECT_EQ(tuned->graph().chunks, 1);
@@ -1894,14 +1940,12 @@ TEST(TeacherTune, TimesPassesAtOnceWithMoreThanOneThread) {
     }
     EXPECT_GT(r.pass_at_once_ms[k].second, 0.0);
   }
+  expect_pass_finals(r, 8);
   const auto& kept_from = r.passes_at_once > 1 ? r.pass_at_once_ms : r.pass_ms;
   if (r.samples_per_pass > 0) {
     const auto kept = std::find_if(kept_from.begin(), kept_from.end(),
                                    [&](const auto& p) { return p.first == r.samples_per_pass; });
     ASSERT_NE(kept, kept_from.end());
-    EXPECT_EQ(r.tuned_ms, kept->second);
-    for (const auto* timed : {&r.pass_ms, &r.pass_at_once_ms})
-      for (const auto& [n, ms] : *timed) EXPECT_GE(ms, kept->second) << n; // the fastest kept
   } else {
     EXPECT_EQ(r.passes_at_once, 1);
   }
