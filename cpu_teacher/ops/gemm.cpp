@@ -9,6 +9,7 @@
 #include <cctype>
 #include <map>
 #include <optional>
+#include <string_view>
 #include <tuple>
 
 #include <fmt/format.h>
@@ -133,8 +134,34 @@ void matmul(Lowering& plan, const Node& node) {
   plan.set(node.outputs[0], dst);
 }
 
+// The implementation of an inner product worth timing beside the one oneDNN lists first for
+// `pd` (whose handle it moves on: pass one of its own): the next that is neither oneDNN's
+// reference nor a kernel for another ISA than the first's (its GEMM one, oneDNN's own sgemm at the
+// CPU's widest ISA, is kept); "" where there is none. Neither is faster on every shape (on AVX2,
+// oneDNN's brgemm kernel and its sgemm trade places with the rows, depth and width), so the tuner
+// times both.
+std::string second_inner_product_impl(dnnl::inner_product_forward::primitive_desc pd) {
+  // oneDNN names them with an ISA family prefix and, but for its GEMM ones, the ISA last
+  // ("brgemm:avx2", "x64:gemm:jit", "ref:any").
+  const auto bare = [](const std::string& impl) {
+    return std::string_view(impl).substr(impl.starts_with("x64:") ? 4 : 0);
+  };
+  const auto isa_of = [](const std::string& impl) { return impl.substr(impl.rfind(':') + 1); };
+  const std::string first = pd.impl_info_str();
+  if (bare(first).starts_with("ref")) return {};
+  while (pd.next_impl()) {
+    const std::string next = pd.impl_info_str();
+    if (next == first || bare(next).starts_with("ref")) continue;
+    if (bare(next).starts_with("gemm:") || isa_of(next) == isa_of(first)) return next;
+  }
+  return {};
+}
+
 // A constant B: the weights of an inner product (B^T, scaled by alpha), beta * C its bias (Gemm's
-// attributes and C at their defaults for MatMul, as in evaluate_product).
+// attributes and C at their defaults for MatMul, as in evaluate_product). Two ways where oneDNN
+// has a second implementation worth timing: "inner_product", the one it lists first, and
+// "inner_product_alternative", that second one (second_inner_product_impl); never the untuned
+// plan's way, for the tuner to time.
 void inner_product(Lowering& plan, const Node& node) {
   const Graph& g = plan.graph();
   if (node.int_attr("transA", 0))
@@ -191,12 +218,25 @@ void inner_product(Lowering& plan, const Node& node) {
                              memory::format_tag::any);
   auto attr = plan.attr_with(node);
   Lowering::set_quant_masks(attr, q, q_out, 1);
-  const auto pd =
-      bias ? dnnl::inner_product_forward::primitive_desc(plan.eng(),
-                                                         dnnl::prop_kind::forward_inference,
-                                                         any_src, any_w, bias_md, any_dst, attr)
-           : dnnl::inner_product_forward::primitive_desc(
-                 plan.eng(), dnnl::prop_kind::forward_inference, any_src, any_w, any_dst, attr);
+  const auto make_pd = [&] {
+    return bias
+               ? dnnl::inner_product_forward::primitive_desc(plan.eng(),
+                                                             dnnl::prop_kind::forward_inference,
+                                                             any_src, any_w, bias_md, any_dst, attr)
+               : dnnl::inner_product_forward::primitive_desc(
+                     plan.eng(), dnnl::prop_kind::forward_inference, any_src, any_w, any_dst, attr);
+  };
+  auto pd = make_pd();
+  // Two ways where oneDNN has a second implementation worth timing (not in int8 plans: their
+  // kernels are the VNNI ones the calibration's check measured).
+  const std::string second = q || q_out ? std::string() : second_inner_product_impl(make_pd());
+  if (!second.empty() && plan.choose(node, {"inner_product", "inner_product_alternative"}) ==
+                             "inner_product_alternative") {
+    // Walked to by name: a cached plan whose implementation this oneDNN no longer lists fails
+    // to build (and is tuned again) rather than running another kernel.
+    while (pd.impl_info_str() != second)
+      if (!pd.next_impl()) plan.fail(node, "oneDNN no longer offers the implementation " + second);
+  }
   const ArgRef src =
       q ? plan.get_quantized(src_value, pd.src_desc(), *q) : plan.get(src_value, pd.src_desc());
   const ArgRef wref = plan.weight(std::move(w), w_user, pd.weights_desc());

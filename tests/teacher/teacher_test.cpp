@@ -1514,6 +1514,7 @@ TEST(TeacherTune, EveryWayOfEveryNodeMatchesPyTorch) {
                                          "winograd_2x2",
                                          "im2col",
                                          "channels_last_alternative",
+                                         "inner_product_alternative",
                                          "concat_affine",
                                          "slices",
                                          "concat"};
@@ -1537,9 +1538,10 @@ TEST(TeacherTune, EveryWayOfEveryNodeMatchesPyTorch) {
       if (taken == 0) continue;
       nodes_run[way] += taken;
       EXPECT_LE(normalized_error(run(t, x.data)[0], ref.data), 1e-4);
-      if (way == "channels_last_alternative") {
-        // Another oneDNN kernel than the channels_last way's for the same convolution.
-        opts.prefer = {"channels_last"};
+      if (way.ends_with("_alternative")) {
+        // Another oneDNN kernel than the first way's (channels_last, inner_product) for the same
+        // node.
+        opts.prefer = {way.substr(0, way.size() - std::string("_alternative").size())};
         const auto first = Teacher::load((dir / (name + ".onnx")).string(), opts);
         const auto impl_of = [](const Teacher& teacher, const std::string& node) {
           for (const auto& step : teacher.step_info())
@@ -1554,15 +1556,16 @@ TEST(TeacherTune, EveryWayOfEveryNodeMatchesPyTorch) {
       }
     }
   }
-  // Every way runs somewhere in the set; the next oneDNN kernel for the same ISA wherever oneDNN
-  // lists one for some node (for depthwise convolutions on AVX2 and AVX-512).
+  // Every way runs somewhere in the set; the next oneDNN kernel wherever oneDNN lists one for
+  // some node (for depthwise convolutions on AVX2 and AVX-512; its GEMM one for the inner
+  // products).
   for (const auto& way : ways) {
-    if (way != "channels_last_alternative" || offered[way] > 0) {
+    if (!way.ends_with("_alternative") || offered[way] > 0) {
       EXPECT_GT(nodes_run[way], 0) << way << " never ran";
     }
   }
-  std::printf("channels_last_alternative offered on %d nodes, run on %d\n",
-              offered["channels_last_alternative"], nodes_run["channels_last_alternative"]);
+  for (const char* way : {"channels_last_alternative", "inner_product_alternative"})
+    std::printf("%s offered on %d nodes, run on %d\n", way, offered[way], nodes_run[way]);
 }
 
 // teacher.tune = auto times the plans, keeps one no slower than the untuned plan, caches the
