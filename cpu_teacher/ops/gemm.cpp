@@ -227,13 +227,14 @@ void inner_product(Lowering& plan, const Node& node) {
                      plan.eng(), dnnl::prop_kind::forward_inference, any_src, any_w, any_dst, attr);
   };
   auto pd = make_pd();
-  // Two ways where oneDNN has a second implementation worth timing (not in int8 plans: their
-  // kernels are the VNNI ones the calibration's check measured).
+  // Two ways where oneDNN has a second implementation worth timing (not for a quantized product:
+  // its int8 kernel stays the one oneDNN lists first; in an int8 plan the f32 head may take either,
+  // and load_int8's check runs the plan as tuned).
   const std::string second = q || q_out ? std::string() : second_inner_product_impl(make_pd());
   if (!second.empty() && plan.choose(node, {"inner_product", "inner_product_alternative"}) ==
                              "inner_product_alternative") {
-    // Walked to by name: a cached plan whose implementation this oneDNN no longer lists fails
-    // to build (and is tuned again) rather than running another kernel.
+    // Walked to by name, the one found above on the same descriptors (the plan cache's key holds
+    // oneDNN's version and ISA, so a cached choice meets the same list); the failure is a guard.
     while (pd.impl_info_str() != second)
       if (!pd.next_impl()) plan.fail(node, "oneDNN no longer offers the implementation " + second);
   }
