@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The libFuzzer targets (fuzz/, one per reader of outside input), built by the `fuzz` preset.
-#   scripts/fuzz.sh ci                       each target 30 s, one per CPU at a time (CI)
+#   scripts/fuzz.sh ci                       each target 20 s, one per CPU at a time (CI)
 #   scripts/fuzz.sh long SECONDS [target...] the targets at once (niced: other work comes first),
 #                                            each SECONDS of wall time; writes bench/results/fuzz.json
 # Each run starts from the committed seeds (fuzz/corpus/<target>, never modified) and a scratch
@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 mode=${1:-ci}
 all=(onnx idx cifar image config checkpoint plan npy teacher_cache)
 case $mode in
-  ci) seconds=30; targets=("${all[@]}") ;;
+  ci) seconds=20; targets=("${all[@]}") ;;
   long) seconds=${2:?usage: scripts/fuzz.sh long SECONDS [target...]}; shift 2
         targets=("${@:-${all[@]}}"); [ ${#targets[@]} -gt 0 ] || targets=("${all[@]}") ;;
   *) echo "usage: scripts/fuzz.sh ci | long SECONDS [target...]" >&2; exit 2 ;;
@@ -36,7 +36,7 @@ run_one() { # target -> exit status of the fuzzer; its log in $work/$1.log
 failed=()
 nice=""
 if [ "$mode" = ci ]; then
-  # As many targets at once as there are CPUs (each its own CPU, its own 30 s), in turn.
+  # As many targets at once as there are CPUs (each its own CPU, its own 20 s), in turn.
   width=$(nproc)
   for ((i = 0; i < ${#targets[@]}; i += width)); do
     batch=("${targets[@]:i:width}")
