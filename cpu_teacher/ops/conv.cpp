@@ -327,13 +327,6 @@ void direct_conv(Lowering& plan, const Node& node, bool channels_last,
   plan.set(node.outputs[0], dst);
 }
 
-// Whether an implementation is oneDNN's reference one or its im2col GEMM one. oneDNN names them
-// with an ISA family prefix ("x64:gemm:jit", "ref:any", "brgconv:avx2").
-bool is_impl(const std::string& impl, std::string_view kind) {
-  const std::string_view name = std::string_view(impl).substr(impl.starts_with("x64:") ? 4 : 0);
-  return name.starts_with(kind);
-}
-
 // The implementations oneDNN offers for the direct convolution writing channels-last, in its
 // order of preference: the first is a reference or an im2col GEMM one where this CPU has no fast
 // channels-last kernel for it; the second, where it is neither, is another kernel for the same
@@ -548,6 +541,11 @@ void lower_conv(Lowering& plan, const Node& node) {
 PostOps conv_post_ops(const Graph&, const Node&) { return PostOps::eltwise_and_sum; }
 
 } // namespace
+
+bool is_impl(const std::string& impl, std::string_view kind) {
+  const std::string_view name = std::string_view(impl).substr(impl.starts_with("x64:") ? 4 : 0);
+  return name.starts_with(kind);
+}
 
 std::pair<std::vector<float>, std::vector<float>> quantize_rows(const std::vector<float>& w,
                                                                 std::int64_t rows) {

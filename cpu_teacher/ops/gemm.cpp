@@ -9,7 +9,6 @@
 #include <cctype>
 #include <map>
 #include <optional>
-#include <string_view>
 #include <tuple>
 
 #include <fmt/format.h>
@@ -141,18 +140,14 @@ void matmul(Lowering& plan, const Node& node) {
 // oneDNN's brgemm kernel and its sgemm trade places with the rows, depth and width), so the tuner
 // times both.
 std::string second_inner_product_impl(dnnl::inner_product_forward::primitive_desc pd) {
-  // oneDNN names them with an ISA family prefix and, but for its GEMM ones, the ISA last
-  // ("brgemm:avx2", "x64:gemm:jit", "ref:any").
-  const auto bare = [](const std::string& impl) {
-    return std::string_view(impl).substr(impl.starts_with("x64:") ? 4 : 0);
-  };
+  // The ISA is the name's last field but for the GEMM ones ("brgemm:avx2", "x64:gemm:jit").
   const auto isa_of = [](const std::string& impl) { return impl.substr(impl.rfind(':') + 1); };
   const std::string first = pd.impl_info_str();
-  if (bare(first).starts_with("ref")) return {};
+  if (is_impl(first, "ref")) return {};
   while (pd.next_impl()) {
     const std::string next = pd.impl_info_str();
-    if (next == first || bare(next).starts_with("ref")) continue;
-    if (bare(next).starts_with("gemm:") || isa_of(next) == isa_of(first)) return next;
+    if (next == first || is_impl(next, "ref")) continue;
+    if (is_impl(next, "gemm:") || isa_of(next) == isa_of(first)) return next;
   }
   return {};
 }

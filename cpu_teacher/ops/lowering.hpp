@@ -13,6 +13,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -338,6 +339,10 @@ private:
   std::string kind_;
   std::string node_;
 };
+
+// Whether oneDNN implementation `impl` is of `kind` ("ref", "gemm:"): oneDNN names them with an
+// ISA family prefix ("x64:gemm:jit", "ref:any", "brgconv:avx2"), which this skips.
+bool is_impl(const std::string& impl, std::string_view kind);
 
 // Weights of `rows` output rows (row-major, each row one output channel's) quantized per row:
 // integer-valued floats in [-127, 127] (so that a reorder to s8 is exact) and each row's scale.
