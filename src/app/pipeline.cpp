@@ -20,13 +20,6 @@
 
 namespace kdflow::app {
 
-namespace {
-
-// The teacher's outputs are the graph's (the first is the logits), then its features.
-std::size_t first_feature(const teacher::Teacher& t) { return t.graph().outputs.size(); }
-
-} // namespace
-
 std::string feature_region(const std::string& value, std::size_t teacher) {
   return teacher == 0 ? "feature:" + value : fmt::format("feature{}:{}", teacher, value);
 }

@@ -46,6 +46,10 @@ struct RunTeacher {
   ImageAdapter input; // the slot's images -> the teacher's input
 };
 
+// A teacher's outputs are its graph's (the first is the logits), then its features: the index of
+// its first feature.
+inline std::size_t first_feature(const teacher::Teacher& t) { return t.graph().outputs.size(); }
+
 struct RunInputs {
   Config config;
   Dataset train;

@@ -154,6 +154,8 @@ void print_tuning(const teacher::Teacher& t, bool every_node) {
   }
 }
 
+} // namespace
+
 // Everything a command needs to run one replica on --threads pinned physical cores: the arena, the
 // calling thread bound to the same CPUs (it joins the arena in execute()), and output buffers.
 // `whole_process`: the command owns the process, and oneTBB's pool is capped at the arena's size
@@ -197,6 +199,8 @@ private:
     outs.emplace(*t); // first touched on the pinned CPUs
   }
 };
+
+namespace {
 
 // Median time of every step over profiled batches (each step waited for before the next starts),
 // and their sums by kind: where a batch's time goes.

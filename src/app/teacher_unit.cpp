@@ -2,13 +2,6 @@
 #include "teacher_unit.hpp"
 
 namespace kdflow::app {
-namespace {
-
-// The teacher's outputs are the graph's (the first is the logits), then its features.
-std::size_t first_feature(const teacher::Teacher& t) { return t.graph().outputs.size(); }
-
-} // namespace
-
 TeacherUnit::TeacherUnit(const RunInputs& run, std::size_t teacher, const affinity::CpuList& cpus,
                          int first_index)
     : run_(run), teacher_(teacher),

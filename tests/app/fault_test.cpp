@@ -54,16 +54,34 @@ void inject(fault::Site site, std::uint64_t batch, const SlotRing& ring) {
   }
 }
 
-// The process's threads by id, with their names.
+// The process's threads by id, with their names. A thread whose name can no longer be read has
+// ended between the listing and the read: it is not counted.
 std::map<int, std::string> threads() {
   std::map<int, std::string> out;
-  for (const auto& entry : fs::directory_iterator("/proc/self/task")) {
-    std::ifstream comm(entry.path() / "comm");
+  std::error_code ec;
+  for (fs::directory_iterator it("/proc/self/task", ec), end; !ec && it != end; it.increment(ec)) {
+    std::ifstream comm(it->path() / "comm");
     std::string name;
-    std::getline(comm, name);
-    out[std::stoi(entry.path().filename().string())] = name;
+    if (!std::getline(comm, name)) continue;
+    out[std::stoi(it->path().filename().string())] = name;
   }
   return out;
+}
+
+// The threads not in `before` (the caller's own left out). A joined thread's task can stay listed
+// in /proc for a moment after the join returns (the kernel wakes the joiner before it reaps the
+// task), so a newcomer only counts as left behind if it is still there after `grace`.
+std::map<int, std::string> newcomers(const std::map<int, std::string>& before,
+                                     std::chrono::milliseconds grace) {
+  const int self = static_cast<int>(::gettid());
+  const auto deadline = Clock::now() + grace;
+  for (;;) {
+    std::map<int, std::string> out;
+    for (const auto& [tid, name] : threads())
+      if (tid != self && !before.contains(tid)) out.emplace(tid, name);
+    if (out.empty() || Clock::now() >= deadline) return out;
+    std::this_thread::sleep_for(20ms);
+  }
 }
 
 class Fault : public ::testing::Test {
@@ -137,10 +155,11 @@ protected:
     const StageError e = failed_run(out_ / "second", site, kind, stage);
     EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
     EXPECT_TRUE(oneapi::tbb::finalize(handle, std::nothrow)) << "oneTBB still in use";
+    for (const auto& [tid, name] : newcomers(before, 2s))
+      ADD_FAILURE() << "thread " << tid << " (" << name << ") left behind";
     const int self = static_cast<int>(::gettid());
     for (const auto& [tid, name] : threads()) {
       if (tid == self) continue;
-      EXPECT_TRUE(before.contains(tid)) << "thread " << tid << " (" << name << ") left behind";
       for (const char* ours :
            {"kd-loader", "kd-teacher", "kd-watchdog", "kd-ctl", "kd-eval", "kd-copy", "kd-dist"})
         EXPECT_FALSE(name.starts_with(ours)) << "thread " << tid << " (" << name << ") left";
