@@ -309,8 +309,7 @@ void direct_conv(Lowering& plan, const Node& node, bool channels_last,
           : dnnl::convolution_forward::primitive_desc(
                 plan.eng(), dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
                 any_src, any_w, dst_md, strides, dil, pl, pr, attr);
-  while (!impl.empty() && pd.impl_info_str() != impl)
-    if (!pd.next_impl()) plan.fail(node, "oneDNN no longer offers the implementation " + impl);
+  walk_to_impl(plan, node, pd, impl);
   const ArgRef src = q ? plan.get_quantized(node.inputs[0], pd.src_desc(), *q)
                        : plan.get(node.inputs[0], pd.src_desc());
   const ArgRef w = plan.weight(std::move(w_data), w_user, pd.weights_desc());

@@ -227,12 +227,8 @@ void inner_product(Lowering& plan, const Node& node) {
   // and load_int8's check runs the plan as tuned).
   const std::string second = q || q_out ? std::string() : second_inner_product_impl(make_pd());
   if (!second.empty() && plan.choose(node, {"inner_product", "inner_product_alternative"}) ==
-                             "inner_product_alternative") {
-    // Walked to by name, the one found above on the same descriptors (the plan cache's key holds
-    // oneDNN's version and ISA, so a cached choice meets the same list); the failure is a guard.
-    while (pd.impl_info_str() != second)
-      if (!pd.next_impl()) plan.fail(node, "oneDNN no longer offers the implementation " + second);
-  }
+                             "inner_product_alternative")
+    walk_to_impl(plan, node, pd, second);
   const ArgRef src =
       q ? plan.get_quantized(src_value, pd.src_desc(), *q) : plan.get(src_value, pd.src_desc());
   const ArgRef wref = plan.weight(std::move(w), w_user, pd.weights_desc());

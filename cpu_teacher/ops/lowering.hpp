@@ -344,6 +344,16 @@ private:
 // ISA family prefix ("x64:gemm:jit", "ref:any", "brgconv:avx2"), which this skips.
 bool is_impl(const std::string& impl, std::string_view kind);
 
+// Moves `pd` on to oneDNN's implementation `impl` ("" leaves it at the first), found by name on
+// the same descriptors it was found on when offered (the plan cache's key holds oneDNN's version
+// and ISA, so a cached choice meets the same list): the failure is a guard.
+template <typename PrimitiveDesc>
+void walk_to_impl(const Lowering& plan, const Node& node, PrimitiveDesc& pd,
+                  const std::string& impl) {
+  while (!impl.empty() && pd.impl_info_str() != impl)
+    if (!pd.next_impl()) plan.fail(node, "oneDNN no longer offers the implementation " + impl);
+}
+
 // Weights of `rows` output rows (row-major, each row one output channel's) quantized per row:
 // integer-valued floats in [-127, 127] (so that a reorder to s8 is exact) and each row's scale.
 std::pair<std::vector<float>, std::vector<float>> quantize_rows(const std::vector<float>& w,
