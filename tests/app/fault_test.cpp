@@ -54,33 +54,40 @@ void inject(fault::Site site, std::uint64_t batch, const SlotRing& ring) {
   }
 }
 
-// The process's threads by id, with their names. A thread whose name can no longer be read has
-// ended between the listing and the read: it is not counted.
-std::map<int, std::string> threads() {
-  std::map<int, std::string> out;
-  std::error_code ec;
-  for (fs::directory_iterator it("/proc/self/task", ec), end; !ec && it != end; it.increment(ec)) {
-    std::ifstream comm(it->path() / "comm");
-    std::string name;
-    if (!std::getline(comm, name)) continue;
-    out[std::stoi(it->path().filename().string())] = name;
+// The process's threads by id, with their names, and whether each still has the process's address
+// space. A thread that has left it (its task's status has no VmSize line), or whose files can no
+// longer be read, is ending: the kernel wakes a joiner (or oneTBB's finalize) as the thread drops
+// its address space, before it removes the task from /proc.
+struct Task {
+  std::string name;
+  bool running = false;
+};
+std::map<int, Task> threads() {
+  std::map<int, Task> out;
+  for (const auto& entry : fs::directory_iterator("/proc/self/task")) {
+    Task task;
+    std::ifstream comm(entry.path() / "comm");
+    std::ifstream status(entry.path() / "status");
+    if (!std::getline(comm, task.name)) continue;
+    for (std::string line; std::getline(status, line);)
+      if (line.starts_with("VmSize:")) task.running = true;
+    out[std::stoi(entry.path().filename().string())] = task;
   }
   return out;
 }
 
-// The threads not in `before` (the caller's own left out). A joined thread's task can stay listed
-// in /proc for a moment after the join returns (the kernel wakes the joiner before it reaps the
-// task), so a newcomer only counts as left behind if it is still there after `grace`.
-std::map<int, std::string> newcomers(const std::map<int, std::string>& before,
+// The running threads not in `before` (the caller's own left out), looked at again for up to
+// `grace` while there are any (the moment between the wake and the drop of the address space).
+std::map<int, std::string> newcomers(const std::map<int, Task>& before,
                                      std::chrono::milliseconds grace) {
   const int self = static_cast<int>(::gettid());
   const auto deadline = Clock::now() + grace;
   for (;;) {
     std::map<int, std::string> out;
-    for (const auto& [tid, name] : threads())
-      if (tid != self && !before.contains(tid)) out.emplace(tid, name);
+    for (const auto& [tid, task] : threads())
+      if (tid != self && task.running && !before.contains(tid)) out.emplace(tid, task.name);
     if (out.empty() || Clock::now() >= deadline) return out;
-    std::this_thread::sleep_for(20ms);
+    std::this_thread::sleep_for(10ms);
   }
 }
 
@@ -141,7 +148,8 @@ protected:
   }
 
   // The fault's run twice (the second in a fresh folder): every thread the second started has
-  // ended when it returns (oneTBB's workers once the scheduler is finalized; the first run
+  // ended, or has left the address space on its way out (threads()), within 200 ms of its return
+  // (oneTBB's workers once the scheduler is finalized; the first run
   // started the pools that outlive runs, torch's), and no kdflow thread is left at all. Then the
   // second run's last checkpoint is resumed to the end.
   void check(fault::Site site, Kind kind, const std::string& stage, const std::string& says) {
@@ -155,14 +163,15 @@ protected:
     const StageError e = failed_run(out_ / "second", site, kind, stage);
     EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
     EXPECT_TRUE(oneapi::tbb::finalize(handle, std::nothrow)) << "oneTBB still in use";
-    for (const auto& [tid, name] : newcomers(before, 2s))
+    for (const auto& [tid, name] : newcomers(before, 200ms))
       ADD_FAILURE() << "thread " << tid << " (" << name << ") left behind";
     const int self = static_cast<int>(::gettid());
-    for (const auto& [tid, name] : threads()) {
-      if (tid == self) continue;
+    for (const auto& [tid, task] : threads()) {
+      if (tid == self || !task.running) continue;
       for (const char* ours :
            {"kd-loader", "kd-teacher", "kd-watchdog", "kd-ctl", "kd-eval", "kd-copy", "kd-dist"})
-        EXPECT_FALSE(name.starts_with(ours)) << "thread " << tid << " (" << name << ") left";
+        EXPECT_FALSE(task.name.starts_with(ours))
+            << "thread " << tid << " (" << task.name << ") left";
     }
 
     // The last finished checkpoint is intact and resumable: the run goes on to its end.
