@@ -149,9 +149,9 @@ protected:
 
   // The fault's run twice (the second in a fresh folder): every thread the second started has
   // ended, or has left the address space on its way out (threads()), within 200 ms of its return
-  // (oneTBB's workers once the scheduler is finalized; the first run
-  // started the pools that outlive runs, torch's), and no kdflow thread is left at all. Then the
-  // second run's last checkpoint is resumed to the end.
+  // (oneTBB's workers once the scheduler is finalized; the first run started the pools that
+  // outlive runs, torch's), and no kdflow thread is left at all. Then the second run's last
+  // checkpoint is resumed to the end.
   void check(fault::Site site, Kind kind, const std::string& stage, const std::string& says) {
     {
       oneapi::tbb::task_scheduler_handle handle{oneapi::tbb::attach{}};
