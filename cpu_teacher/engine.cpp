@@ -212,6 +212,32 @@ const ArgRef& Lowering::dense(const std::string& value) {
   return at(value);
 }
 
+std::optional<ArgRef> Lowering::strided(const std::string& value) const {
+  const ArgRef& cur = view_at(value);
+  if (cur.md.get_format_kind() != memory::format_kind::blocked || cur.md.get_inner_nblks() != 0)
+    return std::nullopt;
+  const Shape& shape = g_.shape(value);
+  const Fine f = fine_of(value);
+  if (shape.empty() || f.group.size() != shape.size()) return std::nullopt;
+  memory::dims strides(shape.size());
+  std::size_t end = f.size.size();
+  for (std::size_t a = shape.size(); a-- > 0;) { // each axis's fine axes, innermost last
+    const std::size_t first = end - static_cast<std::size_t>(f.group[a]);
+    std::int64_t stride = 0, extent = 1; // the innermost fine axis of more than one element's
+    for (std::size_t j = end; j-- > first;) {
+      if (f.size[j] == 1) continue;
+      if (extent > 1 && f.stride[j] != stride * extent) return std::nullopt;
+      if (extent == 1) stride = f.stride[j];
+      extent *= f.size[j];
+    }
+    strides[a] = extent > 1 ? stride : 1;
+    end = first;
+  }
+  return ArgRef{
+      cur.kind, cur.index, cur.offset,
+      memory::desc(memory::dims(shape.begin(), shape.end()), cur.md.get_data_type(), strides)};
+}
+
 // --- views ---------------------------------------------------------------------------------------
 
 bool Lowering::may_view(const Node& node, std::size_t k) const {

@@ -88,8 +88,10 @@ std::vector<Tensor> evaluate_product(const Node& node, const std::vector<const T
   return {Tensor::floats(os, std::move(r))};
 }
 
-// MatMul with a computed B (or A of rank above 2): oneDNN's matmul on plain operands, broadcast by
-// rank.
+// MatMul with a computed B (or A of rank above 2): oneDNN's matmul, broadcast by rank. Its computed
+// operands are read in place where they lie strided (attention's Q, K and V, views of one
+// projection's output, K transposed): the "strided" way, offered where oneDNN takes those strides
+// with a kernel of its own; else, and in the "plain" way, each is copied out plain first.
 void matmul(Lowering& plan, const Node& node) {
   const Graph& g = plan.graph();
   const dt act = plan.act();
@@ -99,36 +101,66 @@ void matmul(Lowering& plan, const Node& node) {
     return s;
   };
   const Shape as = padded(g.shape(node.inputs[0])), bs = padded(g.shape(node.inputs[1]));
-  const memory::desc a_md = plain(as, act), b_md = plain(bs, act),
-                     dst_md = plain(os, plan.type_of(node.outputs[0]));
+  const memory::desc dst_md = plain(os, plan.type_of(node.outputs[0]));
   // alpha (a scale fused by the passes): a scale of the weights, which oneDNN's gemm-based
   // matmul passes to the gemm as its alpha at no cost; where the implementation takes no scales,
   // the first post-op (an extra pass over the output), the node's own after it.
   const float alpha = node.float_attr("alpha", 1);
-  dnnl::primitive_attr attr = plan.attr_with(node);
-  if (alpha != 1) attr.set_scales_mask(DNNL_ARG_WEIGHTS, 0);
-  bool scaled = alpha != 1;
-  dnnl::matmul::primitive_desc pd;
-  try {
-    pd = dnnl::matmul::primitive_desc(plan.eng(), a_md, b_md, dst_md, attr);
-  } catch (const dnnl::error&) {
-    if (!scaled) throw;
-    scaled = false;
-    pd = dnnl::matmul::primitive_desc(plan.eng(), a_md, b_md, dst_md, plan.attr_with(node, alpha));
-  }
-  const auto operand = [&](const std::string& v, const memory::desc& md, const Shape& shape) {
-    if (g.is_constant(v)) return plan.constant(v, shape, md);
-    const ArgRef r = plan.get_plain(v, act);
-    return ArgRef{r.kind, r.index, r.offset, md};
+  struct Made {
+    dnnl::matmul::primitive_desc pd;
+    bool scaled;
   };
-  const ArgRef a = operand(node.inputs[0], a_md, as), b = operand(node.inputs[1], b_md, bs);
+  const auto make = [&](const memory::desc& a_md, const memory::desc& b_md) {
+    if (alpha != 1) {
+      dnnl::primitive_attr attr = plan.attr_with(node);
+      attr.set_scales_mask(DNNL_ARG_WEIGHTS, 0);
+      try {
+        return Made{dnnl::matmul::primitive_desc(plan.eng(), a_md, b_md, dst_md, attr), true};
+      } catch (const dnnl::error&) {
+      }
+    }
+    return Made{
+        dnnl::matmul::primitive_desc(plan.eng(), a_md, b_md, dst_md, plan.attr_with(node, alpha)),
+        false};
+  };
+  // A computed operand read in place, its rank padded by axes of one element; nullopt where it
+  // lies plain already (nothing to save) or not strided in act().
+  const auto in_place = [&](const std::string& v, const Shape& shape) -> std::optional<ArgRef> {
+    if (g.is_constant(v)) return std::nullopt;
+    std::optional<ArgRef> r = plan.strided(v);
+    if (!r || r->md.get_data_type() != act || r->md == plain(g.shape(v), act)) return std::nullopt;
+    memory::dims strides = r->md.get_strides();
+    while (strides.size() < shape.size()) strides.insert(strides.begin(), 1);
+    r->md = memory::desc(memory::dims(shape.begin(), shape.end()), act, strides);
+    return r;
+  };
+  const std::optional<ArgRef> sa = in_place(node.inputs[0], as), sb = in_place(node.inputs[1], bs);
+  std::optional<Made> strided;
+  if (sa || sb) {
+    try {
+      strided = make(sa ? sa->md : plain(as, act), sb ? sb->md : plain(bs, act));
+      if (is_impl(strided->pd.impl_info_str(), "ref")) strided.reset();
+    } catch (const dnnl::error&) {
+    }
+  }
+  const bool read_in_place = strided && plan.choose(node, {"strided", "plain"}) == "strided";
+  const auto operand = [&](const std::string& v, const Shape& shape,
+                           const std::optional<ArgRef>& seen) {
+    if (read_in_place && seen) return *seen;
+    if (g.is_constant(v)) return plan.constant(v, shape, plain(shape, act));
+    const ArgRef r = plan.get_plain(v, act);
+    return ArgRef{r.kind, r.index, r.offset, plain(shape, act)};
+  };
+  const ArgRef a = operand(node.inputs[0], as, sa), b = operand(node.inputs[1], bs, sb);
+  const Made made = read_in_place ? *strided : make(a.md, b.md);
   const ArgRef dst = plan.new_buffer(dst_md);
   std::vector<std::pair<int, ArgRef>> args = {
       {DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, dst}};
-  if (scaled) {
+  if (made.scaled) {
     const memory::desc one({1}, dt::f32, memory::format_tag::a);
     args.emplace_back(DNNL_ARG_ATTR_SCALES | DNNL_ARG_WEIGHTS, plan.weight({alpha}, one, one));
   }
+  const dnnl::matmul::primitive_desc& pd = made.pd;
   plan.add_primitive(dnnl::matmul(pd), std::move(args), node.describe(), pd.scratchpad_desc());
   plan.set(node.outputs[0], dst);
 }

@@ -220,6 +220,11 @@ public:
   // checks of a layout, which a view then matches none of).
   [[nodiscard]] const ArgRef& view_at(const std::string& value) const;
   [[nodiscard]] bool is_view(const std::string& value) const { return views_.count(value) != 0; }
+  // Where `value` lies, seen as a plain strided layout of its own axes read in place (a view whose
+  // fine axes nest within each of the value's axes: attention's Q, K and V selected from one
+  // projection, K transposed), or nullopt where it does not lie so (a blocked layout, or a view
+  // whose fine axes do not nest).
+  [[nodiscard]] std::optional<ArgRef> strided(const std::string& value) const;
   // `value` in layout `want`, reordered once (and cached) when it lives in another layout; a view
   // lying as wanted is read in place, else reordered straight into `want` where that is plain
   // strided or the view has the value's own axes. For readers only: an op that writes over what

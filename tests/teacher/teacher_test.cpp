@@ -1517,7 +1517,9 @@ TEST(TeacherTune, EveryWayOfEveryNodeMatchesPyTorch) {
                                          "inner_product_alternative",
                                          "concat_affine",
                                          "slices",
-                                         "concat"};
+                                         "concat",
+                                         "strided",
+                                         "plain"};
   std::map<std::string, int> nodes_run, offered;
   for (const auto& entry : m["models"]) {
     const std::string name = entry["name"];
@@ -1566,6 +1568,53 @@ TEST(TeacherTune, EveryWayOfEveryNodeMatchesPyTorch) {
   }
   for (const char* way : {"channels_last_alternative", "inner_product_alternative"})
     std::printf("%s offered on %d nodes, run on %d\n", way, offered[way], nodes_run[way]);
+}
+
+// A MatMul of computed operands (attention's Q x K^T and its weights x V) reads them in place where
+// they lie strided ("strided": views of one projection's output, K transposed) or copies each out
+// plain first ("plain"). Both within 1e-4 of PyTorch, the strided way with fewer reorders and the
+// same MatMuls; offered in every attention fixture, from both exporters.
+TEST(TeacherTune, AttentionMatMulsReadTheirOperandsInPlace) {
+  const fs::path dir = fixture_dir("models");
+  const auto m = manifest(dir);
+  const std::int64_t batch = m["batch"];
+  int attention = 0;
+  for (const auto& entry : m["models"]) {
+    const std::string name = entry["name"];
+    const bool has_attention = name.starts_with("vit_") || name.starts_with("encoder_");
+    attention += has_attention;
+    const NpyArray x = read_npy((dir / (name + ".input.npy")).string());
+    const NpyArray ref = read_npy((dir / (name + ".output.npy")).string());
+    std::map<std::string, int> reorders, matmuls, offered;
+    for (const std::string way : {"strided", "plain"}) {
+      SCOPED_TRACE(name + " preferring " + way);
+      TeacherOptions opts;
+      opts.batch = batch;
+      opts.prefer = {way};
+      const auto t = Teacher::load((dir / (name + ".onnx")).string(), opts);
+      for (const auto& n : t->tune_report().nodes)
+        if (std::find(n.options.begin(), n.options.end(), "strided") != n.options.end()) {
+          EXPECT_EQ(n.options, (std::vector<std::string>{"strided", "plain"}));
+          EXPECT_EQ(n.chosen, way);
+          ++offered[way];
+        }
+      for (const auto& step : t->step_info()) {
+        reorders[way] += step.kind == "reorder";
+        matmuls[way] += step.kind == "MatMul";
+      }
+      EXPECT_LE(normalized_error(run(t, x.data)[0], ref.data), 1e-4);
+    }
+    SCOPED_TRACE(name);
+    EXPECT_EQ(offered["strided"], offered["plain"]);
+    EXPECT_EQ(matmuls["strided"], matmuls["plain"]);
+    if (has_attention) {
+      EXPECT_GT(offered["strided"], 0);
+      EXPECT_LT(reorders["strided"], reorders["plain"]);
+    } else if (offered["strided"] == 0) {
+      EXPECT_EQ(reorders["strided"], reorders["plain"]);
+    }
+  }
+  EXPECT_GE(attention, 6); // the encoders and ViTs of both exporters
 }
 
 // teacher.tune = auto times the plans, keeps one no slower than the untuned plan, caches the
