@@ -124,11 +124,13 @@ void matmul(Lowering& plan, const Node& node) {
         false};
   };
   // A computed operand read in place, its rank padded by axes of one element; nullopt where it
-  // lies plain already (nothing to save) or not strided in act().
+  // is a buffer lying plain already (nothing to save) or does not lie strided in act(). (A view
+  // whose fine axes nest into the plain layout is read in place too: get_plain copies it.)
   const auto in_place = [&](const std::string& v, const Shape& shape) -> std::optional<ArgRef> {
     if (g.is_constant(v)) return std::nullopt;
     std::optional<ArgRef> r = plan.strided(v);
-    if (!r || r->md.get_data_type() != act || r->md == plain(g.shape(v), act)) return std::nullopt;
+    if (!r || r->md.get_data_type() != act || (!plan.is_view(v) && r->md == plain(g.shape(v), act)))
+      return std::nullopt;
     memory::dims strides = r->md.get_strides();
     while (strides.size() < shape.size()) strides.insert(strides.begin(), 1);
     r->md = memory::desc(memory::dims(shape.begin(), shape.end()), act, strides);
