@@ -599,6 +599,21 @@ def cases():
     c["transposed_block_scale_residual"] = transposed_block(rand(16, 1, 1))
     # The same block scaled along its rows, not its channels: not a per-channel scale of the layer.
     c["transposed_block_scale_along_rows"] = transposed_block(rand(9, 1))
+    # Attention's heads put back beside each other (a Transpose and a Reshape of the context
+    # product) and projected: the product is written in the layout the Transpose's output lies
+    # plain in, so neither the Transpose nor the projection's rows copy it
+    # (TeacherOps.ProductWritesTheLayoutOfTheTransposeAfterIt).
+    c["attention_heads_projected"] = model([
+        helper.make_node("Transpose", ["x"], ["kt"], name="kt", perm=[0, 1, 3, 2]),
+        helper.make_node("MatMul", ["x", "kt"], ["qk"], name="scores"),
+        helper.make_node("Softmax", ["qk"], ["sm"], name="softmax", axis=-1),
+        helper.make_node("MatMul", ["sm", "x"], ["o"], name="context"),
+        helper.make_node("Transpose", ["o"], ["ot"], name="heads_last", perm=[0, 2, 1, 3]),
+        helper.make_node("Reshape", ["ot", "merged"], ["r"], name="heads_merged"),
+        helper.make_node("MatMul", ["r", "wp"], ["pm"], name="projection"),
+        helper.make_node("Add", ["pm", "bp"], ["y"], name="projection_bias")], X,
+        [const("merged", np.array([-1, 9, 44], np.int64)), const("wp", rand(44, 7) * 0.2), const("bp", rand(7))],
+        out_shape=["N", 9, 7])
     c["reduce_sum_opset13"] = model([node("ReduceSum", ["x", "ax"], keepdims=1)], X, [const("ax", np.array([1, 3], np.int64))], opset=13,
                                     out_shape=["N", 1, 9, 1])
     c["reduce_max_no_keepdims"] = model([node("ReduceMax", ["x"], axes=[2], keepdims=0)], X, opset=17, out_shape=["N", 4, 11])

@@ -102,6 +102,29 @@ void matmul(Lowering& plan, const Node& node) {
   };
   const Shape as = padded(g.shape(node.inputs[0])), bs = padded(g.shape(node.inputs[1]));
   const memory::desc dst_md = plain(os, plan.type_of(node.outputs[0]));
+  // Where a Transpose alone reads the product (attention's heads put back beside each other
+  // before the output projection), the product is written in the layout that Transpose's output
+  // lies plain in: the Transpose is then its buffer, and no reorder copies it (lower_transpose).
+  // Only where oneDNN runs that layout with the same kernel as the plain one (below).
+  const std::optional<memory::desc> transposed_md = [&]() -> std::optional<memory::desc> {
+    const std::string& out = node.outputs[0];
+    const std::vector<std::size_t> readers = g.consumers(out);
+    if (g.is_output(out) || plan.is_feature(out) || readers.size() != 1) return std::nullopt;
+    const Node& reader = g.nodes[readers[0]];
+    if (reader.op != "Transpose" || reader.inputs[0] != out || !reader.post_ops.empty())
+      return std::nullopt;
+    const std::vector<std::int64_t> perm = reader.ints_attr("perm");
+    if (perm.size() != os.size()) return std::nullopt;
+    Shape seen(os.size()); // the Transpose's output shape, plain
+    for (std::size_t k = 0; k < perm.size(); ++k) seen[k] = os[static_cast<std::size_t>(perm[k])];
+    const Shape seen_strides = strides_of(seen);
+    memory::dims strides(os.size());
+    for (std::size_t k = 0; k < perm.size(); ++k)
+      strides[static_cast<std::size_t>(perm[k])] = seen_strides[k];
+    const memory::desc md(memory::dims(os.begin(), os.end()), dst_md.get_data_type(), strides);
+    if (md == dst_md) return std::nullopt;
+    return md;
+  }();
   // alpha (a scale fused by the passes): a scale of the weights, which oneDNN's gemm-based
   // matmul passes to the gemm as its alpha at no cost; where the implementation takes no scales,
   // the first post-op (an extra pass over the output), the node's own after it.
@@ -110,18 +133,29 @@ void matmul(Lowering& plan, const Node& node) {
     dnnl::matmul::primitive_desc pd;
     bool scaled;
   };
-  const auto make = [&](const memory::desc& a_md, const memory::desc& b_md) {
+  const auto make_into = [&](const memory::desc& a_md, const memory::desc& b_md,
+                             const memory::desc& d_md) {
     if (alpha != 1) {
       dnnl::primitive_attr attr = plan.attr_with(node);
       attr.set_scales_mask(DNNL_ARG_WEIGHTS, 0);
       try {
-        return Made{dnnl::matmul::primitive_desc(plan.eng(), a_md, b_md, dst_md, attr), true};
+        return Made{dnnl::matmul::primitive_desc(plan.eng(), a_md, b_md, d_md, attr), true};
       } catch (const dnnl::error&) {
       }
     }
     return Made{
-        dnnl::matmul::primitive_desc(plan.eng(), a_md, b_md, dst_md, plan.attr_with(node, alpha)),
+        dnnl::matmul::primitive_desc(plan.eng(), a_md, b_md, d_md, plan.attr_with(node, alpha)),
         false};
+  };
+  // Into the transposed layout where oneDNN takes it with the plain layout's kernel.
+  const auto make = [&](const memory::desc& a_md, const memory::desc& b_md) {
+    Made made = make_into(a_md, b_md, dst_md);
+    if (transposed_md) try {
+        Made t = make_into(a_md, b_md, *transposed_md);
+        if (t.pd.impl_info_str() == made.pd.impl_info_str() && t.scaled == made.scaled) return t;
+      } catch (const dnnl::error&) {
+      }
+    return made;
   };
   // A computed operand read in place, its rank padded by axes of one element; nullopt where it
   // is a buffer lying plain already (nothing to save) or does not lie strided in act(). (A view
@@ -155,7 +189,7 @@ void matmul(Lowering& plan, const Node& node) {
   };
   const ArgRef a = operand(node.inputs[0], as, sa), b = operand(node.inputs[1], bs, sb);
   const Made made = read_in_place ? *strided : make(a.md, b.md);
-  const ArgRef dst = plan.new_buffer(dst_md);
+  const ArgRef dst = plan.new_buffer(made.pd.dst_desc());
   std::vector<std::pair<int, ArgRef>> args = {
       {DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, dst}};
   if (made.scaled) {
