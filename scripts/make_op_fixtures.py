@@ -602,18 +602,28 @@ def cases():
     # Attention's heads put back beside each other (a Transpose and a Reshape of the context
     # product) and projected: the product is written in the layout the Transpose's output lies
     # plain in, so neither the Transpose nor the projection's rows copy it
-    # (TeacherOps.ProductWritesTheLayoutOfTheTransposeAfterIt).
-    c["attention_heads_projected"] = model([
-        helper.make_node("Transpose", ["x"], ["kt"], name="kt", perm=[0, 1, 3, 2]),
-        helper.make_node("MatMul", ["x", "kt"], ["qk"], name="scores"),
-        helper.make_node("Softmax", ["qk"], ["sm"], name="softmax", axis=-1),
-        helper.make_node("MatMul", ["sm", "x"], ["o"], name="context"),
-        helper.make_node("Transpose", ["o"], ["ot"], name="heads_last", perm=[0, 2, 1, 3]),
-        helper.make_node("Reshape", ["ot", "merged"], ["r"], name="heads_merged"),
-        helper.make_node("MatMul", ["r", "wp"], ["pm"], name="projection"),
-        helper.make_node("Add", ["pm", "bp"], ["y"], name="projection_bias")], X,
-        [const("merged", np.array([-1, 9, 44], np.int64)), const("wp", rand(44, 7) * 0.2), const("bp", rand(7))],
-        out_shape=["N", 9, 7])
+    # (TeacherOps.ProductWritesTheLayoutOfTheTransposeAfterIt). V is a strided view (a slice of a
+    # computed value), so the context product has both ways, "strided" and "plain". Batch-first
+    # (the heads and rows swapped, as ViTs write it) and sequence-first (rows first, as a
+    # seq-first encoder writes it, projected then transposed back to batch-first).
+    def heads_projected(perm, merged, after):
+        return model([
+            node("Relu", ["x"], ["p"]),
+            helper.make_node("Slice", ["p", "v_start", "v_end", "v_axis"], ["v"], name="v_slice"),
+            helper.make_node("Transpose", ["x"], ["kt"], name="kt", perm=[0, 1, 3, 2]),
+            helper.make_node("MatMul", ["x", "kt"], ["qk"], name="scores"),
+            helper.make_node("Softmax", ["qk"], ["sm"], name="softmax", axis=-1),
+            helper.make_node("MatMul", ["sm", "v"], ["o"], name="context"),
+            helper.make_node("Transpose", ["o"], ["ot"], name="heads_last", perm=perm),
+            helper.make_node("Reshape", ["ot", "merged"], ["r"], name="heads_merged"),
+            helper.make_node("MatMul", ["r", "wp"], ["pm"], name="projection"),
+            helper.make_node("Add", ["pm", "bp"], ["y" if not after else "pb"], name="projection_bias")] + after, X,
+            [const("v_start", np.array([1], np.int64)), const("v_end", np.array([11], np.int64)),
+             const("v_axis", np.array([3], np.int64)), const("merged", np.array(merged, np.int64)),
+             const("wp", rand(40, 7) * 0.2), const("bp", rand(7))], out_shape=["N", 9, 7])
+    c["attention_heads_projected"] = heads_projected([0, 2, 1, 3], [-1, 9, 40], [])
+    c["attention_heads_projected_seq_first"] = heads_projected(
+        [2, 0, 1, 3], [9, -1, 40], [helper.make_node("Transpose", ["pb"], ["y"], name="batch_first", perm=[1, 0, 2])])
     c["reduce_sum_opset13"] = model([node("ReduceSum", ["x", "ax"], keepdims=1)], X, [const("ax", np.array([1, 3], np.int64))], opset=13,
                                     out_shape=["N", 1, 9, 1])
     c["reduce_max_no_keepdims"] = model([node("ReduceMax", ["x"], axes=[2], keepdims=0)], X, opset=17, out_shape=["N", 4, 11])

@@ -153,8 +153,9 @@ std::vector<Tensor> evaluate_transpose(const Node& node, const std::vector<const
 }
 
 // The input as it lies (whatever layout its producer wrote), seen with permuted axes: where that
-// is the output's plain layout already (a channels-last NCHW value transposed to NHWC) the output
-// is the input's buffer, no copy, provided nothing else reads the input (so nothing can write
+// is the output's plain layout already (a channels-last NCHW value transposed to NHWC; a MatMul's
+// output, which matmul() writes so where this Transpose alone reads it) the output is the input's
+// buffer, no copy, provided nothing else reads the input (so nothing can write
 // the shared buffer in place under another reader); where the input is plain or a view, a view
 // of it (Lowering::view_permuted: its reader reorders once, into the layout it wants); elsewhere
 // one reorder into a plain output, straight from the input's layout (no plain copy of the input
