@@ -706,8 +706,8 @@ TEST(TeacherOps, TransposedBlockOutputIsNotCopied) {
 // merged and projected: the product is written in the layout the Transpose's output lies plain
 // in, so no reorder copies its output on the way to the projection (before: the Transpose left a
 // view, which the projection's rows copied out). Batch-first (heads and rows swapped: oneDNN
-// 3.2's brgemm and gemm kernels both take that layout, so it must be taken on every CPU) and
-// sequence-first (rows first: taken where the kernel is the same, so there only the result is
+// 3.2's brgemm and gemm kernels both take that layout, so in fp32 it must be taken on every CPU)
+// and sequence-first (rows first: taken where the kernel is the same, so there only the result is
 // checked). Each way of the context product (its V is a view: "strided" reads it in place),
 // against the reference loop, in fp32 and (where the CPU has it) bf16.
 TEST(TeacherOps, ProductWritesTheLayoutOfTheTransposeAfterIt) {
@@ -739,7 +739,8 @@ TEST(TeacherOps, ProductWritesTheLayoutOfTheTransposeAfterIt) {
         }
         EXPECT_TRUE(after_context);
         EXPECT_GE(products, 2); // the context product, the projection
-        if (name == "attention_heads_projected") {
+        // (In bf16 only the result: its values change type on the way, as autocast's do.)
+        if (name == "attention_heads_projected" && precision == Precision::fp32) {
           EXPECT_EQ(copies, 0);
         }
         EXPECT_LE(error_vs_reference(path, t, shape), precision == Precision::fp32 ? 1e-4 : 2e-2);
