@@ -115,13 +115,12 @@ void matmul(Lowering& plan, const Node& node) {
       return std::nullopt;
     const std::vector<std::int64_t> perm = reader.ints_attr("perm");
     if (perm.size() != os.size()) return std::nullopt;
-    Shape seen(os.size()); // the Transpose's output shape, plain
+    // The Transpose's output plain, its axes put back in the product's order (the inverse of
+    // lower_transpose's check).
+    Shape seen(os.size());
     for (std::size_t k = 0; k < perm.size(); ++k) seen[k] = os[static_cast<std::size_t>(perm[k])];
-    const Shape seen_strides = strides_of(seen);
-    memory::dims strides(os.size());
-    for (std::size_t k = 0; k < perm.size(); ++k)
-      strides[static_cast<std::size_t>(perm[k])] = seen_strides[k];
-    const memory::desc md(memory::dims(os.begin(), os.end()), dst_md.get_data_type(), strides);
+    const memory::desc md = plain(seen, dst_md.get_data_type())
+                                .permute_axes(std::vector<int>(perm.begin(), perm.end()));
     if (md == dst_md) return std::nullopt;
     return md;
   }();
