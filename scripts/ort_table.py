@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import readme_block  # noqa: E402
 
 RESULT = os.path.join("bench", "results", "teacher_vs_ort_zen4_224_8653be6.json")
-RESULTS_AVX2 = [os.path.join("bench", "results", "teacher_vs_ort_zen3_224_dcde46e.json"),
+RESULTS_AVX2 = [os.path.join("bench", "results", "teacher_vs_ort_zen3_224_2986e9d.json"),
                 os.path.join("bench", "results", "teacher_vs_ort_zen3_224_rest_a9da4b9.json"),
                 os.path.join("bench", "results", "teacher_vs_ort_zen3_224_maxvit_2thr_8076644.json")]
 BAR = 1.5  # issue 38: fp32 >= 1.5x ONNX Runtime on every model
