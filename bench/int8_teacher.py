@@ -125,7 +125,11 @@ def bench(kdflow, model, precision, batch, threads, seconds, calib, size, extra=
                 "tune_seconds": None if res.get("tune", {}).get("from_cache", True)
                 else res["tune"].get("seconds"),
                 # with --profile among the options: the batch's time by kind of step
-                "profile_by_kind": res.get("profile", {}).get("by_kind")}
+                "profile_by_kind": res.get("profile", {}).get("by_kind"),
+                # where this load tuned: every node with more than one way, each way's ms per
+                # batch as the tuner timed it and the way kept
+                "ways": None if res.get("tune", {}).get("from_cache", True)
+                else res["tune"].get("ways")}
 
 
 def cpu_name():

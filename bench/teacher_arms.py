@@ -3,7 +3,8 @@
 two kdflow binaries (a change against the build before it), or one binary with and without an
 option (an arm's --binary value may add `teacher bench` options after the path), and/or each model
 beside a variant of it with one activation swapped for another (what that activation costs). torchvision's models at
---size (torchvision's initialisation under --seed: a rate does not depend on the weights), int8
+--size (torchvision's initialisation under --seed: a rate does not depend on the weights), or an
+.onnx file as it is, at its own input size (fp32 and bf16), int8
 calibrated on Fashion-MNIST upsampled to the size, as bench/int8_teacher.py does. Each binary
 keeps its own plan cache folder (a fresh temporary one), so each tunes its own plans. Run with the
 kdflow venv's python (torch, torchvision, numpy).
@@ -17,9 +18,10 @@ The JSON names the CPU, its ISA flags, the tree's commit and each binary's path;
 (and variant), precision and thread count: each arm's images/s per round, their median, the median
 over the same model's with the first binary (over_first_binary) and over the unswapped model's
 with the same binary (over_unswapped), the samples per pass (and passes at once) each run's
-plan kept, the seconds each run's load spent tuning (null where it read its arm's cache), and
-where an arm's options include --profile, each run's batch time by kind of step
-(profile_by_kind).
+plan kept, the seconds each run's load spent tuning (null where it read its arm's cache), every
+node with more than one way, what the tuner timed for each way and the way it kept (ways, from
+the run that tuned), and where an arm's options include --profile, each run's batch time by kind
+of step (profile_by_kind).
 """
 import argparse
 import json
@@ -71,8 +73,9 @@ def main():
     p.add_argument("--binary", action="append", required=True,
                    help="NAME=PATH, then any `teacher bench` options for that arm (repeatable)")
     p.add_argument("--models", nargs="+", default=["mobilenet_v2"],
-                   help="torchvision model names, or the three-channel names of "
-                        "bench/teacher_vs_ort.py's set (resnet18_groupnorm, deit_tiny)")
+                   help="torchvision model names, the three-channel names of "
+                        "bench/teacher_vs_ort.py's set (resnet18_groupnorm, deit_tiny), or an "
+                        ".onnx file, run at its own input size (fp32 and bf16 only)")
     p.add_argument("--swap-activation", help="OLD:NEW, torch.nn class names (SiLU:ReLU)")
     p.add_argument("--precisions", nargs="+", default=["fp32", "int8"])
     p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
@@ -101,7 +104,17 @@ def main():
         calib = os.path.join(tmp, "calib.npy")
         np.save(calib, it.as_rgb(x[sel], a.size))
         models = []  # (label, onnx path, the unswapped model's label)
+        own_size = set()  # .onnx files given as they are: benched at their own input size
         for arch in a.models:
+            if arch.endswith(".onnx"):
+                if not os.path.isfile(arch):
+                    sys.exit(f"teacher_arms.py: --models {arch}: no such file")
+                if "int8" in a.precisions or a.swap_activation:
+                    sys.exit(f"teacher_arms.py: --models {arch}: an .onnx file runs in fp32 and "
+                             "bf16 only, unswapped (int8 calibrates on the --size images)")
+                models.append((arch, os.path.abspath(arch), arch))
+                own_size.add(arch)
+                continue
             for swap in [None] + ([a.swap_activation] if a.swap_activation else []):
                 torch.manual_seed(a.seed)
                 m = construct(arch, a.size).eval()
@@ -125,12 +138,13 @@ def main():
                 at_once = {arm[0]: [] for arm in arms}
                 tuning = {arm[0]: [] for arm in arms}
                 profiles = {arm[0]: [] for arm in arms}
+                ways = {arm[0]: None for arm in arms}
                 errors = {}
                 for _ in range(a.rounds):
-                    for label, _, _, path, name, binary in arms:
+                    for label, _, arch, path, name, binary in arms:
                         os.environ["KDFLOW_CACHE_DIR"] = caches[name]
                         r = it.bench(binary, path, precision, a.batch, threads, a.seconds, calib,
-                                     a.size, extra[name])
+                                     None if arch in own_size else a.size, extra[name])
                         if "error" in r:
                             errors[label] = r["error"]
                         else:
@@ -140,6 +154,8 @@ def main():
                             tuning[label].append(r["tune_seconds"])
                             if r["profile_by_kind"] is not None:
                                 profiles[label].append(r["profile_by_kind"])
+                            if r["ways"] is not None:
+                                ways[label] = r["ways"]
                 row = {"precision": precision, "threads": threads, "arms": {}}
                 med = {}
                 for label, model, arch, _, name, _ in arms:
@@ -154,6 +170,7 @@ def main():
                         "samples_per_pass": passes[label], "passes_at_once": at_once[label],
                         "tune_seconds": tuning[label],
                         "profile_by_kind": profiles[label] or None,
+                        "ways": ways[label],
                         "over_first_binary": m / first if m and first else None,
                         "over_unswapped": m / plain if m and plain else None,
                         "error": errors.get(label)}
