@@ -492,8 +492,7 @@ void fused_depthwise_conv(Lowering& plan, const Node& pw, const Node& dw,
 //    implementation oneDNN offers for it for the first one's ISA (channels_last_impls), where that
 //    is neither its reference nor its GEMM one; never the untuned plan's way;
 //  - "winograd_4x4", "winograd_2x2": F(4x4, 3x3) and F(2x2, 3x3) (winograd.cpp), for 3x3
-//    convolutions of stride 1 in fp32 and bf16 (F(4x4) with f32 products there); never the
-//    untuned plan's way, for the tuner to time;
+//    convolutions of stride 1 in fp32; never the untuned plan's way, for the tuner to time;
 //  - "im2col": each output pixel's receptive field unrolled into a row and the layer one matmul
 //    (im2col.cpp), for convolutions over fewer than 16 input channels (an image network's stem);
 //    never the untuned plan's way, for the tuner to time.

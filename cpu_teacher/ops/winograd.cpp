@@ -9,18 +9,11 @@
 // fewer than the direct convolution, F(2x2, 3x3) 2.25x fewer, for transforms that read and write
 // each tile's channels once; the tuner times both against oneDNN's direct convolution.
 //
-// In bf16 plans (activations stored bf16) F(2x2)'s transformed tiles are written bf16 and the
-// products run as bf16 x bf16 -> f32 (AVX512_BF16's dot products, or AMX), as oneDNN's bf16
-// convolutions do: the input is read bf16, the transforms add in f32, each transformed element is
-// rounded once to bf16 (as a direct bf16 convolution rounds its input once), the products
-// accumulate in f32, and the output transform, bias and post-ops run in f32 before the one
-// rounding of the result. F(4x4) there keeps its transformed tiles and products in f32 (rounding
-// its tiles to bf16 would multiply bf16's error 10-20x, tile_type): it reads bf16, rounds its
-// kernel to bf16 as the direct bf16 convolution does, and writes bf16, so it computes what that
-// convolution computes, up to f32's rounding in the transforms. It does 4x fewer
-// multiply-adds than the direct convolution at f32's rate where bf16 does all of them at up to
-// twice it: which is faster depends on the CPU (the widths of its FMA and bf16 dot-product units,
-// its caches), and the tuner times both.
+// In bf16 plans (activations stored bf16) the transformed tiles are written bf16 and the products
+// run as bf16 x bf16 -> f32 (AVX512_BF16's dot products, or AMX), as oneDNN's bf16 convolutions
+// do: the input is read bf16, the transforms add in f32, each transformed element is rounded once
+// to bf16 (as a direct bf16 convolution rounds its input once), the products accumulate in f32,
+// and the output transform, bias and post-ops run in f32 before the one rounding of the result.
 //
 // The tiles are processed in chunks sized so that a chunk's transformed tiles and products stay
 // in the caches (about 2 MiB of them per thread): transform a chunk's input tiles
@@ -121,10 +114,10 @@ struct Post {
 };
 
 // Input tiles [first, first + count) of the chunk whose first tile is `chunk_first`, transformed
-// into v ([alpha^2][chunk][cp], each row one tile's channels); T: the input's element type (f32,
-// or bf16 in bf16 plans), V: the transformed tiles' (f32, or bf16 for bf16 products).
-template <int M, class T, class V>
-[[gnu::always_inline]] inline void input_tiles(const Geometry& g, const T* x, V* v,
+// into v ([alpha^2][chunk][cp], each row one tile's channels); T: the element type of both (f32,
+// or bf16 in bf16 plans).
+template <int M, class T>
+[[gnu::always_inline]] inline void input_tiles(const Geometry& g, const T* x, T* v,
                                                std::int64_t chunk_first, std::int64_t first,
                                                std::int64_t count) {
   constexpr int A = M + 2;
@@ -219,10 +212,10 @@ using InputFn = void (*)(const Geometry&, const void*, void*, std::int64_t, std:
 using OutputFn = void (*)(const Geometry&, const float*, const float*, const Post*, int, void*,
                           std::int64_t, std::int64_t, std::int64_t);
 
-template <int M, class T, class V>
+template <int M, class T>
 void input_baseline(const Geometry& g, const void* x, void* v, std::int64_t chunk_first,
                     std::int64_t first, std::int64_t count) {
-  input_tiles<M>(g, static_cast<const T*>(x), static_cast<V*>(v), chunk_first, first, count);
+  input_tiles<M>(g, static_cast<const T*>(x), static_cast<T*>(v), chunk_first, first, count);
 }
 template <int M, class T>
 void output_baseline(const Geometry& g, const float* mm, const float* bias, const Post* post,
@@ -231,11 +224,11 @@ void output_baseline(const Geometry& g, const float* mm, const float* bias, cons
   output_tiles<M>(g, mm, bias, post, posts, static_cast<T*>(y), chunk_first, first, count);
 }
 #ifdef KD_TARGET_X86
-template <int M, class T, class V>
+template <int M, class T>
 KD_TARGET_AVX512 void input_avx512(const Geometry& g, const void* x, void* v,
                                    std::int64_t chunk_first, std::int64_t first,
                                    std::int64_t count) {
-  input_tiles<M>(g, static_cast<const T*>(x), static_cast<V*>(v), chunk_first, first, count);
+  input_tiles<M>(g, static_cast<const T*>(x), static_cast<T*>(v), chunk_first, first, count);
 }
 template <int M, class T>
 KD_TARGET_AVX512 void output_avx512(const Geometry& g, const float* mm, const float* bias,
@@ -243,10 +236,10 @@ KD_TARGET_AVX512 void output_avx512(const Geometry& g, const float* mm, const fl
                                     std::int64_t first, std::int64_t count) {
   output_tiles<M>(g, mm, bias, post, posts, static_cast<T*>(y), chunk_first, first, count);
 }
-template <int M, class T, class V>
+template <int M, class T>
 KD_TARGET_AVX2 void input_avx2(const Geometry& g, const void* x, void* v, std::int64_t chunk_first,
                                std::int64_t first, std::int64_t count) {
-  input_tiles<M>(g, static_cast<const T*>(x), static_cast<V*>(v), chunk_first, first, count);
+  input_tiles<M>(g, static_cast<const T*>(x), static_cast<T*>(v), chunk_first, first, count);
 }
 template <int M, class T>
 KD_TARGET_AVX2 void output_avx2(const Geometry& g, const float* mm, const float* bias,
@@ -262,25 +255,22 @@ struct Transforms {
   const char* isa = "baseline";
 };
 
-// T: the element type of the input and the output (f32, or bf16); V: the transformed tiles' (f32,
-// or bf16 for bf16 products).
-template <int M, class T, class V>
+// T: the element type of the input, the transformed tiles and the output (f32, or bf16).
+template <int M, class T>
 Transforms transforms_for_isa() {
 #ifdef KD_TARGET_X86
   switch (vector_isa()) {
-  case VectorIsa::avx512: return {input_avx512<M, T, V>, output_avx512<M, T>, "avx512"};
-  case VectorIsa::avx2: return {input_avx2<M, T, V>, output_avx2<M, T>, "avx2"};
+  case VectorIsa::avx512: return {input_avx512<M, T>, output_avx512<M, T>, "avx512"};
+  case VectorIsa::avx2: return {input_avx2<M, T>, output_avx2<M, T>, "avx2"};
   case VectorIsa::baseline: break;
   }
 #endif
-  return {input_baseline<M, T, V>, output_baseline<M, T>, "baseline"};
+  return {input_baseline<M, T>, output_baseline<M, T>, "baseline"};
 }
 
 template <int M>
-Transforms transforms_for(dt act, dt tile) {
-  if (act == dt::f32) return transforms_for_isa<M, float, float>();
-  return tile == dt::f32 ? transforms_for_isa<M, Bf16, float>()
-                         : transforms_for_isa<M, Bf16, Bf16>();
+Transforms transforms_for(dt act) {
+  return act == dt::f32 ? transforms_for_isa<M, float>() : transforms_for_isa<M, Bf16>();
 }
 
 // U = G g G^T for every (output, input) channel pair, as the matmul's weights [alpha^2][cp][kp]
@@ -360,14 +350,6 @@ struct WinogradKernel {
 // (bench/results/teacher_winograd_chunk_zen3_974e087.json): the matmuls' size matters more.
 constexpr std::int64_t kChunkBytesPerThread = 2 << 20;
 
-// The type of F(m x m)'s transformed tiles and products' operands in a plan whose activations are
-// `act`: f32 in fp32 plans; in bf16 plans bf16 for F(2x2), whose transforms add and subtract, so
-// rounding its tiles to bf16 costs about what a direct bf16 convolution's rounding of its input
-// costs (1.2-2x its error on the winograd_* fixtures), and f32 for F(4x4), whose transforms
-// (weights 1/24 to 1, outputs summing 8x products) would multiply bf16's error 10-20x (6e-2
-// against 3e-3 on the same fixtures).
-dt tile_type(dt act, int m) { return act == dt::bf16 && m == 2 ? dt::bf16 : dt::f32; }
-
 } // namespace
 
 std::vector<std::string> winograd_ways(const Lowering& plan, const Node& node) {
@@ -378,14 +360,22 @@ std::vector<std::string> winograd_ways(const Lowering& plan, const Node& node) {
     return {};
   const Shape& ws = g.shape(node.inputs[1]);
   if (ws.size() != 4 || ws[2] != 3 || ws[3] != 3 || ws[0] < kLanes || ws[1] < kLanes) return {};
-  // fp32 and bf16 (a bf16 plan's convolutions write bf16, as under PyTorch's autocast); no int8.
-  // The output transform applies the activations itself.
+  // fp32 and bf16 (products in bf16; a bf16 plan's convolutions write bf16, as under PyTorch's
+  // autocast); no int8. The output transform applies the activations itself.
   if (!plan.conv_into_channels_last(node)) return {};
   for (const auto& p : node.post_ops)
     if (p.kind != PostOp::Kind::sum &&
         (find_op(p.op) == nullptr || find_op(p.op)->activation == nullptr))
       return {};
-  // Both in bf16 plans too, F(4x4) with its products in f32 there (tile_type).
+  const dt act = plan.act();
+  // In bf16 only F(2x2): its transforms add and subtract, so rounding the transformed tiles to
+  // bf16 costs about what a direct bf16 convolution's rounding of its input costs (1.2-2x its
+  // error on the winograd_* fixtures), where F(4x4)'s (weights 1/24 to 1, outputs summing 8x
+  // products) multiplies bf16's error 10-20x (6e-2 against 3e-3 on the same fixtures). F(4x4)
+  // with its tiles and products in f32 inside bf16 plans was built and timed (c167acf): on a Zen 5
+  // it took 1.12-2.12x the time of the best bf16 way on each of the 60 layers it was timed on
+  // (bench/results/teacher_winograd4_bf16_*zen5_c167acf.json) and is not offered.
+  if (act == dt::bf16) return {"winograd_2x2"};
   return {"winograd_4x4", "winograd_2x2"};
 }
 
@@ -411,10 +401,10 @@ void winograd_conv(Lowering& plan, const Node& node, int m) {
   g.tiles = xs[0] * g.tiles_per_image;
   // Chunks of about kChunkBytesPerThread of transformed tiles and products per thread, evened
   // out so that the last chunk is nearly full.
-  const dt act = plan.act(), tile = tile_type(act, m);
+  const dt act = plan.act();
   const std::int64_t a2 = (m + 2) * (m + 2); // the transformed tile's elements
   const std::int64_t tile_bytes =
-      a2 * (g.cp * static_cast<std::int64_t>(memory::data_type_size(tile)) +
+      a2 * (g.cp * static_cast<std::int64_t>(memory::data_type_size(act)) +
             g.kp * std::int64_t{sizeof(float)});
   const std::int64_t per_thread =
       std::clamp<std::int64_t>(kChunkBytesPerThread / tile_bytes, 8, 256);
@@ -422,23 +412,13 @@ void winograd_conv(Lowering& plan, const Node& node, int m) {
   const std::int64_t chunks = (g.tiles + target - 1) / target;
   g.chunk = (g.tiles + chunks - 1) / chunks;
 
-  const memory::desc v_md({a2, g.chunk, g.cp}, tile, memory::format_tag::abc);
+  const memory::desc v_md({a2, g.chunk, g.cp}, act, memory::format_tag::abc);
   const memory::desc mm_md({a2, g.chunk, g.kp}, dt::f32, memory::format_tag::abc);
   const memory::desc u_user({a2, g.cp, g.kp}, dt::f32, memory::format_tag::abc);
   const dnnl::matmul::primitive_desc pd(
-      plan.eng(), v_md, memory::desc({a2, g.cp, g.kp}, tile, memory::format_tag::any), mm_md,
+      plan.eng(), v_md, memory::desc({a2, g.cp, g.kp}, act, memory::format_tag::any), mm_md,
       Lowering::plain_attr());
-  // In a bf16 plan with f32 products the kernel is rounded to bf16 first, as a bf16 convolution
-  // (and PyTorch's autocast) rounds its weights: the input is bf16 already, so the layer computes
-  // what the direct bf16 convolution does, exact products of bf16 values summed in f32, up to f32's
-  // rounding in the transforms.
-  std::vector<float> w = graph.constants.at(node.inputs[1]).f;
-  if (act == dt::bf16 && tile == dt::f32)
-    for (float& e : w) {
-      Bf16 r;
-      put(r, e);
-      e = to_float(r);
-    }
+  const std::vector<float>& w = graph.constants.at(node.inputs[1]).f;
   std::vector<float> bias(static_cast<std::size_t>(g.kp), 0.f);
   if (node.inputs.size() > 2 && !node.inputs[2].empty()) {
     const auto& b = graph.constants.at(node.inputs[2]).f;
@@ -450,7 +430,7 @@ void winograd_conv(Lowering& plan, const Node& node, int m) {
   kernel->g = g;
   kernel->eng = plan.eng();
   kernel->product = dnnl::matmul(pd);
-  kernel->transforms = m == 4 ? transforms_for<4>(act, tile) : transforms_for<2>(act, tile);
+  kernel->transforms = m == 4 ? transforms_for<4>(act) : transforms_for<2>(act);
   kernel->v_md = v_md;
   kernel->u_md = pd.weights_desc();
   kernel->mm_md = mm_md;
@@ -488,10 +468,7 @@ void winograd_conv(Lowering& plan, const Node& node, int m) {
       {x, u, b, plan.new_buffer(v_md), plan.new_buffer(mm_md), plan.new_buffer(kernel->pad_md), y},
       node.describe(), KernelLoop::rows,
       fmt::format("kdflow winograd {}x{} ({}{}) + {}", m, m, kernel->transforms.isa,
-                  act == dt::f32     ? ""
-                  : tile == dt::bf16 ? ", bf16"
-                                     : ", bf16 in and out, f32 products",
-                  pd.impl_info_str()));
+                  act == dt::bf16 ? ", bf16" : "", pd.impl_info_str()));
   plan.set(node.outputs[0], y);
 }
 
