@@ -373,8 +373,8 @@ std::vector<std::string> winograd_ways(const Lowering& plan, const Node& node) {
   // error on the winograd_* fixtures), where F(4x4)'s (weights 1/24 to 1, outputs summing 8x
   // products) multiplies bf16's error 10-20x (6e-2 against 3e-3 on the same fixtures). F(4x4)
   // with its tiles and products in f32 inside bf16 plans was built and timed (c167acf): on a Zen 5
-  // it took 1.12-2.12x the time of the best bf16 way on each of the 60 layers it was timed on
-  // (bench/results/teacher_winograd4_bf16_*zen5_c167acf.json) and is not offered.
+  // it took 1.12-2.12x the time of the best bf16 way in each of its 60 timings (30 layers, 1 and 2
+  // threads; bench/results/teacher_winograd4_bf16_*zen5_c167acf.json) and is not offered.
   if (act == dt::bf16) return {"winograd_2x2"};
   return {"winograd_4x4", "winograd_2x2"};
 }
