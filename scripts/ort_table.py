@@ -13,8 +13,11 @@ A second block, between the teacher-vs-ort-avx2 markers, is the same from a host
 where ONNX Runtime's kernels are AVX2 as kdflow's are: a table per file of RESULTS_AVX2 (runs of
 one model set split over several runs, each table naming its own commit).
 
-usage: ort_table.py [--check] [RESULT.json]   (default: RESULT below; the AVX2 block always from
-                                               RESULTS_AVX2)
+A third, between the teacher-vs-ort-amx markers, is the same from an Intel Xeon with AMX, a table
+per file of RESULTS_AMX (fp32 runs no AMX kernel: its shares are of the AVX-512 FMA peak).
+
+usage: ort_table.py [--check] [RESULT.json]   (default: RESULT below; the AVX2 and AMX blocks
+                                               always from RESULTS_AVX2 and RESULTS_AMX)
 """
 import json
 import os
@@ -27,6 +30,7 @@ RESULT = os.path.join("bench", "results", "teacher_vs_ort_zen4_224_8653be6.json"
 RESULTS_AVX2 = [os.path.join("bench", "results", "teacher_vs_ort_zen3_224_2986e9d.json"),
                 os.path.join("bench", "results", "teacher_vs_ort_zen3_224_rest_a9da4b9.json"),
                 os.path.join("bench", "results", "teacher_vs_ort_zen3_224_maxvit_2thr_8076644.json")]
+RESULTS_AMX = [os.path.join("bench", "results", "teacher_vs_ort_xeon_amx_224_3646ad7.json")]
 BAR = 1.5  # issue 38: fp32 >= 1.5x ONNX Runtime on every model
 
 
@@ -93,14 +97,16 @@ def main():
     status = readme_block.from_result("teacher-vs-ort", table, RESULT,
                                       "table of the teacher against ONNX Runtime",
                                       "scripts/ort_table.py")
-    tables = []
-    for source in RESULTS_AVX2:
-        with open(os.path.join(readme_block.ROOT, source)) as f:
-            tables.append(table(json.load(f), source))
-    return status or readme_block.update("teacher-vs-ort-avx2", "\n\n".join(tables),
-                                         "--check" in sys.argv[1:],
-                                         "block of AVX2 tables of the teacher against ONNX Runtime",
-                                         " and ".join(RESULTS_AVX2), "scripts/ort_table.py")
+    for name, sources in (("avx2", RESULTS_AVX2), ("amx", RESULTS_AMX)):
+        tables = []
+        for source in sources:
+            with open(os.path.join(readme_block.ROOT, source)) as f:
+                tables.append(table(json.load(f), source))
+        status = status or readme_block.update(
+            f"teacher-vs-ort-{name}", "\n\n".join(tables), "--check" in sys.argv[1:],
+            f"block of {name.upper()} tables of the teacher against ONNX Runtime",
+            " and ".join(sources), "scripts/ort_table.py")
+    return status
 
 
 if __name__ == "__main__":
