@@ -2,7 +2,8 @@
 // thread count, never by a rule about the network. Each node that can run more than one way (the
 // op table's lowerings offer them: a convolution direct in channels-last or in oneDNN's layout, as
 // an inner product, unrolled) is timed in whole plans, the fastest way per node is put together
-// and timed again, and the fastest whole plan is kept. Then the batch in passes of fewer samples
+// and timed again (where that loses, the nodes' faster ways are tried one at a time against the
+// fastest plan), and the fastest whole plan is kept. Then the batch in passes of fewer samples
 // (Graph::chunks) is timed against the whole batch, one pass at a time on every thread and as
 // many at once as threads, each on one. Choices are cached on disk, keyed by the
 // model's bytes, the input, batch, precision, threads, oneDNN and the CPU.
@@ -20,8 +21,10 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <random>
+#include <tuple>
 #include <unistd.h>
 
 #include <fmt/format.h>
@@ -59,8 +62,10 @@ using Choices = std::map<std::string, std::string>;
 // pass search, which a plan tuned before may have ended at one slow timing). 22 is used: c167acf
 // offered F(4x4) Winograd in bf16 plans, taken out again in the next commit, which tunes as 21
 // did, so plans tuned at 21 hold; plans tuned at 22 may hold that way and no later version may
-// read them, so the next change takes 23.
-constexpr int kPlanVersion = 21;
+// read them, so the next change took 23. 23: where the composite of each node's fastest way
+// loses, the nodes' faster ways tried one at a time against the fastest whole plan, which a plan
+// tuned before never timed.
+constexpr int kPlanVersion = 23;
 // Another plan replaces the untuned one only when it is this much faster: below that, the
 // difference is the machine's noise, not the plan.
 constexpr double kMargin = 0.03;
@@ -73,6 +78,11 @@ constexpr double kPassTolerance = 0.10;
 // kFinalOthers of them, each run kFinalRounds times more (see tuned_plan).
 constexpr double kPassFinalBand = 0.25;
 constexpr std::size_t kFinalOthers = 3;
+// Where the composite of each node's fastest way lost to a whole plan: at most this many nodes'
+// faster ways tried one at a time against that plan, each gaining at least this share of it by
+// its own steps' timings (less is within two timings' noise).
+constexpr std::size_t kRefinements = 3;
+constexpr double kRefineGain = 0.01;
 constexpr std::size_t kFinalRounds = 2;
 
 // A pass finalist: samples per pass, passes at once, its runs' ms per batch (the search's first).
@@ -357,6 +367,41 @@ std::unique_ptr<Teacher::Plan> Teacher::tuned_plan(Graph graph, const TeacherOpt
       fastest[node] = best;
     }
     try_choices(std::move(fastest));
+
+    // The composite can lose as a whole: a node's fastest way, timed among neighbours of its own
+    // layout, can cost a reorder beside neighbours of another (a 3-channel stem unrolled among
+    // direct convolutions in oneDNN's layout, say). Then, from the fastest whole plan timed, the
+    // nodes whose faster ways gain the most are tried one at a time, each kept where the plan
+    // got faster, at most kRefinements plans.
+    const auto fastest_timed = [&] {
+      return *std::min_element(measured.begin(), measured.end(),
+                               [](const auto& a, const auto& b) { return a.second < b.second; });
+    };
+    auto [base, base_ms] = fastest_timed();
+    if (!measured.empty() && measured.back().first != base) {
+      std::vector<std::tuple<double, std::string, std::string>> gains; // ms, node, way
+      for (const auto& [node, ways] : cost) {
+        const auto now = base.find(node);
+        if (now == base.end() || !ways.contains(now->second)) continue;
+        const double now_ms = ways.at(now->second);
+        const auto fused = takes_in.find(node);
+        std::string faster;
+        for (const auto& [way, ms] : ways)
+          if ((fused == takes_in.end() || !fused->second.contains(way)) &&
+              ms < now_ms - kRefineGain * base_ms && (faster.empty() || ms < ways.at(faster)))
+            faster = way;
+        if (!faster.empty()) gains.emplace_back(now_ms - ways.at(faster), node, faster);
+      }
+      std::sort(gains.begin(), gains.end(), std::greater<>());
+      for (std::size_t k = 0; k < gains.size() && k < kRefinements; ++k) {
+        Choices c = base;
+        c[std::get<1>(gains[k])] = std::get<2>(gains[k]);
+        const std::size_t timed = measured.size();
+        try_choices(std::move(c));
+        if (measured.size() > timed && measured.back().second < base_ms)
+          std::tie(base, base_ms) = measured.back();
+      }
+    }
   }
 
   // The untuned plan unless another beat it by more than the margin.
