@@ -24,6 +24,7 @@
 #include <functional>
 #include <limits>
 #include <random>
+#include <set>
 #include <tuple>
 #include <unistd.h>
 
@@ -369,10 +370,12 @@ std::unique_ptr<Teacher::Plan> Teacher::tuned_plan(Graph graph, const TeacherOpt
     try_choices(std::move(fastest));
 
     // The composite can lose as a whole: a node's fastest way, timed among neighbours of its own
-    // layout, can cost a reorder beside neighbours of another (a 3-channel stem unrolled among
-    // direct convolutions in oneDNN's layout, say). Then, from the fastest whole plan timed, the
-    // nodes whose faster ways gain the most are tried one at a time, each kept where the plan
-    // got faster, at most kRefinements plans.
+    // layout, can cost a reorder beside neighbours of another (a 3-channel stem in oneDNN's
+    // layout ahead of Winograd convolutions that read channels-last, say), where its second
+    // fastest would not. Then, from the fastest whole plan timed, the nodes' faster ways are
+    // tried one at a time, the largest gain first (every faster way of a node, not just its
+    // fastest, each at least kRefineGain of the plan), each kept where the plan got faster:
+    // at most kRefinements plans not timed before.
     const auto fastest_timed = [&] {
       return *std::min_element(measured.begin(), measured.end(),
                                [](const auto& a, const auto& b) { return a.second < b.second; });
@@ -385,21 +388,27 @@ std::unique_ptr<Teacher::Plan> Teacher::tuned_plan(Graph graph, const TeacherOpt
         if (now == base.end() || !ways.contains(now->second)) continue;
         const double now_ms = ways.at(now->second);
         const auto fused = takes_in.find(node);
-        std::string faster;
         for (const auto& [way, ms] : ways)
           if ((fused == takes_in.end() || !fused->second.contains(way)) &&
-              ms < now_ms - kRefineGain * base_ms && (faster.empty() || ms < ways.at(faster)))
-            faster = way;
-        if (!faster.empty()) gains.emplace_back(now_ms - ways.at(faster), node, faster);
+              ms < now_ms - kRefineGain * base_ms)
+            gains.emplace_back(now_ms - ms, node, way);
       }
       std::sort(gains.begin(), gains.end(), std::greater<>());
-      for (std::size_t k = 0; k < gains.size() && k < kRefinements; ++k) {
+      std::set<std::string> changed;
+      std::size_t tries = 0;
+      for (const auto& [gain, node, way] : gains) {
+        if (tries == kRefinements) break;
+        if (changed.contains(node)) continue;
         Choices c = base;
-        c[std::get<1>(gains[k])] = std::get<2>(gains[k]);
+        c[node] = way;
+        if (tried(c)) continue;
+        ++tries;
         const std::size_t timed = measured.size();
         try_choices(std::move(c));
-        if (measured.size() > timed && measured.back().second < base_ms)
+        if (measured.size() > timed && measured.back().second < base_ms) {
           std::tie(base, base_ms) = measured.back();
+          changed.insert(node);
+        }
       }
     }
   }
