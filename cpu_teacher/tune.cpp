@@ -79,12 +79,12 @@ constexpr double kPassTolerance = 0.10;
 // kFinalOthers of them, each run kFinalRounds times more (see tuned_plan).
 constexpr double kPassFinalBand = 0.25;
 constexpr std::size_t kFinalOthers = 3;
+constexpr std::size_t kFinalRounds = 2;
 // Where the composite of each node's fastest way lost to a whole plan: at most this many nodes'
 // faster ways tried one at a time against that plan, each gaining at least this share of it by
 // its own steps' timings (less is within two timings' noise).
 constexpr std::size_t kRefinements = 3;
 constexpr double kRefineGain = 0.01;
-constexpr std::size_t kFinalRounds = 2;
 
 // A pass finalist: samples per pass, passes at once, its runs' ms per batch (the search's first).
 struct PassFinal {
@@ -368,6 +368,7 @@ std::unique_ptr<Teacher::Plan> Teacher::tuned_plan(Graph graph, const TeacherOpt
       fastest[node] = best;
     }
     try_choices(std::move(fastest));
+    const Choices composite = effective(*plan); // timed now, or with a plan timed before
 
     // The composite can lose as a whole: a node's fastest way, timed among neighbours of its own
     // layout, can cost a reorder beside neighbours of another (a 3-channel stem in oneDNN's
@@ -380,8 +381,8 @@ std::unique_ptr<Teacher::Plan> Teacher::tuned_plan(Graph graph, const TeacherOpt
       return *std::min_element(measured.begin(), measured.end(),
                                [](const auto& a, const auto& b) { return a.second < b.second; });
     };
-    auto [base, base_ms] = fastest_timed();
-    if (!measured.empty() && measured.back().first != base) {
+    auto [base, base_ms] = fastest_timed(); // of the untuned plan at least
+    if (composite != base) {
       std::vector<std::tuple<double, std::string, std::string>> gains; // ms, node, way
       for (const auto& [node, ways] : cost) {
         const auto now = base.find(node);
