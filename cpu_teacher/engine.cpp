@@ -96,6 +96,10 @@ bool has_native_int8() {
          effective_isa_has(dnnl::cpu_isa::avx2_vnni);
 }
 
+bool has_int8() { return has_native_int8() || effective_isa_has(dnnl::cpu_isa::avx2); }
+
+int int8_weight_levels() { return has_native_int8() ? 127 : 63; }
+
 namespace {
 
 // The implementation oneDNN chose for a primitive ("jit_dw:avx512_core_bf16").
@@ -120,14 +124,14 @@ auto with_node(const Node& node, const std::string& file, F&& f) {
   }
 }
 
-// Refused, not run slowly: without VNNI oneDNN's int8 kernels sum u8 x s8 pairs in 16 bits
-// (saturating) and run barely faster than fp32.
-void refuse_int8_without_vnni(const std::string& path) {
-  if (!has_native_int8())
+// Refused below AVX2: oneDNN's int8 kernels need AVX2's byte multiplies at least (without VNNI
+// the weights are quantized to 7 bits: has_int8).
+void refuse_int8_without_kernels(const std::string& path) {
+  if (!has_int8())
     throw InputError(fmt::format(
-        "{}: teacher.precision = int8 needs a CPU with int8 dot products (AVX512_VNNI, "
-        "AVX-VNNI or AMX), and this one runs oneDNN's {} ISA; use fp32 (or bf16 where the CPU "
-        "has it)",
+        "{}: teacher.precision = int8 needs a CPU with AVX2 at least (int8 dot products, "
+        "AVX512_VNNI, AVX-VNNI or AMX, run it fastest), and this one runs oneDNN's {} ISA; use "
+        "fp32",
         path, onednn_info().isa));
 }
 
@@ -1051,7 +1055,7 @@ std::shared_ptr<const Teacher> Teacher::load(const std::string& path,
         "oneDNN's {} ISA; use fp32 (teacher.precision = fp32, or --precision fp32)",
         path, onednn_info().isa));
   if (options.precision == Precision::int8) {
-    refuse_int8_without_vnni(path);
+    refuse_int8_without_kernels(path);
     if (!options.calibration)
       throw std::logic_error("teacher.precision = int8 without a calibration");
   }
@@ -1284,7 +1288,7 @@ std::shared_ptr<const Teacher> Teacher::load_int8(const std::string& path, Teach
                                                   std::span<const float> samples,
                                                   std::span<const float> check,
                                                   const std::string& source) {
-  refuse_int8_without_vnni(path);
+  refuse_int8_without_kernels(path);
   options.precision = Precision::int8;
   options.calibration =
       std::make_shared<const Calibration>(Teacher::calibrate(path, options, samples, source));

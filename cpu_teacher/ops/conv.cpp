@@ -198,9 +198,52 @@ memory::desc retyped(const memory::desc& md, dt type) {
 // (each pixel is a row, the weights OC x C). oneDNN's convolutions block their rows within one
 // image's map, so on small maps (2x2: four rows; 1x1: one) their kernels starve, where the inner
 // product blocks all rows of the batch at once.
-void matrix_conv(Lowering& plan, const Node& node, bool unroll) {
+// The inner product such a convolution runs (its rows, types and post-ops), and its shapes.
+struct MatrixConv {
+  std::int64_t rows, in_cols, out_cols;
+  std::optional<Lowering::Quant> q, q_out;
+  dt src_type, out;
+  Summand summand;
+  dnnl::inner_product_forward::primitive_desc pd;
+};
+MatrixConv matrix_conv_pd(Lowering& plan, const Node& node, bool unroll) {
   const Graph& g = plan.graph();
   const dt act = plan.act();
+  const Shape& xs = g.shape(node.inputs[0]);
+  const Shape& os = g.shape(node.outputs[0]);
+  const bool has_bias = node.inputs.size() > 2 && !node.inputs[2].empty();
+  const std::int64_t rows = unroll ? xs[0] : xs[0] * xs[2] * xs[3];
+  const std::int64_t in_cols = unroll ? xs[1] * xs[2] * xs[3] : xs[1];
+  const std::int64_t out_cols = unroll ? os[1] * os[2] * os[3] : os[1];
+  const auto q = plan.quant_input(node);
+  const auto q_out = plan.quantized_output(node);
+  const dt out = q_out ? q_out->type : plan.type_of(node.outputs[0]);
+  const dt src_type = q ? q->type : act;
+  const memory::desc src_row({rows, in_cols}, src_type, memory::format_tag::ab);
+  const memory::desc dst_row({rows, out_cols}, out, memory::format_tag::ab);
+  const memory::desc any_w({out_cols, in_cols}, q ? dt::s8 : act, memory::format_tag::any);
+  const memory::desc bias_md({out_cols}, dt::f32, memory::format_tag::a);
+  const Summand summand = summand_quant(plan, node, q_out);
+  auto attr = plan.attr_with(node, 1.f, summand.scale, summand.type);
+  Lowering::set_quant_masks(attr, q, q_out, 1);
+  auto pd =
+      has_bias ? dnnl::inner_product_forward::primitive_desc(plan.eng(),
+                                                             dnnl::prop_kind::forward_inference,
+                                                             src_row, any_w, bias_md, dst_row, attr)
+               : dnnl::inner_product_forward::primitive_desc(
+                     plan.eng(), dnnl::prop_kind::forward_inference, src_row, any_w, dst_row, attr);
+  return {rows, in_cols, out_cols, q, q_out, src_type, out, summand, std::move(pd)};
+}
+
+// Whether oneDNN would run the convolution as that inner product only through its reference
+// kernel (an int8 one summing a residual of another type into it, on AVX2: thousands of times
+// slower than a convolution's kernel), where the way is not offered.
+bool matrix_conv_is_reference(Lowering& plan, const Node& node, bool unroll) {
+  return is_impl(matrix_conv_pd(plan, node, unroll).pd.impl_info_str(), "ref");
+}
+
+void matrix_conv(Lowering& plan, const Node& node, bool unroll) {
+  const Graph& g = plan.graph();
   plan.set_kind(unroll ? "Conv (unrolled)" : "Conv (pointwise)");
   const Shape& xs = g.shape(node.inputs[0]);
   const Shape& os = g.shape(node.outputs[0]);
@@ -212,14 +255,9 @@ void matrix_conv(Lowering& plan, const Node& node, bool unroll) {
     w_data = g.constants.at(node.inputs[1]).f;
     if (has_bias) bias_data = g.constants.at(node.inputs[2]).f;
   }
-  const std::int64_t rows = unroll ? xs[0] : xs[0] * xs[2] * xs[3];
-  const std::int64_t in_cols = unroll ? xs[1] * xs[2] * xs[3] : xs[1];
-  const std::int64_t out_cols = unroll ? os[1] * os[2] * os[3] : os[1];
-  const auto q = plan.quant_input(node);
-  const auto q_out = plan.quantized_output(node);
+  const auto [rows, in_cols, out_cols, q, q_out, src_type, out, summand, pd] =
+      matrix_conv_pd(plan, node, unroll);
   const PostOp* sum = Lowering::sum_post(node);
-  const dt out = q_out ? q_out->type : plan.type_of(node.outputs[0]);
-  const dt src_type = q ? q->type : act;
   std::vector<float> w_scales;
   if (q) std::tie(w_data, w_scales) = quantize_rows(w_data, out_cols);
   const auto tag = memory::format_tag::acdb;
@@ -227,17 +265,7 @@ void matrix_conv(Lowering& plan, const Node& node, bool unroll) {
   const memory::desc src_row({rows, in_cols}, src_type, memory::format_tag::ab);
   const memory::desc dst_row({rows, out_cols}, out, memory::format_tag::ab);
   const memory::desc w_user({out_cols, in_cols}, dt::f32, memory::format_tag::oi);
-  const memory::desc any_w({out_cols, in_cols}, q ? dt::s8 : act, memory::format_tag::any);
   const memory::desc bias_md({out_cols}, dt::f32, memory::format_tag::a);
-  const Summand summand = summand_quant(plan, node, q_out);
-  auto attr = plan.attr_with(node, 1.f, summand.scale, summand.type);
-  Lowering::set_quant_masks(attr, q, q_out, 1);
-  const auto pd =
-      has_bias ? dnnl::inner_product_forward::primitive_desc(plan.eng(),
-                                                             dnnl::prop_kind::forward_inference,
-                                                             src_row, any_w, bias_md, dst_row, attr)
-               : dnnl::inner_product_forward::primitive_desc(
-                     plan.eng(), dnnl::prop_kind::forward_inference, src_row, any_w, dst_row, attr);
   ArgRef src =
       q ? plan.get_quantized(node.inputs[0], src_map, *q) : plan.get(node.inputs[0], src_map);
   src.md = src_row;
@@ -507,9 +535,11 @@ void lower_conv(Lowering& plan, const Node& node) {
   const Node* dw = depthwise_after(plan, node);
   const auto fused = dw != nullptr ? fused_depthwise_pd(plan, node, *dw) : std::nullopt;
   if (fused) first.emplace_back("pointwise_depthwise");
-  if (const auto overhead = unroll_overhead(g, node); overhead && *overhead <= 2.0)
+  if (const auto overhead = unroll_overhead(g, node);
+      overhead && *overhead <= 2.0 && !matrix_conv_is_reference(plan, node, true))
     (*overhead <= 1.25 ? first : later).emplace_back("unrolled");
-  if (pointwise_on_channels_last(plan, node)) first.emplace_back("inner_product");
+  if (pointwise_on_channels_last(plan, node) && !matrix_conv_is_reference(plan, node, false))
+    first.emplace_back("inner_product");
   if (Lowering::sum_post(node) != nullptr) {
     first.emplace_back("direct");
   } else {
@@ -550,13 +580,14 @@ std::pair<std::vector<float>, std::vector<float>> quantize_rows(const std::vecto
                                                                 std::int64_t rows) {
   const std::size_t n = static_cast<std::size_t>(rows);
   const std::size_t cols = n == 0 ? 0 : w.size() / n;
+  const float levels = static_cast<float>(int8_weight_levels());
   std::vector<float> q(w.size()), scale(n, 1.f);
   for (std::size_t r = 0; r < n; ++r) {
     float top = 0.f;
     for (std::size_t c = 0; c < cols; ++c) top = std::max(top, std::fabs(w[r * cols + c]));
-    if (top > 0.f) scale[r] = top / 127.f;
+    if (top > 0.f) scale[r] = top / levels;
     for (std::size_t c = 0; c < cols; ++c)
-      q[r * cols + c] = std::clamp(std::nearbyint(w[r * cols + c] / scale[r]), -127.f, 127.f);
+      q[r * cols + c] = std::clamp(std::nearbyint(w[r * cols + c] / scale[r]), -levels, levels);
   }
   return {std::move(q), std::move(scale)};
 }

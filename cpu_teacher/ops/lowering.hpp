@@ -360,7 +360,8 @@ void walk_to_impl(const Lowering& plan, const Node& node, PrimitiveDesc& pd,
 }
 
 // Weights of `rows` output rows (row-major, each row one output channel's) quantized per row:
-// integer-valued floats in [-127, 127] (so that a reorder to s8 is exact) and each row's scale.
+// integer-valued floats in [-L, L], L = int8_weight_levels() (127, or 63 without int8 dot
+// products), so that a reorder to s8 is exact, and each row's scale.
 std::pair<std::vector<float>, std::vector<float>> quantize_rows(const std::vector<float>& w,
                                                                 std::int64_t rows);
 

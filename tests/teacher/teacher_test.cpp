@@ -808,7 +808,7 @@ TEST(TeacherOps, ConcatReadOnlyByConvolutionsIsNeverWritten) {
   }
   // Under int8 too: the parts read their inputs quantized, and the partial sum and the sum into
   // it stay f32 (quantized, the sum would round twice: the first share, then the whole).
-  if (has_native_int8()) {
+  if (has_int8()) {
     const fs::path path = dir / "concat_read_by_convs.onnx";
     const Shape shape = {2, 4, 9, 11};
     TeacherOptions opts;
@@ -1212,8 +1212,7 @@ TEST(TeacherModels, MatchPyTorchInFp32AndBf16) {
 // under one scale per tensor, and move no decided top-1, so the error is bounded by its RMS.
 // load_int8's check agrees with what the test measures itself.
 TEST(TeacherInt8, EveryNetworkAndEveryConvolutionWayStaysNearFp32) {
-  if (!has_native_int8())
-    GTEST_SKIP() << "no int8 dot products on this CPU (" << onednn_info().isa << ")";
+  if (!has_int8()) GTEST_SKIP() << "no int8 kernels on this CPU (" << onednn_info().isa << ")";
   const fs::path dir = fixture_dir("models");
   const auto m = manifest(dir);
   const std::int64_t batch = m["batch"];
@@ -1287,10 +1286,13 @@ TEST(TeacherInt8, EveryNetworkAndEveryConvolutionWayStaysNearFp32) {
       // three ResNet fixtures (the widest), where a wrong scale or type reads as ~0.5 or more. Its
       // largest element relative to the largest logit is heavy-tailed over draws (0.03-0.25 on
       // the same draws, 0.51 once in CI with every top-1 kept): bounded only against a gross
-      // fault.
+      // fault. Without int8 dot products the weights have 7 bits (int8_weight_levels), twice the
+      // step, and the error grows with it: on a Zen 3 the DenseNet fixture (the deepest, its
+      // rounding noise summed over 120 convolutions) read 0.11 / 0.23 / 0.43 at 127 / 63 / 31
+      // levels, the ResNet-18 one 0.04 / 0.07 / 0.12. So the bound scales with the step.
       const double rms_error = relative_rms_error(got[0], ref.data);
       const double error = normalized_error(got[0], ref.data);
-      EXPECT_LE(rms_error, 0.3);
+      EXPECT_LE(rms_error, 0.3 * 127.0 / int8_weight_levels());
       EXPECT_LE(error, 1.0);
       // Every way quantizes the same values the same way, so their errors stay near the first
       // ways' (within 1.4x measured); a kernel that sums u8 x s8 pairs in 16 bits, which saturate
@@ -1426,7 +1428,7 @@ TEST(TeacherInt8, CheckWarnsOnlyBeyondQuantizationNoise) {
   EXPECT_NE(w.find("agreement 54.69%"), std::string::npos) << w;
 }
 
-// int8 is refused in one line naming the model and the ISA where the CPU lacks int8 dot products;
+// int8 is refused in one line naming the model and the ISA where the CPU lacks AVX2;
 // a calibration that is not whole batches says so, naming its source.
 TEST(TeacherInt8, RefusedWithoutVnniAndOnPartialBatches) {
   const fs::path dir = fixture_dir("models");
@@ -1440,7 +1442,7 @@ TEST(TeacherInt8, RefusedWithoutVnniAndOnPartialBatches) {
   } catch (const InputError& e) {
     const std::string what = e.what();
     EXPECT_EQ(what.find('\n'), std::string::npos) << what;
-    if (has_native_int8()) {
+    if (has_int8()) {
       EXPECT_NE(what.find("calib.npy"), std::string::npos) << what;
       EXPECT_NE(what.find("whole number"), std::string::npos) << what;
     } else {
@@ -1478,6 +1480,9 @@ TEST(TeacherIsa, Bf16AndInt8FollowTheCpusFlags) {
     EXPECT_FALSE(has_native_bf16());
   if (!flags.contains("avx512_vnni") && !flags.contains("avx_vnni") && !flags.contains("amx_int8"))
     EXPECT_FALSE(has_native_int8());
+  // int8 runs on AVX2 too, without dot products on 7-bit weights.
+  EXPECT_EQ(has_int8(), flags.contains("avx2"));
+  EXPECT_EQ(int8_weight_levels(), has_native_int8() ? 127 : 63);
 }
 
 // The calibration is kept in the plan cache's folder: the same samples read the ranges back

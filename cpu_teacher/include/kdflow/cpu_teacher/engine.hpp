@@ -24,9 +24,15 @@ Precision parse_precision(const std::string& text); // "fp32" | "bf16" | "int8",
 const char* precision_name(Precision p);
 // Whether this CPU runs bf16 natively (AVX512_BF16 or AMX); bf16 elsewhere is emulated and slow.
 bool has_native_bf16();
-// Whether this CPU has int8 dot products (VNNI: AVX512_VNNI, AVX-VNNI, or AMX); int8 without
-// them runs through 16-bit pairwise sums that are barely faster than fp32 and can saturate.
+// Whether this CPU has int8 dot products (VNNI: AVX512_VNNI, AVX-VNNI, or AMX).
 bool has_native_int8();
+// Whether teacher.precision = int8 runs here: with dot products, or on AVX2 (and AVX-512) without
+// them, where oneDNN's int8 kernels sum pairs of u8 x s8 products in 16 bits (vpmaddubsw), which
+// saturate past 32767: there weights are quantized to 7 bits (int8_weight_levels), so that no
+// pair can reach it (255 x 63 x 2 = 32130).
+bool has_int8();
+// The largest magnitude of a quantized weight: 127 with int8 dot products, 63 without them.
+int int8_weight_levels();
 
 // teacher.precision = int8: post-training calibration. Each quantized product's input (a
 // convolution's, a Gemm's or MatMul's with constant weights) gets one scale for the whole tensor
