@@ -112,7 +112,7 @@ void TrainLog::write_interval(std::uint64_t b, const student::StepStats& last) {
         100 * waited, waited < 1 ? rate / (1 - waited) : 0.0);
     if (waited > 0.2 && busy > 0.8)
       log_warn(rates + ": the teacher is the slower stage. Levers: teacher.precision = bf16 where "
-                       "the CPU has it or int8 where it has VNNI or AMX, kd.cache (the teacher's "
+                       "the CPU has it or int8 (AVX2 or later), kd.cache (the teacher's "
                        "outputs of earlier epochs; "
                        "kd.cache_augmented = true under random views), a "
                        "lighter or single teacher, or more teacher CPUs (kdflow tune-cores)");
