@@ -1893,11 +1893,15 @@ TEST(TeacherSamplesPerPass, PassesComputeWhatTheWholeBatchDoes) {
         EXPECT_LE(normalized_error(got[k], want[k]), 1e-5) << t->output_names()[k];
 
       // Two at once, each on a thread of its own; and in an arena of one thread, in turn.
+      // Two passes at once hold a second set of the pass's buffers, but not always exactly twice
+      // the one-thread plan's: oneDNN sizes some kernels' buffers by the threads it plans for
+      // (mobilenet_v2_64 on a Zen 3 at 148bc95 and after: 3.93 MB at once against 2 x 2.49 MB).
       opts.threads = 2;
       opts.passes_at_once = 2;
       const auto both = Teacher::load(path, opts);
       EXPECT_EQ(both->tune_report().passes_at_once, 2);
-      EXPECT_EQ(both->buffer_bytes(), 2 * t->buffer_bytes());
+      EXPECT_GT(both->buffer_bytes(), t->buffer_bytes());
+      EXPECT_LE(both->buffer_bytes(), 2 * t->buffer_bytes());
       OutputBuffers at_once(*both);
       std::vector<double> step_s(both->steps());
       for (const int arena_threads : {2, 1}) {
