@@ -129,9 +129,8 @@ auto with_node(const Node& node, const std::string& file, F&& f) {
 void refuse_int8_without_kernels(const std::string& path) {
   if (!has_int8())
     throw InputError(fmt::format(
-        "{}: teacher.precision = int8 needs a CPU with AVX2 at least (int8 dot products, "
-        "AVX512_VNNI, AVX-VNNI or AMX, run it fastest), and this one runs oneDNN's {} ISA; use "
-        "fp32",
+        "{}: teacher.precision = int8 needs a CPU with AVX2 at least (fastest with int8 dot "
+        "products: AVX512_VNNI, AVX-VNNI or AMX), and this one runs oneDNN's {} ISA; use fp32",
         path, onednn_info().isa));
 }
 

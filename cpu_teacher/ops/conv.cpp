@@ -204,6 +204,7 @@ struct MatrixConv {
   std::optional<Lowering::Quant> q, q_out;
   dt src_type, out;
   Summand summand;
+  memory::desc src_row, dst_row, bias_md;
   dnnl::inner_product_forward::primitive_desc pd;
 };
 MatrixConv matrix_conv_pd(Lowering& plan, const Node& node, bool unroll) {
@@ -232,7 +233,8 @@ MatrixConv matrix_conv_pd(Lowering& plan, const Node& node, bool unroll) {
                                                              src_row, any_w, bias_md, dst_row, attr)
                : dnnl::inner_product_forward::primitive_desc(
                      plan.eng(), dnnl::prop_kind::forward_inference, src_row, any_w, dst_row, attr);
-  return {rows, in_cols, out_cols, q, q_out, src_type, out, summand, std::move(pd)};
+  return {rows, in_cols, out_cols, q,       q_out,   src_type,
+          out,  summand, src_row,  dst_row, bias_md, std::move(pd)};
 }
 
 // Whether oneDNN would run the convolution as that inner product only through its reference
@@ -255,17 +257,14 @@ void matrix_conv(Lowering& plan, const Node& node, bool unroll) {
     w_data = g.constants.at(node.inputs[1]).f;
     if (has_bias) bias_data = g.constants.at(node.inputs[2]).f;
   }
-  const auto [rows, in_cols, out_cols, q, q_out, src_type, out, summand, pd] =
-      matrix_conv_pd(plan, node, unroll);
+  const auto [rows, in_cols, out_cols, q, q_out, src_type, out, summand, src_row, dst_row, bias_md,
+              pd] = matrix_conv_pd(plan, node, unroll);
   const PostOp* sum = Lowering::sum_post(node);
   std::vector<float> w_scales;
   if (q) std::tie(w_data, w_scales) = quantize_rows(w_data, out_cols);
   const auto tag = memory::format_tag::acdb;
   const memory::desc src_map(dims_of(xs), src_type, tag), dst_map(dims_of(os), out, tag);
-  const memory::desc src_row({rows, in_cols}, src_type, memory::format_tag::ab);
-  const memory::desc dst_row({rows, out_cols}, out, memory::format_tag::ab);
   const memory::desc w_user({out_cols, in_cols}, dt::f32, memory::format_tag::oi);
-  const memory::desc bias_md({out_cols}, dt::f32, memory::format_tag::a);
   ArgRef src =
       q ? plan.get_quantized(node.inputs[0], src_map, *q) : plan.get(node.inputs[0], src_map);
   src.md = src_row;

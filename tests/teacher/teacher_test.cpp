@@ -1430,7 +1430,7 @@ TEST(TeacherInt8, CheckWarnsOnlyBeyondQuantizationNoise) {
 
 // int8 is refused in one line naming the model and the ISA where the CPU lacks AVX2;
 // a calibration that is not whole batches says so, naming its source.
-TEST(TeacherInt8, RefusedWithoutVnniAndOnPartialBatches) {
+TEST(TeacherInt8, RefusedBelowAvx2AndOnPartialBatches) {
   const fs::path dir = fixture_dir("models");
   const std::string path = (dir / "resnet18_opset17.onnx").string();
   TeacherOptions opts;
@@ -1472,14 +1472,20 @@ TEST(TeacherIsa, Bf16AndInt8FollowTheCpusFlags) {
   };
   const bool avx512_core = all({"avx512f", "avx512bw", "avx512vl", "avx512dq"});
   SCOPED_TRACE(onednn_info().isa);
-  if (avx512_core && all({"avx512_vnni", "avx512_bf16"})) EXPECT_TRUE(has_native_bf16());
-  if ((avx512_core && flags.contains("avx512_vnni")) || all({"avx2", "avx_vnni"}))
+  if (avx512_core && all({"avx512_vnni", "avx512_bf16"})) {
+    EXPECT_TRUE(has_native_bf16());
+  }
+  if ((avx512_core && flags.contains("avx512_vnni")) || all({"avx2", "avx_vnni"})) {
     EXPECT_TRUE(has_native_int8());
+  }
   if (!flags.contains("avx512_bf16") && !flags.contains("amx_bf16") &&
-      !flags.contains("avx_ne_convert"))
+      !flags.contains("avx_ne_convert")) {
     EXPECT_FALSE(has_native_bf16());
-  if (!flags.contains("avx512_vnni") && !flags.contains("avx_vnni") && !flags.contains("amx_int8"))
+  }
+  if (!flags.contains("avx512_vnni") && !flags.contains("avx_vnni") &&
+      !flags.contains("amx_int8")) {
     EXPECT_FALSE(has_native_int8());
+  }
   // int8 runs on AVX2 too, without dot products on 7-bit weights.
   EXPECT_EQ(has_int8(), flags.contains("avx2"));
   EXPECT_EQ(int8_weight_levels(), has_native_int8() ? 127 : 63);
@@ -1894,8 +1900,9 @@ TEST(TeacherSamplesPerPass, PassesComputeWhatTheWholeBatchDoes) {
 
       // Two at once, each on a thread of its own; and in an arena of one thread, in turn.
       // Two passes at once hold a second set of the pass's buffers, but not always exactly twice
-      // the one-thread plan's: oneDNN sizes some kernels' buffers by the threads it plans for
-      // (mobilenet_v2_64 on a Zen 3 at 148bc95 and after: 3.93 MB at once against 2 x 2.49 MB).
+      // the one-thread plan's: mobilenet_v2_64 on a Zen 3 read 3.93 MB at once against 2 x 2.49
+      // MB, with this tree's conv.cpp and with 148bc95's alike; why is not known (the results
+      // below are still checked pass by pass).
       opts.threads = 2;
       opts.passes_at_once = 2;
       const auto both = Teacher::load(path, opts);
