@@ -55,6 +55,20 @@ def cases():
     c["conv_basic"] = model([node("Conv", ["x", "w", "b"], pads=[1, 1, 1, 1])], X, [const("w", rand(6, 4, 3, 3)), const("b", rand(6))])
     c["conv_groups_stride_dil"] = model([node("Conv", ["x", "w"], group=2, strides=[2, 1], dilations=[2, 2], pads=[2, 1, 0, 3])], X, [const("w", rand(6, 2, 3, 3))])
     c["conv_depthwise"] = model([node("Conv", ["x", "w", "b"], group=4, pads=[1, 1, 1, 1], strides=[2, 2])], X, [const("w", rand(4, 1, 3, 3)), const("b", rand(4))])
+    # int8 at full range: every weight of a row and every input of a product near its largest
+    # magnitude and of one sign, so that a kernel summing pairs of u8 x s8 products in 16 bits
+    # would saturate on 8-bit weights (255 x 127 x 2 > 32767): a depthwise convolution reading u8
+    # (after the first Relu), its negative bias making its output s8 for the 3x3 convolution after
+    # it, and a pointwise convolution reading u8 again.
+    def near_one(*shape):
+        return rng.uniform(0.9, 1.0, shape).astype(np.float32)
+    c["int8_full_range"] = model([node("Relu", ["x"], ["r"]),
+                                  helper.make_node("Conv", ["r", "wd", "bd"], ["d"], name="depthwise", group=8, pads=[1, 1, 1, 1]),
+                                  helper.make_node("Conv", ["d", "w"], ["c"], name="dense", pads=[1, 1, 1, 1]),
+                                  helper.make_node("Relu", ["c"], ["cr"], name="relu2"),
+                                  helper.make_node("Conv", ["cr", "wp"], ["y"], name="pointwise")],
+                                 (2, 8, 9, 11), [const("wd", near_one(8, 1, 3, 3)), const("bd", np.full(8, -6.0, np.float32)),
+                                                 const("w", near_one(6, 8, 3, 3)), const("wp", near_one(4, 6, 1, 1))])
     c["conv_same_upper"] = model([node("Conv", ["x", "w"], auto_pad="SAME_UPPER", strides=[2, 2])], X, [const("w", rand(5, 4, 4, 4))])
     c["conv_same_lower"] = model([node("Conv", ["x", "w"], auto_pad="SAME_LOWER", strides=[2, 3])], X, [const("w", rand(5, 4, 2, 3))])
     c["conv_valid"] = model([node("Conv", ["x", "w"], auto_pad="VALID", kernel_shape=[3, 5])], X, [const("w", rand(3, 4, 3, 5))])

@@ -261,7 +261,10 @@ void matrix_conv(Lowering& plan, const Node& node, bool unroll) {
               pd] = matrix_conv_pd(plan, node, unroll);
   const PostOp* sum = Lowering::sum_post(node);
   std::vector<float> w_scales;
-  if (q) std::tie(w_data, w_scales) = quantize_rows(w_data, out_cols);
+  if (q) {
+    std::tie(w_data, w_scales) = quantize_rows(w_data, out_cols);
+    plan.set_weight_levels(int8_weight_levels());
+  }
   const auto tag = memory::format_tag::acdb;
   const memory::desc src_map(dims_of(xs), src_type, tag), dst_map(dims_of(os), out, tag);
   const memory::desc w_user({out_cols, in_cols}, dt::f32, memory::format_tag::oi);
@@ -289,8 +292,31 @@ void matrix_conv(Lowering& plan, const Node& node, bool unroll) {
   plan.set(node.outputs[0], dst);
 }
 
+// Whether oneDNN's implementation `impl` of convolution `node` (weights of shape `ws`) gives
+// results that change run after run. oneDNN's int8 1x1 kernel for AVX2 (jit_uni_int8_1x1, also
+// its AVX-VNNI form) runs a strided convolution over a copy of its input at unit stride that each
+// thread makes for itself (its "rtus" driver), and with more than one thread it read stale copies:
+// on a Zen 3 at 2 threads, oneDNN 3.2 alone (no kdflow code) gave other results on 13-59 of 59
+// reruns for 5 of 36 shapes (batch 8-64, 24-208 input channels, stride 2, 4-14 pixels), exact on
+// every first run and at one thread; a RegNet fixture's int8 logits moved by up to 0.03 between
+// runs. oneDNN's next kernel, jit_uni_int8, gave the exact result on every run of those shapes
+// (3-10% slower on ResNet-50's strided 1x1 shapes; tests/teacher: TeacherReruns).
+bool gives_changing_results(const std::string& impl, const Node& node, const Shape& ws) {
+  const auto s = node.ints_attr("strides");
+  const bool strided = std::any_of(s.begin(), s.end(), [](std::int64_t v) { return v > 1; });
+  return strided && ws[2] == 1 && ws[3] == 1 && is_impl(impl, "jit_uni_int8_1x1");
+}
+
+// Moves `pd` past implementations that give changing results (gives_changing_results).
+void past_changing_impls(dnnl::convolution_forward::primitive_desc& pd, const Node& node,
+                         const Shape& ws) {
+  while (gives_changing_results(pd.impl_info_str(), node, ws) && pd.next_impl()) {
+  }
+}
+
 // oneDNN's direct convolution writing channels-last (acdb) or the layout it prefers, through the
-// implementation oneDNN lists first or, where `impl` names another, through that one.
+// implementation oneDNN lists first (but for one that gives changing results) or, where `impl`
+// names another, through that one.
 void direct_conv(Lowering& plan, const Node& node, bool channels_last,
                  const std::string& impl = {}) {
   const Graph& g = plan.graph();
@@ -311,7 +337,6 @@ void direct_conv(Lowering& plan, const Node& node, bool channels_last,
                             group == 1 ? memory::format_tag::oihw : memory::format_tag::goihw);
   const auto q = plan.quant_input(node);
   std::vector<float> w_data = g.constants.at(node.inputs[1]).f, w_scales;
-  if (q) std::tie(w_data, w_scales) = quantize_rows(w_data, ws[0]);
   const memory::desc any_src(dims_of(xs), q ? q->type : act, memory::format_tag::any);
   const memory::desc any_w(wdims, q ? dt::s8 : act, memory::format_tag::any);
   const bool has_bias = node.inputs.size() > 2 && !node.inputs[2].empty();
@@ -337,6 +362,13 @@ void direct_conv(Lowering& plan, const Node& node, bool channels_last,
                 plan.eng(), dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
                 any_src, any_w, dst_md, strides, dil, pl, pr, attr);
   walk_to_impl(plan, node, pd, impl);
+  if (impl.empty()) past_changing_impls(pd, node, ws);
+  if (q) {
+    const bool depthwise = group > 1 && group == xs[1] && ws[0] == group;
+    const int levels = conv_weight_levels(pd.impl_info_str(), q->type, depthwise);
+    std::tie(w_data, w_scales) = quantize_rows(w_data, ws[0], levels);
+    plan.set_weight_levels(levels);
+  }
   const ArgRef src = q ? plan.get_quantized(node.inputs[0], pd.src_desc(), *q)
                        : plan.get(node.inputs[0], pd.src_desc());
   const ArgRef w = plan.weight(std::move(w_data), w_user, pd.weights_desc());
@@ -389,6 +421,7 @@ std::vector<std::string> channels_last_impls(Lowering& plan, const Node& node) {
           : dnnl::convolution_forward::primitive_desc(
                 plan.eng(), dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
                 src, w, dst, st, dil, pl, pr, attr);
+  past_changing_impls(pd, node, ws);
   std::vector<std::string> impls = {pd.impl_info_str()};
   if (is_impl(impls[0], "ref") || is_impl(impls[0], "gemm:")) return impls;
   // Only a kernel for the same ISA as the first (the name's last field): oneDNN also lists its
@@ -399,7 +432,7 @@ std::vector<std::string> channels_last_impls(Lowering& plan, const Node& node) {
   while (impls.size() < 2 && pd.next_impl()) {
     const std::string next = pd.impl_info_str();
     if (!is_impl(next, "ref") && !is_impl(next, "gemm:") && next != impls[0] &&
-        isa_of(next) == isa_of(impls[0]))
+        isa_of(next) == isa_of(impls[0]) && !gives_changing_results(next, node, ws))
       impls.push_back(next);
   }
   return impls;
@@ -575,11 +608,11 @@ bool is_impl(const std::string& impl, std::string_view kind) {
   return name.starts_with(kind);
 }
 
-std::pair<std::vector<float>, std::vector<float>> quantize_rows(const std::vector<float>& w,
-                                                                std::int64_t rows) {
+std::pair<std::vector<float>, std::vector<float>>
+quantize_rows(const std::vector<float>& w, std::int64_t rows, int weight_levels) {
   const std::size_t n = static_cast<std::size_t>(rows);
   const std::size_t cols = n == 0 ? 0 : w.size() / n;
-  const float levels = static_cast<float>(int8_weight_levels());
+  const float levels = static_cast<float>(weight_levels);
   std::vector<float> q(w.size()), scale(n, 1.f);
   for (std::size_t r = 0; r < n; ++r) {
     float top = 0.f;
@@ -589,6 +622,12 @@ std::pair<std::vector<float>, std::vector<float>> quantize_rows(const std::vecto
       q[r * cols + c] = std::clamp(std::nearbyint(w[r * cols + c] / scale[r]), -levels, levels);
   }
   return {std::move(q), std::move(scale)};
+}
+
+int conv_weight_levels(const std::string& impl, dnnl::memory::data_type src, bool depthwise) {
+  if (has_native_int8() || src == dt::s8 || is_impl(impl, "ref")) return 127;
+  if (depthwise && (is_impl(impl, "jit_uni_int8") || is_impl(impl, "jit_int8"))) return 127;
+  return int8_weight_levels();
 }
 
 namespace {

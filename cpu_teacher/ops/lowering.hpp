@@ -49,6 +49,7 @@ struct Step {
   bool reorder = false;
   KernelLoop loop = KernelLoop::rows; // kernels
   std::string impl; // a kernel that is more than a plain loop (StepInfo::impl); "" for the rest
+  int weight_levels = 0; // StepInfo::weight_levels
 };
 
 // A node that can run more than one way (a convolution: direct channels-last, direct in the
@@ -193,6 +194,9 @@ public:
   [[noreturn]] void fail(const Node& node, const std::string& what) const;
   // StepInfo::kind of the steps the node adds from now on (its op type unless refined).
   void set_kind(std::string kind) { kind_ = std::move(kind); }
+  // StepInfo::weight_levels of the primitive the node adds next (int8: how its weights were
+  // quantized); cleared by it.
+  void set_weight_levels(int levels) { weight_levels_ = levels; }
   // Which of `options` (the untuned plan's preference first) the node runs: the plan's choice
   // for it when that is one of them, else the first. Recorded for the tuner and `--plan`.
   std::string choose(const Node& node, std::vector<std::string> options);
@@ -343,6 +347,7 @@ private:
   mutable std::map<std::string, std::optional<Quant>> stored_quant_, quantized_output_;
   std::string kind_;
   std::string node_;
+  int weight_levels_ = 0;
 };
 
 // Whether oneDNN implementation `impl` is of `kind` ("ref", "gemm:"): oneDNN names them with an
@@ -360,10 +365,20 @@ void walk_to_impl(const Lowering& plan, const Node& node, PrimitiveDesc& pd,
 }
 
 // Weights of `rows` output rows (row-major, each row one output channel's) quantized per row:
-// integer-valued floats in [-L, L], L = int8_weight_levels() (127, or 63 without int8 dot
-// products), so that a reorder to s8 is exact, and each row's scale.
-std::pair<std::vector<float>, std::vector<float>> quantize_rows(const std::vector<float>& w,
-                                                                std::int64_t rows);
+// integer-valued floats in [-levels, levels], so that a reorder to s8 is exact, and each row's
+// scale. `levels` is int8_weight_levels() (127, or 63 without int8 dot products) unless the
+// kernel that runs the product cannot saturate (conv_weight_levels).
+std::pair<std::vector<float>, std::vector<float>>
+quantize_rows(const std::vector<float>& w, std::int64_t rows, int levels = int8_weight_levels());
+
+// The weight levels of an int8 convolution that oneDNN runs through implementation `impl` on a
+// source of type `src` (u8 or s8), `depthwise` where each group is one input and one output
+// channel. int8_weight_levels() but 127 wherever no pair of u8 x s8 products is summed in 16 bits
+// on a full-range weight: with int8 dot products; on an s8 source, where oneDNN halves the weights
+// itself (its scale_adjust) in every int8 convolution without them, so that 7-bit weights would
+// become 6-bit ones; in oneDNN's int8 jit depthwise kernels, which multiply in 32-bit lanes; and
+// in its reference kernels.
+int conv_weight_levels(const std::string& impl, dnnl::memory::data_type src, bool depthwise);
 
 // y = x * scale[c] + shift[c] over channel axis 1 of `x` (plain, of shape `xs`, its data type):
 // one oneDNN binary with the shift as its post-op, into a new buffer (ops/norm.cpp).

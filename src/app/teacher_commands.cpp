@@ -253,6 +253,7 @@ nlohmann::json step_profile(PinnedRun& pinned, const teacher::Teacher& t, const 
                     {"kind", info[i].kind},
                     {"impl", info[i].impl},
                     {"writes", info[i].writes},
+                    {"weight_levels", info[i].weight_levels},
                     {"ms", median * 1e3}});
   }
   std::vector<std::pair<std::string, std::pair<int, double>>> by_kind(kinds.begin(), kinds.end());

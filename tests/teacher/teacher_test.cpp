@@ -1406,6 +1406,58 @@ TEST(TeacherInt8, EveryNetworkAndEveryConvolutionWayStaysNearFp32) {
   }
 }
 
+// Products at full range do not saturate: the int8_full_range fixture puts every weight of a row
+// and every input near its largest magnitude and of one sign, where oneDNN's 16-bit sums of u8 x s8
+// pairs (its int8 kernels without dot products) would saturate on 8-bit weights (255 x 127 x 2 >
+// 32767). Without dot products the depthwise convolution reading u8 (its kernel multiplies in
+// 32-bit lanes) and the 3x3 one reading s8 (oneDNN halves those weights itself) keep 127 levels,
+// the pointwise one reading u8 and every way through an inner product 63 (conv_weight_levels);
+// with them every product 127. Quantization noise alone is 0.3% of the output's RMS here; on a
+// Zen 3 (AVX2), the pointwise convolution's direct kernel on 127 levels read 41%.
+TEST(TeacherInt8, FullRangeProductsDoNotSaturate) {
+  if (!has_int8()) GTEST_SKIP() << "no int8 kernels on this CPU (" << onednn_info().isa << ")";
+  const fs::path path = fixture_dir("ops") / "int8_full_range.onnx";
+  const Shape shape = {2, 8, 9, 11};
+  std::mt19937 rng(std::random_device{}());
+  std::uniform_real_distribution<float> near_one(0.9f, 1.f);
+  const auto draw = [&](std::int64_t samples) {
+    std::vector<float> v(static_cast<std::size_t>(samples * numel(shape) / shape[0]));
+    for (auto& e : v) e = near_one(rng);
+    return v;
+  };
+  const auto x = draw(shape[0]);
+  std::vector<float> calib = x; // the checked batch among the calibration's, as a run's are
+  const auto more = draw(2 * shape[0]);
+  calib.insert(calib.end(), more.begin(), more.end());
+  std::map<std::string, int> levels; // "node way" -> weight levels
+  for (const std::string way : {"", "channels_last", "library", "inner_product"}) {
+    SCOPED_TRACE("preferring " + (way.empty() ? std::string("nothing") : way));
+    TeacherOptions opts;
+    opts.batch = shape[0];
+    if (!way.empty()) opts.prefer = {way};
+    const auto t = Teacher::load_int8(path.string(), opts, calib, x, "near-one batches");
+    for (const auto& step : t->step_info())
+      if (step.weight_levels > 0) levels[step.label + " " + step.kind] = step.weight_levels;
+    const auto got = run(t, x)[0];
+    const auto want = interpret(path.string(), x, shape[0]).at(t->output_names()[0]).f;
+    const double error = relative_rms_error(got, want);
+    std::printf("%s: relative RMS error %.4f\n", way.empty() ? "first ways" : way.c_str(), error);
+    EXPECT_LE(error, 0.02);
+  }
+  int depthwise = 0, dense = 0, pointwise = 0;
+  for (const auto& [step, n] : levels) {
+    std::printf("%s: weights quantized to [-%d, %d]\n", step.c_str(), n, n);
+    const bool wide = has_native_int8() || step.find("'pointwise'") == std::string::npos;
+    EXPECT_EQ(n, wide ? 127 : int8_weight_levels()) << step;
+    depthwise += step.find("'depthwise'") != std::string::npos;
+    dense += step.find("'dense'") != std::string::npos;
+    pointwise += step.find("'pointwise'") != std::string::npos;
+  }
+  EXPECT_GT(depthwise, 0);
+  EXPECT_GT(dense, 0);
+  EXPECT_GE(pointwise, 2); // directly and as an inner product
+}
+
 // The int8 check warns only beyond quantization noise: more than max(2, 5%) of its samples
 // changed their top-1.
 TEST(TeacherInt8, CheckWarnsOnlyBeyondQuantizationNoise) {
@@ -2238,6 +2290,50 @@ TEST(TeacherModels, TimedRunTimesEveryStepAndGivesTheSameAnswers) {
   EXPECT_THROW(r.run_timed(x.data(), ptrs, short_times), std::invalid_argument);
 }
 
+// Every fixture network gives the same logits run after run, bit for bit, with its primitives
+// sharing their work among two threads, in fp32, in int8 (calibrated on its batch) and in bf16
+// where the CPU has it: oneDNN divides the work the same way every run, and no kernel may read
+// what an earlier run left behind. (oneDNN 3.2's int8 1x1 kernel for AVX2 did, on strided
+// convolutions: a RegNet fixture's int8 logits moved by up to 0.03 between runs on a Zen 3, so
+// kdflow runs those convolutions through another kernel: gives_changing_results, conv.cpp.)
+TEST(TeacherReruns, EveryNetworkGivesTheSameLogitsRunAfterRun) {
+  const fs::path dir = fixture_dir("models");
+  const auto m = manifest(dir);
+  const std::int64_t batch = m["batch"];
+  std::vector<Precision> precisions = {Precision::fp32};
+  if (has_int8()) precisions.push_back(Precision::int8);
+  if (has_native_bf16()) precisions.push_back(Precision::bf16);
+  int plans = 0;
+  oneapi::tbb::task_arena(2).execute([&] {
+    for (const auto& entry : m["models"]) {
+      const std::string name = entry["name"];
+      const std::string path = (dir / (name + ".onnx")).string();
+      const NpyArray x = read_npy((dir / (name + ".input.npy")).string());
+      for (const Precision precision : precisions) {
+        SCOPED_TRACE(name + " in " + precision_name(precision));
+        TeacherOptions opts;
+        opts.batch = batch;
+        opts.threads = 2;
+        opts.precision = precision;
+        const auto t = precision == Precision::int8
+                           ? Teacher::load_int8(path, opts, x.data, x.data, "the fitted batch")
+                           : Teacher::load(path, opts);
+        Replica replica(t);
+        OutputBuffers first(*t), again(*t);
+        replica.run(x.data.data(), first.pointers);
+        int same = 0;
+        for (int k = 0; k < 4; ++k) {
+          replica.run(x.data.data(), again.pointers);
+          same += again.data == first.data;
+        }
+        EXPECT_EQ(same, 4) << "runs after the first that gave its logits";
+        ++plans;
+      }
+    }
+  });
+  EXPECT_GE(plans, 20);
+}
+
 TEST(TeacherModels, ConcurrentReplicasGiveTheSameAnswers) {
   const fs::path dir = fixture_dir("models");
   const std::string path = (dir / "resnet18_opset17.onnx").string();
@@ -2291,4 +2387,5 @@ TEST(Npy, AShapeThatNeedsMoreThanTheFileHoldsIsRefusedBeforeAllocating) {
 }
 
 } // namespace
+
 } // namespace kdflow::teacher

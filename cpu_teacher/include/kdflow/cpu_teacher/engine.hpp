@@ -170,6 +170,9 @@ struct StepInfo {
   // The element type it writes: "f32" or "bf16" (teacher.precision = bf16 keeps some values in
   // f32, as PyTorch's autocast does).
   std::string writes;
+  // int8: the largest magnitude of the step's quantized weights (127, or 63 where its kernel sums
+  // pairs of u8 x s8 products in 16 bits: conv_weight_levels); 0 for a step without them.
+  int weight_levels = 0;
 };
 
 class Teacher {
