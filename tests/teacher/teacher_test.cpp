@@ -1952,9 +1952,10 @@ TEST(TeacherSamplesPerPass, PassesComputeWhatTheWholeBatchDoes) {
 
       // Two at once, each on a thread of its own; and in an arena of one thread, in turn.
       // Two passes at once hold a second set of the pass's buffers, but not always exactly twice
-      // the one-thread plan's: mobilenet_v2_64 on a Zen 3 read 3.93 MB at once against 2 x 2.49
-      // MB, with this tree's conv.cpp and with 148bc95's alike; why is not known (the results
-      // below are still checked pass by pass).
+      // this plan's: each lane's plan is built for one thread, where oneDNN can offer other
+      // primitives. On a Zen 3 it offers the pointwise+depthwise one for mobilenet_v2_64's
+      // features.2 at one thread only (61 steps against 62; `teacher info --passes-at-once 2`),
+      // which never writes the expanded tensor: 3.93 MB at once against 2 x 2.49 MB.
       opts.threads = 2;
       opts.passes_at_once = 2;
       const auto both = Teacher::load(path, opts);
