@@ -2388,5 +2388,4 @@ TEST(Npy, AShapeThatNeedsMoreThanTheFileHoldsIsRefusedBeforeAllocating) {
 }
 
 } // namespace
-
 } // namespace kdflow::teacher
