@@ -261,10 +261,7 @@ void matrix_conv(Lowering& plan, const Node& node, bool unroll) {
               pd] = matrix_conv_pd(plan, node, unroll);
   const PostOp* sum = Lowering::sum_post(node);
   std::vector<float> w_scales;
-  if (q) {
-    std::tie(w_data, w_scales) = quantize_rows(w_data, out_cols);
-    plan.set_weight_levels(int8_weight_levels());
-  }
+  if (q) std::tie(w_data, w_scales) = plan.quantize_weights(w_data, out_cols);
   const auto tag = memory::format_tag::acdb;
   const memory::desc src_map(dims_of(xs), src_type, tag), dst_map(dims_of(os), out, tag);
   const memory::desc w_user({out_cols, in_cols}, dt::f32, memory::format_tag::oi);
@@ -296,7 +293,8 @@ void matrix_conv(Lowering& plan, const Node& node, bool unroll) {
 // results that change run after run. oneDNN's int8 1x1 kernel for AVX2 (jit_uni_int8_1x1, also
 // its AVX-VNNI form) runs a strided convolution over a copy of its input at unit stride that each
 // thread makes for itself (its "rtus" driver), and with more than one thread it read stale copies:
-// on a Zen 3 at 2 threads, oneDNN 3.2 alone (no kdflow code) gave other results on 13-59 of 59
+// on a Zen 3 at 2 threads, oneDNN 3.2 alone (a scratch program of oneDNN calls, not committed)
+// gave other results on 13-59 of 59
 // reruns for 5 of 36 shapes (batch 8-64, 24-208 input channels, stride 2, 4-14 pixels), exact on
 // every first run and at one thread; a RegNet fixture's int8 logits moved by up to 0.03 between
 // runs. oneDNN's next kernel, jit_uni_int8, gave the exact result on every run of those shapes
@@ -365,9 +363,8 @@ void direct_conv(Lowering& plan, const Node& node, bool channels_last,
   if (impl.empty()) past_changing_impls(pd, node, ws);
   if (q) {
     const bool depthwise = group > 1 && group == xs[1] && ws[0] == group;
-    const int levels = conv_weight_levels(pd.impl_info_str(), q->type, depthwise);
-    std::tie(w_data, w_scales) = quantize_rows(w_data, ws[0], levels);
-    plan.set_weight_levels(levels);
+    std::tie(w_data, w_scales) = plan.quantize_weights(
+        w_data, ws[0], conv_weight_levels(pd.impl_info_str(), q->type, depthwise));
   }
   const ArgRef src = q ? plan.get_quantized(node.inputs[0], pd.src_desc(), *q)
                        : plan.get(node.inputs[0], pd.src_desc());
@@ -622,6 +619,12 @@ quantize_rows(const std::vector<float>& w, std::int64_t rows, int weight_levels)
       q[r * cols + c] = std::clamp(std::nearbyint(w[r * cols + c] / scale[r]), -levels, levels);
   }
   return {std::move(q), std::move(scale)};
+}
+
+std::pair<std::vector<float>, std::vector<float>>
+Lowering::quantize_weights(const std::vector<float>& w, std::int64_t rows, int levels) {
+  weight_levels_ = levels;
+  return quantize_rows(w, rows, levels);
 }
 
 int conv_weight_levels(const std::string& impl, dnnl::memory::data_type src, bool depthwise) {

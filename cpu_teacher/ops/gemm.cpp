@@ -269,10 +269,7 @@ void inner_product(Lowering& plan, const Node& node) {
   // int8 (not for the head: quantizable leaves graph outputs alone): weights s8 per output row.
   const auto q = plan.quant_input(node);
   std::vector<float> w_scales;
-  if (q) {
-    std::tie(w, w_scales) = quantize_rows(w, n);
-    plan.set_weight_levels(int8_weight_levels());
-  }
+  if (q) std::tie(w, w_scales) = plan.quantize_weights(w, n);
   const memory::desc any_src(dims_of(src_shape), q ? q->type : type, memory::format_tag::any);
   const memory::desc any_w(wdims, q ? dt::s8 : type, memory::format_tag::any);
   const auto q_out = plan.quantized_output(node);

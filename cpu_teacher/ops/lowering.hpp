@@ -185,7 +185,7 @@ public:
   // A quantized product's runtime scales: reading `q` (one source scale, and the weights' one per
   // output channel: `weights_mask`, oneDNN's mask of that axis in its weights' layout), writing
   // `q_out` where it writes quantized. The masks go on `attr` before the primitive is made, the
-  // values (`weight_scales` from quantize_rows) into its `args` after.
+  // values (`weight_scales` from quantize_weights) into its `args` after.
   static void set_quant_masks(dnnl::primitive_attr& attr, const std::optional<Quant>& q,
                               const std::optional<Quant>& q_out, int weights_mask);
   void add_quant_scales(std::vector<std::pair<int, ArgRef>>& args, const std::optional<Quant>& q,
@@ -194,9 +194,12 @@ public:
   [[noreturn]] void fail(const Node& node, const std::string& what) const;
   // StepInfo::kind of the steps the node adds from now on (its op type unless refined).
   void set_kind(std::string kind) { kind_ = std::move(kind); }
-  // StepInfo::weight_levels of the primitive the node adds next (int8: how its weights were
-  // quantized); cleared by it.
-  void set_weight_levels(int levels) { weight_levels_ = levels; }
+  // int8: weights `w` of `rows` output rows quantized per row to [-levels, levels]
+  // (quantize_rows), and `levels` kept as StepInfo::weight_levels of the primitive the node adds
+  // next.
+  std::pair<std::vector<float>, std::vector<float>>
+  quantize_weights(const std::vector<float>& w, std::int64_t rows,
+                   int levels = int8_weight_levels());
   // Which of `options` (the untuned plan's preference first) the node runs: the plan's choice
   // for it when that is one of them, else the first. Recorded for the tuner and `--plan`.
   std::string choose(const Node& node, std::vector<std::string> options);
@@ -368,8 +371,8 @@ void walk_to_impl(const Lowering& plan, const Node& node, PrimitiveDesc& pd,
 // integer-valued floats in [-levels, levels], so that a reorder to s8 is exact, and each row's
 // scale. `levels` is int8_weight_levels() (127, or 63 without int8 dot products) unless the
 // kernel that runs the product cannot saturate (conv_weight_levels).
-std::pair<std::vector<float>, std::vector<float>>
-quantize_rows(const std::vector<float>& w, std::int64_t rows, int levels = int8_weight_levels());
+std::pair<std::vector<float>, std::vector<float>> quantize_rows(const std::vector<float>& w,
+                                                                std::int64_t rows, int levels);
 
 // The weight levels of an int8 convolution that oneDNN runs through implementation `impl` on a
 // source of type `src` (u8 or s8), `depthwise` where each group is one input and one output
