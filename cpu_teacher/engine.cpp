@@ -780,7 +780,9 @@ void Lowering::add_primitive(dnnl::primitive prim, std::vector<std::pair<int, Ar
   s.label = label;
   s.kind = kind_;
   s.node = node_;
-  s.weight_levels = std::exchange(weight_levels_, 0);
+  const WeightQuant wq = std::exchange(weight_quant_, WeightQuant{0});
+  s.weight_levels = wq.levels;
+  s.weight_pairs = wq.pair_taps > 0;
   p_.steps.push_back(std::move(s));
 }
 
@@ -954,7 +956,7 @@ void Lowering::add_node(const Node& node) {
     fail(node, fmt::format("op type '{}' is not supported by kdflow's teacher", node.op));
   kind_ = node.op;
   node_ = node.name;
-  weight_levels_ = 0;
+  weight_quant_ = WeightQuant{0};
   if (p_.observe && quantizable(node)) {
     observe(product_input(node));
     // A residual summand that only the sum reads is stored quantized at its own range.
@@ -1392,7 +1394,7 @@ std::vector<StepInfo> Teacher::step_info() const {
                    : !s.impl.empty()            ? s.impl
                    : s.loop == KernelLoop::rows ? "plain kernel"
                                                 : "reference loop",
-                   writes, s.weight_levels});
+                   writes, s.weight_levels, s.weight_pairs});
   }
   return out;
 }

@@ -69,6 +69,31 @@ def cases():
                                   helper.make_node("Conv", ["cr", "wp"], ["y"], name="pointwise")],
                                  (2, 8, 9, 11), [const("wd", near_one(8, 1, 3, 3)), const("bd", np.full(8, -6.0, np.float32)),
                                                  const("w", near_one(6, 8, 3, 3)), const("wp", near_one(4, 6, 1, 1))])
+    # int8 weights bounded in pairs: in each row (of either sign, all its weights of that sign) the
+    # weights of neighbouring input channels at one tap are one large (0.9-1) and one small (0.15
+    # of that), and every input is near its largest magnitude. Without int8 dot products kdflow
+    # holds each neighbouring pair within 128 (the large weights get about 110 levels); a kernel
+    # that summed any other two products in 16 bits (channels two apart, neighbouring taps, the
+    # last channel of one tap with the first of the next: 5 channels) would saturate
+    # (255 x 110 x 2 > 32767). A 3x3 convolution on u8 (after the Relu), one on its s8 output, a
+    # pointwise one on u8; and a Gemm on u8 (two axes, after the Relu) whose reduction (258)
+    # oneDNN's GEMM splits into two blocks of 129 on AVX2.
+    def paired(o, c, *taps):
+        w = rng.uniform(0.9, 1.0, (o, c) + taps).astype(np.float32)
+        w[:, 1::2] *= 0.15
+        return w * np.where(np.arange(o) % 2 == 0, 1.0, -1.0).astype(np.float32).reshape((o,) + (1,) * (1 + len(taps)))
+    c["int8_paired_conv"] = model([node("Relu", ["x"], ["r"]),
+                                   helper.make_node("Conv", ["r", "w1"], ["a"], name="dense_u8", pads=[1, 1, 1, 1]),
+                                   helper.make_node("Conv", ["a", "w2"], ["b"], name="dense_s8", pads=[1, 1, 1, 1]),
+                                   helper.make_node("Relu", ["b"], ["br"], name="relu2"),
+                                   helper.make_node("Conv", ["br", "w3"], ["y"], name="pointwise")],
+                                  (2, 5, 9, 11), [const("w1", paired(6, 5, 3, 3)), const("w2", paired(8, 6, 3, 3)),
+                                                  const("w3", paired(4, 8, 1, 1))])
+    c["int8_paired_gemm"] = model([node("Flatten", ["x"], ["f"]), helper.make_node("Relu", ["f"], ["r"], name="relu"),
+                                   helper.make_node("Gemm", ["r", "w1"], ["h"], name="gemm_u8", transB=1),
+                                   helper.make_node("Relu", ["h"], ["hr"], name="relu2"),
+                                   helper.make_node("Gemm", ["hr", "w2"], ["y"], name="head", transB=1)],
+                                  (2, 258, 1, 1), [const("w1", paired(12, 258)), const("w2", rand(3, 12))])
     c["conv_same_upper"] = model([node("Conv", ["x", "w"], auto_pad="SAME_UPPER", strides=[2, 2])], X, [const("w", rand(5, 4, 4, 4))])
     c["conv_same_lower"] = model([node("Conv", ["x", "w"], auto_pad="SAME_LOWER", strides=[2, 3])], X, [const("w", rand(5, 4, 2, 3))])
     c["conv_valid"] = model([node("Conv", ["x", "w"], auto_pad="VALID", kernel_shape=[3, 5])], X, [const("w", rand(3, 4, 3, 5))])

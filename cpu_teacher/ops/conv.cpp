@@ -261,7 +261,9 @@ void matrix_conv(Lowering& plan, const Node& node, bool unroll) {
               pd] = matrix_conv_pd(plan, node, unroll);
   const PostOp* sum = Lowering::sum_post(node);
   std::vector<float> w_scales;
-  if (q) std::tie(w_data, w_scales) = plan.quantize_weights(w_data, out_cols);
+  if (q)
+    std::tie(w_data, w_scales) =
+        plan.quantize_weights(w_data, out_cols, inner_product_weight_quant(pd.impl_info_str()));
   const auto tag = memory::format_tag::acdb;
   const memory::desc src_map(dims_of(xs), src_type, tag), dst_map(dims_of(os), out, tag);
   const memory::desc w_user({out_cols, in_cols}, dt::f32, memory::format_tag::oi);
@@ -364,7 +366,7 @@ void direct_conv(Lowering& plan, const Node& node, bool channels_last,
   if (q) {
     const bool depthwise = group > 1 && group == xs[1] && ws[0] == group;
     std::tie(w_data, w_scales) = plan.quantize_weights(
-        w_data, ws[0], conv_weight_levels(pd.impl_info_str(), q->type, depthwise));
+        w_data, ws[0], conv_weight_quant(pd.impl_info_str(), q->type, depthwise, static_cast<int>(ws[2] * ws[3])));
   }
   const ArgRef src = q ? plan.get_quantized(node.inputs[0], pd.src_desc(), *q)
                        : plan.get(node.inputs[0], pd.src_desc());
@@ -606,31 +608,67 @@ bool is_impl(const std::string& impl, std::string_view kind) {
 }
 
 std::pair<std::vector<float>, std::vector<float>>
-quantize_rows(const std::vector<float>& w, std::int64_t rows, int weight_levels) {
+quantize_rows(const std::vector<float>& w, std::int64_t rows, const WeightQuant& wq) {
   const std::size_t n = static_cast<std::size_t>(rows);
   const std::size_t cols = n == 0 ? 0 : w.size() / n;
-  const float levels = static_cast<float>(weight_levels);
+  const std::size_t taps = static_cast<std::size_t>(std::max(wq.pair_taps, 1));
+  const std::size_t channels = cols / taps;
+  const float levels = static_cast<float>(wq.levels);
   std::vector<float> q(w.size()), scale(n, 1.f);
   for (std::size_t r = 0; r < n; ++r) {
+    const float* row = w.data() + r * cols;
+    // The bound on each weight, and on each pair of one sign that the kernel may sum in 16 bits
+    // (neighbouring channels at one tap: whichever of the two neighbours a channel is paired
+    // with, as a block of the reduction may start at an odd channel): at most `levels` before
+    // rounding, so at most levels + 1 after it (each of the two rounds by at most half a step).
     float top = 0.f;
-    for (std::size_t c = 0; c < cols; ++c) top = std::max(top, std::fabs(w[r * cols + c]));
+    for (std::size_t c = 0; c < cols; ++c) top = std::max(top, std::fabs(row[c]));
+    if (wq.pair_taps > 0)
+      for (std::size_t ch = 0; ch + 1 < channels; ++ch)
+        for (std::size_t t = 0; t < taps; ++t) {
+          const float a = row[ch * taps + t], b = row[(ch + 1) * taps + t];
+          if ((a > 0.f && b > 0.f) || (a < 0.f && b < 0.f))
+            top = std::max(top, std::fabs(a) + std::fabs(b));
+        }
     if (top > 0.f) scale[r] = top / levels;
-    for (std::size_t c = 0; c < cols; ++c)
-      q[r * cols + c] = std::clamp(std::nearbyint(w[r * cols + c] / scale[r]), -levels, levels);
+    for (std::size_t c = 0; c < cols; ++c) {
+      float v = std::clamp(std::nearbyint(row[c] / scale[r]), -levels, levels);
+      q[r * cols + c] = wq.doubled ? 2.f * v : v;
+    }
+    if (wq.doubled) scale[r] *= 0.5f;
   }
   return {std::move(q), std::move(scale)};
 }
 
 std::pair<std::vector<float>, std::vector<float>>
-Lowering::quantize_weights(const std::vector<float>& w, std::int64_t rows, int levels) {
-  weight_levels_ = levels;
-  return quantize_rows(w, rows, levels);
+Lowering::quantize_weights(const std::vector<float>& w, std::int64_t rows, WeightQuant wq) {
+  weight_quant_ = wq;
+  return quantize_rows(w, rows, wq);
 }
 
-int conv_weight_levels(const std::string& impl, dnnl::memory::data_type src, bool depthwise) {
-  if (has_native_int8() || src == dt::s8 || is_impl(impl, "ref")) return 127;
-  if (depthwise && (is_impl(impl, "jit_uni_int8") || is_impl(impl, "jit_int8"))) return 127;
-  return int8_weight_levels();
+WeightQuant conv_weight_quant(const std::string& impl, dnnl::memory::data_type src,
+                              bool depthwise, int taps) {
+  if (has_native_int8() || is_impl(impl, "ref")) return {127};
+  // oneDNN running the convolution as an inner product: no halving, its reduction in the order of
+  // the source's layout.
+  if (is_impl(impl, "ip:")) return {int8_weight_levels()};
+  const bool halved = src == dt::s8;
+  if (depthwise && (is_impl(impl, "jit_uni_int8") || is_impl(impl, "jit_int8")))
+    return {127, halved};
+  if (!depthwise && is_impl(impl, "jit_uni_int8")) return {127, halved, taps};
+  return {int8_weight_levels(), halved};
+}
+
+WeightQuant inner_product_weight_quant(const std::string& impl) {
+  if (has_native_int8() || is_impl(impl, "ref")) return {127};
+  // Below AVX-512 (where an s8 source is shifted to u8 by copying it, simple_gemm_s8s8s32): the
+  // kernel whose pairs the int8_paired tests saw.
+  const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
+  const auto avx512 = static_cast<unsigned>(dnnl::cpu_isa::avx512_core);
+  if ((isa & avx512) != avx512 &&
+      (is_impl(impl, "gemm_s8u8s32:jit") || is_impl(impl, "gemm_s8s8s32:jit")))
+    return {127, false, 1};
+  return {int8_weight_levels()};
 }
 
 namespace {

@@ -268,8 +268,6 @@ void inner_product(Lowering& plan, const Node& node) {
   const dt type = g.is_output(node.outputs[0]) ? dt::f32 : plan.act();
   // int8 (not for the head: quantizable leaves graph outputs alone): weights s8 per output row.
   const auto q = plan.quant_input(node);
-  std::vector<float> w_scales;
-  if (q) std::tie(w, w_scales) = plan.quantize_weights(w, n);
   const memory::desc any_src(dims_of(src_shape), q ? q->type : type, memory::format_tag::any);
   const memory::desc any_w(wdims, q ? dt::s8 : type, memory::format_tag::any);
   const auto q_out = plan.quantized_output(node);
@@ -296,6 +294,14 @@ void inner_product(Lowering& plan, const Node& node) {
   if (!second.empty() && plan.choose(node, {"inner_product", "inner_product_alternative"}) ==
                              "inner_product_alternative")
     walk_to_impl(plan, node, pd, second);
+  // The weights quantized for the kernel oneDNN picked, their pairs of inputs known only where the
+  // source has two axes (a flattened 4-D one is summed in the order of its layout).
+  std::vector<float> w_scales;
+  if (q)
+    std::tie(w, w_scales) = plan.quantize_weights(
+        w, n,
+        src_shape.size() == 2 ? inner_product_weight_quant(pd.impl_info_str())
+                              : WeightQuant{int8_weight_levels()});
   const ArgRef src =
       q ? plan.get_quantized(src_value, pd.src_desc(), *q) : plan.get(src_value, pd.src_desc());
   const ArgRef wref = plan.weight(std::move(w), w_user, pd.weights_desc());

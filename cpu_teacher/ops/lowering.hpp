@@ -49,7 +49,8 @@ struct Step {
   bool reorder = false;
   KernelLoop loop = KernelLoop::rows; // kernels
   std::string impl; // a kernel that is more than a plain loop (StepInfo::impl); "" for the rest
-  int weight_levels = 0; // StepInfo::weight_levels
+  int weight_levels = 0;      // StepInfo::weight_levels
+  bool weight_pairs = false; // StepInfo::weight_pairs
 };
 
 // A node that can run more than one way (a convolution: direct channels-last, direct in the
@@ -60,6 +61,19 @@ struct NodeOptions {
   std::vector<std::string> options;
   std::string chosen;
   std::string takes_in; // the node the chosen way lowered with this one (Lowering::skip), or ""
+};
+
+// How an int8 product's weights are quantized (quantize_rows): each row rounded to
+// [-levels, levels] steps of its own scale;
+// - with `pair_taps` > 0 also every pair of one sign that a kernel without int8 dot products may
+//   sum in 16 bits held within levels + 1 together: the weights of neighbouring input channels at
+//   one tap, each row laid out as [input channel][pair_taps taps];
+// - `doubled`: handed to oneDNN as even integers at half the scale, for a kernel that halves its
+//   weights itself while reordering them, which then stores the integers chosen here.
+struct WeightQuant {
+  int levels;
+  bool doubled = false;
+  int pair_taps = 0;
 };
 
 // The int8 calibration cache (tune.cpp): the ranges kept under `key` in the plan cache's folder,
@@ -194,12 +208,11 @@ public:
   [[noreturn]] void fail(const Node& node, const std::string& what) const;
   // StepInfo::kind of the steps the node adds from now on (its op type unless refined).
   void set_kind(std::string kind) { kind_ = std::move(kind); }
-  // int8: weights `w` of `rows` output rows quantized per row to [-levels, levels]
-  // (quantize_rows), and `levels` kept as StepInfo::weight_levels of the primitive the node adds
-  // next.
+  // int8: weights `w` of `rows` output rows quantized per row as `wq` says (quantize_rows), `wq`
+  // kept as StepInfo::weight_levels and weight_pairs of the primitive the node adds next.
   std::pair<std::vector<float>, std::vector<float>>
   quantize_weights(const std::vector<float>& w, std::int64_t rows,
-                   int levels = int8_weight_levels());
+                   WeightQuant wq = {int8_weight_levels()});
   // Which of `options` (the untuned plan's preference first) the node runs: the plan's choice
   // for it when that is one of them, else the first. Recorded for the tuner and `--plan`.
   std::string choose(const Node& node, std::vector<std::string> options);
@@ -350,7 +363,7 @@ private:
   mutable std::map<std::string, std::optional<Quant>> stored_quant_, quantized_output_;
   std::string kind_;
   std::string node_;
-  int weight_levels_ = 0;
+  WeightQuant weight_quant_{0}; // of the primitive the node adds next (quantize_weights)
 };
 
 // Whether oneDNN implementation `impl` is of `kind` ("ref", "gemm:"): oneDNN names them with an
@@ -367,21 +380,36 @@ void walk_to_impl(const Lowering& plan, const Node& node, PrimitiveDesc& pd,
     if (!pd.next_impl()) plan.fail(node, "oneDNN no longer offers the implementation " + impl);
 }
 
-// Weights of `rows` output rows (row-major, each row one output channel's) quantized per row:
-// integer-valued floats in [-levels, levels], so that a reorder to s8 is exact, and each row's
-// scale. `levels` is int8_weight_levels() (127, or 63 without int8 dot products) unless the
-// kernel that runs the product cannot saturate (conv_weight_levels).
+// Weights of `rows` output rows (row-major, each row one output channel's) quantized per row as
+// `wq` says: integer-valued floats (in [-levels, levels], twice that where doubled), so that a
+// reorder to s8 is exact, and each row's scale (the step of its integers).
 std::pair<std::vector<float>, std::vector<float>> quantize_rows(const std::vector<float>& w,
-                                                                std::int64_t rows, int levels);
+                                                                std::int64_t rows,
+                                                                const WeightQuant& wq);
 
-// The weight levels of an int8 convolution that oneDNN runs through implementation `impl` on a
-// source of type `src` (u8 or s8), `depthwise` where each group is one input and one output
-// channel. int8_weight_levels() but 127 wherever no pair of u8 x s8 products is summed in 16 bits
-// on a full-range weight: with int8 dot products; on an s8 source, where oneDNN halves the weights
-// itself (its scale_adjust) in every int8 convolution without them, so that 7-bit weights would
-// become 6-bit ones; in oneDNN's int8 jit depthwise kernels, which multiply in 32-bit lanes; and
-// in its reference kernels.
-int conv_weight_levels(const std::string& impl, dnnl::memory::data_type src, bool depthwise);
+// How an int8 convolution that oneDNN runs through implementation `impl` on a source of type
+// `src` (u8 or s8), with `taps` (kernel height x width) and `depthwise` where each group is one
+// input and one output channel, has its weights quantized. Without int8 dot products oneDNN's
+// kernels multiply u8 x s8 bytes with vpmaddubsw, which sums each pair of neighbouring input
+// channels' products (at one tap) in 16 bits, saturating past 32767, and on an s8 source every
+// one of them halves the weights itself while reordering them (its scale_adjust 0.5: the source
+// is shifted to u8):
+// - with int8 dot products, and in oneDNN's reference kernels: 127 levels;
+// - oneDNN's jit int8 depthwise kernels multiply in 32-bit lanes: 127, doubled on s8;
+// - its jit kernel for AVX2 (jit_uni_int8, jit_uni_int8_1x1): 127 in pairs (255 x 128 = 32640),
+//   doubled on s8;
+// - any other: int8_weight_levels(), doubled on s8 (63 without dot products: no pair of them can
+//   pass 255 x 63 x 2 = 32130, whichever channels a kernel pairs).
+// Doubled, the integers chosen here are the ones oneDNN keeps, not rounded a second time by its
+// halving.
+WeightQuant conv_weight_quant(const std::string& impl, dnnl::memory::data_type src,
+                              bool depthwise, int taps);
+// The same for an inner product (a Gemm, a MatMul with constant weights, a convolution as one)
+// whose reduction is the weights' rows as given (a source of two axes): oneDNN's GEMM kernel
+// without dot products (gemm_s8u8s32, which shifts an s8 source to u8 and does not halve) pairs
+// neighbouring columns within blocks of the reduction that may start at an odd column, so every
+// neighbouring pair is bounded: 127 in pairs; int8_weight_levels() for any other kernel.
+WeightQuant inner_product_weight_quant(const std::string& impl);
 
 // y = x * scale[c] + shift[c] over channel axis 1 of `x` (plain, of shape `xs`, its data type):
 // one oneDNN binary with the shift as its post-op, into a new buffer (ops/norm.cpp).

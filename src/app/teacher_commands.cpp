@@ -254,6 +254,7 @@ nlohmann::json step_profile(PinnedRun& pinned, const teacher::Teacher& t, const 
                     {"impl", info[i].impl},
                     {"writes", info[i].writes},
                     {"weight_levels", info[i].weight_levels},
+                    {"weight_pairs", info[i].weight_pairs},
                     {"ms", median * 1e3}});
   }
   std::vector<std::pair<std::string, std::pair<int, double>>> by_kind(kinds.begin(), kinds.end());

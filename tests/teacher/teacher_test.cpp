@@ -1286,10 +1286,11 @@ TEST(TeacherInt8, EveryNetworkAndEveryConvolutionWayStaysNearFp32) {
       // three ResNet fixtures (the widest), where a wrong scale or type reads as ~0.5 or more. Its
       // largest element relative to the largest logit is heavy-tailed over draws (0.03-0.25 on
       // the same draws, 0.51 once in CI with every top-1 kept): bounded only against a gross
-      // fault. Without int8 dot products the weights have 7 bits (int8_weight_levels), twice the
-      // step, and the error grows with it: on a Zen 3 the DenseNet fixture (the deepest, its
-      // rounding noise summed over 120 convolutions) read 0.11 / 0.23 / 0.43 at 127 / 63 / 31
-      // levels, the ResNet-18 one 0.04 / 0.07 / 0.12. So the bound scales with the step.
+      // fault. Without int8 dot products the weights have fewer levels (63 where the kernel's
+      // pairs are not known, about 90 where they are bounded in pairs: conv_weight_quant), and the
+      // error grows with the step: on a Zen 3 the DenseNet fixture (the deepest, its rounding
+      // noise summed over 120 convolutions) read 0.11 / 0.23 / 0.43 at 127 / 63 / 31 levels, the
+      // ResNet-18 one 0.04 / 0.07 / 0.12. So the bound scales with the largest step.
       const double rms_error = relative_rms_error(got[0], ref.data);
       const double error = normalized_error(got[0], ref.data);
       EXPECT_LE(rms_error, 0.3 * 127.0 / int8_weight_levels());
@@ -1406,18 +1407,14 @@ TEST(TeacherInt8, EveryNetworkAndEveryConvolutionWayStaysNearFp32) {
   }
 }
 
-// Products at full range do not saturate: the int8_full_range fixture puts every weight of a row
-// and every input near its largest magnitude and of one sign, where oneDNN's 16-bit sums of u8 x s8
-// pairs (its int8 kernels without dot products) would saturate on 8-bit weights (255 x 127 x 2 >
-// 32767). Without dot products the depthwise convolution reading u8 (its kernel multiplies in
-// 32-bit lanes) and the 3x3 one reading s8 (oneDNN halves those weights itself) keep 127 levels,
-// the pointwise one reading u8 and every way through an inner product 63 (conv_weight_levels);
-// with them every product 127. Quantization noise alone is 0.3% of the output's RMS here; on a
-// Zen 3 (AVX2), the pointwise convolution's direct kernel on 127 levels read 41%.
-TEST(TeacherInt8, FullRangeProductsDoNotSaturate) {
-  if (!has_int8()) GTEST_SKIP() << "no int8 kernels on this CPU (" << onednn_info().isa << ")";
-  const fs::path path = fixture_dir("ops") / "int8_full_range.onnx";
-  const Shape shape = {2, 8, 9, 11};
+// An int8 op fixture whose inputs and weights sit near their largest magnitudes, run with every
+// convolution way preferred in turn, on inputs drawn in [0.9, 1] (`shape`, and calibrated on them
+// and more of them): each run within `max_error` (relative RMS) of the reference interpreter, and
+// each quantized product's weight levels, "127" or "63" and " in pairs" (StepInfo::weight_pairs),
+// by "<node label> <kind>", collected over the runs.
+std::map<std::string, std::string> run_near_full_range(const std::string& fixture,
+                                                       const Shape& shape, double max_error) {
+  const fs::path path = fixture_dir("ops") / (fixture + ".onnx");
   std::mt19937 rng(std::random_device{}());
   std::uniform_real_distribution<float> near_one(0.9f, 1.f);
   const auto draw = [&](std::int64_t samples) {
@@ -1429,33 +1426,79 @@ TEST(TeacherInt8, FullRangeProductsDoNotSaturate) {
   std::vector<float> calib = x; // the checked batch among the calibration's, as a run's are
   const auto more = draw(2 * shape[0]);
   calib.insert(calib.end(), more.begin(), more.end());
-  std::map<std::string, int> levels; // "node way" -> weight levels
-  for (const std::string way : {"", "channels_last", "library", "inner_product"}) {
-    SCOPED_TRACE("preferring " + (way.empty() ? std::string("nothing") : way));
+  std::map<std::string, std::string> levels;
+  for (const std::string way : {"", "channels_last", "library", "inner_product", "unrolled"}) {
+    SCOPED_TRACE(fixture + ", preferring " + (way.empty() ? std::string("nothing") : way));
     TeacherOptions opts;
     opts.batch = shape[0];
     if (!way.empty()) opts.prefer = {way};
     const auto t = Teacher::load_int8(path.string(), opts, calib, x, "near-one batches");
     for (const auto& step : t->step_info())
-      if (step.weight_levels > 0) levels[step.label + " " + step.kind] = step.weight_levels;
+      if (step.weight_levels > 0)
+        levels[step.label + " " + step.kind] =
+            std::to_string(step.weight_levels) + (step.weight_pairs ? " in pairs" : "");
     const auto got = run(t, x)[0];
     const auto want = interpret(path.string(), x, shape[0]).at(t->output_names()[0]).f;
     const double error = relative_rms_error(got, want);
-    std::printf("%s: relative RMS error %.4f\n", way.empty() ? "first ways" : way.c_str(), error);
-    EXPECT_LE(error, 0.02);
+    std::printf("%s, %s: relative RMS error %.4f\n", fixture.c_str(),
+                way.empty() ? "first ways" : way.c_str(), error);
+    EXPECT_LE(error, max_error);
   }
+  for (const auto& [step, n] : levels) std::printf("%s: weights at %s levels\n", step.c_str(), n.c_str());
+  return levels;
+}
+
+// Products at full range do not saturate: the int8_full_range fixture puts every weight of a row
+// and every input near its largest magnitude and of one sign, where oneDNN's 16-bit sums of u8 x s8
+// pairs (its int8 kernels without dot products) would saturate on 8-bit weights (255 x 127 x 2 >
+// 32767). Without dot products the depthwise convolution reading u8 (its kernel multiplies in
+// 32-bit lanes) keeps 127 levels, and the others (the 3x3 one on s8, the pointwise one on u8, its
+// inner product) 127 in pairs (conv_weight_quant: every neighbouring pair here is two near-equal
+// weights, so about 64 levels each) or 63; with them every product 127. Quantization noise alone
+// is 0.3% of the output's RMS here; on a Zen 3 (AVX2), the pointwise convolution's direct kernel
+// on 127 levels read 41%.
+TEST(TeacherInt8, FullRangeProductsDoNotSaturate) {
+  if (!has_int8()) GTEST_SKIP() << "no int8 kernels on this CPU (" << onednn_info().isa << ")";
+  const auto levels = run_near_full_range("int8_full_range", {2, 8, 9, 11}, 0.02);
   int depthwise = 0, dense = 0, pointwise = 0;
   for (const auto& [step, n] : levels) {
-    std::printf("%s: weights quantized to [-%d, %d]\n", step.c_str(), n, n);
-    const bool wide = has_native_int8() || step.find("'pointwise'") == std::string::npos;
-    EXPECT_EQ(n, wide ? 127 : int8_weight_levels()) << step;
-    depthwise += step.find("'depthwise'") != std::string::npos;
+    const bool dw = step.find("'depthwise'") != std::string::npos;
+    if (has_native_int8() || dw)
+      EXPECT_EQ(n, "127") << step;
+    else
+      EXPECT_TRUE(n == "127 in pairs" || n == "63") << step << ": " << n;
+    depthwise += dw;
     dense += step.find("'dense'") != std::string::npos;
     pointwise += step.find("'pointwise'") != std::string::npos;
   }
   EXPECT_GT(depthwise, 0);
   EXPECT_GT(dense, 0);
   EXPECT_GE(pointwise, 2); // directly and as an inner product
+}
+
+// Weights bounded in pairs hold where a kernel pairs other products: the int8_paired_* fixtures
+// give each neighbouring pair of input channels' weights (at one tap) one large and one small
+// weight, so that the pair bound leaves the large ones about 110 levels, and a kernel summing any
+// other two products in 16 bits (channels two apart, neighbouring taps, across taps on an odd
+// channel count, across the blocks of a GEMM's reduction) would overshoot 32767 by about 70%.
+// Without dot products every product kdflow bounds in pairs must stay within quantization noise
+// (0.2% and 0.06% of the output's RMS on a Zen 3). With no pair bound at all (every weight at 127
+// levels: the pairs summed overshoot by up to 14%) the two fixtures read 2.6% and 3.0% there.
+// With dot products every product is at 127 levels, no pairs.
+TEST(TeacherInt8, WeightsBoundInPairsDoNotSaturate) {
+  if (!has_int8()) GTEST_SKIP() << "no int8 kernels on this CPU (" << onednn_info().isa << ")";
+  int paired = 0;
+  for (const auto& [fixture, shape] :
+       std::vector<std::pair<std::string, Shape>>{{"int8_paired_conv", {2, 5, 9, 11}},
+                                                  {"int8_paired_gemm", {2, 258, 1, 1}}}) {
+    for (const auto& [step, n] : run_near_full_range(fixture, shape, 0.01)) {
+      if (has_native_int8()) EXPECT_EQ(n, "127") << step;
+      paired += n == "127 in pairs";
+    }
+  }
+  // AVX2 without dot products: the direct 3x3 kernels on u8 and s8, the 1x1 one, the GEMM's
+  // inner products (conv_weight_quant, inner_product_weight_quant; AVX-512 without VNNI keeps 63).
+  if (!has_native_int8() && !onednn_info().isa.starts_with("avx512")) EXPECT_GE(paired, 4);
 }
 
 // The int8 check warns only beyond quantization noise: more than max(2, 5%) of its samples

@@ -28,10 +28,12 @@ bool has_native_bf16();
 bool has_native_int8();
 // Whether teacher.precision = int8 runs here: with dot products, or on AVX2 (and AVX-512) without
 // them, where oneDNN's int8 kernels sum pairs of u8 x s8 products in 16 bits (vpmaddubsw), which
-// saturate past 32767: there weights are quantized to 7 bits (int8_weight_levels), so that no
-// pair can reach it (255 x 63 x 2 = 32130).
+// saturate past 32767: there each pair of weights that a kernel may sum is held within 128
+// together, or where the pairing is not known each weight within 7 bits (int8_weight_levels), so
+// that no pair can reach it (255 x 128 = 32640, 255 x 63 x 2 = 32130).
 bool has_int8();
-// The largest magnitude of a quantized weight: 127 with int8 dot products, 63 without them.
+// The largest magnitude of a quantized weight: 127 with int8 dot products, 63 without them where
+// the kernel's pairs are not known (StepInfo::weight_levels and weight_pairs).
 int int8_weight_levels();
 
 // teacher.precision = int8: post-training calibration. Each quantized product's input (a
@@ -171,8 +173,13 @@ struct StepInfo {
   // f32, as PyTorch's autocast does).
   std::string writes;
   // int8: the largest magnitude of the step's quantized weights (127, or 63 where its kernel sums
-  // pairs of u8 x s8 products in 16 bits: conv_weight_levels); 0 for a step without them.
+  // pairs of u8 x s8 products in 16 bits and which it pairs is not known: conv_weight_quant); 0
+  // for a step without them.
   int weight_levels = 0;
+  // int8 without dot products: each pair of one sign among neighbouring input channels' weights
+  // (at one tap) is held within weight_levels + 1 together, so that the kernel's 16-bit sum of a
+  // pair of u8 x s8 products cannot saturate (quantize_rows); false elsewhere.
+  bool weight_pairs = false;
 };
 
 class Teacher {
