@@ -7,7 +7,8 @@ on those and on torchvision's ResNet-18, MobileNetV2 and ResNet-50 at 224 x 224.
 venv's python (torch, torchvision, numpy).
 
 usage: int8_teacher.py KDFLOW_BINARY OUT_JSON [--data DIR] [--train-steps N] [--seconds S]
-                       [--threads 1 2] [--sizes-224 resnet18 mobilenet_v2 resnet50] [--batch-224 B]
+                       [--threads 1 2] [--models-224 resnet18 mobilenet_v2 resnet50] [--batch-224 B]
+                       [--only-224]
 
 Calibration: 576 training images (a seeded draw, unaugmented): for the rates, 8 batches of 64 and
 the ninth as the check, as `kdflow train` does; for the agreement on the test set, all 576 (`teacher
@@ -132,6 +133,15 @@ def bench(kdflow, model, precision, batch, threads, seconds, calib, size, extra=
                 else res["tune"].get("ways")}
 
 
+def network_224(arch):
+    """torchvision's `arch` with 10 classes, or one of bench/teacher_vs_ort.py's model set
+    (deit_tiny, ...) at 224."""
+    if hasattr(torchvision.models, arch):
+        return getattr(torchvision.models, arch)(num_classes=10)
+    from teacher_vs_ort import model_set  # here: that script imports this one
+    return model_set()[arch][0](224)
+
+
 def cpu_name():
     for line in open("/proc/cpuinfo"):
         if line.startswith("model name"):
@@ -185,9 +195,12 @@ def main():
     p.add_argument("--train-steps", type=int, default=300)
     p.add_argument("--seconds", type=float, default=4)
     p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
-    p.add_argument("--models-224", nargs="*", default=["resnet18", "mobilenet_v2", "resnet50"])
+    p.add_argument("--models-224", nargs="*", default=["resnet18", "mobilenet_v2", "resnet50"],
+                   help="torchvision's, or bench/teacher_vs_ort.py's (deit_tiny, ...)")
     p.add_argument("--batch-224", type=int, default=16)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--only-224", action="store_true",
+                   help="the 224 rates alone: no agreement runs, no networks trained")
     a = p.parse_args()
     torch.set_num_threads(os.cpu_count() or 1)
     xtr, ytr = fashion(a.data, "train")
@@ -207,14 +220,14 @@ def main():
         nets = [("shipped fmnist_teacher", os.path.join(
             os.path.dirname(os.path.abspath(__file__)), "..", "models", "fmnist_teacher.onnx"),
             xtr[order], xte, None)]
-        for arch in ["resnet18", "mobilenet_v2"]:
+        for arch in [] if a.only_224 else ["resnet18", "mobilenet_v2"]:
             t0 = time.time()
             m = train(arch, xtr, ytr, a.train_steps, a.seed)
             path = os.path.join(tmp, f"{arch}_32.onnx")
             export(m, 32, path)
             nets.append((f"{arch} (trained here, 32 px)", path, as_rgb(xtr[order], 32),
                          as_rgb(xte, 32), time.time() - t0))
-        for name, path, calib_x, test_x, train_s in nets:
+        for name, path, calib_x, test_x, train_s in [] if a.only_224 else nets:
             calib = os.path.join(tmp, "calib.npy")
             # infer runs batches of 1000: the 576 calibration images repeated to whole batches of
             # it (the ranges are those of the 576; the check batch inside infer is a repeat)
@@ -246,7 +259,7 @@ def main():
         for arch in a.models_224:
             torch.manual_seed(a.seed)
             path = os.path.join(tmp, f"{arch}_224.onnx")
-            export(getattr(torchvision.models, arch)(num_classes=10).eval(), 224, path)
+            export(network_224(arch).eval(), 224, path)
             for threads in a.threads:
                 rates = {p_: bench(a.kdflow, path, p_, b, threads, a.seconds, calib224, None)
                          for p_ in ["fp32", "bf16", "int8"]}

@@ -125,7 +125,7 @@ auto with_node(const Node& node, const std::string& file, F&& f) {
 }
 
 // Refused below AVX2: oneDNN's int8 kernels need AVX2's byte multiplies at least (without VNNI
-// the weights are quantized to 7 bits: has_int8).
+// the weights are held so that no 16-bit sum of two products saturates: has_int8).
 void refuse_int8_without_kernels(const std::string& path) {
   if (!has_int8())
     throw InputError(fmt::format(

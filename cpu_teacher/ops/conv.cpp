@@ -366,7 +366,8 @@ void direct_conv(Lowering& plan, const Node& node, bool channels_last,
   if (q) {
     const bool depthwise = group > 1 && group == xs[1] && ws[0] == group;
     std::tie(w_data, w_scales) = plan.quantize_weights(
-        w_data, ws[0], conv_weight_quant(pd.impl_info_str(), q->type, depthwise, static_cast<int>(ws[2] * ws[3])));
+        w_data, ws[0],
+        conv_weight_quant(pd.impl_info_str(), q->type, depthwise, static_cast<int>(ws[2] * ws[3])));
   }
   const ArgRef src = q ? plan.get_quantized(node.inputs[0], pd.src_desc(), *q)
                        : plan.get(node.inputs[0], pd.src_desc());
@@ -646,8 +647,8 @@ Lowering::quantize_weights(const std::vector<float>& w, std::int64_t rows, Weigh
   return quantize_rows(w, rows, wq);
 }
 
-WeightQuant conv_weight_quant(const std::string& impl, dnnl::memory::data_type src,
-                              bool depthwise, int taps) {
+WeightQuant conv_weight_quant(const std::string& impl, dnnl::memory::data_type src, bool depthwise,
+                              int taps) {
   if (has_native_int8() || is_impl(impl, "ref")) return {127};
   // oneDNN running the convolution as an inner product: no halving, its reduction in the order of
   // the source's layout.

@@ -298,10 +298,10 @@ void inner_product(Lowering& plan, const Node& node) {
   // source has two axes (a flattened 4-D one is summed in the order of its layout).
   std::vector<float> w_scales;
   if (q)
-    std::tie(w, w_scales) = plan.quantize_weights(
-        w, n,
-        src_shape.size() == 2 ? inner_product_weight_quant(pd.impl_info_str())
-                              : WeightQuant{int8_weight_levels()});
+    std::tie(w, w_scales) =
+        plan.quantize_weights(w, n,
+                              src_shape.size() == 2 ? inner_product_weight_quant(pd.impl_info_str())
+                                                    : WeightQuant{int8_weight_levels()});
   const ArgRef src =
       q ? plan.get_quantized(src_value, pd.src_desc(), *q) : plan.get(src_value, pd.src_desc());
   const ArgRef wref = plan.weight(std::move(w), w_user, pd.weights_desc());

@@ -49,7 +49,7 @@ struct Step {
   bool reorder = false;
   KernelLoop loop = KernelLoop::rows; // kernels
   std::string impl; // a kernel that is more than a plain loop (StepInfo::impl); "" for the rest
-  int weight_levels = 0;      // StepInfo::weight_levels
+  int weight_levels = 0;     // StepInfo::weight_levels
   bool weight_pairs = false; // StepInfo::weight_pairs
 };
 
@@ -383,9 +383,8 @@ void walk_to_impl(const Lowering& plan, const Node& node, PrimitiveDesc& pd,
 // Weights of `rows` output rows (row-major, each row one output channel's) quantized per row as
 // `wq` says: integer-valued floats (in [-levels, levels], twice that where doubled), so that a
 // reorder to s8 is exact, and each row's scale (the step of its integers).
-std::pair<std::vector<float>, std::vector<float>> quantize_rows(const std::vector<float>& w,
-                                                                std::int64_t rows,
-                                                                const WeightQuant& wq);
+std::pair<std::vector<float>, std::vector<float>>
+quantize_rows(const std::vector<float>& w, std::int64_t rows, const WeightQuant& wq);
 
 // How an int8 convolution that oneDNN runs through implementation `impl` on a source of type
 // `src` (u8 or s8), with `taps` (kernel height x width) and `depthwise` where each group is one
@@ -402,8 +401,8 @@ std::pair<std::vector<float>, std::vector<float>> quantize_rows(const std::vecto
 //   pass 255 x 63 x 2 = 32130, whichever channels a kernel pairs).
 // Doubled, the integers chosen here are the ones oneDNN keeps, not rounded a second time by its
 // halving.
-WeightQuant conv_weight_quant(const std::string& impl, dnnl::memory::data_type src,
-                              bool depthwise, int taps);
+WeightQuant conv_weight_quant(const std::string& impl, dnnl::memory::data_type src, bool depthwise,
+                              int taps);
 // The same for an inner product (a Gemm, a MatMul with constant weights, a convolution as one)
 // whose reduction is the weights' rows as given (a source of two axes): oneDNN's GEMM kernel
 // without dot products (gemm_s8u8s32, which shifts an s8 source to u8 and does not halve) pairs

@@ -1444,7 +1444,8 @@ std::map<std::string, std::string> run_near_full_range(const std::string& fixtur
                 way.empty() ? "first ways" : way.c_str(), error);
     EXPECT_LE(error, max_error);
   }
-  for (const auto& [step, n] : levels) std::printf("%s: weights at %s levels\n", step.c_str(), n.c_str());
+  for (const auto& [step, n] : levels)
+    std::printf("%s: weights at %s levels\n", step.c_str(), n.c_str());
   return levels;
 }
 
@@ -1488,9 +1489,8 @@ TEST(TeacherInt8, FullRangeProductsDoNotSaturate) {
 TEST(TeacherInt8, WeightsBoundInPairsDoNotSaturate) {
   if (!has_int8()) GTEST_SKIP() << "no int8 kernels on this CPU (" << onednn_info().isa << ")";
   int paired = 0;
-  for (const auto& [fixture, shape] :
-       std::vector<std::pair<std::string, Shape>>{{"int8_paired_conv", {2, 5, 9, 11}},
-                                                  {"int8_paired_gemm", {2, 258, 1, 1}}}) {
+  for (const auto& [fixture, shape] : std::vector<std::pair<std::string, Shape>>{
+           {"int8_paired_conv", {2, 5, 9, 11}}, {"int8_paired_gemm", {2, 258, 1, 1}}}) {
     for (const auto& [step, n] : run_near_full_range(fixture, shape, 0.01)) {
       if (has_native_int8()) EXPECT_EQ(n, "127") << step;
       paired += n == "127 in pairs";
