@@ -176,7 +176,7 @@ void Lowering::build(const std::vector<std::string>& features) {
     p_.outputs.push_back({outs[k], s, user});
     const ArgRef src = at(outs[k]);
     add_reorder(src, ArgRef{ArgRef::Kind::output, static_cast<int>(k), 0, user},
-                "output " + outs[k]);
+                "output " + outs[k], outs[k]);
   }
 }
 
@@ -203,7 +203,7 @@ const ArgRef& Lowering::at(const std::string& value) {
   add_reorder(view,
               ArgRef{dst.kind, dst.index, dst.offset,
                      plain(Shape(view.md.get_dims()), view.md.get_data_type())},
-              value + " (a view)");
+              value + " (a view)", value);
   views_.erase(value);
   return loc_[value] = dst;
 }
@@ -470,7 +470,8 @@ ArgRef Lowering::new_buffer(const memory::desc& md) {
   return ArgRef{ArgRef::Kind::buffer, static_cast<int>(p_.buffer_bytes.size() - 1), 0, md};
 }
 
-void Lowering::add_reorder(const ArgRef& src, const ArgRef& dst, const std::string& label) {
+void Lowering::add_reorder(const ArgRef& src, const ArgRef& dst, const std::string& label,
+                           const std::string& value) {
   const dnnl::reorder::primitive_desc pd(p_.eng, src.md, p_.eng, dst.md);
   Step s;
   s.prim = dnnl::reorder(pd);
@@ -479,6 +480,9 @@ void Lowering::add_reorder(const ArgRef& src, const ArgRef& dst, const std::stri
   s.kind = "reorder";
   s.node = node_;
   s.reorder = true;
+  s.value = value;
+  if (const auto w = p_.written.find(value); !value.empty() && w != p_.written.end())
+    s.producer = w->second.node;
   p_.steps.push_back(std::move(s));
 }
 
@@ -505,7 +509,7 @@ ArgRef Lowering::get(const std::string& value, const memory::desc& want) {
   ArgRef dst = new_buffer(want);
   const bool view = is_view(value);
   add_reorder(cur, fine_want ? ArgRef{dst.kind, dst.index, dst.offset, *fine_want} : dst,
-              view ? value + " (a view)" : value);
+              view ? value + " (a view)" : value, value);
   converted_.emplace_back(value, dst);
   return dst;
 }
@@ -518,7 +522,7 @@ void Lowering::reorder_into(const std::string& value, const ArgRef& dst) {
   }
   const bool view = is_view(value);
   add_reorder(view_at(value), fine ? ArgRef{dst.kind, dst.index, dst.offset, *fine} : dst,
-              view ? value + " (a view)" : value + " (into a slice)");
+              view ? value + " (a view)" : value + " (into a slice)", value);
 }
 
 std::optional<memory::desc> Lowering::in_fine_axes(const std::string& value,
@@ -710,6 +714,8 @@ ArgRef Lowering::get_quantized(const std::string& value, const memory::desc& wan
   s.kind = "reorder";
   s.node = node_;
   s.reorder = true;
+  s.value = value;
+  if (const auto w = p_.written.find(value); w != p_.written.end()) s.producer = w->second.node;
   p_.steps.push_back(std::move(s));
   converted_.emplace_back(value, dst);
   return dst;
@@ -740,6 +746,7 @@ ArgRef Lowering::scales(std::vector<float> values) {
 }
 
 void Lowering::set(const std::string& value, ArgRef ref) {
+  p_.written[value] = {node_, ref.md};
   loc_[value] = std::move(ref);
   views_.erase(value);
   converted_.erase(std::remove_if(converted_.begin(), converted_.end(),
@@ -1394,7 +1401,7 @@ std::vector<StepInfo> Teacher::step_info() const {
                    : !s.impl.empty()            ? s.impl
                    : s.loop == KernelLoop::rows ? "plain kernel"
                                                 : "reference loop",
-                   writes, s.weight_levels, s.weight_pairs});
+                   writes, s.weight_levels, s.weight_pairs, s.node, s.producer});
   }
   return out;
 }

@@ -3,7 +3,8 @@
 // op table's lowerings offer them: a convolution direct in channels-last or in oneDNN's layout, as
 // an inner product, unrolled) is timed in whole plans, the fastest way per node is put together
 // and timed again (where that loses, the nodes' faster ways are tried one at a time against the
-// fastest plan), and the fastest whole plan is kept. Then the batch in passes of fewer samples
+// fastest plan, as are the other ways of a node whose output that plan reorders for a reader),
+// and the fastest whole plan is kept. Then the batch in passes of fewer samples
 // (Graph::chunks) is timed against the whole batch, one pass at a time on every thread and as
 // many at once as threads, each on one. Choices are cached on disk, keyed by the
 // model's bytes, the input, batch, precision, threads, oneDNN and the CPU.
@@ -65,8 +66,9 @@ using Choices = std::map<std::string, std::string>;
 // did, so plans tuned at 21 hold; plans tuned at 22 may hold that way and no later version may
 // read them, so the next change took 23. 23: where the composite of each node's fastest way
 // loses, the nodes' faster ways tried one at a time against the fastest whole plan, which a plan
-// tuned before never timed.
-constexpr int kPlanVersion = 23;
+// tuned before never timed; 24: the other ways of a node whose output the fastest plan reorders
+// for a reader tried against that plan too, wherever the composite stands.
+constexpr int kPlanVersion = 24;
 // Another plan replaces the untuned one only when it is this much faster: below that, the
 // difference is the machine's noise, not the plan.
 constexpr double kMargin = 0.03;
@@ -286,6 +288,17 @@ std::unique_ptr<Teacher::Plan> Teacher::tuned_plan(Graph graph, const TeacherOpt
   std::map<std::string, std::map<std::string, std::string>> takes_in;
   std::map<std::string, double> alone;
   std::vector<std::pair<Choices, double>> measured; // effective choices, ms per batch
+  // Per plan in `measured`: what each node's steps took, and its reorders of a value into the
+  // layout or type a reader asked for (the reader's steps count them too, ms_by_node).
+  struct Converted {
+    std::string producer, value;
+    dnnl::memory::desc want;
+    double ms;
+  };
+  std::vector<std::map<std::string, double>> measured_nodes;
+  std::vector<std::vector<Converted>> measured_converted;
+  // What each node's ways wrote, as timed: node -> way -> value -> layout and type.
+  std::map<std::string, std::map<std::string, std::map<std::string, dnnl::memory::desc>>> writes;
   auto plan = build_plan(std::move(graph), options, {});
   const std::vector<NodeOptions> nodes = plan->options;
   const auto measure = [&](std::unique_ptr<Plan>& p) {
@@ -302,7 +315,21 @@ std::unique_ptr<Teacher::Plan> Teacher::tuned_plan(Graph graph, const TeacherOpt
       auto& ms = cost[o.node].try_emplace(o.chosen, it->second).first->second;
       ms = std::min(ms, it->second);
     }
-    measured.emplace_back(effective(*p), t.total_ms);
+    const Choices chosen = effective(*p);
+    for (const auto& [value, w] : p->written)
+      if (const auto way = chosen.find(w.node); way != chosen.end())
+        writes[w.node][way->second].try_emplace(value, w.md);
+    std::vector<Converted> converted;
+    for (std::size_t i = 0; i < p->steps.size(); ++i) {
+      const Step& st = p->steps[i];
+      if (!st.reorder || st.producer.empty() || st.producer == st.node) continue;
+      for (const auto& [arg, ref] : st.args)
+        if (arg == DNNL_ARG_TO || (!st.prim && &ref == &st.args.back().second))
+          converted.push_back({st.producer, st.value, ref.md, t.step_ms[i]});
+    }
+    measured.emplace_back(chosen, t.total_ms);
+    measured_nodes.push_back(by_node);
+    measured_converted.push_back(std::move(converted));
     return t.total_ms;
   };
   const auto tried = [&](const Choices& c) {
@@ -373,43 +400,75 @@ std::unique_ptr<Teacher::Plan> Teacher::tuned_plan(Graph graph, const TeacherOpt
     // The composite can lose as a whole: a node's fastest way, timed among neighbours of its own
     // layout, can cost a reorder beside neighbours of another (a 3-channel stem in oneDNN's
     // layout ahead of Winograd convolutions that read channels-last, say), where its second
-    // fastest would not. Then, from the fastest whole plan timed, the nodes' faster ways are
-    // tried one at a time, the largest gain first (every faster way of a node, not just its
-    // fastest, each at least kRefineGain of the plan), each kept where the plan got faster:
-    // at most kRefinements plans not timed before.
-    const auto fastest_timed = [&] {
-      return *std::min_element(measured.begin(), measured.end(),
-                               [](const auto& a, const auto& b) { return a.second < b.second; });
+    // fastest would not. So from the fastest whole plan timed, single changes are tried one at a
+    // time, the largest gain first, each kept where the plan got faster (at most kRefinements
+    // plans not timed before, each change gaining at least kRefineGain of the plan by the
+    // timings):
+    //  - where the composite is not that plan, each node's faster ways (every faster way of a
+    //    node, not just its fastest);
+    //  - in any case, the other ways of a node whose output that plan reorders for a reader
+    //    that write it as that reader asks (a stem or a pointwise convolution writing
+    //    channels-last ahead of a grouped convolution that reads oneDNN's layout, where its way
+    //    in oneDNN's layout was timed too). The reorder counts in the reader's time, and the
+    //    writer's ways were each timed where their readers took the layout they write, so no
+    //    node's fastest way shows it. The gain is weighed as the reorders such a way saves less
+    //    what it costs the writer more (its fastest timing against its time in that plan).
+    const std::size_t at = static_cast<std::size_t>(
+        std::min_element(measured.begin(), measured.end(),
+                         [](const auto& a, const auto& b) { return a.second < b.second; }) -
+        measured.begin()); // of the untuned plan at least
+    auto [base, base_ms] = measured[at];
+    std::vector<std::tuple<double, std::string, std::string>> gains; // ms, node, way
+    const auto fused_way = [&](const std::string& node, const std::string& way) {
+      const auto fused = takes_in.find(node);
+      return fused != takes_in.end() && fused->second.contains(way);
     };
-    auto [base, base_ms] = fastest_timed(); // of the untuned plan at least
     if (composite != base) {
-      std::vector<std::tuple<double, std::string, std::string>> gains; // ms, node, way
       for (const auto& [node, ways] : cost) {
         const auto now = base.find(node);
         if (now == base.end() || !ways.contains(now->second)) continue;
         const double now_ms = ways.at(now->second);
-        const auto fused = takes_in.find(node);
         for (const auto& [way, ms] : ways)
-          if ((fused == takes_in.end() || !fused->second.contains(way)) &&
-              ms < now_ms - kRefineGain * base_ms)
+          if (!fused_way(node, way) && ms < now_ms - kRefineGain * base_ms)
             gains.emplace_back(now_ms - ms, node, way);
       }
-      std::sort(gains.begin(), gains.end(), std::greater<>());
-      std::set<std::string> changed;
-      std::size_t tries = 0;
-      for (const auto& [gain, node, way] : gains) {
-        if (tries == kRefinements) break;
-        if (changed.contains(node)) continue;
-        Choices c = base;
-        c[node] = way;
-        if (tried(c)) continue;
-        ++tries;
-        const std::size_t timed = measured.size();
-        try_choices(std::move(c));
-        if (measured.size() > timed && measured.back().second < base_ms) {
-          std::tie(base, base_ms) = measured.back();
-          changed.insert(node);
-        }
+    }
+    std::map<std::pair<std::string, std::string>, double> saves; // (node, way): reorders, ms
+    for (const Converted& c : measured_converted[at]) {
+      const auto now = base.find(c.producer);
+      const auto ways = writes.find(c.producer);
+      if (now == base.end() || ways == writes.end()) continue;
+      for (const auto& [way, values] : ways->second) {
+        const auto md = values.find(c.value);
+        if (way != now->second && !fused_way(c.producer, way) && md != values.end() &&
+            md->second == c.want)
+          saves[{c.producer, way}] += c.ms;
+      }
+    }
+    for (const auto& [node_way, ms] : saves) {
+      const auto& [node, way] = node_way;
+      const auto own = measured_nodes[at].find(node);
+      const auto timed = cost.find(node);
+      if (own == measured_nodes[at].end() || timed == cost.end() || !timed->second.contains(way))
+        continue;
+      const double gain = ms - (timed->second.at(way) - own->second);
+      if (gain > kRefineGain * base_ms) gains.emplace_back(gain, node, way);
+    }
+    std::sort(gains.begin(), gains.end(), std::greater<>());
+    std::set<std::string> changed;
+    std::size_t tries = 0;
+    for (const auto& [gain, node, way] : gains) {
+      if (tries == kRefinements) break;
+      if (changed.contains(node)) continue;
+      Choices c = base;
+      c[node] = way;
+      if (tried(c)) continue;
+      ++tries;
+      const std::size_t timed = measured.size();
+      try_choices(std::move(c));
+      if (measured.size() > timed && measured.back().second < base_ms) {
+        std::tie(base, base_ms) = measured.back();
+        changed.insert(node);
       }
     }
   }

@@ -136,6 +136,28 @@ void run_rows(const Rows& r, const float* a, const float* b, float* out) {
                             });
 }
 
+// `dims` (of as many axes as `md`) in the layout `md` is in, with elements of `type`: the same
+// strides where `md` is plain (strided, without blocks), or oneDNN's channel-blocked tag (aBcd8b
+// and kin: 8 or 16 channels innermost) where `md` is exactly one of those; nullopt otherwise.
+std::optional<memory::desc> layout_like(const memory::desc& md, const Shape& dims, dt type) {
+  const int nd = md.get_ndims();
+  if (md.get_format_kind() != memory::format_kind::blocked ||
+      dims.size() != static_cast<std::size_t>(nd) || md.get_submemory_offset() != 0)
+    return std::nullopt;
+  if (md.get_inner_nblks() == 0) {
+    if (dims_of(dims) != md.get_dims()) return std::nullopt; // the strides are md's dims'
+    return memory::desc(md.get_dims(), type, md.get_strides());
+  }
+  if (nd < 3 || nd > 5) return std::nullopt;
+  using tag = memory::format_tag;
+  const tag tags[3][2] = {
+      {tag::aBc8b, tag::aBc16b}, {tag::aBcd8b, tag::aBcd16b}, {tag::aBcde8b, tag::aBcde16b}};
+  for (const tag t : tags[nd - 3])
+    if (memory::desc(md.get_dims(), md.get_data_type(), t) == md)
+      return memory::desc(dims_of(dims), type, t);
+  return std::nullopt;
+}
+
 template <const Arithmetic& A>
 void lower_binary(Lowering& plan, const Node& node) {
   const Graph& g = plan.graph();
@@ -241,6 +263,37 @@ void lower_binary(Lowering& plan, const Node& node) {
       pd = describe();
     }
   }
+  // A per-channel operand (a squeeze-and-excitation scale, N x C x 1 x 1) beside a first operand
+  // in oneDNN's channel-blocked layout (a grouped convolution's output, say): oneDNN's kernels
+  // take that broadcast only where the second operand is blocked alike, so it is put so (a
+  // reorder of its few values) rather than the first, full-size one reordered to plain for the
+  // rows kernel and its output reordered back for the next convolution.
+  // Two computed operands of one shape in different layouts (a channels-last N x C x 1 x 1 beside
+  // a channel-blocked one): oneDNN's kernels take the pair only in one layout, so the second is
+  // read in the first's (a reorder where the two differ), rather than both reordered to plain for
+  // the rows kernel and its output reordered back.
+  if (by_reference(pd) && whole_b)
+    if (const auto like = layout_like(src0.md, os, src1.md.get_data_type())) {
+      const ArgRef before = src1;
+      src1.md = *like;
+      if (auto d = describe(); !by_reference(d)) {
+        src1 = plan.get(b, *like);
+        pd = std::move(d);
+      } else {
+        src1 = before;
+      }
+    }
+  if (by_reference(pd) && !whole_b && g.shape(b).size() == os.size())
+    if (const auto blocked = layout_like(src0.md, bs, src1.md.get_data_type())) {
+      const ArgRef before = src1;
+      src1.md = *blocked;
+      if (auto d = describe(); !by_reference(d)) {
+        src1 = g.is_constant(b) ? plan.constant(b, bs, *blocked) : plan.get(b, *blocked);
+        pd = std::move(d);
+      } else {
+        src1 = before;
+      }
+    }
   // oneDNN's reference implementation (a broadcast its kernels do not cover) is many times slower
   // than the rows kernel; the rows kernel where it applies.
   if (by_reference(pd))

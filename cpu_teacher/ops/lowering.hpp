@@ -47,6 +47,11 @@ struct Step {
   std::string kind; // StepInfo::kind
   std::string node; // the node whose lowering added it (reorders included); "" for the outputs'
   bool reorder = false;
+  // A reorder of a value into the layout or type a reader asked for: that value and the node
+  // whose lowering wrote it (Plan::written; both "" for reorders that are an op's own work, a
+  // transpose's copy, say; the producer "" for the network's input). The tuner weighs that node's
+  // other ways against it.
+  std::string value, producer;
   KernelLoop loop = KernelLoop::rows; // kernels
   std::string impl; // a kernel that is more than a plain loop (StepInfo::impl); "" for the rest
   int weight_levels = 0;     // StepInfo::weight_levels
@@ -107,6 +112,13 @@ struct Teacher::Plan {
   // What the tuner (or a cache) chose, node by node; a node not named takes its first option.
   std::map<std::string, std::string> choices;
   std::vector<NodeOptions> options; // filled while lowering: every node with a choice
+  // Each value's writer (the node whose lowering set it; "" for the network's input) and the
+  // layout and type it was set in, as lowered: the tuner reads which way writes what a reader asks.
+  struct Written {
+    std::string node;
+    memory::desc md;
+  };
+  std::map<std::string, Written> written;
   TuneReport tune;
   int threads = 1; // each replica's threads (TeacherOptions::threads, or the arena's)
   // Passes of the batch (graph.chunks) run at once, each on one thread of its own: the plan is
@@ -292,7 +304,10 @@ public:
   ArgRef constant(const std::string& name, const Shape& as_shape,
                   const std::optional<memory::desc>& want = std::nullopt);
 
-  void add_reorder(const ArgRef& src, const ArgRef& dst, const std::string& label);
+  // `value`: the value converted for a reader (Step::producer is the node that wrote it), "" for
+  // a reorder that is an op's own work.
+  void add_reorder(const ArgRef& src, const ArgRef& dst, const std::string& label,
+                   const std::string& value = {});
   void add_primitive(dnnl::primitive prim, std::vector<std::pair<int, ArgRef>> args,
                      const std::string& label, const memory::desc& scratchpad);
   // `impl`: what runs it where that is more than kdflow's plain loop (a kernel that calls oneDNN

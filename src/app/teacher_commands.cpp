@@ -255,6 +255,8 @@ nlohmann::json step_profile(PinnedRun& pinned, const teacher::Teacher& t, const 
                     {"writes", info[i].writes},
                     {"weight_levels", info[i].weight_levels},
                     {"weight_pairs", info[i].weight_pairs},
+                    {"node", info[i].node},
+                    {"producer", info[i].producer},
                     {"ms", median * 1e3}});
   }
   std::vector<std::pair<std::string, std::pair<int, double>>> by_kind(kinds.begin(), kinds.end());

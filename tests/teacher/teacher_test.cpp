@@ -1833,6 +1833,59 @@ TEST(TeacherTune, AttentionMatMulsReadTheirOperandsInPlace) {
   EXPECT_GE(attention, 6); // the encoders and ViTs of both exporters
 }
 
+// A squeeze-and-excitation scale (a Mul of the block's N x C x H x W by its N x C x 1 x 1 gate)
+// over a grouped convolution's output in oneDNN's channel-blocked layout (RegNet's blocks,
+// preferring oneDNN's layout) runs as oneDNN's binary kernel with the gate blocked alike, not as
+// kdflow's rows kernel between two reorders of the full-size operand; within 1e-4 of PyTorch.
+// The plan's reorders name the node that asked for them and the node that wrote what they
+// convert (StepInfo::node, producer): the network's input none, its output the node computing it.
+TEST(TeacherOps, ChannelScaleOverBlockedLayoutRunsInOneDnn) {
+  const fs::path dir = fixture_dir("models");
+  const auto m = manifest(dir);
+  const std::int64_t batch = m["batch"];
+  const std::string name = "regnet_y_400mf_dynamo";
+  const NpyArray x = read_npy((dir / (name + ".input.npy")).string());
+  const NpyArray ref = read_npy((dir / (name + ".output.npy")).string());
+  TeacherOptions opts;
+  opts.batch = batch;
+  opts.prefer = {"library"};
+  const auto t = Teacher::load((dir / (name + ".onnx")).string(), opts);
+  const auto steps = t->step_info();
+  int scales = 0, grouped = 0;
+  for (const auto& step : steps) {
+    SCOPED_TRACE(step.label);
+    grouped += step.kind == "Conv (grouped)" && step.impl.find("jit") != std::string::npos;
+    if (step.kind == "Mul") {
+      ++scales;
+      EXPECT_NE(step.impl, "plain kernel");
+      EXPECT_NE(step.impl, "reference loop");
+    }
+    if (step.kind == "reorder" && step.label.starts_with("reorder output ")) {
+      EXPECT_TRUE(step.node.empty());
+      EXPECT_FALSE(step.producer.empty());
+      const auto head = std::find_if(steps.begin(), steps.end(),
+                                     [](const StepInfo& s) { return s.kind == "Gemm"; });
+      ASSERT_NE(head, steps.end());
+      EXPECT_EQ(step.producer, head->node); // the classifier computes the logits
+    }
+    if (step.kind == "reorder" && step.label == "reorder input") EXPECT_TRUE(step.producer.empty());
+  }
+  EXPECT_GT(grouped, 0);
+  EXPECT_GE(scales, 4); // one per block
+  // Each Mul reorders its gate (N x C values) into the blocked layout, nothing else.
+  std::map<std::string, int> asked;
+  for (const auto& step : steps)
+    if (step.kind == "reorder" && !step.node.empty()) ++asked[step.node];
+  for (const auto& step : steps)
+    if (step.kind == "Mul") {
+      const auto quoted = step.label.find('\'');
+      ASSERT_NE(quoted, std::string::npos) << step.label;
+      const std::string node = step.label.substr(quoted + 1, step.label.rfind('\'') - quoted - 1);
+      EXPECT_LE(asked[node], 1) << node;
+    }
+  EXPECT_LE(normalized_error(run(t, x.data)[0], ref.data), 1e-4);
+}
+
 // teacher.tune = auto times the plans, keeps one no slower than the untuned plan, caches the
 // choice and reads it back; a damaged cache is tuned again and replaced, an unwritable one only
 // noted.

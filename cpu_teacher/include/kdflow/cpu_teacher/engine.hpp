@@ -180,6 +180,11 @@ struct StepInfo {
   // (at one tap) is held within weight_levels + 1 together, so that the kernel's 16-bit sum of a
   // pair of u8 x s8 products cannot saturate (quantize_rows); false elsewhere.
   bool weight_pairs = false;
+  // The node whose lowering added the step ("" for the outputs' reorders); for a reorder that
+  // converts a value into the layout or type that node reads it in, also the node that wrote the
+  // value (`producer`; "" for the network's input and for a reorder that is an op's own work).
+  std::string node;
+  std::string producer;
 };
 
 class Teacher {
