@@ -263,11 +263,6 @@ void lower_binary(Lowering& plan, const Node& node) {
       pd = describe();
     }
   }
-  // A per-channel operand (a squeeze-and-excitation scale, N x C x 1 x 1) beside a first operand
-  // in oneDNN's channel-blocked layout (a grouped convolution's output, say): oneDNN's kernels
-  // take that broadcast only where the second operand is blocked alike, so it is put so (a
-  // reorder of its few values) rather than the first, full-size one reordered to plain for the
-  // rows kernel and its output reordered back for the next convolution.
   // Two computed operands of one shape in different layouts (a channels-last N x C x 1 x 1 beside
   // a channel-blocked one): oneDNN's kernels take the pair only in one layout, so the second is
   // read in the first's (a reorder where the two differ), rather than both reordered to plain for
@@ -283,6 +278,11 @@ void lower_binary(Lowering& plan, const Node& node) {
         src1 = before;
       }
     }
+  // A per-channel operand (a squeeze-and-excitation scale, N x C x 1 x 1) beside a first operand
+  // in oneDNN's channel-blocked layout (a grouped convolution's output, say): oneDNN's kernels
+  // take that broadcast only where the second operand is blocked alike, so it is put so (a
+  // reorder of its few values) rather than the first, full-size one reordered to plain for the
+  // rows kernel and its output reordered back for the next convolution.
   if (by_reference(pd) && !whole_b && g.shape(b).size() == os.size())
     if (const auto blocked = layout_like(src0.md, bs, src1.md.get_data_type())) {
       const ArgRef before = src1;
