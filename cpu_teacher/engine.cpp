@@ -1001,6 +1001,7 @@ void Lowering::observe(const std::string& value) {
 
 void Lowering::skip(const std::string& name) {
   skipped_.insert(name);
+  p_.taken_in[node_].push_back(name);
   for (auto o = p_.options.rbegin(); o != p_.options.rend(); ++o)
     if (o->node == node_) {
       o->takes_in = name;
@@ -1389,8 +1390,32 @@ std::vector<StepInfo> Teacher::step_info() const {
     default: return "other";
     }
   };
+  // Each node's last step that is not a reorder carries the node's products.
+  std::map<std::string, std::size_t> last;
+  for (std::size_t i = 0; i < plan_->steps.size(); ++i)
+    if (!plan_->steps[i].reorder && !plan_->steps[i].node.empty()) last[plan_->steps[i].node] = i;
+  std::map<std::string, const Node*> by_name;
+  for (const auto& n : plan_->graph.nodes) by_name[n.name] = &n;
+  const auto node_flops = [&](const std::string& name) {
+    const auto it = by_name.find(name);
+    const OpDef* op = it == by_name.end() ? nullptr : find_op(it->second->op);
+    return op != nullptr && op->flops_per_sample != nullptr
+               ? op->flops_per_sample(plan_->graph, *it->second)
+               : 0.0;
+  };
+  // Samples a batch: the plan's own batch, run `chunks` times.
+  const double samples = static_cast<double>(plan_->graph.input_shape.at(0)) *
+                         static_cast<double>(plan_->graph.chunks);
   std::vector<StepInfo> out;
-  for (const auto& s : plan_->steps) {
+  for (std::size_t i = 0; i < plan_->steps.size(); ++i) {
+    const Step& s = plan_->steps[i];
+    double flops = 0;
+    if (const auto it = last.find(s.node); it != last.end() && it->second == i) {
+      flops = node_flops(s.node);
+      if (const auto in = plan_->taken_in.find(s.node); in != plan_->taken_in.end())
+        for (const auto& other : in->second) flops += node_flops(other);
+      flops *= samples;
+    }
     // A primitive's destination (a reorder's target); a kernel's last operand.
     std::string writes;
     for (const auto& [arg, ref] : s.args)
@@ -1401,7 +1426,7 @@ std::vector<StepInfo> Teacher::step_info() const {
                    : !s.impl.empty()            ? s.impl
                    : s.loop == KernelLoop::rows ? "plain kernel"
                                                 : "reference loop",
-                   writes, s.weight_levels, s.weight_pairs, s.node, s.producer});
+                   writes, s.weight_levels, s.weight_pairs, s.node, s.producer, flops});
   }
   return out;
 }

@@ -119,6 +119,9 @@ struct Teacher::Plan {
     memory::desc md;
   };
   std::map<std::string, Written> written;
+  // The nodes each node's lowering took in (Lowering::skip: a depthwise convolution run as the
+  // pointwise one's post-op, say): their work is in that node's steps.
+  std::map<std::string, std::vector<std::string>> taken_in;
   TuneReport tune;
   int threads = 1; // each replica's threads (TeacherOptions::threads, or the arena's)
   // Passes of the batch (graph.chunks) run at once, each on one thread of its own: the plan is

@@ -203,9 +203,11 @@ private:
 namespace {
 
 // Median time of every step over profiled batches (each step waited for before the next starts),
-// and their sums by kind: where a batch's time goes.
+// and their sums by kind: where a batch's time goes. A step that computes products (StepInfo::
+// flops) also says at what rate, and what share of `peak_gflops` (the FMA peak of the bench's
+// threads) that is: which steps run far below what the CPU can do.
 nlohmann::json step_profile(PinnedRun& pinned, const teacher::Teacher& t, const float* input,
-                            double seconds) {
+                            double seconds, double peak_gflops) {
   const std::size_t steps = t.steps();
   std::vector<std::vector<double>> samples(steps);
   std::vector<double> one(steps);
@@ -221,6 +223,15 @@ nlohmann::json step_profile(PinnedRun& pinned, const teacher::Teacher& t, const 
   const auto info = t.step_info();
   double total = 0;
   std::map<std::string, std::pair<int, double>> kinds; // kind -> (steps, seconds)
+  std::map<std::string, double> kind_flops;            // kind -> the products of its steps
+  // GFLOP/s of `flops` in `s` seconds, and that over the peak; null where there are none.
+  const auto rate = [](double flops, double s) {
+    return flops > 0 && s > 0 ? nlohmann::json(flops / s / 1e9) : nlohmann::json(nullptr);
+  };
+  const auto peak_share = [&](double flops, double s) {
+    return flops > 0 && s > 0 && peak_gflops > 0 ? nlohmann::json(flops / s / 1e9 / peak_gflops)
+                                                 : nlohmann::json(nullptr);
+  };
   // kind -> steps that ran as kdflow's own code (plain kernels or reference loops), and as
   // reference loops
   std::map<std::string, int> plain_n, reference_n;
@@ -236,6 +247,7 @@ nlohmann::json step_profile(PinnedRun& pinned, const teacher::Teacher& t, const 
     total += median;
     kinds[info[i].kind].first += 1;
     kinds[info[i].kind].second += median;
+    kind_flops[info[i].kind] += info[i].flops;
     const bool reference = info[i].impl == "reference loop";
     if (reference || info[i].impl == "plain kernel") {
       plain_n[info[i].kind] += 1;
@@ -257,7 +269,10 @@ nlohmann::json step_profile(PinnedRun& pinned, const teacher::Teacher& t, const 
                     {"weight_pairs", info[i].weight_pairs},
                     {"node", info[i].node},
                     {"producer", info[i].producer},
-                    {"ms", median * 1e3}});
+                    {"ms", median * 1e3},
+                    {"flops", info[i].flops},
+                    {"gflops_per_s", rate(info[i].flops, median)},
+                    {"peak_share", peak_share(info[i].flops, median)}});
   }
   std::vector<std::pair<std::string, std::pair<int, double>>> by_kind(kinds.begin(), kinds.end());
   std::sort(by_kind.begin(), by_kind.end(),
@@ -280,7 +295,10 @@ nlohmann::json step_profile(PinnedRun& pinned, const teacher::Teacher& t, const 
                          {"steps", v.first},
                          {"ms", v.second * 1e3},
                          {"share", total > 0 ? v.second / total : 0.0},
-                         {"ran", ran}});
+                         {"ran", ran},
+                         {"flops", kind_flops[kind]},
+                         {"gflops_per_s", rate(kind_flops[kind], v.second)},
+                         {"peak_share", peak_share(kind_flops[kind], v.second)}});
   }
   return {{"batches", batches},
           {"step_ms_sum", total * 1e3},
@@ -295,9 +313,13 @@ void print_profile(const nlohmann::json& profile) {
              profile["steps"].size(), profile["step_ms_sum"].get<double>(),
              profile["batches"].get<std::size_t>());
   for (const auto& k : profile["by_kind"])
-    fmt::print("  {:<20} {:>4} steps {:>9.3f} ms {:>5.1f}%  {}\n", k["kind"].get<std::string>(),
-               k["steps"].get<int>(), k["ms"].get<double>(), 100 * k["share"].get<double>(),
-               k["ran"].get<std::string>());
+    fmt::print("  {:<20} {:>4} steps {:>9.3f} ms {:>5.1f}%  {:<16}{}\n",
+               k["kind"].get<std::string>(), k["steps"].get<int>(), k["ms"].get<double>(),
+               100 * k["share"].get<double>(), k["ran"].get<std::string>(),
+               k["peak_share"].is_null() ? std::string()
+                                         : fmt::format("{:.1f} GFLOP/s, {:.0f}% of the peak",
+                                                       k["gflops_per_s"].get<double>(),
+                                                       100 * k["peak_share"].get<double>()));
   fmt::print("plain kernels (kdflow's own loops, not oneDNN primitives): {:.1f}% of the time, "
              "reference loops (element by element) among them: {:.1f}%\n",
              100 * profile["plain_kernel_share"].get<double>(),
@@ -653,7 +675,8 @@ int teacher_bench(const TeacherArgs& args) {
     warm_up(pinned, input.data());
     times = time_batches(pinned, input.data(), args.seconds);
     peak = fma_peak(args.seconds);
-    if (args.profile) profile = step_profile(pinned, *t, input.data(), args.seconds / 2);
+    if (args.profile)
+      profile = step_profile(pinned, *t, input.data(), args.seconds / 2, peak.gflops_per_s);
   });
   std::sort(times.begin(), times.end());
   const double median = times[times.size() / 2];

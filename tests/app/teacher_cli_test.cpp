@@ -84,19 +84,45 @@ TEST(TeacherCli, BenchProfileAccountsForEveryStep) {
   EXPECT_GT(j.at("images_per_s").get<double>(), 0.0);
   const json& p = j.at("profile");
   EXPECT_GE(p.at("batches").get<int>(), 5);
-  double steps_ms = 0;
+  double steps_ms = 0, steps_flops = 0;
   std::map<std::string, int> steps_of;
+  std::map<std::string, double> flops_of;
+  const double peak = j.at("peak_gflops_per_s").get<double>();
+  ASSERT_GT(peak, 0.0);
+  // A rate and its share of the peak where there are products (null elsewhere).
+  const auto check_rate = [&](const json& row) {
+    const double flops = row.at("flops").get<double>(), ms = row.at("ms").get<double>();
+    if (flops == 0 || ms == 0) {
+      EXPECT_TRUE(row.at("gflops_per_s").is_null()) << row.dump();
+      EXPECT_TRUE(row.at("peak_share").is_null()) << row.dump();
+      return;
+    }
+    EXPECT_NEAR(row.at("gflops_per_s").get<double>(), flops / ms / 1e6, 1e-9 * flops / ms);
+    EXPECT_NEAR(row.at("peak_share").get<double>(), flops / ms / 1e6 / peak, 1e-9 * flops / ms);
+  };
   for (const auto& s : p.at("steps")) {
     EXPECT_GE(s.at("ms").get<double>(), 0.0);
     EXPECT_FALSE(s.at("impl").get<std::string>().empty());
     steps_ms += s.at("ms").get<double>();
-    ++steps_of[s.at("kind").get<std::string>()];
+    const std::string kind = s.at("kind");
+    ++steps_of[kind];
+    // Products are counted on the step that computes them: every convolution and the
+    // classifier's Gemm, never a reorder.
+    const double flops = s.at("flops").get<double>();
+    EXPECT_EQ(flops > 0, kind.starts_with("Conv") || kind == "Gemm") << s.dump();
+    steps_flops += flops;
+    flops_of[kind] += flops;
+    check_rate(s);
   }
   EXPECT_NEAR(steps_ms, p.at("step_ms_sum").get<double>(), 1e-9);
+  // Every multiply-add of the batch, once.
+  EXPECT_NEAR(steps_flops, 8 * j.at("flops_per_sample").get<double>(), 1e-9 * steps_flops);
   double kinds_ms = 0, shares = 0;
   for (const auto& k : p.at("by_kind")) {
     const std::string kind = k.at("kind");
     EXPECT_EQ(k.at("steps").get<int>(), steps_of[kind]) << kind;
+    EXPECT_NEAR(k.at("flops").get<double>(), flops_of[kind], 1e-9 * flops_of[kind]) << kind;
+    check_rate(k);
     kinds_ms += k.at("ms").get<double>();
     shares += k.at("share").get<double>();
   }

@@ -13,6 +13,7 @@
 #include "kdflow/core/versions.hpp"
 #include "kdflow/cpu_teacher/engine.hpp"
 #include "kdflow/cpu_teacher/npy.hpp"
+#include "kdflow/cpu_teacher/passes.hpp"
 #include "kdflow/cpu_teacher/reference.hpp"
 #include "kdflow/cpu_teacher/versions.hpp"
 
@@ -2380,6 +2381,52 @@ TEST(TeacherModels, TimedRunTimesEveryStepAndGivesTheSameAnswers) {
   EXPECT_EQ(kinds["reorder"], 2); // the input in, the logits out: none inside the graph
   EXPECT_EQ(t->reorders(), 2u);
   EXPECT_GT(kinds["Conv (pointwise)"], 0);
+
+  // Each product's multiply-adds are on the one step that computes it, a depthwise convolution's
+  // on the pointwise one's step where the two run as one primitive: the steps' sum is the
+  // batch's, in the tuned plan and with the fused way preferred wherever oneDNN offers it.
+  const auto check_flops = [&](const Teacher& plan) {
+    const auto steps = plan.step_info();
+    double sum = 0;
+    for (const auto& step : steps) {
+      SCOPED_TRACE(step.label);
+      EXPECT_EQ(step.flops > 0, step.kind.starts_with("Conv") || step.kind == "Gemm");
+      sum += step.flops;
+      if (step.kind == "Conv (pointwise+dw)") {
+        // The pointwise product (every output value: its input channels) and the depthwise
+        // 3x3 one after it (padding 1: every output value, the taps that read the input).
+        const Graph& g = plan.graph();
+        const Node* pw = nullptr;
+        for (const auto& n : g.nodes)
+          if (n.name == step.node) pw = &n;
+        ASSERT_NE(pw, nullptr);
+        const Node& dw = g.nodes[g.consumers(pw->outputs[0]).at(0)];
+        const Shape& in = g.shape(dw.inputs[0]);
+        const Shape& out = g.shape(dw.outputs[0]);
+        const std::int64_t stride = dw.ints_attr("strides")[0];
+        const auto taps = [&](std::int64_t n_in, std::int64_t n_out) {
+          std::int64_t t = 0;
+          for (std::int64_t o = 0; o < n_out; ++o)
+            for (std::int64_t k = 0; k < 3; ++k)
+              t += o * stride - 1 + k >= 0 && o * stride - 1 + k < n_in;
+          return t;
+        };
+        const double pw_flops =
+            2.0 * static_cast<double>(numel(g.shape(pw->outputs[0])) * g.shape(pw->inputs[0])[1]);
+        const double dw_flops =
+            2.0 * static_cast<double>(out[0] * out[1] * taps(in[2], out[2]) * taps(in[3], out[3]));
+        EXPECT_NEAR(step.flops, (pw_flops + dw_flops) * static_cast<double>(g.chunks),
+                    1e-9 * step.flops);
+      }
+    }
+    EXPECT_NEAR(
+        sum, summarize(plan.graph()).flops_per_sample * static_cast<double>(plan.input_shape()[0]),
+        1e-9 * sum);
+  };
+  check_flops(*t);
+  opts.prefer = {"pointwise_depthwise"};
+  const auto fused = Teacher::load(path, opts);
+  check_flops(*fused);
 
   std::vector<double> short_times(t->steps() - 1);
   EXPECT_THROW(r.run_timed(x.data(), ptrs, short_times), std::invalid_argument);

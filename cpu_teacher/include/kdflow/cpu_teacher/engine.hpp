@@ -185,6 +185,12 @@ struct StepInfo {
   // value (`producer`; "" for the network's input and for a reorder that is an op's own work).
   std::string node;
   std::string producer;
+  // The multiply-adds (counted 2 each) of a batch that the step computes: its node's products
+  // and those of the nodes its lowering took in (a depthwise convolution run as the pointwise
+  // one's post-op), on the node's last step that is not a reorder; 0 for the other steps. Only
+  // convolutions, Gemm, MatMul and Einsum count (summarize's flops_per_sample), as written in
+  // the graph: a Winograd step's figure is the direct convolution's.
+  double flops = 0;
 };
 
 class Teacher {
