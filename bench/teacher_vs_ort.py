@@ -294,6 +294,13 @@ def slowest_kinds(run, k=3):
     return {e["kind"]: round(e["ms"], 2) for e in kinds}
 
 
+def slowest_kinds_peak_share(run, k=3):
+    """The same kinds' shares of the FMA peak (null for kinds without products)."""
+    kinds = sorted(run["profile"]["by_kind"], key=lambda e: -e["ms"])[:k]
+    return {e["kind"]: None if e.get("peak_share") is None else round(e["peak_share"], 4)
+            for e in kinds}
+
+
 def reorders(run):
     """The plan's layout copies: how many steps, their time and share of the batch (profile)."""
     kind = next((e for e in run["profile"]["by_kind"] if e["kind"] == "reorder"), None)
@@ -405,6 +412,7 @@ def main():
                            "peak_isa": fp32["peak_isa"],
                            "isa": fp32["isa"],
                            "fp32_slowest_kinds_ms": slowest_kinds(fp32),
+                           "fp32_slowest_kinds_peak_share": slowest_kinds_peak_share(fp32),
                            "fp32_reorders": reorders(fp32)}
                     if args.rounds > 1:
                         run["rounds"] = {

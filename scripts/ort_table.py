@@ -44,9 +44,12 @@ def shares(run):
 
 
 def kinds(run, batch):
-    """The three largest kinds of step of kdflow's profiled batch, ms, beside the batch's time."""
+    """The three largest kinds of step of kdflow's profiled batch, ms, beside the batch's time;
+    with each one's share of the FMA peak where the run recorded it (results from 73a1077 on)."""
     ms = 1000.0 * batch / run["kdflow_fp32_images_per_s"]
-    parts = ", ".join(f"{k} {v:.0f}" for k, v in run["fp32_slowest_kinds_ms"].items())
+    peak = run.get("fp32_slowest_kinds_peak_share", {})
+    parts = ", ".join(f"{k} {v:.0f}" + (f" ({100 * peak[k]:.0f}% of peak)" if peak.get(k) is not None else "")
+                      for k, v in run["fp32_slowest_kinds_ms"].items())
     return f"{parts} (of {ms:.0f})"
 
 
