@@ -29,7 +29,8 @@ import readme_block  # noqa: E402
 RESULT = os.path.join("bench", "results", "teacher_vs_ort_zen4_224_8653be6.json")
 RESULTS_AVX2 = [os.path.join("bench", "results", "teacher_vs_ort_zen3_224_2986e9d.json"),
                 os.path.join("bench", "results", "teacher_vs_ort_zen3_224_rest_a9da4b9.json"),
-                os.path.join("bench", "results", "teacher_vs_ort_zen3_224_maxvit_2thr_8076644.json")]
+                os.path.join("bench", "results", "teacher_vs_ort_zen3_224_maxvit_2thr_8076644.json"),
+                os.path.join("bench", "results", "teacher_vs_ort_zen3_224_small_b466de5.json")]
 RESULTS_AMX = [os.path.join("bench", "results", "teacher_vs_ort_xeon_amx_224_3646ad7.json")]
 BAR = 1.5  # issue 38: fp32 >= 1.5x ONNX Runtime on every model
 
