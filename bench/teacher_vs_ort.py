@@ -289,16 +289,19 @@ def cpu_isa():
     return []
 
 
-def slowest_kinds(run, k=3):
-    kinds = sorted(run["profile"]["by_kind"], key=lambda e: -e["ms"])[:k]
-    return {e["kind"]: round(e["ms"], 2) for e in kinds}
+def largest_kinds(run, k=3):
+    """The profile's k kinds of step that took the longest, longest first."""
+    return sorted(run["profile"]["by_kind"], key=lambda e: -e["ms"])[:k]
 
 
-def slowest_kinds_peak_share(run, k=3):
+def slowest_kinds(run):
+    return {e["kind"]: round(e["ms"], 2) for e in largest_kinds(run)}
+
+
+def slowest_kinds_peak_share(run):
     """The same kinds' shares of the FMA peak (null for kinds without products)."""
-    kinds = sorted(run["profile"]["by_kind"], key=lambda e: -e["ms"])[:k]
     return {e["kind"]: None if e.get("peak_share") is None else round(e["peak_share"], 4)
-            for e in kinds}
+            for e in largest_kinds(run)}
 
 
 def reorders(run):
