@@ -6,9 +6,11 @@
 #include "lowering.hpp"
 #include "op_table.hpp"
 
+#include <fmt/format.h>
 #include <oneapi/tbb/blocked_range.h>
 #include <oneapi/tbb/parallel_for.h>
 
+#include <algorithm>
 #include <optional>
 #include <string>
 
@@ -51,6 +53,37 @@ void broadcast_loop(const A& a, const Shape& as, const B& b, const Shape& bs, T*
     }
     out[k] = f(a(ia), b(ib));
   });
+}
+
+// out = x (op) gate over a channel-blocked x (oneDNN's aBcd8b and kin: [N][C/B][spatial][B], C
+// padded to whole blocks) and a per-channel gate ([N or 1][C], plain), out in x's layout; the
+// padding channels written 0, as oneDNN keeps them.
+template <const Arithmetic& A, int B>
+void run_blocked_channel(const float* x, const float* gate, float* out, std::int64_t n,
+                         std::int64_t c, std::int64_t spatial, std::int64_t gate_n_stride) {
+  const std::int64_t blocks = (c + B - 1) / B;
+  oneapi::tbb::parallel_for(oneapi::tbb::blocked_range<std::int64_t>(0, n * blocks),
+                            [&](const oneapi::tbb::blocked_range<std::int64_t>& range) {
+                              for (std::int64_t i = range.begin(); i != range.end(); ++i) {
+                                const std::int64_t ni = i / blocks, cb = i % blocks;
+                                float g[B];
+                                bool pad = false;
+                                for (int l = 0; l < B; ++l) {
+                                  const std::int64_t ch = cb * B + l;
+                                  g[l] = ch < c ? gate[ni * gate_n_stride + ch] : 0.f;
+                                  pad |= ch >= c;
+                                }
+                                const float* px = x + i * spatial * B;
+                                float* py = out + i * spatial * B;
+                                for (std::int64_t sp = 0; sp < spatial; ++sp)
+                                  for (int l = 0; l < B; ++l)
+                                    py[sp * B + l] = A.f(px[sp * B + l], g[l]);
+                                if (pad)
+                                  for (std::int64_t sp = 0; sp < spatial; ++sp)
+                                    for (int l = static_cast<int>(c - cb * B); l < B; ++l)
+                                      py[sp * B + l] = 0.f;
+                              }
+                            });
 }
 
 template <const Arithmetic& A>
@@ -293,6 +326,36 @@ void lower_binary(Lowering& plan, const Node& node) {
       } else {
         src1 = before;
       }
+    }
+  // Where oneDNN has no kernel for that either (its AVX-512 binary kernels take 16 channels a
+  // block only, where a grouped convolution of 8 channels a group writes 8), kdflow's kernel for
+  // a per-channel operand over the blocked layout: x's layout in and out, no reorder of it.
+  if (by_reference(pd) && !whole_b && !q_out && src0.md.get_data_type() == dt::f32 &&
+      out == dt::f32 && bs.size() == os.size() && bs.size() >= 3 && bs[1] == os[1] &&
+      (bs[0] == 1 || bs[0] == os[0]) &&
+      std::all_of(bs.begin() + 2, bs.end(), [](std::int64_t d) { return d == 1; }))
+    for (const int block : {8, 16}) {
+      using tag = memory::format_tag;
+      const tag t = os.size() == 3   ? (block == 8 ? tag::aBc8b : tag::aBc16b)
+                    : os.size() == 4 ? (block == 8 ? tag::aBcd8b : tag::aBcd16b)
+                    : os.size() == 5 ? (block == 8 ? tag::aBcde8b : tag::aBcde16b)
+                                     : tag::undef;
+      if (t == tag::undef || memory::desc(dims_of(os), dt::f32, t) != src0.md) continue;
+      std::int64_t spatial = 1;
+      for (std::size_t d = 2; d < os.size(); ++d) spatial *= os[d];
+      const std::int64_t n = os[0], c = os[1], gate_n = bs[0] == 1 ? 0 : c;
+      const ArgRef gate = g.is_constant(b) ? plan.constant(b, bs) : plan.get_plain(b, dt::f32);
+      const ArgRef dst = plan.new_buffer(src0.md);
+      const auto run = block == 8 ? run_blocked_channel<A, 8> : run_blocked_channel<A, 16>;
+      plan.add_kernel(
+          [run, n, c, spatial, gate_n](std::byte* const* p) {
+            run(reinterpret_cast<const float*>(p[0]), reinterpret_cast<const float*>(p[1]),
+                reinterpret_cast<float*>(p[2]), n, c, spatial, gate_n);
+          },
+          {src0, gate, dst}, node.describe(), KernelLoop::rows,
+          fmt::format("kdflow per-channel {} over {}-channel blocks", node.op, block));
+      plan.set(node.outputs[0], dst);
+      return;
     }
   // oneDNN's reference implementation (a broadcast its kernels do not cover) is many times slower
   // than the rows kernel; the rows kernel where it applies.

@@ -551,8 +551,9 @@ void fused_depthwise_conv(Lowering& plan, const Node& pw, const Node& dw,
 //  - "channels_last_alternative": the direct convolution writing channels-last through the next
 //    implementation oneDNN offers for it for the first one's ISA (channels_last_impls), where that
 //    is neither its reference nor its GEMM one; never the untuned plan's way;
-//  - "winograd_4x4", "winograd_2x2": F(4x4, 3x3) and F(2x2, 3x3) (winograd.cpp), for 3x3
-//    convolutions of stride 1 in fp32; never the untuned plan's way, for the tuner to time;
+//  - "winograd_4x4", "winograd_2x2": F(m x m, r x r) (winograd.cpp), for 3x3 and 5x5
+//    convolutions of stride 1 in fp32, F(2x2, 3x3) in bf16 too; never the untuned plan's way, for
+//    the tuner to time;
 //  - "im2col": each output pixel's receptive field unrolled into a row and the layer one matmul
 //    (im2col.cpp), for convolutions over fewer than 16 input channels (an image network's stem);
 //    never the untuned plan's way, for the tuner to time.

@@ -1,13 +1,16 @@
-// A 3x3 convolution (stride 1, one group) by Winograd's minimal filtering, F(m x m, 3x3) with
-// m = 4 or 2 (Lavin and Gray, "Fast Algorithms for Convolutional Neural Networks", 2016): each
-// (m+2) x (m+2) input tile d and 3x3 kernel g give the m x m output tile
+// A 3x3 or 5x5 convolution (stride 1, one group) by Winograd's minimal filtering, F(m x m, r x r)
+// with m = 4 or 2 (Lavin and Gray, "Fast Algorithms for Convolutional Neural Networks", 2016):
+// each a x a input tile d (a = m + r - 1) and r x r kernel g give the m x m output tile
 //     Y = A^T [ (G g G^T) (.) (B^T d B) ] A
-// so the products of a whole layer become (m+2)^2 independent matrix products, one per element
-// of the transformed tile: (tiles x C) times (C x K). Those run through oneDNN's batched matmul;
+// so the products of a whole layer become a^2 independent matrix products, one per element of
+// the transformed tile: (tiles x C) times (C x K). Those run through oneDNN's batched matmul;
 // the transforms are kdflow's, vectorized over 16 channels of the channels-last tensors. The
 // kernel's transform U = G g G^T is computed once at load (in double). F(4x4, 3x3) multiplies 4x
-// fewer than the direct convolution, F(2x2, 3x3) 2.25x fewer, for transforms that read and write
-// each tile's channels once; the tuner times both against oneDNN's direct convolution.
+// fewer than the direct convolution, F(2x2, 3x3) 2.25x fewer, F(4x4, 5x5) 6.25x (a 4x4 output
+// tile's 400 products in 64) and F(2x2, 5x5) 2.78x, for transforms that read and write each
+// tile's channels once; the tuner times them against oneDNN's direct convolution. F(4x4, 3x3)
+// and F(2x2, 5x5) share their six interpolation points (0, +-1, +-2 and infinity), so their input
+// transform B^T is the same; their G and A^T differ.
 //
 // In bf16 plans (activations stored bf16) the transformed tiles are written bf16 and the products
 // run as bf16 x bf16 -> f32 (AVX512_BF16's dot products, or AMX), as oneDNN's bf16 convolutions
@@ -44,13 +47,17 @@ using simd16::store;
 using simd16::Vec;
 // The one-dimensional transforms along a line of a tile (`s`: the stride between its elements):
 // B^T d for the input, A^T m for the products. The 2-D transforms apply them to the columns,
-// then to the rows. B^T, G and A^T as in Lavin and Gray (interpolation points 0, +-1, +-2 for m =
-// 4; 0, +-1 for m = 2).
-template <int M>
+// then to the rows. B^T, G and A^T as in Lavin and Gray (interpolation points 0, +-1, +-2, +-1/2
+// and infinity for a = 8; 0, +-1, +-2 and infinity for a = 6; 0, +-1 and infinity for a = 4):
+// G's row for a finite point p is (1, p, p^2, ...) / prod over the other finite points q of
+// (p - q), its row for infinity picks the kernel's last tap; A^T's row i is (p^i) over the finite
+// points, with 1 under infinity in the last row only; B^T's row for p is the coefficients of
+// prod over the other finite points q of (x - q), its last row those of the product over all.
+template <int M, int R>
 struct Transform;
 
 template <>
-struct Transform<4> {
+struct Transform<4, 3> {
   [[gnu::always_inline]] static void input(const Vec* d, int s, Vec* r, int rs) {
     const Vec d0 = d[0], d1 = d[s], d2 = d[2 * s], d3 = d[3 * s], d4 = d[4 * s], d5 = d[5 * s];
     r[0] = 4 * d0 - 5 * d2 + d4;
@@ -79,7 +86,7 @@ struct Transform<4> {
 };
 
 template <>
-struct Transform<2> {
+struct Transform<2, 3> {
   [[gnu::always_inline]] static void input(const Vec* d, int s, Vec* r, int rs) {
     const Vec d0 = d[0], d1 = d[s], d2 = d[2 * s], d3 = d[3 * s];
     r[0] = d0 - d2;
@@ -93,6 +100,63 @@ struct Transform<2> {
     y[ys] = m1 - m2 - m3;
   }
   static constexpr double G[4][3] = {{1, 0, 0}, {0.5, 0.5, 0.5}, {0.5, -0.5, 0.5}, {0, 0, 1}};
+};
+
+// F(2, 5): F(4, 3)'s points, so its input transform; two output rows.
+template <>
+struct Transform<2, 5> {
+  [[gnu::always_inline]] static void input(const Vec* d, int s, Vec* r, int rs) {
+    Transform<4, 3>::input(d, s, r, rs);
+  }
+  [[gnu::always_inline]] static void output(const Vec* m, int s, Vec* y, int ys) {
+    const Vec m0 = m[0], m1 = m[s], m2 = m[2 * s], m3 = m[3 * s], m4 = m[4 * s], m5 = m[5 * s];
+    y[0] = m0 + m1 + m2 + m3 + m4;
+    y[ys] = (m1 - m2) + 2 * (m3 - m4) + m5;
+  }
+  static constexpr double G[6][5] = {{1.0 / 4, 0, 0, 0, 0},
+                                     {-1.0 / 6, -1.0 / 6, -1.0 / 6, -1.0 / 6, -1.0 / 6},
+                                     {-1.0 / 6, 1.0 / 6, -1.0 / 6, 1.0 / 6, -1.0 / 6},
+                                     {1.0 / 24, 1.0 / 12, 1.0 / 6, 1.0 / 3, 2.0 / 3},
+                                     {1.0 / 24, -1.0 / 12, 1.0 / 6, -1.0 / 3, 2.0 / 3},
+                                     {0, 0, 0, 0, 1}};
+};
+
+// F(4, 5): eight points, 0, +-1, +-2, +-1/2 and infinity (those of F(6, 3)). B^T's first row is
+// negated from the derivation's, and G's with it, so that both start with +1.
+template <>
+struct Transform<4, 5> {
+  [[gnu::always_inline]] static void input(const Vec* d, int s, Vec* r, int rs) {
+    const Vec d0 = d[0], d1 = d[s], d2 = d[2 * s], d3 = d[3 * s], d4 = d[4 * s], d5 = d[5 * s],
+              d6 = d[6 * s], d7 = d[7 * s];
+    r[0] = d0 - d6 + 5.25f * (d4 - d2);
+    const Vec a1 = d2 + d6 - 4.25f * d4, b1 = d1 + d5 - 4.25f * d3;
+    r[rs] = a1 + b1;
+    r[2 * rs] = a1 - b1;
+    const Vec a2 = 0.25f * d2 - 1.25f * d4 + d6, b2 = 0.5f * d1 - 2.5f * d3 + 2 * d5;
+    r[3 * rs] = a2 + b2;
+    r[4 * rs] = a2 - b2;
+    const Vec a3 = 4 * d2 - 5 * d4 + d6, b3 = 2 * d1 - 2.5f * d3 + 0.5f * d5;
+    r[5 * rs] = a3 + b3;
+    r[6 * rs] = a3 - b3;
+    r[7 * rs] = d7 - d1 + 5.25f * (d3 - d5);
+  }
+  [[gnu::always_inline]] static void output(const Vec* m, int s, Vec* y, int ys) {
+    const Vec m0 = m[0], m1 = m[s], m2 = m[2 * s], m3 = m[3 * s], m4 = m[4 * s], m5 = m[5 * s],
+              m6 = m[6 * s], m7 = m[7 * s];
+    const Vec a1 = m1 + m2, b1 = m1 - m2, a2 = m3 + m4, b2 = m3 - m4, a3 = m5 + m6, b3 = m5 - m6;
+    y[0] = m0 + a1 + a2 + a3;
+    y[ys] = b1 + 2 * b2 + 0.5f * b3;
+    y[2 * ys] = a1 + 4 * a2 + 0.25f * a3;
+    y[3 * ys] = b1 + 8 * b2 + 0.125f * b3 + m7;
+  }
+  static constexpr double G[8][5] = {{1, 0, 0, 0, 0},
+                                     {-2.0 / 9, -2.0 / 9, -2.0 / 9, -2.0 / 9, -2.0 / 9},
+                                     {-2.0 / 9, 2.0 / 9, -2.0 / 9, 2.0 / 9, -2.0 / 9},
+                                     {1.0 / 90, 2.0 / 90, 4.0 / 90, 8.0 / 90, 16.0 / 90},
+                                     {1.0 / 90, -2.0 / 90, 4.0 / 90, -8.0 / 90, 16.0 / 90},
+                                     {32.0 / 45, 16.0 / 45, 8.0 / 45, 4.0 / 45, 2.0 / 45},
+                                     {32.0 / 45, -16.0 / 45, 8.0 / 45, -4.0 / 45, 2.0 / 45},
+                                     {0, 0, 0, 0, 1}};
 };
 
 // The layer's shape as the kernels walk it.
@@ -116,11 +180,11 @@ struct Post {
 // Input tiles [first, first + count) of the chunk whose first tile is `chunk_first`, transformed
 // into v ([alpha^2][chunk][cp], each row one tile's channels); T: the element type of both (f32,
 // or bf16 in bf16 plans).
-template <int M, class T>
+template <int M, int R, class T>
 [[gnu::always_inline]] inline void input_tiles(const Geometry& g, const T* x, T* v,
                                                std::int64_t chunk_first, std::int64_t first,
                                                std::int64_t count) {
-  constexpr int A = M + 2;
+  constexpr int A = M + R - 1;
   for (std::int64_t t = first; t < first + count; ++t) {
     const std::int64_t tile = chunk_first + t;
     const std::int64_t n = tile / g.tiles_per_image, r = tile % g.tiles_per_image;
@@ -146,8 +210,8 @@ template <int M, class T>
           }
       }
       Vec cols[A * A], out[A * A];
-      for (int j = 0; j < A; ++j) Transform<M>::input(d + j, A, cols + j, A);
-      for (int i = 0; i < A; ++i) Transform<M>::input(cols + i * A, 1, out + i * A, 1);
+      for (int j = 0; j < A; ++j) Transform<M, R>::input(d + j, A, cols + j, A);
+      for (int i = 0; i < A; ++i) Transform<M, R>::input(cols + i * A, 1, out + i * A, 1);
       for (int e = 0; e < A * A; ++e) store(v + (e * g.chunk + t) * g.cp + c0, out[e]);
     }
   }
@@ -156,11 +220,11 @@ template <int M, class T>
 // The products of tiles [first, first + count) of the chunk (mm: [alpha^2][chunk][kp], f32)
 // transformed back into the output map y (channels-last, T: f32 or bf16, as the input and the
 // summand of a residual sum), with the bias and the post-ops.
-template <int M, class T>
+template <int M, int R, class T>
 [[gnu::always_inline]] inline void
 output_tiles(const Geometry& g, const float* mm, const float* bias, const Post* post, int posts,
              T* y, std::int64_t chunk_first, std::int64_t first, std::int64_t count) {
-  constexpr int A = M + 2;
+  constexpr int A = M + R - 1;
   for (std::int64_t t = first; t < first + count; ++t) {
     const std::int64_t tile = chunk_first + t;
     const std::int64_t n = tile / g.tiles_per_image, r = tile % g.tiles_per_image;
@@ -169,8 +233,8 @@ output_tiles(const Geometry& g, const float* mm, const float* bias, const Post* 
       const std::int64_t lanes = std::min<std::int64_t>(kLanes, g.k - k0);
       Vec m[A * A], cols[M * A], out[M * M];
       for (int e = 0; e < A * A; ++e) load(m[e], mm + (e * g.chunk + t) * g.kp + k0);
-      for (int j = 0; j < A; ++j) Transform<M>::output(m + j, A, cols + j, A);
-      for (int i = 0; i < M; ++i) Transform<M>::output(cols + i * A, 1, out + i * M, 1);
+      for (int j = 0; j < A; ++j) Transform<M, R>::output(m + j, A, cols + j, A);
+      for (int i = 0; i < M; ++i) Transform<M, R>::output(cols + i * A, 1, out + i * M, 1);
       Vec b;
       load(b, bias + k0);
       for (int i = 0; i < M && y0 + i < g.ho; ++i)
@@ -212,40 +276,40 @@ using InputFn = void (*)(const Geometry&, const void*, void*, std::int64_t, std:
 using OutputFn = void (*)(const Geometry&, const float*, const float*, const Post*, int, void*,
                           std::int64_t, std::int64_t, std::int64_t);
 
-template <int M, class T>
+template <int M, int R, class T>
 void input_baseline(const Geometry& g, const void* x, void* v, std::int64_t chunk_first,
                     std::int64_t first, std::int64_t count) {
-  input_tiles<M>(g, static_cast<const T*>(x), static_cast<T*>(v), chunk_first, first, count);
+  input_tiles<M, R>(g, static_cast<const T*>(x), static_cast<T*>(v), chunk_first, first, count);
 }
-template <int M, class T>
+template <int M, int R, class T>
 void output_baseline(const Geometry& g, const float* mm, const float* bias, const Post* post,
                      int posts, void* y, std::int64_t chunk_first, std::int64_t first,
                      std::int64_t count) {
-  output_tiles<M>(g, mm, bias, post, posts, static_cast<T*>(y), chunk_first, first, count);
+  output_tiles<M, R>(g, mm, bias, post, posts, static_cast<T*>(y), chunk_first, first, count);
 }
 #ifdef KD_TARGET_X86
-template <int M, class T>
+template <int M, int R, class T>
 KD_TARGET_AVX512 void input_avx512(const Geometry& g, const void* x, void* v,
                                    std::int64_t chunk_first, std::int64_t first,
                                    std::int64_t count) {
-  input_tiles<M>(g, static_cast<const T*>(x), static_cast<T*>(v), chunk_first, first, count);
+  input_tiles<M, R>(g, static_cast<const T*>(x), static_cast<T*>(v), chunk_first, first, count);
 }
-template <int M, class T>
+template <int M, int R, class T>
 KD_TARGET_AVX512 void output_avx512(const Geometry& g, const float* mm, const float* bias,
                                     const Post* post, int posts, void* y, std::int64_t chunk_first,
                                     std::int64_t first, std::int64_t count) {
-  output_tiles<M>(g, mm, bias, post, posts, static_cast<T*>(y), chunk_first, first, count);
+  output_tiles<M, R>(g, mm, bias, post, posts, static_cast<T*>(y), chunk_first, first, count);
 }
-template <int M, class T>
+template <int M, int R, class T>
 KD_TARGET_AVX2 void input_avx2(const Geometry& g, const void* x, void* v, std::int64_t chunk_first,
                                std::int64_t first, std::int64_t count) {
-  input_tiles<M>(g, static_cast<const T*>(x), static_cast<T*>(v), chunk_first, first, count);
+  input_tiles<M, R>(g, static_cast<const T*>(x), static_cast<T*>(v), chunk_first, first, count);
 }
-template <int M, class T>
+template <int M, int R, class T>
 KD_TARGET_AVX2 void output_avx2(const Geometry& g, const float* mm, const float* bias,
                                 const Post* post, int posts, void* y, std::int64_t chunk_first,
                                 std::int64_t first, std::int64_t count) {
-  output_tiles<M>(g, mm, bias, post, posts, static_cast<T*>(y), chunk_first, first, count);
+  output_tiles<M, R>(g, mm, bias, post, posts, static_cast<T*>(y), chunk_first, first, count);
 }
 #endif
 
@@ -256,43 +320,43 @@ struct Transforms {
 };
 
 // T: the element type of the input, the transformed tiles and the output (f32, or bf16).
-template <int M, class T>
+template <int M, int R, class T>
 Transforms transforms_for_isa() {
 #ifdef KD_TARGET_X86
   switch (vector_isa()) {
-  case VectorIsa::avx512: return {input_avx512<M, T>, output_avx512<M, T>, "avx512"};
-  case VectorIsa::avx2: return {input_avx2<M, T>, output_avx2<M, T>, "avx2"};
+  case VectorIsa::avx512: return {input_avx512<M, R, T>, output_avx512<M, R, T>, "avx512"};
+  case VectorIsa::avx2: return {input_avx2<M, R, T>, output_avx2<M, R, T>, "avx2"};
   case VectorIsa::baseline: break;
   }
 #endif
-  return {input_baseline<M, T>, output_baseline<M, T>, "baseline"};
+  return {input_baseline<M, R, T>, output_baseline<M, R, T>, "baseline"};
 }
 
-template <int M>
+template <int M, int R>
 Transforms transforms_for(dt act) {
-  return act == dt::f32 ? transforms_for_isa<M, float>() : transforms_for_isa<M, Bf16>();
+  return act == dt::f32 ? transforms_for_isa<M, R, float>() : transforms_for_isa<M, R, Bf16>();
 }
 
 // U = G g G^T for every (output, input) channel pair, as the matmul's weights [alpha^2][cp][kp]
-// (zero in the padding), from the ONNX kernel [K][C][3][3].
-template <int M>
+// (zero in the padding), from the ONNX kernel [K][C][R][R].
+template <int M, int R>
 std::vector<float> transformed_kernel(const Geometry& g, const std::vector<float>& w) {
-  constexpr int A = M + 2;
+  constexpr int A = M + R - 1;
   std::vector<float> u(static_cast<std::size_t>(A * A * g.cp * g.kp), 0.f);
   for (std::int64_t k = 0; k < g.k; ++k)
     for (std::int64_t c = 0; c < g.c; ++c) {
-      const float* k3 = w.data() + (k * g.c + c) * 9;
-      double half[A][3];
+      const float* kr = w.data() + (k * g.c + c) * R * R;
+      double half[A][R];
       for (int i = 0; i < A; ++i)
-        for (int j = 0; j < 3; ++j) {
+        for (int j = 0; j < R; ++j) {
           double s = 0;
-          for (int q = 0; q < 3; ++q) s += Transform<M>::G[i][q] * k3[q * 3 + j];
+          for (int q = 0; q < R; ++q) s += Transform<M, R>::G[i][q] * kr[q * R + j];
           half[i][j] = s;
         }
       for (int i = 0; i < A; ++i)
         for (int j = 0; j < A; ++j) {
           double s = 0;
-          for (int q = 0; q < 3; ++q) s += half[i][q] * Transform<M>::G[j][q];
+          for (int q = 0; q < R; ++q) s += half[i][q] * Transform<M, R>::G[j][q];
           u[static_cast<std::size_t>(((i * A + j) * g.cp + c) * g.kp + k)] = static_cast<float>(s);
         }
     }
@@ -359,7 +423,9 @@ std::vector<std::string> winograd_ways(const Lowering& plan, const Node& node) {
       node.ints_attr("strides") != Ints{1, 1} || node.ints_attr("dilations") != Ints{1, 1})
     return {};
   const Shape& ws = g.shape(node.inputs[1]);
-  if (ws.size() != 4 || ws[2] != 3 || ws[3] != 3 || ws[0] < kLanes || ws[1] < kLanes) return {};
+  if (ws.size() != 4 || ws[2] != ws[3] || (ws[2] != 3 && ws[2] != 5) || ws[0] < kLanes ||
+      ws[1] < kLanes)
+    return {};
   // fp32 and bf16 (products in bf16; a bf16 plan's convolutions write bf16, as under PyTorch's
   // autocast); no int8. The output transform applies the activations itself.
   if (!plan.conv_into_channels_last(node)) return {};
@@ -375,13 +441,24 @@ std::vector<std::string> winograd_ways(const Lowering& plan, const Node& node) {
   // with its tiles and products in f32 inside bf16 plans was built and timed (c167acf): on a Zen 5
   // it took 1.12-2.12x the time of the best bf16 way in each of its 60 timings (30 layers, 1 and 2
   // threads; bench/results/teacher_winograd4_bf16_*zen5_c167acf.json) and is not offered.
+  // F(2x2, 5x5) shares F(4x4, 3x3)'s points and its coefficients (G's up to 2/3, a sum of 36
+  // products per output), F(4x4, 5x5) F(6x6, 3x3)'s with +-1/2 (B^T's up to 5.25, 64 products),
+  // so both are fp32's only, as F(4x4, 3x3) is. F(6x6, 3x3) itself, built on the same 8x8 tiles
+  // and timed, lost to F(4x4, 3x3) on nearly every layer of a ResNet-18 (docs/DESIGN.md).
+  if (ws[2] == 5)
+    return act == dt::bf16 ? std::vector<std::string>{}
+                           : std::vector<std::string>{"winograd_4x4", "winograd_2x2"};
   if (act == dt::bf16) return {"winograd_2x2"};
   return {"winograd_4x4", "winograd_2x2"};
 }
 
 void winograd_conv(Lowering& plan, const Node& node, int m) {
   const Graph& graph = plan.graph();
-  plan.set_kind(fmt::format("Conv (winograd {}x{})", m, m));
+  const int r = static_cast<int>(graph.shape(node.inputs[1])[2]); // 3 or 5 (winograd_ways)
+  // "Conv (winograd 2x2)" for 3x3 kernels as before; "Conv (winograd 2x2, 5x5)" for 5x5 ones.
+  const std::string tile =
+      r == 3 ? fmt::format("{}x{}", m, m) : fmt::format("{}x{}, {}x{}", m, m, r, r);
+  plan.set_kind(fmt::format("Conv (winograd {})", tile));
   const Shape& xs = graph.shape(node.inputs[0]);
   const Shape& os = graph.shape(node.outputs[0]);
   const auto pads = node.ints_attr("pads");
@@ -402,7 +479,7 @@ void winograd_conv(Lowering& plan, const Node& node, int m) {
   // Chunks of about kChunkBytesPerThread of transformed tiles and products per thread, evened
   // out so that the last chunk is nearly full.
   const dt act = plan.act();
-  const std::int64_t a2 = (m + 2) * (m + 2); // the transformed tile's elements
+  const std::int64_t a2 = (m + r - 1) * (m + r - 1); // the transformed tile's elements
   const std::int64_t tile_bytes =
       a2 * (g.cp * static_cast<std::int64_t>(memory::data_type_size(act)) +
             g.kp * std::int64_t{sizeof(float)});
@@ -430,7 +507,8 @@ void winograd_conv(Lowering& plan, const Node& node, int m) {
   kernel->g = g;
   kernel->eng = plan.eng();
   kernel->product = dnnl::matmul(pd);
-  kernel->transforms = m == 4 ? transforms_for<4>(act) : transforms_for<2>(act);
+  kernel->transforms = r == 5 ? (m == 4 ? transforms_for<4, 5>(act) : transforms_for<2, 5>(act))
+                              : (m == 4 ? transforms_for<4, 3>(act) : transforms_for<2, 3>(act));
   kernel->v_md = v_md;
   kernel->u_md = pd.weights_desc();
   kernel->mm_md = mm_md;
@@ -456,8 +534,10 @@ void winograd_conv(Lowering& plan, const Node& node, int m) {
 
   const memory::desc y_md(dims_of(os), act, memory::format_tag::acdb);
   ArgRef x = plan.get(node.inputs[0], memory::desc(dims_of(xs), act, memory::format_tag::acdb));
-  ArgRef u = plan.weight(m == 4 ? transformed_kernel<4>(g, w) : transformed_kernel<2>(g, w), u_user,
-                         pd.weights_desc());
+  ArgRef u = plan.weight(
+      r == 5 ? (m == 4 ? transformed_kernel<4, 5>(g, w) : transformed_kernel<2, 5>(g, w))
+             : (m == 4 ? transformed_kernel<4, 3>(g, w) : transformed_kernel<2, 3>(g, w)),
+      u_user, pd.weights_desc());
   ArgRef b = plan.weight(std::move(bias), bias_md, bias_md);
   // With a residual sum it accumulates into the summand's buffer (dead after it), channels-last:
   // a copy where the summand lies otherwise (a view of another layout copied out).
@@ -467,7 +547,7 @@ void winograd_conv(Lowering& plan, const Node& node, int m) {
       [kernel](std::byte* const* p) { (*kernel)(p); },
       {x, u, b, plan.new_buffer(v_md), plan.new_buffer(mm_md), plan.new_buffer(kernel->pad_md), y},
       node.describe(), KernelLoop::rows,
-      fmt::format("kdflow winograd {}x{} ({}{}) + {}", m, m, kernel->transforms.isa,
+      fmt::format("kdflow winograd {} ({}{}) + {}", tile, kernel->transforms.isa,
                   act == dt::bf16 ? ", bf16" : "", pd.impl_info_str()));
   plan.set(node.outputs[0], y);
 }

@@ -133,12 +133,14 @@ double error_vs_reference(const fs::path& path, const std::shared_ptr<const Teac
 // The Winograd ways compute each convolution they take as the reference loop does: every op
 // fixture runs with each preferred wherever a convolution offers it, and the winograd_* fixtures
 // (channel counts that fill no whole vector, maps of no whole number of tiles, asymmetric and no
-// padding, every kind of post-op, a residual sum) must take it on every 3x3 convolution.
+// padding, every kind of post-op, a residual sum) must take it on every 3x3 convolution, and the
+// winograd5_* ones (the same for 5x5 kernels: F(4x4, 5x5) and F(2x2, 5x5)) on every 5x5 one.
 TEST(TeacherOps, WinogradWaysMatchTheReference) {
   const fs::path dir = fixture_dir("ops");
   const auto m = manifest(dir);
   for (const std::string way : {"winograd_4x4", "winograd_2x2"}) {
-    int fixtures = 0;
+    const std::string tile = way.substr(std::string("winograd_").size()); // "4x4"
+    int fixtures = 0, fixtures5 = 0;
     for (const auto& entry : m["models"]) {
       const std::string name = entry["name"];
       const Shape shape = entry["input"].get<Shape>();
@@ -150,10 +152,15 @@ TEST(TeacherOps, WinogradWaysMatchTheReference) {
         taken += n.chosen == way;
         offered += std::find(n.options.begin(), n.options.end(), way) != n.options.end();
       }
+      int steps = 0; // the Winograd steps of this tile and the fixture's kernel
+      const std::string kind = name.starts_with("winograd5_") ? "Conv (winograd " + tile + ", 5x5)"
+                                                              : "Conv (winograd " + tile + ")";
+      for (const auto& step : t->step_info()) steps += step.kind == kind;
       if (name.starts_with("winograd_")) {
         ++fixtures;
         EXPECT_GT(taken, 0);
         EXPECT_EQ(taken, offered);
+        EXPECT_EQ(steps, taken);
         // Both 3x3 convolutions; the residual sum's where its summand (the 1x1 shortcut's
         // output) lies channels-last, as wherever oneDNN has AVX kernels for it (not at SSE4.1).
         if (name == "winograd_leaky_clip" ||
@@ -161,8 +168,17 @@ TEST(TeacherOps, WinogradWaysMatchTheReference) {
           EXPECT_EQ(taken, 2);
         }
       }
+      if (name.starts_with("winograd5_")) {
+        ++fixtures5;
+        EXPECT_GT(taken, 0);
+        EXPECT_EQ(taken, offered);
+        // Both 5x5 convolutions of the residual fixture, the first with its residual sum.
+        EXPECT_EQ(steps, name == "winograd5_residual_gelu" ? 2 : 1);
+      }
       if (taken == 0) continue;
-      EXPECT_LE(error_vs_reference(path, t, shape), 1e-4);
+      const double err = error_vs_reference(path, t, shape);
+      if (steps > 0) std::printf("%s: %s error %.2e\n", name.c_str(), kind.c_str(), err);
+      EXPECT_LE(err, 1e-4);
       for (const auto& step : t->step_info()) {
         if (step.kind.starts_with("Conv (winograd")) {
           EXPECT_TRUE(step.impl.starts_with("kdflow winograd")) << step.impl;
@@ -170,6 +186,7 @@ TEST(TeacherOps, WinogradWaysMatchTheReference) {
       }
     }
     EXPECT_EQ(fixtures, 6);
+    EXPECT_EQ(fixtures5, 4);
   }
 }
 
@@ -178,7 +195,7 @@ TEST(TeacherOps, WinogradWaysMatchTheReference) {
 // convolution and stays within 3x oneDNN's direct bf16 convolution's error on the same input,
 // plus 2e-3, against the fp32 reference loop (measured here over 100 draws of the 6 fixtures: at
 // most 2.0x plus 2e-3, 1.2-2.6x in all), with no bias from the rounding. F(4x4) is not offered in
-// bf16: its error there is 10-20x the direct one's.
+// bf16: its error there is 10-20x the direct one's; nor any way for 5x5 kernels.
 TEST(TeacherOps, WinogradInBf16StaysNearTheDirectBf16) {
   if (!has_native_bf16())
     GTEST_SKIP() << "no native bf16 on this CPU (" << onednn_info().isa << ")";
@@ -186,8 +203,19 @@ TEST(TeacherOps, WinogradInBf16StaysNearTheDirectBf16) {
   const auto m = manifest(dir);
   int fixtures = 0;
   std::map<std::string, int> writes; // the Winograd steps' output types
+  int fixtures5 = 0;
   for (const auto& entry : m["models"]) {
     const std::string name = entry["name"];
+    // F(2x2, 5x5) is fp32's only: bf16 plans offer no Winograd way for a 5x5 convolution.
+    if (name.starts_with("winograd5_")) {
+      ++fixtures5;
+      SCOPED_TRACE(name);
+      const auto t = load_preferring(dir / (name + ".onnx"), entry["input"].get<Shape>(),
+                                     "winograd_2x2", Precision::bf16);
+      for (const auto& n : t->tune_report().nodes)
+        for (const auto& o : n.options) EXPECT_FALSE(o.starts_with("winograd")) << n.node;
+      continue;
+    }
     if (!name.starts_with("winograd_")) continue;
     ++fixtures;
     SCOPED_TRACE(name);
@@ -226,6 +254,7 @@ TEST(TeacherOps, WinogradInBf16StaysNearTheDirectBf16) {
     EXPECT_LE(std::fabs(bias), 2.5e-3);
   }
   EXPECT_EQ(fixtures, 6);
+  EXPECT_EQ(fixtures5, 4);
   // A bf16 plan's convolutions write bf16 (the graph's f32 output is a conversion after them).
   EXPECT_GT(writes["bf16"], 0);
   EXPECT_EQ(writes["f32"], 0);
@@ -1836,8 +1865,11 @@ TEST(TeacherTune, AttentionMatMulsReadTheirOperandsInPlace) {
 
 // A squeeze-and-excitation scale (a Mul of the block's N x C x H x W by its N x C x 1 x 1 gate)
 // over a grouped convolution's output in oneDNN's channel-blocked layout (RegNet's blocks,
-// preferring oneDNN's layout) runs as oneDNN's binary kernel with the gate blocked alike, not as
-// kdflow's rows kernel between two reorders of the full-size operand; within 1e-4 of PyTorch.
+// preferring oneDNN's layout) runs as oneDNN's binary kernel with the gate blocked alike, or
+// where oneDNN has none for the layout (on AVX-512 its kernels take 16 channels a block, and a
+// grouped convolution of 8 channels a group writes 8) as kdflow's kernel over the blocked layout,
+// not as kdflow's rows kernel between two reorders of the full-size operand; within 1e-4 of
+// PyTorch.
 // The plan's reorders name the node that asked for them and the node that wrote what they
 // convert (StepInfo::node, producer): the network's input none, its output the node computing it.
 TEST(TeacherOps, ChannelScaleOverBlockedLayoutRunsInOneDnn) {
@@ -1852,7 +1884,7 @@ TEST(TeacherOps, ChannelScaleOverBlockedLayoutRunsInOneDnn) {
   opts.prefer = {"library"};
   const auto t = Teacher::load((dir / (name + ".onnx")).string(), opts);
   const auto steps = t->step_info();
-  int scales = 0, grouped = 0;
+  int scales = 0, grouped = 0, blocked_kernel = 0;
   for (const auto& step : steps) {
     SCOPED_TRACE(step.label);
     grouped += step.kind == "Conv (grouped)" && step.impl.find("jit") != std::string::npos;
@@ -1860,6 +1892,8 @@ TEST(TeacherOps, ChannelScaleOverBlockedLayoutRunsInOneDnn) {
       ++scales;
       EXPECT_NE(step.impl, "plain kernel");
       EXPECT_NE(step.impl, "reference loop");
+      EXPECT_FALSE(step.impl.starts_with("ref")) << step.impl;
+      blocked_kernel += step.impl.starts_with("kdflow per-channel Mul over");
     }
     if (step.kind == "reorder" && step.label.starts_with("reorder output ")) {
       EXPECT_TRUE(step.node.empty());
@@ -1873,6 +1907,7 @@ TEST(TeacherOps, ChannelScaleOverBlockedLayoutRunsInOneDnn) {
   }
   EXPECT_GT(grouped, 0);
   EXPECT_GE(scales, 4); // one per block
+  std::printf("%d of %d scales by kdflow's blocked kernel\n", blocked_kernel, scales);
   // Each Mul reorders its gate (N x C values) into the blocked layout, nothing else.
   std::map<std::string, int> asked;
   for (const auto& step : steps)

@@ -161,7 +161,8 @@ struct StepInfo {
   std::string label; // the node ("Conv 'features.2.conv.1.0'") or the conversion ("reorder ...")
   std::string kind;  // ONNX op type, convolutions refined: "Conv (depthwise)", "Conv (pointwise)",
                      // "Conv (unrolled)", "Conv (grouped)", "Conv (pointwise+dw)",
-                     // "Conv (winograd 4x4)", "Conv (winograd 2x2)"; or "reorder"
+                     // "Conv (winograd 4x4)", "Conv (winograd 2x2)" (3x3 kernels),
+                     // "Conv (winograd 4x4, 5x5)", "Conv (winograd 2x2, 5x5)"; or "reorder"
   // oneDNN's implementation ("brgemm:avx512_core_amx"); or kdflow's own code: "plain kernel"
   // (rows or blocks: contiguous inner loops, copies, fills) or "reference loop" (element by
   // element, each element's offsets computed from its index, as the reference computes it); or a
