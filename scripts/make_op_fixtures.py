@@ -308,8 +308,8 @@ def cases():
                                          helper.make_node("Conv", ["r", "w3"], ["c3"], name="conv3", pads=[1, 1, 1, 1]),
                                          helper.make_node("Gelu", ["c3"], ["y"], name="gelu")], W,
                                         [const("w1", rand(18, 20, 1, 1)), const("w2", rand(18, 20, 3, 3)), const("w3", rand(16, 18, 3, 3))], opset=20)
-    # 5x5 convolutions of stride 1, which F(2x2, 5x5) takes (the same test; named winograd5_ so
-    # that the 3x3 fixtures' bf16 test leaves them, as bf16 does not offer it): channels that
+    # 5x5 convolutions of stride 1, which F(4x4, 5x5) and F(2x2, 5x5) take (the same test; named
+    # winograd5_ so that the 3x3 fixtures' bf16 test leaves them, as bf16 offers neither): channels that
     # fill no whole vector, maps of no whole number of tiles, padding of 2, asymmetric and none,
     # a residual sum, Relu and Gelu, and enough tiles for several chunks.
     c["winograd5_tails"] = model([node("Conv", ["x", "w", "b"], pads=[2, 2, 2, 2])], W, [const("w", rand(18, 20, 5, 5)), const("b", rand(18))])
